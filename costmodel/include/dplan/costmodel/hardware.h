@@ -1,0 +1,71 @@
+// The hardware a plan runs on: one GPU type (peak FLOP/s per precision, HBM bytes and
+// bandwidth, a framework reserve) and a cluster of identical nodes (GPUs per node, the
+// intra-node link tier, NICs, the fabric). Read from profiles/ JSON files; every figure in those
+// files carries its source. Capacity keys use GB = 1e9 bytes or GiB = 2^30 as their names say.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "dplan/costmodel/json_io.h"
+
+namespace dplan::costmodel {
+
+enum class Precision { fp32, bf16, fp16, fp8 };
+
+struct GpuSpec {
+  std::string name;
+  std::string description;
+  double hbm_bytes = 0;                          // usable capacity before the framework reserve
+  double hbm_bandwidth_bytes_per_s = 0;
+  std::map<std::string, double> peak_flops_per_s;  // dense, by "fp32" "tf32" "bf16" "fp16" "fp8"
+  double framework_reserve_bytes = 0;            // CUDA context, NCCL buffers, fragmentation
+  json sources;                                  // free-form: figure -> source text
+  bool operator==(const GpuSpec&) const = default;
+};
+
+enum class IntraNodeKind { nvswitch, pcie, xgmi, shared_memory };
+
+struct LinkTier {
+  double bandwidth_bytes_per_s = 0;  // per GPU, one direction
+  double latency_s = 0;              // per hop
+  bool operator==(const LinkTier&) const = default;
+};
+
+struct ClusterSpec {
+  std::string name;
+  std::string description;
+  GpuSpec gpu;
+  int gpus_per_node = 0;
+  IntraNodeKind intra_node_kind = IntraNodeKind::nvswitch;
+  LinkTier intra_node;                 // GPU <-> GPU inside a node
+  bool nvls = false;                   // NVLink SHARP (in-switch reduction)
+  int nics_per_node = 0;
+  double nic_bandwidth_bytes_per_s = 0;  // one NIC, one direction
+  double inter_node_latency_s = 0;
+  int nodes_per_leaf = 0;              // nodes under one leaf switch
+  double oversubscription = 1.0;       // leaf uplink over-subscription (1 = non-blocking)
+  double host_memory_bytes = 0;        // per node
+  json sources;
+  bool operator==(const ClusterSpec&) const = default;
+};
+
+// Dense peak FLOP/s of `gpu` for the math of `precision` (fp32 training uses tf32 tensor cores
+// when the GPU has them, as PyTorch and Megatron do with allow_tf32). Throws InputError if the
+// GPU has no such unit (fp8 on an A100).
+double peak_flops_per_s(const GpuSpec& gpu, Precision precision);
+
+// Profile files: {"format_version": 1, "gpu": {...}} and {"format_version": 1, "cluster": {...}}.
+// A cluster names its GPU; `load_gpu` resolves that name to a GpuSpec. Strict: unknown keys,
+// missing keys and out-of-range values throw InputError naming file and key.
+using GpuLoader = std::function<GpuSpec(const std::string& gpu_name)>;
+GpuSpec gpu_from_json(const json& j, const std::string& file);
+ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuLoader& load_gpu);
+
+json to_json(const GpuSpec& gpu);
+json to_json(const ClusterSpec& cluster);
+
+const char* to_string(Precision precision);
+const char* to_string(IntraNodeKind kind);
+
+}  // namespace dplan::costmodel

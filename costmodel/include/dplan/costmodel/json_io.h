@@ -1,0 +1,73 @@
+// Reading and writing JSON files with the error messages users need, and a strict object reader
+// that rejects unknown keys (listing the valid ones), names missing keys, and checks ranges.
+#pragma once
+
+#include <functional>
+#include <initializer_list>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace dplan {
+
+using json = nlohmann::json;
+
+// Parses the file at `path`. Throws InputError naming the file if it is missing, unreadable or
+// not valid JSON (with the parser's line and column).
+json read_json_file(const std::string& path);
+
+// Writes `text` to `path` atomically: a temporary file in the same folder, then rename(2), so a
+// reader never sees half a file and an existing file is replaced only by a complete one.
+// Throws InputError if the folder is not writable.
+void write_file_atomically(const std::string& path, const std::string& text);
+
+// Reads one JSON object strictly. Every key asked for (required or optional) is remembered;
+// finish() throws if the object holds any other key, listing the valid ones. Errors read
+// "<file>: <json pointer>: <what was expected>, got <what was found>".
+class ObjectReader {
+ public:
+  ObjectReader(const json& object, std::string file, std::string pointer = "");
+
+  double number(const std::string& key);                       // any finite number
+  double positive_number(const std::string& key);              // > 0
+  double non_negative_number(const std::string& key);          // >= 0
+  double fraction(const std::string& key);                     // in [0, 1]
+  long long positive_int(const std::string& key);              // integer >= 1
+  long long non_negative_int(const std::string& key);          // integer >= 0
+  std::string string(const std::string& key);
+  std::string one_of(const std::string& key, const std::vector<std::string>& choices);
+  bool boolean(const std::string& key);
+  ObjectReader object(const std::string& key);
+  const json& raw(const std::string& key);                     // marks the key as known
+
+  bool has(const std::string& key) const;                      // present and not null
+  // Marks keys as valid without reading them (metadata that does not change any estimate).
+  void ignore(std::initializer_list<const char*> keys);
+  void ignore(const std::string& key);
+
+  // Throws InputError if the object holds a key nobody asked for.
+  void finish() const;
+
+  const std::string& file() const { return file_; }
+  std::string where(const std::string& key) const;             // "<file>: <pointer>/<key>"
+  [[noreturn]] void fail(const std::string& key, const std::string& expected) const;
+
+ private:
+  const json& at(const std::string& key);
+  const json& object_;
+  std::string file_;
+  std::string pointer_;
+  std::set<std::string> known_;
+};
+
+// "got ..." text for a JSON value in error messages: numbers and strings as written, other
+// kinds by name.
+std::string describe_json_value(const json& value);
+
+// "a, b or c"
+std::string join_choices(const std::vector<std::string>& choices);
+
+}  // namespace dplan

@@ -1,0 +1,86 @@
+// Memory per GPU for one layout, per pipeline stage (the worst stage decides fit): model states
+// (weights, gradients, optimizer) under ZeRO / the distributed optimizer, activations derived
+// from the layer's structure and the schedule's micro-batches in flight, logits, buffers and the
+// framework reserve; optimizer offload reported as host memory.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "dplan/costmodel/hardware.h"
+#include "dplan/costmodel/model.h"
+#include "dplan/costmodel/training.h"
+
+namespace dplan::costmodel {
+
+// Bytes per parameter of each model state for mixed-precision AdamW (ZeRO paper, Sec. 3.1:
+// 2 + 2 + K with K = 12: fp32 master weights, momentum and variance). fp32 training keeps no
+// master copy (K = 8); fp8 adds a 1-byte fp8 copy of the weights (Transformer Engine).
+struct BytesPerParam {
+  double weights = 0, grads = 0, optimizer = 0;
+};
+BytesPerParam bytes_per_param(const TrainingSpec& training);
+
+// Model-state bytes of `num_params` parameters on one GPU, sharded over `shard_ranks` data-parallel
+// ranks as the ZeRO stage says (Rajbhandari et al. 2020, Sec. 5: P_os = 2Ψ + 2Ψ + KΨ/Nd,
+// P_os+g = 2Ψ + (2+K)Ψ/Nd, P_os+g+p = (2+2+K)Ψ/Nd). The distributed optimizer shards like stage 1.
+// Offloaded optimizer states count as host bytes instead of GPU bytes.
+struct ModelStateBytes {
+  double weights_bytes = 0, grads_bytes = 0, optimizer_bytes = 0, host_optimizer_bytes = 0;
+  double total_gpu_bytes() const { return weights_bytes + grads_bytes + optimizer_bytes; }
+};
+ModelStateBytes model_state_bytes(double num_params, int shard_ranks, const TrainingSpec& training,
+                                  const ParallelConfig& parallel);
+
+// Activation bytes that one transformer layer keeps for backward, for one micro-batch on one GPU,
+// itemised so the tests can check each against Korthikanti et al. 2022 (Table 2, Eq. 1-6).
+struct LayerActivations {
+  double attention_bytes = 0;   // norm input, QKV input, Q K V, scores/softmax/dropout, out-proj input, dropout mask
+  double mlp_bytes = 0;         // norm input, fc1 input, activation input/output, dropout mask (x top-k for MoE)
+  double total() const { return attention_bytes + mlp_bytes; }
+};
+LayerActivations activations_per_layer(const ModelSpec& model, const TrainingSpec& training,
+                                       const ParallelConfig& parallel);
+
+// What recompute leaves stored per layer (the full set without recompute; selective drops the
+// attention core's s^2 tensors; full keeps only the layer input) for one micro-batch.
+double stored_activation_bytes_per_layer(const ModelSpec& model, const TrainingSpec& training,
+                                         const ParallelConfig& parallel);
+
+struct StageMemory {
+  int stage = 0;
+  int num_layers = 0;
+  double num_params = 0;             // parameters held by one GPU of this stage before ZeRO sharding
+  double microbatches_in_flight = 0;
+  double weights_bytes = 0;
+  double grads_bytes = 0;
+  double optimizer_bytes = 0;
+  double activations_bytes = 0;      // stored activations of all in-flight micro-batches (+ recompute working set)
+  double logits_bytes = 0;           // LM-head logits and loss (last stage)
+  double buffers_bytes = 0;          // gradient buckets, ZeRO-3 gathered layers, pipeline send/recv buffers
+  double reserve_bytes = 0;          // framework reserve from the GPU profile
+  double host_bytes = 0;             // offloaded optimizer states, per GPU, in host memory
+  double other_bytes() const { return logits_bytes + buffers_bytes + reserve_bytes; }
+  double total_bytes() const {
+    return weights_bytes + grads_bytes + optimizer_bytes + activations_bytes + other_bytes();
+  }
+};
+
+struct MemoryEstimate {
+  std::vector<StageMemory> stages;
+  int worst_stage = 0;
+  double peak_bytes = 0;             // total of the worst stage
+  double capacity_bytes = 0;         // the GPU's HBM
+  double host_bytes_per_node = 0;    // offload: what a node's host memory must hold
+  double host_capacity_bytes = 0;
+  bool fits = false;
+  std::vector<std::string> reasons;  // why it does not fit (empty when it fits)
+};
+
+// REQUIRES: validate(model, cluster, training, parallel, parallel.world_size()) passed.
+MemoryEstimate estimate_memory(const ModelSpec& model, const ClusterSpec& cluster,
+                               const TrainingSpec& training, const ParallelConfig& parallel);
+
+json to_json(const MemoryEstimate& memory);
+
+}  // namespace dplan::costmodel

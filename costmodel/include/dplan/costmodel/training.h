@@ -1,0 +1,89 @@
+// How the model is trained (TrainingSpec: sequence length, global batch, precision, attention
+// kernel, optimizer) and how the work is split over GPUs (ParallelConfig: tensor, pipeline, data,
+// context and expert parallel sizes, virtual stages, micro-batch, ZeRO stage, recompute, ...).
+// Conventions follow Megatron-LM: global batch counts sequences; dp = gpus / (tp*pp*cp); expert
+// parallel is carved out of dp*cp; ranks are ordered tp fastest, then cp, dp, pp.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "dplan/costmodel/hardware.h"
+#include "dplan/costmodel/model.h"
+
+namespace dplan::costmodel {
+
+enum class Attention { flash, standard };
+enum class Recompute { none, selective, full };
+enum class Schedule { gpipe, one_f_one_b, interleaved };
+
+struct TrainingSpec {
+  int seq_len = 0;
+  int global_batch = 0;                   // sequences per optimizer step
+  Precision precision = Precision::bf16;
+  Attention attention = Attention::flash;
+  bool fp32_grads = false;                // keep 16-bit training's gradients in fp32 (Megatron main_grad)
+  int vocab_pad_multiple = 128;           // Megatron --make-vocab-size-divisible-by (times tp)
+  double bucket_bytes = 25.0 * 1048576;   // gradient bucket (PyTorch DDP bucket_cap_mb = 25)
+  bool operator==(const TrainingSpec&) const = default;
+};
+
+struct ParallelConfig {
+  int tp = 1;                 // tensor parallel
+  int pp = 1;                 // pipeline parallel
+  int dp = 1;                 // data parallel
+  int cp = 1;                 // context parallel
+  int ep = 1;                 // expert parallel (divides dp*cp)
+  int vpp = 1;                // virtual pipeline stages (model chunks) per pipeline rank
+  int micro_batch = 1;        // sequences per micro-batch
+  int zero_stage = 0;         // 0..3 (DeepSpeed ZeRO / FSDP)
+  bool distributed_optimizer = false;  // Megatron's: optimizer state sharded over dp (ZeRO-1 memory)
+  bool sequence_parallel = false;      // Megatron sequence parallel (needs tp > 1)
+  bool offload_optimizer = false;      // optimizer states and fp32 master weights in host memory
+  Recompute recompute = Recompute::none;
+  Schedule schedule = Schedule::one_f_one_b;
+  std::vector<int> layers_per_stage;   // empty: even split (see assign_layers)
+
+  int world_size() const { return tp * pp * dp * cp; }
+  bool operator==(const ParallelConfig&) const = default;
+};
+
+// Micro-batches per pipeline per step: global_batch / (micro_batch * dp).
+int num_microbatches(const TrainingSpec& training, const ParallelConfig& parallel);
+
+// Layers per pipeline stage: `parallel.layers_per_stage` if given, else an even split with any
+// remainder going to the middle stages (the first holds the embedding, the last the LM head).
+std::vector<int> assign_layers(int num_layers, const ParallelConfig& parallel);
+
+// Vocabulary after Megatron's padding to a multiple of vocab_pad_multiple * tp.
+int padded_vocab(const ModelSpec& model, const TrainingSpec& training, int tp);
+
+// Micro-batches whose activations a pipeline stage holds at its peak, in units of "one
+// micro-batch through all of this stage's layers":
+//   GPipe: m; 1F1B: min(pp - stage, m) (Narayanan et al. 2021, Sec. 2.2);
+//   interleaved with v chunks: min(2(pp-stage-1) + (v-1)pp + 1, m v) chunk-micro-batches of 1/v
+//   stage each (Megatron's warm-up count + 1), i.e. stage 0 holds L(1 + (p-1)/(p v)) layers'
+//   worth (Korthikanti et al. 2022, Sec. 4.2.3). With pp = 1 one micro-batch at a time.
+double microbatches_in_flight(const ParallelConfig& parallel, int stage, int num_microbatches);
+
+// Checks every rule a launcher would assert and throws InputError naming the problem and the
+// valid choices: sizes positive, tp*pp*dp*cp == gpus, tp divides heads and kv heads, pp <= layers,
+// global batch divisible by micro_batch*dp, ep divides experts and dp*cp, vpp only with the
+// interleaved schedule, zero stage 0..3, sequence parallel only with tp > 1, seq divisible by cp.
+void validate(const ModelSpec& model, const ClusterSpec& cluster, const TrainingSpec& training,
+              const ParallelConfig& parallel, int gpus);
+
+json to_json(const TrainingSpec& training);
+json to_json(const ParallelConfig& parallel);
+TrainingSpec training_from_json(const json& j, const std::string& file, const std::string& pointer);
+ParallelConfig parallel_from_json(const json& j, const std::string& file, const std::string& pointer);
+
+const char* to_string(Attention a);
+const char* to_string(Recompute r);
+const char* to_string(Schedule s);
+Precision precision_from_string(const std::string& s);    // throws InputError listing choices
+Attention attention_from_string(const std::string& s);
+Recompute recompute_from_string(const std::string& s);
+Schedule schedule_from_string(const std::string& s);
+
+}  // namespace dplan::costmodel

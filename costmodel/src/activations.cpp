@@ -1,0 +1,112 @@
+// Activation memory of one transformer layer, derived tensor by tensor from the layer's
+// structure. With 16-bit activations, 1-byte dropout masks, a 4h GELU MLP, standard attention and
+// no parallelism it reduces to Korthikanti et al. 2022 (arXiv 2205.05198) Eq. 1:
+//   s*b*h*(34 + 5*a*s/h)  =  attention 11sbh + 5as^2b  +  MLP 19sbh  +  two norms 4sbh,
+// and with tensor / sequence parallel to their Eq. 2-6. Generalised here to GQA, gated MLPs,
+// flash attention, context parallel, MoE and fp32 / fp8 activations.
+#include <algorithm>
+
+#include "dplan/costmodel/memory.h"
+
+namespace dplan::costmodel {
+namespace {
+
+// b=micro_batch s=local sequence (seq/cp) s_kv=keys each query sees h=hidden a=heads/t
+// t=tp sp=sequence-parallel divisor for tensors replicated across tp without SP.
+struct Shape {
+  double b, s, s_kv, h, t, sp, heads_local, q_local, kv_local, f_local;
+  double act;   // bytes per stored activation element (2 for 16-bit, 4 for fp32)
+  double gemm;  // bytes per stored GEMM input (1 with fp8 Transformer Engine, else act)
+};
+
+Shape shape_of(const ModelSpec& m, const TrainingSpec& t, const ParallelConfig& p) {
+  Shape x{};
+  x.b = p.micro_batch;
+  x.s = double(t.seq_len) / p.cp;
+  x.s_kv = t.seq_len;
+  x.h = m.hidden_size;
+  x.t = p.tp;
+  x.sp = p.sequence_parallel ? p.tp : 1;
+  x.heads_local = double(m.num_heads) / p.tp;
+  x.q_local = double(m.q_dim()) / p.tp;
+  x.kv_local = double(m.kv_dim()) / p.tp;
+  x.f_local = double(m.ffn_hidden_size) / p.tp;
+  x.act = t.precision == Precision::fp32 ? 4.0 : 2.0;
+  x.gemm = t.precision == Precision::fp8 ? 1.0 : x.act;
+  return x;
+}
+
+double norm_bytes(const ModelSpec& m, const Shape& x) {
+  // Norm input (act bytes) + fp32 statistics: LayerNorm mean and rstd, RMSNorm rstd.
+  double stats = (m.norm == NormKind::layernorm ? 8.0 : 4.0) * x.s * x.b;
+  return (x.act * x.s * x.b * x.h + stats) / x.sp;
+}
+
+// The attention core's s^2 tensors (standard attention only): softmax output, and with
+// attention dropout its 1-byte mask and its output (Korthikanti's 5as^2b).
+double attention_core_quadratic_bytes(const ModelSpec& m, const TrainingSpec& t, const Shape& x) {
+  if (t.attention == Attention::flash) return 0.0;
+  double scores = x.heads_local * x.s * x.s_kv * x.b;
+  double bytes = x.act * scores;
+  if (m.attention_dropout > 0) bytes += 1.0 * scores + x.act * scores;
+  return bytes;
+}
+
+}  // namespace
+
+LayerActivations activations_per_layer(const ModelSpec& m, const TrainingSpec& t, const ParallelConfig& p) {
+  const Shape x = shape_of(m, t, p);
+  const double tokens = x.s * x.b;
+  LayerActivations a;
+
+  // Attention: norm, QKV input (stored sequence-sharded with SP and re-gathered in backward).
+  a.attention_bytes = norm_bytes(m, x) + x.gemm * tokens * x.h / x.sp;
+  a.attention_bytes += x.act * tokens * x.q_local;  // Q
+  if (t.attention == Attention::standard) {
+    // Eager attention expands grouped K and V to every head before the matmuls that save them.
+    a.attention_bytes += 2 * x.act * tokens * x.q_local;
+  } else {
+    // Flash attention saves K, V at kv-head width and a fp32 log-sum-exp per head and query;
+    // dropout is regenerated from the RNG state, no mask is stored (Dao et al. 2022).
+    a.attention_bytes += 2 * x.act * tokens * x.kv_local + 4.0 * x.heads_local * tokens;
+  }
+  a.attention_bytes += attention_core_quadratic_bytes(m, t, x);
+  if (p.cp > 1) a.attention_bytes += 2 * x.act * tokens * x.kv_local;  // ring: K,V chunk in flight
+  a.attention_bytes += x.gemm * tokens * x.q_local;                       // output projection input
+  if (m.hidden_dropout > 0) a.attention_bytes += 1.0 * tokens * x.h / x.sp;  // dropout mask
+
+  // MLP: norm, fc1 input, the activation's input and output (fc2 input), dropout mask.
+  double mlp_inner = m.mlp == MlpKind::gelu ? x.act * tokens * x.f_local           // GELU input
+                                            : 2 * x.act * tokens * x.f_local;      // gate and up outputs
+  mlp_inner += x.gemm * tokens * x.f_local;                                        // fc2 input
+  a.mlp_bytes = norm_bytes(m, x);
+  if (m.is_moe()) {
+    // Every token visits top-k experts: k copies of the (tp-gathered) expert input and of the
+    // expert's inner activations; the router keeps fp32 probabilities per expert.
+    double k = m.experts_per_token;
+    a.mlp_bytes += x.gemm * tokens * x.h / x.sp;          // router / dispatch input
+    a.mlp_bytes += 4.0 * tokens * m.num_experts / x.sp;    // router probabilities
+    a.mlp_bytes += k * (x.gemm * tokens * x.h + mlp_inner);
+  } else {
+    a.mlp_bytes += x.gemm * tokens * x.h / x.sp + mlp_inner;
+  }
+  if (m.hidden_dropout > 0) a.mlp_bytes += 1.0 * tokens * x.h / x.sp;
+  return a;
+}
+
+double stored_activation_bytes_per_layer(const ModelSpec& m, const TrainingSpec& t, const ParallelConfig& p) {
+  const Shape x = shape_of(m, t, p);
+  switch (p.recompute) {
+    case Recompute::full:
+      // Only the layer input survives (Korthikanti Table 2: 2sbh; sequence-sharded with SP).
+      return x.act * x.s * x.b * x.h / x.sp;
+    case Recompute::selective:
+      // Megatron's core_attn recompute: drop the s^2 tensors (Korthikanti Eq. 3 / 6).
+      return activations_per_layer(m, t, p).total() - attention_core_quadratic_bytes(m, t, x);
+    case Recompute::none:
+      break;
+  }
+  return activations_per_layer(m, t, p).total();
+}
+
+}  // namespace dplan::costmodel

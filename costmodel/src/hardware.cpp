@@ -1,0 +1,154 @@
+#include "dplan/costmodel/hardware.h"
+
+#include "dplan/costmodel/errors.h"
+
+namespace dplan::costmodel {
+namespace {
+
+constexpr double kGB = 1e9;            // decimal, for vendor capacities and bandwidths
+constexpr double kGiB = 1073741824.0;  // 2^30
+
+void check_format_version(ObjectReader& r) {
+  if (r.positive_int("format_version") != 1) r.fail("format_version", "1");
+}
+
+const std::vector<std::string> kIntraKinds = {"nvswitch", "pcie", "xgmi", "shared-memory"};
+
+IntraNodeKind intra_kind_from_string(const std::string& s) {
+  if (s == "nvswitch") return IntraNodeKind::nvswitch;
+  if (s == "pcie") return IntraNodeKind::pcie;
+  if (s == "xgmi") return IntraNodeKind::xgmi;
+  return IntraNodeKind::shared_memory;
+}
+
+}  // namespace
+
+const char* to_string(Precision p) {
+  switch (p) {
+    case Precision::fp32: return "fp32";
+    case Precision::bf16: return "bf16";
+    case Precision::fp16: return "fp16";
+    case Precision::fp8: return "fp8";
+  }
+  return "?";
+}
+
+const char* to_string(IntraNodeKind k) {
+  switch (k) {
+    case IntraNodeKind::nvswitch: return "nvswitch";
+    case IntraNodeKind::pcie: return "pcie";
+    case IntraNodeKind::xgmi: return "xgmi";
+    case IntraNodeKind::shared_memory: return "shared-memory";
+  }
+  return "?";
+}
+
+double peak_flops_per_s(const GpuSpec& gpu, Precision precision) {
+  std::string key = to_string(precision);
+  if (precision == Precision::fp32 && gpu.peak_flops_per_s.count("tf32")) key = "tf32";
+  auto it = gpu.peak_flops_per_s.find(key);
+  if (it == gpu.peak_flops_per_s.end()) {
+    std::vector<std::string> have;
+    for (const auto& [k, v] : gpu.peak_flops_per_s) have.push_back(k);
+    throw InputError("GPU " + gpu.name + " has no " + key + " peak in its profile (it lists " +
+                     join_choices(have) + "); choose another --precision");
+  }
+  return it->second;
+}
+
+GpuSpec gpu_from_json(const json& j, const std::string& file) {
+  ObjectReader top(j, file);
+  check_format_version(top);
+  ObjectReader r = top.object("gpu");
+  GpuSpec g;
+  g.name = r.string("name");
+  g.description = r.string("description");
+  g.hbm_bytes = r.positive_number("hbm_gb") * kGB;
+  g.hbm_bandwidth_bytes_per_s = r.positive_number("hbm_gbytes_per_s") * kGB;
+  ObjectReader peaks = r.object("peak_tflops");
+  for (const char* key : {"fp32", "tf32", "bf16", "fp16", "fp8"})
+    if (peaks.has(key)) g.peak_flops_per_s[key] = peaks.positive_number(key) * 1e12;
+  peaks.finish();
+  if (g.peak_flops_per_s.empty()) r.fail("peak_tflops", "at least one of fp32, tf32, bf16, fp16, fp8");
+  g.framework_reserve_bytes = r.non_negative_number("framework_reserve_gib") * kGiB;
+  if (g.framework_reserve_bytes >= g.hbm_bytes) r.fail("framework_reserve_gib", "less than the HBM capacity");
+  g.sources = r.raw("sources");
+  if (!g.sources.is_object()) r.fail("sources", "an object of source strings");
+  r.finish();
+  top.finish();
+  return g;
+}
+
+ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuLoader& load_gpu) {
+  ObjectReader top(j, file);
+  check_format_version(top);
+  ObjectReader r = top.object("cluster");
+  ClusterSpec c;
+  c.name = r.string("name");
+  c.description = r.string("description");
+  c.gpu = load_gpu(r.string("gpu"));
+  long long gpn = r.positive_int("gpus_per_node");
+  if (gpn > 4096) r.fail("gpus_per_node", "at most 4096");
+  c.gpus_per_node = static_cast<int>(gpn);
+
+  ObjectReader intra = r.object("intra_node");
+  c.intra_node_kind = intra_kind_from_string(intra.one_of("kind", kIntraKinds));
+  c.intra_node.bandwidth_bytes_per_s = intra.positive_number("gbytes_per_s") * kGB;
+  c.intra_node.latency_s = intra.non_negative_number("latency_us") * 1e-6;
+  c.nvls = intra.boolean("nvls");
+  c.sources["intra_node"] = intra.string("source");
+  intra.finish();
+
+  ObjectReader inter = r.object("inter_node");
+  c.nics_per_node = static_cast<int>(inter.positive_int("nics_per_node"));
+  c.nic_bandwidth_bytes_per_s = inter.positive_number("nic_gbits_per_s") * kGB / 8;
+  c.inter_node_latency_s = inter.non_negative_number("latency_us") * 1e-6;
+  c.sources["inter_node"] = inter.string("source");
+  inter.finish();
+
+  ObjectReader fabric = r.object("fabric");
+  fabric.one_of("kind", {"fat-tree"});
+  c.nodes_per_leaf = static_cast<int>(fabric.positive_int("nodes_per_leaf"));
+  c.oversubscription = fabric.positive_number("oversubscription");
+  if (c.oversubscription < 1.0) fabric.fail("oversubscription", "a ratio >= 1 (1 = non-blocking)");
+  c.sources["fabric"] = fabric.string("source");
+  fabric.finish();
+
+  c.host_memory_bytes = r.positive_number("host_memory_gib") * kGiB;
+  c.sources["cluster"] = r.string("source");
+  r.finish();
+  top.finish();
+  return c;
+}
+
+json to_json(const GpuSpec& g) {
+  json peaks = json::object();
+  for (const auto& [k, v] : g.peak_flops_per_s) peaks[k] = v / 1e12;
+  return json{{"name", g.name},
+              {"description", g.description},
+              {"hbm_gb", g.hbm_bytes / kGB},
+              {"hbm_gbytes_per_s", g.hbm_bandwidth_bytes_per_s / kGB},
+              {"peak_tflops", peaks},
+              {"framework_reserve_gib", g.framework_reserve_bytes / kGiB},
+              {"sources", g.sources}};
+}
+
+json to_json(const ClusterSpec& c) {
+  return json{{"name", c.name},
+              {"description", c.description},
+              {"gpu", to_json(c.gpu)},
+              {"gpus_per_node", c.gpus_per_node},
+              {"intra_node",
+               {{"kind", to_string(c.intra_node_kind)},
+                {"gbytes_per_s", c.intra_node.bandwidth_bytes_per_s / kGB},
+                {"latency_us", c.intra_node.latency_s * 1e6},
+                {"nvls", c.nvls}}},
+              {"inter_node",
+               {{"nics_per_node", c.nics_per_node},
+                {"nic_gbits_per_s", c.nic_bandwidth_bytes_per_s * 8 / kGB},
+                {"latency_us", c.inter_node_latency_s * 1e6}}},
+              {"fabric", {{"kind", "fat-tree"}, {"nodes_per_leaf", c.nodes_per_leaf}, {"oversubscription", c.oversubscription}}},
+              {"host_memory_gib", c.host_memory_bytes / kGiB}};
+}
+
+}  // namespace dplan::costmodel

@@ -1,0 +1,200 @@
+#include "dplan/costmodel/memory.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "dplan/costmodel/errors.h"
+
+namespace dplan::costmodel {
+namespace {
+
+constexpr double kGiB = 1073741824.0;
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / kGiB);
+  return buf;
+}
+
+// Parameters one GPU holds for one layer, split into the part sharded over dp*cp by ZeRO and the
+// expert part sharded over dp*cp/ep. Megatron splits q,k,v,o, fc1 (gate, up) and fc2 over tp;
+// row-parallel biases, norms and the router stay replicated (Shoeybi et al. 2019, Sec. 3).
+struct GpuLayerParams {
+  double dense = 0, expert = 0;
+};
+
+GpuLayerParams gpu_layer_params(const ModelSpec& m, const ParallelConfig& p) {
+  const double h = m.hidden_size, q = m.q_dim(), kv = m.kv_dim(), f = m.ffn_hidden_size, t = p.tp;
+  const double gated = m.mlp == MlpKind::swiglu ? 2.0 : 1.0;
+  GpuLayerParams g;
+  g.dense = (h * (q + 2 * kv) + q * h) / t + (m.qkv_bias ? (q + 2 * kv) / t : 0) + (m.out_bias ? h : 0);
+  g.dense += layer_params(m).norms;
+  double mlp = (gated + 1) * h * f / t + (m.mlp_bias ? gated * f / t + h : 0);
+  if (m.is_moe()) {
+    g.dense += h * m.num_experts;                          // router
+    g.expert = double(m.num_experts) / p.ep * mlp;         // E/ep experts, each split over tp
+  } else {
+    g.dense += mlp;
+  }
+  return g;
+}
+
+}  // namespace
+
+BytesPerParam bytes_per_param(const TrainingSpec& t) {
+  switch (t.precision) {
+    case Precision::fp32:
+      return {4, 4, 8};  // fp32 weights and grads, Adam momentum and variance
+    case Precision::bf16:
+    case Precision::fp16:
+      return {2, t.fp32_grads ? 4.0 : 2.0, 12};  // ZeRO's K = 12: fp32 master, momentum, variance
+    case Precision::fp8:
+      return {3, t.fp32_grads ? 4.0 : 2.0, 12};  // bf16 weights + fp8 copy for the GEMMs
+  }
+  return {};
+}
+
+ModelStateBytes model_state_bytes(double n, int shard_ranks, const TrainingSpec& t, const ParallelConfig& p) {
+  const BytesPerParam b = bytes_per_param(t);
+  const double nd = std::max(1, shard_ranks);
+  const bool shard_optimizer = p.zero_stage >= 1 || p.distributed_optimizer;
+  ModelStateBytes s;
+  s.weights_bytes = n * b.weights / (p.zero_stage >= 3 ? nd : 1.0);
+  s.grads_bytes = n * b.grads / (p.zero_stage >= 2 ? nd : 1.0);
+  double optimizer = n * b.optimizer / (shard_optimizer ? nd : 1.0);
+  (p.offload_optimizer ? s.host_optimizer_bytes : s.optimizer_bytes) = optimizer;
+  return s;
+}
+
+MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t,
+                               const ParallelConfig& p) {
+  const int microbatches = num_microbatches(t, p);
+  const std::vector<int> layers = assign_layers(m.num_layers, p);
+  const double h = m.hidden_size;
+  const double vocab = padded_vocab(m, t, p.tp);
+  const double act = t.precision == Precision::fp32 ? 4.0 : 2.0;
+  const double sp = p.sequence_parallel ? p.tp : 1;
+  const double tokens = double(t.seq_len) / p.cp * p.micro_batch;  // per micro-batch on one GPU
+  const GpuLayerParams layer = gpu_layer_params(m, p);
+  const LayerActivations full_layer = activations_per_layer(m, t, p);
+  const double stored_per_layer = stored_activation_bytes_per_layer(m, t, p);
+  const BytesPerParam bpp = bytes_per_param(t);
+  const int dense_shards = p.dp * p.cp;
+  const int expert_shards = std::max(1, p.dp * p.cp / p.ep);
+  const double final_norm = m.norm == NormKind::layernorm ? 2 * h : h;
+
+  MemoryEstimate est;
+  est.capacity_bytes = c.gpu.hbm_bytes;
+  est.host_capacity_bytes = c.host_memory_bytes;
+  for (int stage = 0; stage < p.pp; ++stage) {
+    const bool first = stage == 0, last = stage == p.pp - 1;
+    StageMemory s;
+    s.stage = stage;
+    s.num_layers = layers[stage];
+    s.microbatches_in_flight = microbatches_in_flight(p, stage, microbatches);
+
+    // Parameters: layers, plus the vocabulary-parallel embedding (and learned positions) on the
+    // first stage, the final norm and LM head on the last. A tied head on a separate last stage
+    // keeps its own copy of the embedding (Megatron's shared word embeddings).
+    double dense = s.num_layers * layer.dense;
+    double expert = s.num_layers * layer.expert;
+    if (first) dense += vocab * h / p.tp + (m.position == PositionKind::learned ? double(m.max_seq_len) * h : 0);
+    if (last) dense += final_norm + ((!m.tied_embeddings || p.pp > 1) ? vocab * h / p.tp : 0);
+    s.num_params = dense + expert;
+    ModelStateBytes dense_state = model_state_bytes(dense, dense_shards, t, p);
+    ModelStateBytes expert_state = model_state_bytes(expert, expert_shards, t, p);
+    s.weights_bytes = dense_state.weights_bytes + expert_state.weights_bytes;
+    s.grads_bytes = dense_state.grads_bytes + expert_state.grads_bytes;
+    s.optimizer_bytes = dense_state.optimizer_bytes + expert_state.optimizer_bytes;
+    s.host_bytes = dense_state.host_optimizer_bytes + expert_state.host_optimizer_bytes;
+
+    // Activations: what each layer stores, for every micro-batch in flight, plus the working set
+    // of the one layer being recomputed in backward.
+    s.activations_bytes = stored_per_layer * s.num_layers * s.microbatches_in_flight;
+    if (p.recompute != Recompute::none) s.activations_bytes += full_layer.total() - stored_per_layer;
+    // Embedding dropout mask per in-flight micro-batch (Korthikanti Sec. 4.3: sbhp/t).
+    if (first && m.hidden_dropout > 0) s.activations_bytes += tokens * h / sp * s.microbatches_in_flight;
+    if (last) {
+      // Final norm input and LM-head input per in-flight micro-batch (Korthikanti: 4sbh/t) ...
+      s.activations_bytes += 2 * act * tokens * h / sp * s.microbatches_in_flight;
+      // ... and fp32 logits kept for the cross-entropy backward (4sbv/t), plus the transient
+      // 16-bit logits of the micro-batch being computed.
+      s.logits_bytes = 4.0 * tokens * vocab / p.tp * s.microbatches_in_flight +
+                       (act < 4 ? act * tokens * vocab / p.tp : 0.0);
+    }
+
+    // Buffers. Data-parallel gradient reduction works on buckets: one being reduced, one filling
+    // (PyTorch DDP, bucket_cap_mb). ZeRO-3 gathers a whole layer before use and prefetches the
+    // next (DeepSpeed / FSDP), and needs that layer's unsharded gradients before reduce-scatter.
+    if (dense_shards > 1 || p.zero_stage > 0) {
+      if (p.zero_stage >= 3) {
+        double layer_params = layer.dense + layer.expert;
+        s.buffers_bytes += 2 * layer_params * bpp.weights + layer_params * bpp.grads;
+      } else {
+        s.buffers_bytes += 2 * t.bucket_bytes;
+      }
+    }
+    // Pipeline send and receive buffers for one activation tensor each way.
+    if (p.pp > 1) s.buffers_bytes += 2 * act * tokens * h / sp;
+    s.reserve_bytes = c.gpu.framework_reserve_bytes;
+    est.stages.push_back(s);
+  }
+
+  double host_per_gpu = 0;
+  for (const auto& s : est.stages) {
+    if (s.total_bytes() > est.peak_bytes) {
+      est.peak_bytes = s.total_bytes();
+      est.worst_stage = s.stage;
+    }
+    host_per_gpu = std::max(host_per_gpu, s.host_bytes);
+  }
+  est.host_bytes_per_node = host_per_gpu * c.gpus_per_node;
+  est.fits = true;
+  for (const auto& s : est.stages) {
+    if (s.total_bytes() <= est.capacity_bytes) continue;
+    est.fits = false;
+    std::vector<std::pair<double, std::string>> parts = {
+        {s.weights_bytes, "weights"}, {s.grads_bytes, "gradients"}, {s.optimizer_bytes, "optimizer"},
+        {s.activations_bytes, "activations"}, {s.other_bytes(), "logits, buffers and reserve"}};
+    auto largest = *std::max_element(parts.begin(), parts.end());
+    est.reasons.push_back("stage " + std::to_string(s.stage) + " needs " + gib(s.total_bytes()) + " > " +
+                          gib(est.capacity_bytes) + " of HBM (largest: " + largest.second + " " +
+                          gib(largest.first) + ")");
+  }
+  if (est.host_bytes_per_node > est.host_capacity_bytes) {
+    est.fits = false;
+    est.reasons.push_back("offloaded optimizer states need " + gib(est.host_bytes_per_node) + " per node > " +
+                          gib(est.host_capacity_bytes) + " of host memory");
+  }
+  return est;
+}
+
+json to_json(const MemoryEstimate& e) {
+  json stages = json::array();
+  for (const auto& s : e.stages) {
+    stages.push_back({{"stage", s.stage},
+                      {"num_layers", s.num_layers},
+                      {"num_params", s.num_params},
+                      {"microbatches_in_flight", s.microbatches_in_flight},
+                      {"weights_bytes", s.weights_bytes},
+                      {"grads_bytes", s.grads_bytes},
+                      {"optimizer_bytes", s.optimizer_bytes},
+                      {"activations_bytes", s.activations_bytes},
+                      {"logits_bytes", s.logits_bytes},
+                      {"buffers_bytes", s.buffers_bytes},
+                      {"reserve_bytes", s.reserve_bytes},
+                      {"other_bytes", s.other_bytes()},
+                      {"total_bytes", s.total_bytes()},
+                      {"host_bytes", s.host_bytes}});
+  }
+  return json{{"fits", e.fits},
+              {"peak_bytes", e.peak_bytes},
+              {"worst_stage", e.worst_stage},
+              {"capacity_bytes", e.capacity_bytes},
+              {"host_bytes_per_node", e.host_bytes_per_node},
+              {"host_capacity_bytes", e.host_capacity_bytes},
+              {"reasons", e.reasons},
+              {"stages", stages}};
+}
+
+}  // namespace dplan::costmodel

@@ -1,0 +1,248 @@
+#include "dplan/costmodel/model.h"
+
+#include <map>
+#include <vector>
+
+#include "dplan/costmodel/errors.h"
+
+namespace dplan::costmodel {
+namespace {
+
+// Keys found in real config.json files that do not change memory or time (tokenizer ids, init,
+// numerics, RoPE details, sliding windows treated as full attention). Accepted and ignored.
+const std::initializer_list<const char*> kIgnoredHfKeys = {
+    "_name_or_path", "architectures", "torch_dtype", "dtype", "transformers_version",
+    "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "use_cache",
+    "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta", "rope_scaling",
+    "rope_parameters", "pretraining_tp", "sliding_window", "use_sliding_window",
+    "max_window_layers", "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
+    "classifier_dropout", "rotary_pct", "rotary_emb_base", "rotary_emb_dim", "use_parallel_residual",
+    "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "n_ctx",
+    "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+    "summary_first_dropout", "task_specific_params", "attn_implementation", "model_type"};
+
+const std::vector<std::string> kFamilies = {"llama", "mistral", "mixtral", "qwen2", "gpt_neox", "gpt2"};
+
+int as_int(long long v, const ObjectReader& r, const std::string& key) {
+  if (v > (1LL << 31) - 1) r.fail(key, "an integer below 2^31");
+  return static_cast<int>(v);
+}
+
+// llama, mistral, mixtral, qwen2: gated (SwiGLU) MLP, RMSNorm, rotary positions.
+void read_llama_like(ObjectReader& r, const std::string& family, ModelSpec& m) {
+  m.hidden_size = as_int(r.positive_int("hidden_size"), r, "hidden_size");
+  m.ffn_hidden_size = as_int(r.positive_int("intermediate_size"), r, "intermediate_size");
+  m.num_layers = as_int(r.positive_int("num_hidden_layers"), r, "num_hidden_layers");
+  m.num_heads = as_int(r.positive_int("num_attention_heads"), r, "num_attention_heads");
+  m.num_kv_heads = r.has("num_key_value_heads")
+                       ? as_int(r.positive_int("num_key_value_heads"), r, "num_key_value_heads")
+                       : m.num_heads;
+  m.vocab_size = as_int(r.positive_int("vocab_size"), r, "vocab_size");
+  m.max_seq_len = as_int(r.positive_int("max_position_embeddings"), r, "max_position_embeddings");
+  m.head_dim = r.has("head_dim") ? as_int(r.positive_int("head_dim"), r, "head_dim") : 0;
+  if (r.has("hidden_act")) r.string("hidden_act");  // silu or gelu: the MLP is gated either way
+  m.tied_embeddings = r.has("tie_word_embeddings") ? r.boolean("tie_word_embeddings") : false;
+  m.attention_dropout = r.has("attention_dropout") ? r.fraction("attention_dropout") : 0.0;
+  m.mlp = MlpKind::swiglu;
+  m.norm = NormKind::rmsnorm;
+  m.position = PositionKind::rotary;
+  if (family == "llama") {
+    bool attention_bias = r.has("attention_bias") ? r.boolean("attention_bias") : false;
+    m.qkv_bias = m.out_bias = attention_bias;
+    m.mlp_bias = r.has("mlp_bias") ? r.boolean("mlp_bias") : false;
+  } else if (family == "qwen2") {
+    m.qkv_bias = true;  // Qwen2Attention: q/k/v projections with bias, o_proj without
+  }
+  if (family == "mixtral") {
+    m.num_experts = as_int(r.positive_int("num_local_experts"), r, "num_local_experts");
+    m.experts_per_token = as_int(r.positive_int("num_experts_per_tok"), r, "num_experts_per_tok");
+  }
+}
+
+void read_gpt_neox(ObjectReader& r, ModelSpec& m) {
+  m.hidden_size = as_int(r.positive_int("hidden_size"), r, "hidden_size");
+  m.ffn_hidden_size = as_int(r.positive_int("intermediate_size"), r, "intermediate_size");
+  m.num_layers = as_int(r.positive_int("num_hidden_layers"), r, "num_hidden_layers");
+  m.num_heads = as_int(r.positive_int("num_attention_heads"), r, "num_attention_heads");
+  m.num_kv_heads = m.num_heads;
+  m.vocab_size = as_int(r.positive_int("vocab_size"), r, "vocab_size");
+  m.max_seq_len = as_int(r.positive_int("max_position_embeddings"), r, "max_position_embeddings");
+  if (r.has("hidden_act")) r.string("hidden_act");
+  m.tied_embeddings = r.has("tie_word_embeddings") ? r.boolean("tie_word_embeddings") : false;
+  bool bias = r.has("attention_bias") ? r.boolean("attention_bias") : true;
+  m.qkv_bias = m.out_bias = bias;
+  m.mlp_bias = true;
+  m.attention_dropout = r.has("attention_dropout") ? r.fraction("attention_dropout") : 0.0;
+  m.hidden_dropout = r.has("hidden_dropout") ? r.fraction("hidden_dropout") : 0.0;
+  m.mlp = MlpKind::gelu;
+  m.norm = NormKind::layernorm;
+  m.position = PositionKind::rotary;
+}
+
+void read_gpt2(ObjectReader& r, ModelSpec& m) {
+  m.hidden_size = as_int(r.positive_int("n_embd"), r, "n_embd");
+  m.num_layers = as_int(r.positive_int("n_layer"), r, "n_layer");
+  m.num_heads = as_int(r.positive_int("n_head"), r, "n_head");
+  m.num_kv_heads = m.num_heads;
+  m.ffn_hidden_size = r.has("n_inner") ? as_int(r.positive_int("n_inner"), r, "n_inner") : 4 * m.hidden_size;
+  m.vocab_size = as_int(r.positive_int("vocab_size"), r, "vocab_size");
+  m.max_seq_len = as_int(r.positive_int("n_positions"), r, "n_positions");
+  if (r.has("activation_function")) r.string("activation_function");
+  m.tied_embeddings = r.has("tie_word_embeddings") ? r.boolean("tie_word_embeddings") : true;
+  m.attention_dropout = r.has("attn_pdrop") ? r.fraction("attn_pdrop") : 0.1;
+  m.hidden_dropout = r.has("resid_pdrop") ? r.fraction("resid_pdrop") : 0.1;
+  if (r.has("embd_pdrop")) r.fraction("embd_pdrop");
+  m.qkv_bias = m.out_bias = m.mlp_bias = true;
+  m.mlp = MlpKind::gelu;
+  m.norm = NormKind::layernorm;
+  m.position = PositionKind::learned;
+}
+
+double mlp_params(const ModelSpec& m) {
+  const double h = m.hidden_size, f = m.ffn_hidden_size;
+  // GELU: fc1 (h->f) + fc2 (f->h); gated: gate and up (h->f each) + down (f->h).
+  double weights = (m.mlp == MlpKind::swiglu ? 3.0 : 2.0) * h * f;
+  double biases = m.mlp_bias ? (m.mlp == MlpKind::swiglu ? 2.0 * f : f) + h : 0.0;
+  return weights + biases;
+}
+
+}  // namespace
+
+const char* to_string(MlpKind kind) { return kind == MlpKind::gelu ? "gelu" : "swiglu"; }
+const char* to_string(NormKind kind) { return kind == NormKind::layernorm ? "layernorm" : "rmsnorm"; }
+
+LayerParams layer_params(const ModelSpec& m) {
+  const double h = m.hidden_size, q = m.q_dim(), kv = m.kv_dim();
+  LayerParams p;
+  // q: h x q, k and v: h x kv each, o: q x h.
+  p.attention = h * (q + 2 * kv) + q * h + (m.qkv_bias ? q + 2 * kv : 0) + (m.out_bias ? h : 0);
+  if (m.is_moe()) {
+    p.mlp = h * m.num_experts;  // router (gate) h x E, no bias (Mixtral)
+    p.experts = m.num_experts * mlp_params(m);
+  } else {
+    p.mlp = mlp_params(m);
+  }
+  double norm = m.norm == NormKind::layernorm ? 2.0 * h : h;  // LayerNorm: weight + bias
+  p.norms = 2 * norm;
+  return p;
+}
+
+double num_params(const ModelSpec& m, int vocab_size) {
+  const double h = m.hidden_size;
+  const double v = vocab_size > 0 ? vocab_size : m.vocab_size;
+  double embedding = v * h;
+  double positions = m.position == PositionKind::learned ? double(m.max_seq_len) * h : 0.0;
+  double final_norm = m.norm == NormKind::layernorm ? 2.0 * h : h;
+  double head = m.tied_embeddings ? 0.0 : v * h;
+  return embedding + positions + m.num_layers * layer_params(m).total() + final_norm + head;
+}
+
+double num_active_params(const ModelSpec& m) {
+  double total = num_params(m);
+  if (!m.is_moe()) return total;
+  double per_expert = mlp_params(m);
+  return total - double(m.num_layers) * (m.num_experts - m.experts_per_token) * per_expert;
+}
+
+void validate(const ModelSpec& m, const std::string& where) {
+  auto bad = [&](const std::string& what) { throw InputError(where + ": " + what); };
+  if (m.num_layers < 1 || m.hidden_size < 1 || m.num_heads < 1 || m.num_kv_heads < 1 ||
+      m.ffn_hidden_size < 1 || m.vocab_size < 1 || m.max_seq_len < 1 || m.head_dim < 1)
+    bad("layers, hidden size, heads, kv heads, head dim, ffn size, vocab and max positions must be positive");
+  if (m.num_heads % m.num_kv_heads != 0)
+    bad("num_attention_heads (" + std::to_string(m.num_heads) + ") must be a multiple of num_key_value_heads (" +
+        std::to_string(m.num_kv_heads) + ")");
+  if (m.is_moe() && (m.experts_per_token < 1 || m.experts_per_token > m.num_experts))
+    bad("num_experts_per_tok (" + std::to_string(m.experts_per_token) + ") must be between 1 and num_local_experts (" +
+        std::to_string(m.num_experts) + ")");
+}
+
+ModelSpec model_from_hf_config(const json& config, const std::string& file, const std::string& name) {
+  ObjectReader r(config, file);
+  if (!r.has("model_type"))
+    throw InputError(file + ": missing key \"model_type\"; supported model types: " + join_choices(kFamilies));
+  std::string family = r.string("model_type");
+  bool known = false;
+  for (const auto& f : kFamilies) known = known || f == family;
+  if (!known)
+    throw InputError(file + ": /model_type: unsupported model type \"" + family +
+                     "\"; supported: " + join_choices(kFamilies));
+  ModelSpec m;
+  m.name = name;
+  m.family = family;
+  if (family == "gpt2") {
+    read_gpt2(r, m);
+  } else if (family == "gpt_neox") {
+    read_gpt_neox(r, m);
+  } else {
+    read_llama_like(r, family, m);
+  }
+  if (m.head_dim == 0) {
+    if (m.hidden_size % m.num_heads != 0)
+      throw InputError(file + ": hidden size " + std::to_string(m.hidden_size) +
+                       " is not divisible by the number of heads " + std::to_string(m.num_heads) +
+                       "; give head_dim");
+    m.head_dim = m.hidden_size / m.num_heads;
+  }
+  r.ignore(kIgnoredHfKeys);
+  r.finish();
+  validate(m, file);
+  return m;
+}
+
+json to_json(const ModelSpec& m) {
+  return json{{"name", m.name},
+              {"family", m.family},
+              {"num_layers", m.num_layers},
+              {"hidden_size", m.hidden_size},
+              {"num_heads", m.num_heads},
+              {"num_kv_heads", m.num_kv_heads},
+              {"head_dim", m.head_dim},
+              {"ffn_hidden_size", m.ffn_hidden_size},
+              {"vocab_size", m.vocab_size},
+              {"max_seq_len", m.max_seq_len},
+              {"mlp", to_string(m.mlp)},
+              {"norm", to_string(m.norm)},
+              {"position", m.position == PositionKind::learned ? "learned" : "rotary"},
+              {"tied_embeddings", m.tied_embeddings},
+              {"qkv_bias", m.qkv_bias},
+              {"out_bias", m.out_bias},
+              {"mlp_bias", m.mlp_bias},
+              {"num_experts", m.num_experts},
+              {"experts_per_token", m.experts_per_token},
+              {"attention_dropout", m.attention_dropout},
+              {"hidden_dropout", m.hidden_dropout},
+              {"num_params", num_params(m)}};
+}
+
+ModelSpec model_from_json(const json& j, const std::string& file, const std::string& pointer) {
+  ObjectReader r(j, file, pointer);
+  ModelSpec m;
+  m.name = r.string("name");
+  m.family = r.string("family");
+  m.num_layers = as_int(r.positive_int("num_layers"), r, "num_layers");
+  m.hidden_size = as_int(r.positive_int("hidden_size"), r, "hidden_size");
+  m.num_heads = as_int(r.positive_int("num_heads"), r, "num_heads");
+  m.num_kv_heads = as_int(r.positive_int("num_kv_heads"), r, "num_kv_heads");
+  m.head_dim = as_int(r.positive_int("head_dim"), r, "head_dim");
+  m.ffn_hidden_size = as_int(r.positive_int("ffn_hidden_size"), r, "ffn_hidden_size");
+  m.vocab_size = as_int(r.positive_int("vocab_size"), r, "vocab_size");
+  m.max_seq_len = as_int(r.positive_int("max_seq_len"), r, "max_seq_len");
+  m.mlp = r.one_of("mlp", {"gelu", "swiglu"}) == "gelu" ? MlpKind::gelu : MlpKind::swiglu;
+  m.norm = r.one_of("norm", {"layernorm", "rmsnorm"}) == "layernorm" ? NormKind::layernorm : NormKind::rmsnorm;
+  m.position = r.one_of("position", {"learned", "rotary"}) == "learned" ? PositionKind::learned : PositionKind::rotary;
+  m.tied_embeddings = r.boolean("tied_embeddings");
+  m.qkv_bias = r.boolean("qkv_bias");
+  m.out_bias = r.boolean("out_bias");
+  m.mlp_bias = r.boolean("mlp_bias");
+  m.num_experts = as_int(r.non_negative_int("num_experts"), r, "num_experts");
+  m.experts_per_token = as_int(r.non_negative_int("experts_per_token"), r, "experts_per_token");
+  m.attention_dropout = r.fraction("attention_dropout");
+  m.hidden_dropout = r.fraction("hidden_dropout");
+  r.ignore("num_params");  // derived, written for readers
+  r.finish();
+  validate(m, file);
+  return m;
+}
+
+}  // namespace dplan::costmodel

@@ -1,0 +1,259 @@
+#include "dplan/costmodel/training.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "dplan/costmodel/errors.h"
+
+namespace dplan::costmodel {
+namespace {
+
+std::string divisors_of(int n) {
+  std::vector<std::string> out;
+  for (int d = 1; d <= n; ++d)
+    if (n % d == 0) out.push_back(std::to_string(d));
+  return join_choices(out);
+}
+
+[[noreturn]] void bad(const std::string& what) { throw InputError(what); }
+
+}  // namespace
+
+const char* to_string(Attention a) { return a == Attention::flash ? "flash" : "standard"; }
+const char* to_string(Recompute r) {
+  return r == Recompute::none ? "none" : r == Recompute::selective ? "selective" : "full";
+}
+const char* to_string(Schedule s) {
+  return s == Schedule::gpipe ? "gpipe" : s == Schedule::one_f_one_b ? "1f1b" : "interleaved";
+}
+
+Precision precision_from_string(const std::string& s) {
+  if (s == "fp32") return Precision::fp32;
+  if (s == "bf16") return Precision::bf16;
+  if (s == "fp16") return Precision::fp16;
+  if (s == "fp8") return Precision::fp8;
+  bad("unknown precision \"" + s + "\"; choose bf16, fp16, fp8 or fp32");
+}
+Attention attention_from_string(const std::string& s) {
+  if (s == "flash") return Attention::flash;
+  if (s == "standard") return Attention::standard;
+  bad("unknown attention \"" + s + "\"; choose flash or standard");
+}
+Recompute recompute_from_string(const std::string& s) {
+  if (s == "none") return Recompute::none;
+  if (s == "selective") return Recompute::selective;
+  if (s == "full") return Recompute::full;
+  bad("unknown recompute \"" + s + "\"; choose none, selective or full");
+}
+Schedule schedule_from_string(const std::string& s) {
+  if (s == "gpipe") return Schedule::gpipe;
+  if (s == "1f1b") return Schedule::one_f_one_b;
+  if (s == "interleaved") return Schedule::interleaved;
+  bad("unknown schedule \"" + s + "\"; choose gpipe, 1f1b or interleaved");
+}
+
+int num_microbatches(const TrainingSpec& t, const ParallelConfig& p) {
+  return t.global_batch / (p.micro_batch * p.dp);
+}
+
+std::vector<int> assign_layers(int num_layers, const ParallelConfig& p) {
+  if (!p.layers_per_stage.empty()) return p.layers_per_stage;
+  std::vector<int> layers(p.pp, num_layers / p.pp);
+  int remainder = num_layers % p.pp;
+  // Middle stages first: the first stage also runs the embedding, the last the LM head and loss.
+  std::vector<int> order;
+  for (int s = 1; s + 1 < p.pp; ++s) order.push_back(s);
+  if (p.pp > 1) order.push_back(p.pp - 1);
+  order.push_back(0);
+  for (int i = 0; i < remainder; ++i) layers[order[i]] += 1;
+  return layers;
+}
+
+int padded_vocab(const ModelSpec& m, const TrainingSpec& t, int tp) {
+  int multiple = std::max(1, t.vocab_pad_multiple) * tp;
+  return (m.vocab_size + multiple - 1) / multiple * multiple;
+}
+
+double microbatches_in_flight(const ParallelConfig& p, int stage, int m) {
+  if (p.pp == 1) return 1.0;
+  switch (p.schedule) {
+    case Schedule::gpipe:
+      return m;
+    case Schedule::one_f_one_b:
+      return std::min(p.pp - stage, m);
+    case Schedule::interleaved: {
+      int v = p.vpp;
+      int chunks = std::min(2 * (p.pp - stage - 1) + (v - 1) * p.pp + 1, m * v);
+      return double(chunks) / v;
+    }
+  }
+  return m;
+}
+
+void validate(const ModelSpec& model, const ClusterSpec& cluster, const TrainingSpec& t,
+              const ParallelConfig& p, int gpus) {
+  auto positive = [](const char* name, long long v) {
+    if (v < 1) bad(std::string(name) + " must be a positive integer, got " + std::to_string(v));
+  };
+  positive("--gpus", gpus);
+  positive("--tp", p.tp);
+  positive("--pp", p.pp);
+  positive("--dp", p.dp);
+  positive("--cp", p.cp);
+  positive("--ep", p.ep);
+  positive("--vpp", p.vpp);
+  positive("--mbs (micro-batch size)", p.micro_batch);
+  positive("--global-batch", t.global_batch);
+  positive("--seq", t.seq_len);
+
+  if (p.world_size() != gpus) {
+    std::string msg = "tp*pp*dp*cp = " + std::to_string(p.tp) + "*" + std::to_string(p.pp) + "*" +
+                      std::to_string(p.dp) + "*" + std::to_string(p.cp) + " = " + std::to_string(p.world_size()) +
+                      " but --gpus is " + std::to_string(gpus);
+    int model_parallel = p.tp * p.pp * p.cp;
+    if (gpus % model_parallel == 0)
+      msg += "; with these tp, pp and cp use --dp " + std::to_string(gpus / model_parallel);
+    else
+      msg += "; tp*pp*cp = " + std::to_string(model_parallel) + " must divide the GPU count";
+    bad(msg);
+  }
+  int head_gcd = std::gcd(model.num_heads, model.num_kv_heads);
+  if (head_gcd % p.tp != 0)
+    bad("tp " + std::to_string(p.tp) + " does not divide the " + std::to_string(model.num_heads) +
+        " attention heads and " + std::to_string(model.num_kv_heads) + " key/value heads of " + model.name +
+        "; valid tp: " + divisors_of(head_gcd));
+  if (model.ffn_hidden_size % p.tp != 0)
+    bad("tp " + std::to_string(p.tp) + " does not divide the FFN size " + std::to_string(model.ffn_hidden_size));
+  if (p.pp > model.num_layers)
+    bad("pp " + std::to_string(p.pp) + " exceeds the " + std::to_string(model.num_layers) + " layers of " +
+        model.name + "; pp must be at most the layer count");
+
+  if (!p.layers_per_stage.empty()) {
+    if (int(p.layers_per_stage.size()) != p.pp)
+      bad("the layer assignment lists " + std::to_string(p.layers_per_stage.size()) + " stages but pp is " +
+          std::to_string(p.pp));
+    int sum = 0;
+    for (int n : p.layers_per_stage) {
+      if (n < 1) bad("every pipeline stage needs at least one layer");
+      sum += n;
+    }
+    if (sum != model.num_layers)
+      bad("the layer assignment holds " + std::to_string(sum) + " layers but " + model.name + " has " +
+          std::to_string(model.num_layers));
+  }
+
+  if (t.global_batch % (p.micro_batch * p.dp) != 0)
+    bad("global batch " + std::to_string(t.global_batch) + " is not divisible by micro-batch * dp = " +
+        std::to_string(p.micro_batch) + "*" + std::to_string(p.dp) + " = " + std::to_string(p.micro_batch * p.dp) +
+        "; choose a global batch that is a multiple of " + std::to_string(p.micro_batch * p.dp));
+  int m = num_microbatches(t, p);
+
+  if (p.schedule == Schedule::interleaved) {
+    if (p.pp < 2) bad("the interleaved schedule needs pp >= 2");
+    if (p.vpp < 2) bad("the interleaved schedule needs --vpp >= 2 (virtual stages per pipeline rank)");
+    for (int n : assign_layers(model.num_layers, p))
+      if (n % p.vpp != 0)
+        bad("vpp " + std::to_string(p.vpp) + " does not divide the " + std::to_string(n) +
+            " layers of a pipeline stage; choose vpp among " + divisors_of(n));
+    if (m < p.pp)
+      bad("the interleaved schedule needs at least pp = " + std::to_string(p.pp) + " micro-batches, got " +
+          std::to_string(m));
+  } else if (p.vpp != 1) {
+    bad("--vpp " + std::to_string(p.vpp) + " needs --schedule interleaved");
+  }
+
+  if (p.cp > 1 && t.seq_len % (2 * p.cp) != 0)
+    bad("sequence length " + std::to_string(t.seq_len) + " is not divisible by 2*cp = " + std::to_string(2 * p.cp) +
+        " (context parallel splits each sequence into 2*cp load-balanced chunks)");
+  if (model.position == PositionKind::learned && t.seq_len > model.max_seq_len)
+    bad("sequence length " + std::to_string(t.seq_len) + " exceeds the " + std::to_string(model.max_seq_len) +
+        " learned positions of " + model.name);
+
+  if (p.ep > 1) {
+    if (!model.is_moe()) bad("--ep " + std::to_string(p.ep) + " needs a mixture-of-experts model; " + model.name + " is dense");
+    if (model.num_experts % p.ep != 0)
+      bad("ep " + std::to_string(p.ep) + " does not divide the " + std::to_string(model.num_experts) +
+          " experts; valid ep: " + divisors_of(model.num_experts));
+    if ((p.dp * p.cp) % p.ep != 0)
+      bad("ep " + std::to_string(p.ep) + " must divide dp*cp = " + std::to_string(p.dp * p.cp) +
+          " (expert parallel ranks are carved out of the data-parallel ranks)");
+  }
+  if (p.zero_stage < 0 || p.zero_stage > 3)
+    bad("ZeRO stage " + std::to_string(p.zero_stage) + " does not exist; choose 0, 1, 2 or 3");
+  if (p.distributed_optimizer && p.zero_stage > 1)
+    bad("--dist-opt is Megatron's distributed optimizer (ZeRO-1 sharding); combine it with --zero 0 or 1, not " +
+        std::to_string(p.zero_stage));
+  if (p.sequence_parallel && p.tp < 2) bad("sequence parallel (--sp) needs tp >= 2");
+  if (t.vocab_pad_multiple < 1) bad("vocab padding multiple must be positive");
+  peak_flops_per_s(cluster.gpu, t.precision);  // throws if the GPU lacks this precision
+}
+
+json to_json(const TrainingSpec& t) {
+  return json{{"seq_len", t.seq_len},
+              {"global_batch", t.global_batch},
+              {"precision", to_string(t.precision)},
+              {"attention", to_string(t.attention)},
+              {"fp32_grads", t.fp32_grads},
+              {"vocab_pad_multiple", t.vocab_pad_multiple},
+              {"bucket_mib", t.bucket_bytes / 1048576.0}};
+}
+
+json to_json(const ParallelConfig& p) {
+  return json{{"tp", p.tp},
+              {"pp", p.pp},
+              {"dp", p.dp},
+              {"cp", p.cp},
+              {"ep", p.ep},
+              {"vpp", p.vpp},
+              {"micro_batch", p.micro_batch},
+              {"zero_stage", p.zero_stage},
+              {"distributed_optimizer", p.distributed_optimizer},
+              {"sequence_parallel", p.sequence_parallel},
+              {"offload_optimizer", p.offload_optimizer},
+              {"recompute", to_string(p.recompute)},
+              {"schedule", to_string(p.schedule)},
+              {"layers_per_stage", p.layers_per_stage}};
+}
+
+TrainingSpec training_from_json(const json& j, const std::string& file, const std::string& pointer) {
+  ObjectReader r(j, file, pointer);
+  TrainingSpec t;
+  t.seq_len = static_cast<int>(r.positive_int("seq_len"));
+  t.global_batch = static_cast<int>(r.positive_int("global_batch"));
+  t.precision = precision_from_string(r.one_of("precision", {"fp32", "bf16", "fp16", "fp8"}));
+  t.attention = attention_from_string(r.one_of("attention", {"flash", "standard"}));
+  t.fp32_grads = r.boolean("fp32_grads");
+  t.vocab_pad_multiple = static_cast<int>(r.positive_int("vocab_pad_multiple"));
+  t.bucket_bytes = r.positive_number("bucket_mib") * 1048576.0;
+  r.finish();
+  return t;
+}
+
+ParallelConfig parallel_from_json(const json& j, const std::string& file, const std::string& pointer) {
+  ObjectReader r(j, file, pointer);
+  ParallelConfig p;
+  p.tp = static_cast<int>(r.positive_int("tp"));
+  p.pp = static_cast<int>(r.positive_int("pp"));
+  p.dp = static_cast<int>(r.positive_int("dp"));
+  p.cp = static_cast<int>(r.positive_int("cp"));
+  p.ep = static_cast<int>(r.positive_int("ep"));
+  p.vpp = static_cast<int>(r.positive_int("vpp"));
+  p.micro_batch = static_cast<int>(r.positive_int("micro_batch"));
+  p.zero_stage = static_cast<int>(r.non_negative_int("zero_stage"));
+  if (p.zero_stage > 3) r.fail("zero_stage", "0, 1, 2 or 3");
+  p.distributed_optimizer = r.boolean("distributed_optimizer");
+  p.sequence_parallel = r.boolean("sequence_parallel");
+  p.offload_optimizer = r.boolean("offload_optimizer");
+  p.recompute = recompute_from_string(r.one_of("recompute", {"none", "selective", "full"}));
+  p.schedule = schedule_from_string(r.one_of("schedule", {"gpipe", "1f1b", "interleaved"}));
+  const json& layers = r.raw("layers_per_stage");
+  if (!layers.is_array()) r.fail("layers_per_stage", "a list of layer counts");
+  for (const auto& n : layers) {
+    if (!n.is_number_integer() || n.get<int>() < 1) r.fail("layers_per_stage", "a list of positive integers");
+    p.layers_per_stage.push_back(n.get<int>());
+  }
+  r.finish();
+  return p;
+}
+
+}  // namespace dplan::costmodel

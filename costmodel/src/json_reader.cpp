@@ -99,7 +99,8 @@ void ObjectReader::fail(const std::string& key, const std::string& expected) con
   throw InputError(where(key) + ": expected " + expected + ", got " + got);
 }
 
-bool ObjectReader::has(const std::string& key) const {
+bool ObjectReader::has(const std::string& key) {
+  known_.insert(key);
   auto it = object_.find(key);
   return it != object_.end() && !it->is_null();
 }
@@ -178,14 +179,14 @@ ObjectReader ObjectReader::object(const std::string& key) {
 }
 
 void ObjectReader::ignore(std::initializer_list<const char*> keys) {
-  for (const char* k : keys) known_.insert(k);
+  for (const char* k : keys) ignored_.insert(k);
 }
 
-void ObjectReader::ignore(const std::string& key) { known_.insert(key); }
+void ObjectReader::ignore(const std::string& key) { ignored_.insert(key); }
 
 void ObjectReader::finish() const {
   for (auto it = object_.begin(); it != object_.end(); ++it) {
-    if (known_.count(it.key())) continue;
+    if (known_.count(it.key()) || ignored_.count(it.key())) continue;
     std::vector<std::string> valid(known_.begin(), known_.end());
     throw InputError(file_ + ": " + (pointer_.empty() ? "/" : pointer_) + ": unknown key \"" + it.key() +
                      "\"; valid keys: " + join_choices(valid));

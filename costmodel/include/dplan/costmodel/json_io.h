@@ -43,7 +43,7 @@ class ObjectReader {
   ObjectReader object(const std::string& key);
   const json& raw(const std::string& key);                     // marks the key as known
 
-  bool has(const std::string& key) const;                      // present and not null
+  bool has(const std::string& key);                            // present and not null; marks key valid
   // Marks keys as valid without reading them (metadata that does not change any estimate).
   void ignore(std::initializer_list<const char*> keys);
   void ignore(const std::string& key);
@@ -60,7 +60,8 @@ class ObjectReader {
   const json& object_;
   std::string file_;
   std::string pointer_;
-  std::set<std::string> known_;
+  std::set<std::string> known_;    // keys read: listed as the valid ones
+  std::set<std::string> ignored_;  // keys accepted without being read
 };
 
 // "got ..." text for a JSON value in error messages: numbers and strings as written, other

@@ -1,0 +1,168 @@
+// Laws of the memory model, and the single-GPU case worked out by hand.
+#include <catch2/catch.hpp>
+
+#include "dplan/costmodel/memory.h"
+#include "dplan/planner/profiles.h"
+
+using namespace dplan;
+using namespace dplan::costmodel;
+using Catch::Matchers::WithinRel;
+
+namespace {
+const planner::ProfileStore& store() {
+  static const planner::ProfileStore s(DPLAN_PROFILES_DIR);
+  return s;
+}
+double model_states(const StageMemory& s) { return s.weights_bytes + s.grads_bytes + s.optimizer_bytes; }
+}  // namespace
+
+TEST_CASE("tp = pp = dp = 1 equals the single-GPU formula", "[memory]") {
+  // A GPT with dropout off, standard attention, fp16, no vocabulary padding.
+  ModelSpec m = store().load_model("gpt-small");  // h=128, L=4, a=4, f=512, V=256, 256 positions
+  m.attention_dropout = m.hidden_dropout = 0;
+  ClusterSpec c = store().load_cluster("dgx-a100-80g");
+  TrainingSpec t{.seq_len = 256, .global_batch = 8, .precision = Precision::fp16, .attention = Attention::standard,
+                 .vocab_pad_multiple = 1};
+  ParallelConfig p{.micro_batch = 2};
+  MemoryEstimate e = estimate_memory(m, c, t, p);
+  REQUIRE(e.stages.size() == 1);
+  const StageMemory& s = e.stages[0];
+
+  const double P = num_params(m);  // every parameter on the one GPU
+  CHECK(s.weights_bytes == 2 * P);
+  CHECK(s.grads_bytes == 2 * P);
+  CHECK(s.optimizer_bytes == 12 * P);
+  // Per layer, 16-bit, no dropout: norm inputs 2*2sbh, QKV input 2sbh, Q K V 6sbh, softmax 2as^2b,
+  // out-proj input 2sbh, fc1 input 2sbh, GELU input and output 2*2sbf; LayerNorm mean+rstd 8sb each.
+  const double sb = 256.0 * 2, h = 128, a = 4, sq = 256, f = 512;
+  double per_layer = 2 * 2 * sb * h + 2 * sb * h + 6 * sb * h + 2 * a * sq * sq * 2 + 2 * sb * h + 2 * sb * h +
+                     2 * 2 * sb * f + 2 * 8 * sb;
+  double head = 2 * 2 * sb * h;                       // final norm input + LM head input
+  CHECK_THAT(s.activations_bytes, WithinRel(4 * per_layer + head, 1e-12));
+  CHECK_THAT(s.logits_bytes, WithinRel(4 * sb * 256 + 2 * sb * 256, 1e-12));  // fp32 + transient fp16 logits
+  CHECK(s.buffers_bytes == 0);                        // nothing to reduce, no pipeline
+  CHECK(s.reserve_bytes == c.gpu.framework_reserve_bytes);
+  CHECK(e.peak_bytes == s.total_bytes());
+}
+
+TEST_CASE("memory per GPU never grows with tp (pp and dp fixed)", "[memory][law]") {
+  ClusterSpec c = store().load_cluster("dgx-h100");
+  for (const char* name : {"llama-3-70b", "gpt3-175b", "mixtral-8x7b"}) {
+    ModelSpec m = store().load_model(name);
+    for (bool sp : {false, true}) {
+      double previous = 1e300;
+      for (int tp : {1, 2, 4, 8}) {
+        if (sp && tp == 1) continue;
+        TrainingSpec t{.seq_len = 4096, .global_batch = 64};
+        ParallelConfig p{.tp = tp, .pp = 2, .dp = 4, .sequence_parallel = sp};
+        double peak = estimate_memory(m, c, t, p).peak_bytes;
+        INFO(name << " tp " << tp << " sp " << sp);
+        CHECK(peak <= previous);
+        previous = peak;
+      }
+    }
+  }
+}
+
+TEST_CASE("model states never grow with the ZeRO stage", "[memory][law]") {
+  ModelSpec m = store().load_model("llama-3-8b");
+  ClusterSpec c = store().load_cluster("dgx-h100");
+  TrainingSpec t{.seq_len = 8192, .global_batch = 64};
+  for (int dp : {1, 2, 8, 64}) {
+    double previous = 1e300;
+    for (int zero : {0, 1, 2, 3}) {
+      ParallelConfig p{.dp = dp, .zero_stage = zero};
+      double states = model_states(estimate_memory(m, c, t, p).stages[0]);
+      INFO("dp " << dp << " zero " << zero);
+      CHECK(states <= previous);
+      previous = states;
+    }
+  }
+  SECTION("and the whole footprint shrinks with it when data parallel is wide") {
+    double previous = 1e300;
+    for (int zero : {0, 1, 2, 3}) {
+      ParallelConfig p{.dp = 64, .zero_stage = zero};
+      double peak = estimate_memory(m, c, t, p).peak_bytes;
+      CHECK(peak < previous);
+      previous = peak;
+    }
+  }
+  SECTION("the distributed optimizer shards like ZeRO-1") {
+    ParallelConfig zero1{.dp = 8, .zero_stage = 1}, dist{.dp = 8, .distributed_optimizer = true};
+    CHECK(model_states(estimate_memory(m, c, t, zero1).stages[0]) ==
+          model_states(estimate_memory(m, c, t, dist).stages[0]));
+  }
+}
+
+TEST_CASE("the first 1F1B stage holds the most in-flight activations", "[memory][law]") {
+  ModelSpec m = store().load_model("llama-3-70b");
+  ClusterSpec c = store().load_cluster("dgx-h100");
+  TrainingSpec t{.seq_len = 8192, .global_batch = 512};
+  for (Schedule schedule : {Schedule::one_f_one_b, Schedule::interleaved}) {
+    ParallelConfig p{.tp = 8, .pp = 8, .dp = 1, .vpp = schedule == Schedule::interleaved ? 2 : 1,
+                     .sequence_parallel = true, .schedule = schedule};
+    MemoryEstimate e = estimate_memory(m, c, t, p);
+    for (const auto& s : e.stages) {
+      CHECK(s.activations_bytes <= e.stages[0].activations_bytes);
+      CHECK(s.microbatches_in_flight <= e.stages[0].microbatches_in_flight);
+    }
+  }
+  SECTION("GPipe holds every micro-batch on every stage, more than 1F1B") {
+    ParallelConfig gpipe{.tp = 8, .pp = 8, .dp = 1, .schedule = Schedule::gpipe};
+    ParallelConfig one{.tp = 8, .pp = 8, .dp = 1, .schedule = Schedule::one_f_one_b};
+    TrainingSpec small{.seq_len = 8192, .global_batch = 32};
+    // Llama has no embedding dropout, so stage 0 holds only layer activations: 32 vs 8 micro-batches.
+    CHECK_THAT(estimate_memory(m, c, small, gpipe).stages[0].activations_bytes,
+               WithinRel(4 * estimate_memory(m, c, small, one).stages[0].activations_bytes, 1e-12));
+    CHECK(estimate_memory(m, c, small, gpipe).stages[0].microbatches_in_flight == 32);
+  }
+}
+
+TEST_CASE("recompute, flash attention and sequence parallel only ever save activation memory", "[memory][law]") {
+  ModelSpec m = store().load_model("gpt3-175b");
+  ClusterSpec c = store().load_cluster("dgx-a100-80g");
+  TrainingSpec standard{.seq_len = 2048, .global_batch = 64, .attention = Attention::standard};
+  TrainingSpec flash = standard;
+  flash.attention = Attention::flash;
+  auto act = [&](const TrainingSpec& t, Recompute r, bool sp) {
+    ParallelConfig p{.tp = 8, .pp = 8, .dp = 1, .sequence_parallel = sp, .recompute = r};
+    return estimate_memory(m, c, t, p).stages[0].activations_bytes;
+  };
+  CHECK(act(standard, Recompute::selective, false) < act(standard, Recompute::none, false));
+  CHECK(act(standard, Recompute::full, false) < act(standard, Recompute::selective, false));
+  CHECK(act(flash, Recompute::none, false) < act(standard, Recompute::none, false));
+  CHECK(act(standard, Recompute::none, true) < act(standard, Recompute::none, false));
+}
+
+TEST_CASE("optimizer offload moves optimizer bytes to host memory", "[memory]") {
+  ModelSpec m = store().load_model("llama-3-8b");
+  ClusterSpec c = store().load_cluster("dgx-h100");
+  TrainingSpec t{.seq_len = 8192, .global_batch = 64};
+  MemoryEstimate on = estimate_memory(m, c, t, ParallelConfig{.dp = 8, .zero_stage = 2, .offload_optimizer = true});
+  MemoryEstimate off = estimate_memory(m, c, t, ParallelConfig{.dp = 8, .zero_stage = 2});
+  CHECK(on.stages[0].optimizer_bytes == 0);
+  CHECK(on.stages[0].host_bytes == off.stages[0].optimizer_bytes);
+  CHECK(on.host_bytes_per_node == 8 * off.stages[0].optimizer_bytes);
+  CHECK(on.fits);
+}
+
+TEST_CASE("a layout that does not fit says which stage and what dominates", "[memory]") {
+  ModelSpec m = store().load_model("llama-3-70b");
+  ClusterSpec c = store().load_cluster("dgx-h100");
+  TrainingSpec t{.seq_len = 8192, .global_batch = 64};
+  MemoryEstimate e = estimate_memory(m, c, t, ParallelConfig{.dp = 1});
+  CHECK_FALSE(e.fits);
+  REQUIRE(e.reasons.size() == 1);
+  CHECK_THAT(e.reasons[0], Catch::Matchers::Contains("stage 0 needs"));
+  CHECK_THAT(e.reasons[0], Catch::Matchers::Contains("largest: optimizer"));
+}
+
+TEST_CASE("expert parallel shards the experts and only them", "[memory]") {
+  ModelSpec m = store().load_model("mixtral-8x7b");
+  ClusterSpec c = store().load_cluster("dgx-h100");
+  TrainingSpec t{.seq_len = 4096, .global_batch = 64};
+  double ep1 = estimate_memory(m, c, t, ParallelConfig{.tp = 1, .pp = 1, .dp = 8, .ep = 1}).stages[0].num_params;
+  double ep8 = estimate_memory(m, c, t, ParallelConfig{.tp = 1, .pp = 1, .dp = 8, .ep = 8}).stages[0].num_params;
+  LayerParams layer = layer_params(m);
+  CHECK_THAT(ep1 - ep8, WithinRel(m.num_layers * layer.experts * 7.0 / 8.0, 1e-12));
+}

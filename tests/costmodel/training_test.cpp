@@ -1,0 +1,124 @@
+#include <numeric>
+
+#include <catch2/catch.hpp>
+
+#include "dplan/costmodel/errors.h"
+#include "dplan/costmodel/training.h"
+#include "dplan/planner/profiles.h"
+
+using namespace dplan;
+using namespace dplan::costmodel;
+using Catch::Matchers::Contains;
+
+namespace {
+const planner::ProfileStore& store() {
+  static const planner::ProfileStore s(DPLAN_PROFILES_DIR);
+  return s;
+}
+std::string error_of(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t, const ParallelConfig& p,
+                     int gpus) {
+  try {
+    validate(m, c, t, p, gpus);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+}  // namespace
+
+TEST_CASE("layers are split evenly, remainders to the middle stages", "[training]") {
+  ParallelConfig p{.pp = 8};
+  std::vector<int> layers = assign_layers(126, p);  // Llama-3.1-405B: 126 = 8*15 + 6
+  CHECK(std::accumulate(layers.begin(), layers.end(), 0) == 126);
+  CHECK(layers.front() == 15);
+  CHECK(layers.back() == 15);
+  CHECK(layers[1] == 16);
+  CHECK(layers[6] == 16);
+  CHECK(assign_layers(80, ParallelConfig{.pp = 4}) == std::vector<int>{20, 20, 20, 20});
+}
+
+TEST_CASE("micro-batches in flight follow the schedule", "[training]") {
+  SECTION("1F1B: stage i holds min(pp - i, m)") {
+    ParallelConfig p{.pp = 4, .schedule = Schedule::one_f_one_b};
+    CHECK(microbatches_in_flight(p, 0, 16) == 4);
+    CHECK(microbatches_in_flight(p, 3, 16) == 1);
+    CHECK(microbatches_in_flight(p, 0, 2) == 2);
+  }
+  SECTION("GPipe: every stage holds all m") {
+    ParallelConfig p{.pp = 4, .schedule = Schedule::gpipe};
+    CHECK(microbatches_in_flight(p, 3, 16) == 16);
+  }
+  SECTION("interleaved: stage 0 holds p(1 + (p-1)/(p v)) stages' worth (Korthikanti Sec. 4.2.3)") {
+    ParallelConfig p{.pp = 4, .vpp = 2, .schedule = Schedule::interleaved};
+    // 2(p-1) + (v-1)p + 1 = 6 + 4 + 1 = 11 chunk-micro-batches of half a stage = 5.5
+    CHECK(microbatches_in_flight(p, 0, 16) == 5.5);
+    CHECK(microbatches_in_flight(p, 0, 16) == 4 * (1 + 3.0 / 8));
+  }
+  SECTION("without pipelining one micro-batch at a time") {
+    CHECK(microbatches_in_flight(ParallelConfig{.pp = 1, .schedule = Schedule::gpipe}, 0, 64) == 1);
+  }
+}
+
+TEST_CASE("impossible layouts are rejected with the valid choices", "[training]") {
+  ModelSpec m = store().load_model("llama-3-70b");
+  ClusterSpec c = store().load_cluster("dgx-h100");
+  TrainingSpec t{.seq_len = 8192, .global_batch = 512};
+  ParallelConfig ok{.tp = 8, .pp = 4, .dp = 2};
+  CHECK(error_of(m, c, t, ok, 64) == "(no error)");
+
+  ParallelConfig tp3 = ok;
+  tp3.tp = 3;
+  tp3.dp = 1;
+  CHECK_THAT(error_of(m, c, t, tp3, 12), Contains("valid tp: 1, 2, 4 or 8"));
+  ParallelConfig wrong_dp = ok;
+  wrong_dp.dp = 4;
+  CHECK_THAT(error_of(m, c, t, wrong_dp, 64), Contains("= 128 but --gpus is 64; with these tp, pp and cp use --dp 2"));
+  TrainingSpec odd_batch = t;
+  odd_batch.global_batch = 513;
+  CHECK_THAT(error_of(m, c, odd_batch, ok, 64), Contains("not divisible by micro-batch * dp"));
+  ParallelConfig vpp = ok;
+  vpp.vpp = 2;
+  CHECK_THAT(error_of(m, c, t, vpp, 64), Contains("needs --schedule interleaved"));
+  ParallelConfig vpp3 = ok;
+  vpp3.vpp = 3;
+  vpp3.schedule = Schedule::interleaved;
+  CHECK_THAT(error_of(m, c, t, vpp3, 64), Contains("choose vpp among 1, 2, 4, 5, 10 or 20"));
+  ParallelConfig ep = ok;
+  ep.ep = 2;
+  CHECK_THAT(error_of(m, c, t, ep, 64), Contains("needs a mixture-of-experts model"));
+  ParallelConfig zero = ok;
+  zero.zero_stage = 4;
+  CHECK_THAT(error_of(m, c, t, zero, 64), Contains("choose 0, 1, 2 or 3"));
+  ParallelConfig sp{.tp = 1, .pp = 4, .dp = 16, .sequence_parallel = true};
+  CHECK_THAT(error_of(m, c, t, sp, 64), Contains("sequence parallel (--sp) needs tp >= 2"));
+  ParallelConfig zero_tp = ok;
+  zero_tp.tp = 0;
+  CHECK_THAT(error_of(m, c, t, zero_tp, 64), Contains("--tp must be a positive integer, got 0"));
+  TrainingSpec fp8 = t;
+  fp8.precision = Precision::fp8;
+  CHECK_THAT(error_of(m, store().load_cluster("dgx-a100-80g"), fp8, ok, 64), Contains("no fp8 peak"));
+}
+
+TEST_CASE("mixture-of-experts layouts check expert parallel against experts and dp", "[training]") {
+  ModelSpec m = store().load_model("mixtral-8x7b");
+  ClusterSpec c = store().load_cluster("dgx-h100");
+  TrainingSpec t{.seq_len = 4096, .global_batch = 256};
+  ParallelConfig ep8{.tp = 2, .pp = 1, .dp = 8, .ep = 8}, ep3{.tp = 2, .pp = 1, .dp = 8, .ep = 3},
+      ep4{.tp = 8, .pp = 1, .dp = 2, .ep = 4};
+  CHECK_NOTHROW(validate(m, c, t, ep8, 16));
+  CHECK_THAT(error_of(m, c, t, ep3, 16), Contains("valid ep: 1, 2, 4 or 8"));
+  CHECK_THAT(error_of(m, c, t, ep4, 16), Contains("must divide dp*cp"));
+}
+
+TEST_CASE("training and parallel specs round-trip through JSON", "[training]") {
+  TrainingSpec t{.seq_len = 4096, .global_batch = 1024, .precision = Precision::fp8, .attention = Attention::standard,
+                 .fp32_grads = true};
+  CHECK(training_from_json(to_json(t), "plan.json", "/training") == t);
+  ParallelConfig p{.tp = 4, .pp = 2, .dp = 8, .cp = 2, .ep = 1, .vpp = 2, .micro_batch = 2, .zero_stage = 1,
+                   .sequence_parallel = true, .recompute = Recompute::selective, .schedule = Schedule::interleaved,
+                   .layers_per_stage = {10, 14}};
+  CHECK(parallel_from_json(to_json(p), "plan.json", "/parallel") == p);
+  json extra = to_json(p);
+  extra["pipeline"] = 2;
+  CHECK_THROWS_WITH(parallel_from_json(extra, "plan.json", "/parallel"), Contains("unknown key \"pipeline\""));
+}

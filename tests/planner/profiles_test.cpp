@@ -1,0 +1,88 @@
+// Every shipped profile loads under the strict readers, carries its sources, and resolves by name.
+#include <catch2/catch.hpp>
+
+#include "dplan/costmodel/errors.h"
+#include "dplan/planner/default_layout.h"
+#include "dplan/planner/profiles.h"
+
+using namespace dplan;
+using namespace dplan::costmodel;
+using namespace dplan::planner;
+using Catch::Matchers::Contains;
+
+namespace {
+const ProfileStore& store() {
+  static const ProfileStore s(DPLAN_PROFILES_DIR);
+  return s;
+}
+}  // namespace
+
+TEST_CASE("every shipped profile loads and names its sources", "[profiles]") {
+  for (const auto& name : store().gpu_names()) {
+    INFO(name);
+    GpuSpec g = store().load_gpu(name);
+    CHECK(g.name == name);
+    CHECK(g.sources.contains("peak_tflops"));
+    CHECK(g.sources.contains("hbm"));
+    CHECK(g.peak_flops_per_s.count("bf16") + g.peak_flops_per_s.count("fp32") > 0);
+  }
+  for (const auto& name : store().cluster_names()) {
+    INFO(name);
+    ClusterSpec c = store().load_cluster(name);
+    CHECK(c.name == name);
+    CHECK(c.gpus_per_node >= 1);
+    CHECK_FALSE(c.sources["intra_node"].get<std::string>().empty());
+    CHECK_FALSE(c.sources["inter_node"].get<std::string>().empty());
+  }
+  for (const auto& name : store().model_names()) {
+    INFO(name);
+    CHECK(store().load_model(name).name == name);
+  }
+}
+
+TEST_CASE("the presets and clusters the issue names are all there", "[profiles]") {
+  for (const char* m : {"llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "llama-3.1-405b",
+                        "mistral-7b", "mixtral-8x7b", "gpt3-175b", "gpt-1.7b", "gpt-3.6b", "gpt-7.5b", "gpt-18.4b",
+                        "gpt-39.1b", "gpt-76.1b", "gpt-145.6b", "gpt-310.1b", "gpt-529.6b", "gpt-1t", "gpt-tiny",
+                        "gpt-small"})
+    CHECK_NOTHROW(store().load_model(m));
+  for (const char* c : {"dgx-a100-80g", "dgx-a100-40g", "dgx-h100", "hgx-h200", "dgx-b200", "pcie-h100", "local-cpu"})
+    CHECK_NOTHROW(store().load_cluster(c));
+  for (const char* g : {"a100-sxm4-40gb", "a100-sxm4-80gb", "h100-sxm5-80gb", "h100-pcie-80gb", "h200-sxm-141gb",
+                        "b200", "mi300x"})
+    CHECK_NOTHROW(store().load_gpu(g));
+}
+
+TEST_CASE("datasheet figures arrive in SI units", "[profiles]") {
+  ClusterSpec c = store().load_cluster("dgx-h100");
+  CHECK(c.gpu.peak_flops_per_s.at("bf16") == 989e12);  // dense, HARDWARE.md section 1
+  CHECK(c.gpu.hbm_bytes == 80e9);
+  CHECK(c.intra_node.bandwidth_bytes_per_s == 450e9);  // NVLink 4, per direction
+  CHECK(c.nics_per_node == 8);
+  CHECK(c.nic_bandwidth_bytes_per_s == 50e9);          // NDR 400 Gb/s
+  CHECK(c.nvls);
+  CHECK_FALSE(store().load_cluster("dgx-a100-80g").nvls);
+}
+
+TEST_CASE("an unknown model or cluster lists what exists", "[profiles]") {
+  try {
+    store().load_model("llama-9");
+    FAIL("no error");
+  } catch (const InputError& e) {
+    CHECK_THAT(e.what(), Contains("unknown model \"llama-9\""));
+    CHECK_THAT(e.what(), Contains("llama-3-70b"));
+    CHECK_THAT(e.what(), Contains("70B"));
+  }
+  CHECK_THROWS_WITH(store().load_cluster("dgx-z"), Contains("dgx-h100"));
+}
+
+TEST_CASE("the default layout keeps tensor parallel inside a node and fits", "[profiles]") {
+  ModelSpec m = store().load_model("70B");
+  ClusterSpec c = store().load_cluster("dgx-h100");
+  TrainingSpec t{.seq_len = 8192};
+  DefaultLayout d = default_layout(m, c, t, 64, 4194304);
+  CHECK(d.parallel.tp == 8);
+  CHECK(d.parallel.world_size() == 64);
+  CHECK(d.memory.fits);
+  CHECK(d.training.global_batch * t.seq_len == 4194304);  // 512 sequences of 8192 tokens
+}

@@ -1,5 +1,6 @@
 #include "dplan/costmodel/json_io.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -105,11 +106,36 @@ bool ObjectReader::has(const std::string& key) {
   return it != object_.end() && !it->is_null();
 }
 
+namespace {
+// Levenshtein distance, for pointing at the misspelling of a missing key.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+}  // namespace
+
 const json& ObjectReader::at(const std::string& key) {
   known_.insert(key);
   auto it = object_.find(key);
-  if (it == object_.end())
-    throw InputError(file_ + ": " + (pointer_.empty() ? "/" : pointer_) + ": missing key \"" + key + "\"");
+  if (it == object_.end()) {
+    std::string msg = file_ + ": " + (pointer_.empty() ? "/" : pointer_) + ": missing key \"" + key + "\"";
+    for (auto other = object_.begin(); other != object_.end(); ++other)
+      if (edit_distance(other.key(), key) <= 2) {
+        msg += " (found \"" + other.key() + "\": a misspelling?)";
+        break;
+      }
+    throw InputError(msg);
+  }
   return *it;
 }
 

@@ -19,7 +19,7 @@ const std::initializer_list<const char*> kIgnoredHfKeys = {
     "classifier_dropout", "rotary_pct", "rotary_emb_base", "rotary_emb_dim", "use_parallel_residual",
     "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "n_ctx",
     "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
-    "summary_first_dropout", "task_specific_params", "attn_implementation", "model_type"};
+    "summary_first_dropout", "task_specific_params", "attn_implementation", "use_mrope", "model_type"};
 
 const std::vector<std::string> kFamilies = {"llama", "mistral", "mixtral", "qwen2", "gpt_neox", "gpt2"};
 

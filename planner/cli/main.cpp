@@ -30,6 +30,7 @@ struct Options {
   std::string model;
   std::string cluster = "dgx-h100";
   int gpus = 0;
+
   std::optional<int> global_batch;
   std::optional<int> seq;
   std::string precision = "bf16";
@@ -189,7 +190,7 @@ int main(int argc, char** argv) {
 
   // Top level: `dplan --model M --gpus N`.
   app.add_option("--model", o.model, "preset, size shorthand (70B) or path to a config.json");
-  app.add_option("--gpus", o.gpus, "number of GPUs");
+  CLI::Option* top_gpus = app.add_option("--gpus", o.gpus, "number of GPUs");
   app.add_option("--cluster", o.cluster, "cluster profile name or path")->capture_default_str();
   app.add_option("--global-batch", o.global_batch, "sequences per optimizer step (default: about 4M tokens)");
   app.add_option("--seq", o.seq, "sequence length (default: the model's, at most 8192)");
@@ -221,7 +222,7 @@ int main(int argc, char** argv) {
     ProfileStore store(find_profiles_dir(o.profiles, "/proc/self/exe", DPLAN_PROFILES_DIR));
     if (*list) return run_list(store);
     if (*estimate) return run_estimate(o, store);
-    if (o.model.empty() || o.gpus == 0) {
+    if (o.model.empty() || top_gpus->count() == 0) {
       std::cerr << "dplan: error: give --model and --gpus (e.g. dplan --model 70B --gpus 64), or a subcommand: "
                    "estimate, list; see dplan --help\n";
       return 2;

@@ -29,7 +29,8 @@ std::string describe_layout(const ModelSpec& model, const TrainingSpec& t, const
   if (model.is_moe()) o << " · ep " << p.ep;
   if (p.schedule == Schedule::interleaved) o << " · vpp " << p.vpp;
   o << ", micro-batch " << p.micro_batch << ", global batch " << t.global_batch << " ("
-    << num_microbatches(t, p) << " micro-batches per pipeline), seq " << t.seq_len << "\n"
+    << num_microbatches(t, p) << (num_microbatches(t, p) == 1 ? " micro-batch" : " micro-batches")
+    << " per pipeline), seq " << t.seq_len << "\n"
     << "        " << to_string(t.precision) << (t.fp32_grads ? " (fp32 grads)" : "") << ", ";
   if (p.distributed_optimizer)
     o << "distributed optimizer";

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Runs every example in examples/README.md, in order, and fails if any command fails.
+#   examples/run_all.sh                       uses $DPLAN, else dplan on PATH, else build/dplan
+#   DPLAN=/path/to/dplan examples/run_all.sh
+# The tests run this script too (tests/cli/cli_test.cpp), so the README's commands keep working.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(dirname "$here")"
+if [[ -n "${DPLAN:-}" ]]; then
+  dplan=$DPLAN
+elif command -v dplan >/dev/null 2>&1; then
+  dplan=dplan
+else
+  dplan="$repo/build/dplan"
+fi
+if ! command -v "$dplan" >/dev/null 2>&1; then
+  echo "run_all: no dplan binary at \"$dplan\"; build it (./setup.sh) or set DPLAN=/path/to/dplan" >&2
+  exit 1
+fi
+
+# The README's commands are written from the repository root.
+cd "$repo"
+model=examples/custom-model/config.json
+
+# Prints the command as the README shows it, then runs it; `set -e` stops the script on failure.
+run() {
+  echo "\$ dplan $*"
+  "$dplan" "$@"
+  echo
+}
+
+# 1. A model that is not a preset: its Hugging Face config.json, planned with the default layout.
+run --model "$model" --cluster dgx-a100-80g --gpus 8
+
+# 2. One layout of it, evaluated: tensor parallel 2 inside the node, data parallel 4.
+run estimate --model "$model" --cluster dgx-a100-80g --gpus 8 --tp 2 --dp 4
+
+# 3. The same layout with ZeRO stage 3: weights, gradients and optimizer states sharded over dp.
+run estimate --model "$model" --cluster dgx-a100-80g --gpus 8 --tp 2 --dp 4 --zero 3
+
+# 4. The same layout with full activation recompute: only each layer's input is kept.
+run estimate --model "$model" --cluster dgx-a100-80g --gpus 8 --tp 2 --dp 4 --recompute full
+
+# 5. The JSON form, for scripts: check that it answers whether the layout fits.
+echo "\$ dplan estimate --model $model --cluster dgx-a100-80g --gpus 8 --tp 2 --dp 4 --json | grep '\"fits\"'"
+json=$("$dplan" estimate --model "$model" --cluster dgx-a100-80g --gpus 8 --tp 2 --dp 4 --json)
+if ! grep '"fits": ' <<<"$json"; then
+  echo "run_all: the JSON output has no \"fits\" key" >&2
+  exit 1
+fi
+echo
+echo "run_all: all examples ran"

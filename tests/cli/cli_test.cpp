@@ -1,0 +1,502 @@
+// End-to-end tests of the dplan binary: bad input gives exit status 2 and exactly one
+// "dplan: error: ..." line on stderr that names the problem and the valid choices, with nothing on
+// stdout; good input prints the memory table or JSON; the examples in examples/ run.
+// Each test runs DPLAN_BINARY as a child process with DPLAN_PROFILES=DPLAN_PROFILES_DIR.
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+extern char** environ;
+
+namespace {
+namespace fs = std::filesystem;
+using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
+using nlohmann::json;
+
+// A fresh folder under the system temp directory, removed with everything in it at scope exit.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "dplan-cli-test-XXXXXX").string();
+    std::vector<char> buf(pattern.begin(), pattern.end());
+    buf.push_back('\0');
+    REQUIRE(::mkdtemp(buf.data()) != nullptr);
+    path_ = buf.data();
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const fs::path& path() const { return path_; }
+
+  // Writes `text` to path()/relative (creating folders) and returns the absolute path.
+  std::string write(const std::string& relative, const std::string& text) const {
+    fs::path p = path_ / relative;
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+    return p.string();
+  }
+
+ private:
+  fs::path path_;
+};
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct Result {
+  int status = -1;  // exit status; 128 + signal if the child was killed
+  std::string out, err;
+};
+
+// Runs `program` with `args` (no shell), stdout and stderr captured through files in a temp dir.
+// The environment is this process's, with DPLAN_PROFILES=DPLAN_PROFILES_DIR and then `env` on top.
+Result run_program(const std::string& program, const std::vector<std::string>& args,
+                   const std::map<std::string, std::string>& env = {}) {
+  TempDir io;
+  const std::string out_path = (io.path() / "stdout").string();
+  const std::string err_path = (io.path() / "stderr").string();
+
+  std::map<std::string, std::string> vars;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) vars[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  vars["DPLAN_PROFILES"] = DPLAN_PROFILES_DIR;
+  for (const auto& [k, v] : env) vars[k] = v;
+  std::vector<std::string> env_strings;
+  for (const auto& [k, v] : vars) env_strings.push_back(k + "=" + v);
+
+  // Everything the child needs is built before fork(): it only opens, dup2s and execs.
+  std::vector<char*> argv, envp;
+  argv.push_back(const_cast<char*>(program.c_str()));
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (out < 0 || err < 0 || ::dup2(out, 1) < 0 || ::dup2(err, 2) < 0) ::_exit(126);
+    ::execve(program.c_str(), argv.data(), envp.data());
+    ::_exit(127);
+  }
+  int wstatus = 0;
+  while (::waitpid(pid, &wstatus, 0) < 0) REQUIRE(errno == EINTR);
+  Result r;
+  r.status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+  r.out = read_file(out_path);
+  r.err = read_file(err_path);
+  return r;
+}
+
+Result dplan(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {}) {
+  return run_program(DPLAN_BINARY, args, env);
+}
+
+// Bad input: exit status 2, nothing on stdout, and stderr exactly one line "dplan: error: ...".
+// Returns that line without its newline, for the caller to check what it names.
+std::string require_one_error_line(const Result& r) {
+  INFO("stdout: " << r.out);
+  INFO("stderr: " << r.err);
+  CHECK(r.status == 2);
+  CHECK(r.out.empty());
+  REQUIRE(!r.err.empty());
+  CHECK(r.err.back() == '\n');
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK_THAT(r.err, StartsWith("dplan: error: "));
+  std::string line = r.err.substr(0, r.err.find('\n'));
+  return line;
+}
+
+// A copy of a preset's config.json with `edit` applied, written as dir/<folder>/config.json.
+std::string edited_preset(const TempDir& dir, const std::string& folder, const std::string& preset,
+                          const std::function<void(json&)>& edit) {
+  json config = json::parse(read_file(fs::path(DPLAN_PROFILES_DIR) / "models" / (preset + ".json")));
+  edit(config);
+  return dir.write(folder + "/config.json", config.dump(2));
+}
+
+std::vector<std::string> profile_names(const std::string& folder) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(fs::path(DPLAN_PROFILES_DIR) / folder))
+    if (entry.path().extension() == ".json") names.push_back(entry.path().stem().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// The layout the JSON tests read: llama-3-70b (80 layers) on 64 GPUs as tp 8 x pp 4 x dp 2,
+// 512 sequences of micro-batch 1, so 256 micro-batches per pipeline and 20 layers per stage.
+const std::vector<std::string> kEstimate70b = {"--gpus", "64", "--tp", "8", "--pp", "4", "--dp", "2",
+                                               "--mbs", "1", "--global-batch", "512", "--json"};
+
+json estimate_json(const std::string& model) {
+  std::vector<std::string> args = {"estimate", "--model", model};
+  args.insert(args.end(), kEstimate70b.begin(), kEstimate70b.end());
+  Result r = dplan(args);
+  INFO("stderr: " << r.err);
+  REQUIRE(r.status == 0);
+  return json::parse(r.out);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Bad input
+
+TEST_CASE("An unknown model is an error that lists the presets and the size shorthands", "[cli][error]") {
+  std::string line = require_one_error_line(dplan({"--model", "llama-9-99b", "--gpus", "8"}));
+  CHECK_THAT(line, Contains("unknown model \"llama-9-99b\""));
+  CHECK_THAT(line, Contains("llama-3-70b"));
+  CHECK_THAT(line, Contains("mixtral-8x7b"));
+  CHECK_THAT(line, Contains("70B"));
+  CHECK_THAT(line, Contains("config.json"));
+}
+
+TEST_CASE("An unknown cluster is an error that lists the clusters", "[cli][error]") {
+  std::string line = require_one_error_line(dplan({"--model", "70B", "--gpus", "64", "--cluster", "dgx-h900"}));
+  CHECK_THAT(line, Contains("unknown cluster \"dgx-h900\""));
+  for (const auto& name : profile_names("clusters")) CHECK_THAT(line, Contains(name));
+}
+
+TEST_CASE("A config.json that is not valid JSON is an error naming the file", "[cli][error]") {
+  TempDir dir;
+  std::string path = dir.write("broken/config.json", "{\"model_type\": \"llama\",\n \"hidden_size\": }\n");
+  std::string line = require_one_error_line(dplan({"--model", path, "--gpus", "8"}));
+  CHECK_THAT(line, Contains(path));
+  CHECK_THAT(line, Contains("malformed JSON"));
+  CHECK_THAT(line, Contains("line 2"));
+}
+
+TEST_CASE("A --model path that does not exist is an error naming the path", "[cli][error]") {
+  TempDir dir;
+  std::string path = (dir.path() / "no-such-model" / "config.json").string();
+  std::string line = require_one_error_line(dplan({"--model", path, "--gpus", "8"}));
+  CHECK_THAT(line, Contains(path));
+  CHECK_THAT(line, Contains("no such file"));
+}
+
+TEST_CASE("A config.json of an unsupported model type is an error listing the supported types", "[cli][error]") {
+  TempDir dir;
+  std::string path = edited_preset(dir, "bert", "llama-3-8b", [](json& c) { c["model_type"] = "bert"; });
+  std::string line = require_one_error_line(dplan({"--model", path, "--gpus", "8"}));
+  CHECK_THAT(line, Contains(path));
+  CHECK_THAT(line, Contains("\"bert\""));
+  for (const char* family : {"llama", "mistral", "mixtral", "qwen2", "gpt_neox", "gpt2"})
+    CHECK_THAT(line, Contains(family));
+}
+
+TEST_CASE("A config.json with a key the loader does not know is an error listing the valid keys", "[cli][error]") {
+  TempDir dir;
+  // A stray misspelt key next to the real one.
+  std::string path = edited_preset(dir, "typo", "llama-3-8b", [](json& c) { c["num_hidden_layer"] = 32; });
+  std::string line = require_one_error_line(dplan({"--model", path, "--gpus", "8"}));
+  CHECK_THAT(line, Contains(path));
+  CHECK_THAT(line, Contains("unknown key \"num_hidden_layer\""));
+  CHECK_THAT(line, Contains("valid keys"));
+  CHECK_THAT(line, Contains("num_hidden_layers"));
+  CHECK_THAT(line, Contains("num_attention_heads"));
+}
+
+// Required keys are read before unknown keys are looked for, so the missing-key message must
+// point at the near-miss the user typed.
+TEST_CASE("A config.json whose required key is misspelt names the misspelling", "[cli][error]") {
+  TempDir dir;
+  std::string path = edited_preset(dir, "typo", "llama-3-8b", [](json& c) {
+    c["num_hidden_layer"] = c["num_hidden_layers"];
+    c.erase("num_hidden_layers");
+  });
+  std::string line = require_one_error_line(dplan({"--model", path, "--gpus", "8"}));
+  CHECK_THAT(line, Contains("num_hidden_layers"));
+  CHECK_THAT(line, Contains("\"num_hidden_layer\""));
+}
+
+TEST_CASE("A config.json without a required key is an error naming the key", "[cli][error]") {
+  TempDir dir;
+  std::string path = edited_preset(dir, "no-vocab", "llama-3-8b", [](json& c) { c.erase("vocab_size"); });
+  std::string line = require_one_error_line(dplan({"--model", path, "--gpus", "8"}));
+  CHECK_THAT(line, Contains(path));
+  CHECK_THAT(line, Contains("missing key \"vocab_size\""));
+}
+
+TEST_CASE("A tensor-parallel size that does not divide the heads is an error listing the valid sizes",
+          "[cli][error]") {
+  // llama-3-70b: 64 heads, 8 kv heads; tp must divide both: 1, 2, 4 or 8.
+  std::string line =
+      require_one_error_line(dplan({"estimate", "--model", "llama-3-70b", "--gpus", "48", "--tp", "3", "--pp", "1"}));
+  CHECK_THAT(line, Contains("tp 3"));
+  CHECK_THAT(line, Contains("heads"));
+  CHECK_THAT(line, Contains("valid tp: 1, 2, 4 or 8"));
+}
+
+TEST_CASE("Parallel sizes whose product is not the GPU count are an error that gives the right dp",
+          "[cli][error]") {
+  // 8 * 4 * 4 * 1 = 128 != 64; with tp 8, pp 4 the dp that fills 64 GPUs is 2.
+  std::string line = require_one_error_line(
+      dplan({"estimate", "--model", "llama-3-70b", "--tp", "8", "--pp", "4", "--dp", "4", "--gpus", "64"}));
+  CHECK_THAT(line, Contains("128"));
+  CHECK_THAT(line, Contains("64"));
+  CHECK_THAT(line, Contains("--dp 2"));
+}
+
+TEST_CASE("A global batch not divisible by micro-batch times dp is an error", "[cli][error]") {
+  // micro-batch 3 * dp 2 = 6 does not divide 512.
+  std::string line = require_one_error_line(dplan({"estimate", "--model", "llama-3-70b", "--gpus", "64", "--tp", "8",
+                                                   "--pp", "4", "--dp", "2", "--mbs", "3", "--global-batch", "512"}));
+  CHECK_THAT(line, Contains("512"));
+  CHECK_THAT(line, Contains("6"));
+  CHECK_THAT(line, Contains("multiple"));
+}
+
+TEST_CASE("Zero or negative sizes are errors naming the flag and the value", "[cli][error]") {
+  struct Case {
+    std::vector<std::string> args;
+    std::string flag, value;
+  };
+  const std::vector<Case> cases = {
+      {{"estimate", "--model", "70B", "--gpus", "0"}, "--gpus", "0"},
+      {{"--model", "70B", "--gpus", "-8"}, "--gpus", "-8"},
+      {{"estimate", "--model", "70B", "--gpus", "64", "--tp", "0"}, "--tp", "0"},
+      {{"estimate", "--model", "70B", "--gpus", "64", "--tp", "8", "--pp", "0"}, "--pp", "0"},
+      {{"estimate", "--model", "70B", "--gpus", "64", "--tp", "8", "--dp", "0"}, "--dp", "0"},
+      {{"estimate", "--model", "70B", "--gpus", "64", "--tp", "8", "--mbs", "-1"}, "--mbs", "-1"},
+      {{"estimate", "--model", "70B", "--gpus", "64", "--tp", "8", "--mbs", "0"}, "--mbs", "0"},
+      {{"estimate", "--model", "70B", "--gpus", "64", "--tp", "8", "--global-batch", "0"}, "--global-batch", "0"},
+  };
+  for (const auto& c : cases) {
+    DYNAMIC_SECTION(c.flag << " " << c.value) {
+      std::string line = require_one_error_line(dplan(c.args));
+      CHECK_THAT(line, Contains(c.flag));
+      CHECK_THAT(line, Contains("positive"));
+      CHECK_THAT(line, Contains("got " + c.value));
+    }
+  }
+}
+
+TEST_CASE("dplan --gpus 0 without a subcommand says the GPU count must be positive", "[cli][error]") {
+  std::string line = require_one_error_line(dplan({"--model", "70B", "--gpus", "0"}));
+  CHECK_THAT(line, Contains("--gpus"));
+  CHECK_THAT(line, Contains("positive"));
+}
+
+TEST_CASE("An unknown choice for an option is an error listing the choices", "[cli][error]") {
+  const std::vector<std::string> layout = {"estimate", "--model", "70B", "--gpus", "64", "--tp", "8", "--pp", "4"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = layout;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  SECTION("--precision") {
+    std::string line = require_one_error_line(dplan(with({"--precision", "fp7"})));
+    CHECK_THAT(line, Contains("\"fp7\""));
+    CHECK_THAT(line, Contains("bf16, fp16, fp8 or fp32"));
+  }
+  SECTION("--precision without a subcommand") {
+    std::string line = require_one_error_line(dplan({"--model", "70B", "--gpus", "64", "--precision", "fp7"}));
+    CHECK_THAT(line, Contains("bf16, fp16, fp8 or fp32"));
+  }
+  SECTION("--recompute") {
+    std::string line = require_one_error_line(dplan(with({"--recompute", "some"})));
+    CHECK_THAT(line, Contains("\"some\""));
+    CHECK_THAT(line, Contains("none, selective or full"));
+  }
+  SECTION("--schedule") {
+    std::string line = require_one_error_line(dplan(with({"--schedule", "zigzag"})));
+    CHECK_THAT(line, Contains("\"zigzag\""));
+    CHECK_THAT(line, Contains("gpipe, 1f1b or interleaved"));
+  }
+  SECTION("--attention") {
+    std::string line = require_one_error_line(dplan(with({"--attention", "sparse"})));
+    CHECK_THAT(line, Contains("\"sparse\""));
+    CHECK_THAT(line, Contains("flash or standard"));
+  }
+  SECTION("--zero") {
+    std::string line = require_one_error_line(dplan(with({"--zero", "4"})));
+    CHECK_THAT(line, Contains("ZeRO stage 4"));
+    CHECK_THAT(line, Contains("0, 1, 2 or 3"));
+  }
+}
+
+TEST_CASE("fp8 on an A100 cluster is an error naming the GPU and its precisions", "[cli][error]") {
+  std::string line = require_one_error_line(dplan({"estimate", "--model", "70B", "--gpus", "64", "--tp", "8", "--pp",
+                                                   "4", "--cluster", "dgx-a100-80g", "--precision", "fp8"}));
+  CHECK_THAT(line, Contains("a100-sxm4-80gb"));
+  CHECK_THAT(line, Contains("fp8"));
+  CHECK_THAT(line, Contains("bf16"));
+}
+
+TEST_CASE("Virtual pipeline stages without the interleaved schedule are an error", "[cli][error]") {
+  std::string schedule = GENERATE("1f1b", "gpipe");
+  std::string line = require_one_error_line(dplan({"estimate", "--model", "70B", "--gpus", "64", "--tp", "8", "--pp",
+                                                   "4", "--vpp", "2", "--schedule", schedule}));
+  CHECK_THAT(line, Contains("--vpp 2"));
+  CHECK_THAT(line, Contains("interleaved"));
+}
+
+TEST_CASE("A GPU profile with a negative HBM size is an error naming the file and the key", "[cli][error]") {
+  // A copy of the profiles tree whose H100 claims -80 GB; dgx-h100 (the default cluster) uses it.
+  TempDir dir;
+  fs::path profiles = dir.path() / "profiles";
+  fs::copy(DPLAN_PROFILES_DIR, profiles, fs::copy_options::recursive);
+  fs::path gpu_file = profiles / "gpus" / "h100-sxm5-80gb.json";
+  json gpu = json::parse(read_file(gpu_file));
+  gpu["gpu"]["hbm_gb"] = -80;
+  std::ofstream(gpu_file) << gpu.dump(2);
+
+  SECTION("found through --profiles") {
+    std::string line =
+        require_one_error_line(dplan({"--profiles", profiles.string(), "--model", "70B", "--gpus", "64"}));
+    CHECK_THAT(line, Contains(gpu_file.string()));
+    CHECK_THAT(line, Contains("/gpu/hbm_gb: expected a positive number, got -80"));
+  }
+  SECTION("found through DPLAN_PROFILES") {
+    std::string line = require_one_error_line(
+        dplan({"estimate", "--model", "70B", "--gpus", "64", "--tp", "8", "--pp", "4"},
+              {{"DPLAN_PROFILES", profiles.string()}}));
+    CHECK_THAT(line, Contains("/gpu/hbm_gb: expected a positive number, got -80"));
+  }
+}
+
+TEST_CASE("A non-numeric size is an error naming the flag and the value", "[cli][error]") {
+  std::string line = require_one_error_line(dplan({"estimate", "--model", "70B", "--gpus", "64", "--tp", "eight"}));
+  CHECK_THAT(line, Contains("--tp"));
+  CHECK_THAT(line, Contains("eight"));
+}
+
+TEST_CASE("An unknown flag is an error naming it", "[cli][error]") {
+  std::string line = require_one_error_line(dplan({"--model", "70B", "--gpus", "64", "--bogus"}));
+  CHECK_THAT(line, Contains("--bogus"));
+}
+
+TEST_CASE("estimate without --model is an error naming the missing flag", "[cli][error]") {
+  std::string line = require_one_error_line(dplan({"estimate", "--gpus", "64"}));
+  CHECK_THAT(line, Contains("--model"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Good input
+
+TEST_CASE("dplan --model 70B --gpus 64 prints a memory table per pipeline stage that fits", "[cli]") {
+  Result r = dplan({"--model", "70B", "--gpus", "64"});
+  INFO("stderr: " << r.err);
+  CHECK(r.status == 0);
+  CHECK(r.err.empty());
+  CHECK_THAT(r.out, Contains("llama-3-70b"));
+  CHECK_THAT(r.out, Contains("stage"));
+  CHECK_THAT(r.out, Contains("fits"));
+}
+
+TEST_CASE("estimate --json gives per-stage memory whose worst stage is the peak", "[cli]") {
+  json j = estimate_json("llama-3-70b");
+  REQUIRE(j.contains("fits"));
+  CHECK(j["fits"].is_boolean());
+  REQUIRE(j.contains("memory"));
+  const json& mem = j["memory"];
+  REQUIRE(mem.contains("peak_bytes"));
+  REQUIRE(mem.contains("stages"));
+  REQUIRE(mem["stages"].is_array());
+  CHECK(mem["stages"].size() == 4);  // pp 4
+  CHECK(j["fits"] == mem["fits"]);
+
+  double max_total = 0;
+  int layers = 0;
+  for (const json& stage : mem["stages"]) {
+    for (const char* key :
+         {"weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes", "total_bytes"}) {
+      INFO("stage " << stage.value("stage", -1) << " key " << key);
+      REQUIRE(stage.contains(key));
+      CHECK(stage[key].get<double>() >= 0);
+    }
+    // total = weights + grads + optimizer + activations + other
+    double sum = stage["weights_bytes"].get<double>() + stage["grads_bytes"].get<double>() +
+                 stage["optimizer_bytes"].get<double>() + stage["activations_bytes"].get<double>() +
+                 stage["other_bytes"].get<double>();
+    CHECK_THAT(stage["total_bytes"].get<double>(), Catch::Matchers::WithinRel(sum, 1e-12));
+    max_total = std::max(max_total, stage["total_bytes"].get<double>());
+    layers += stage.value("num_layers", 0);
+  }
+  CHECK(layers == 80);  // llama-3-70b's 80 layers, split over the 4 stages
+  CHECK(mem["peak_bytes"].get<double>() == max_total);
+  // the fit verdict agrees with the numbers
+  CHECK(j["fits"].get<bool>() == (max_total <= mem["capacity_bytes"].get<double>()));
+}
+
+TEST_CASE("A preset, its size shorthand and its config.json path give the same estimate", "[cli]") {
+  double by_name = estimate_json("llama-3-70b")["memory"]["peak_bytes"].get<double>();
+  std::string other = GENERATE(as<std::string>{}, "70B", "70b", "LLaMA-3-70B",
+                               std::string(DPLAN_PROFILES_DIR) + "/models/llama-3-70b.json");
+  INFO("--model " << other);
+  CHECK(estimate_json(other)["memory"]["peak_bytes"].get<double>() == by_name);
+}
+
+TEST_CASE("dplan list names every cluster and every model preset", "[cli]") {
+  Result r = dplan({"list"});
+  INFO("stderr: " << r.err);
+  CHECK(r.status == 0);
+  CHECK(r.err.empty());
+  for (const auto& name : profile_names("clusters")) CHECK_THAT(r.out, Contains(name));
+  for (const auto& name : profile_names("models")) CHECK_THAT(r.out, Contains(name));
+  CHECK_THAT(r.out, Contains("70b"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Examples
+
+TEST_CASE("The custom-model example's config.json loads as a qwen2 model of 1.54 B parameters", "[cli][examples]") {
+  // hidden 1536, ffn 8960, 28 layers, 12 heads of 128, 2 kv heads, vocab 151936, tied embeddings:
+  //   attention 1536*(1536 + 2*256) + 1536*1536 + (1536 + 2*256) q/k/v biases = 5,507,072
+  //   mlp 3*1536*8960 = 41,287,680; norms 2*1536 = 3,072; layer = 46,797,824; x 28 = 1,310,339,072
+  //   + embedding 151936*1536 = 233,373,696 + final norm 1,536 = 1,543,714,304
+  std::string config = std::string(DPLAN_EXAMPLES_DIR) + "/custom-model/config.json";
+  Result r = dplan({"estimate", "--model", config, "--cluster", "dgx-a100-80g", "--gpus", "8", "--tp", "2", "--dp",
+                    "4", "--json"});
+  INFO("stderr: " << r.err);
+  REQUIRE(r.status == 0);
+  json j = json::parse(r.out);
+  CHECK(j["model"]["family"] == "qwen2");
+  CHECK(j["model"]["name"] == "custom-model");
+  CHECK(j["model"]["num_params"].get<double>() == 1543714304.0);
+  CHECK(j["fits"] == true);
+}
+
+TEST_CASE("Every example in examples/run_all.sh runs", "[cli][examples]") {
+  Result r = run_program("/bin/bash", {std::string(DPLAN_EXAMPLES_DIR) + "/run_all.sh"}, {{"DPLAN", DPLAN_BINARY}});
+  INFO("stdout: " << r.out);
+  INFO("stderr: " << r.err);
+  CHECK(r.status == 0);
+  CHECK_THAT(r.out, Contains("run_all: all examples ran"));
+  CHECK_THAT(r.out, Contains("\"fits\": true"));
+}
+
+TEST_CASE("examples/run_all.sh fails when a dplan command fails", "[cli][examples]") {
+  // /bin/false stands in for a dplan whose every command fails: the script must stop, not carry on.
+  Result r = run_program("/bin/bash", {std::string(DPLAN_EXAMPLES_DIR) + "/run_all.sh"}, {{"DPLAN", "/bin/false"}});
+  CHECK(r.status != 0);
+  CHECK_THAT(r.out, !Contains("run_all: all examples ran"));
+}

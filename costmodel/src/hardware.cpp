@@ -72,6 +72,14 @@ GpuSpec gpu_from_json(const json& j, const std::string& file) {
   if (g.peak_flops_per_s.empty()) r.fail("peak_tflops", "at least one of fp32, tf32, bf16, fp16, fp8");
   g.framework_reserve_bytes = r.non_negative_number("framework_reserve_gib") * kGiB;
   if (g.framework_reserve_bytes >= g.hbm_bytes) r.fail("framework_reserve_gib", "less than the HBM capacity");
+  ObjectReader matmul = r.object("matmul");
+  g.matmul_max_efficiency = matmul.fraction("max_efficiency");
+  if (g.matmul_max_efficiency <= 0) matmul.fail("max_efficiency", "a fraction in (0, 1]");
+  g.sm_count = static_cast<int>(matmul.positive_int("sm_count"));
+  g.kernel_overhead_s = matmul.non_negative_number("kernel_overhead_us") * 1e-6;
+  matmul.finish();
+  g.memory_efficiency = r.fraction("memory_efficiency");
+  if (g.memory_efficiency <= 0) r.fail("memory_efficiency", "a fraction in (0, 1]");
   g.sources = r.raw("sources");
   if (!g.sources.is_object()) r.fail("sources", "an object of source strings");
   r.finish();
@@ -130,6 +138,9 @@ json to_json(const GpuSpec& g) {
               {"hbm_gbytes_per_s", g.hbm_bandwidth_bytes_per_s / kGB},
               {"peak_tflops", peaks},
               {"framework_reserve_gib", g.framework_reserve_bytes / kGiB},
+              {"matmul", {{"max_efficiency", g.matmul_max_efficiency}, {"sm_count", g.sm_count},
+                          {"kernel_overhead_us", g.kernel_overhead_s * 1e6}}},
+              {"memory_efficiency", g.memory_efficiency},
               {"sources", g.sources}};
 }
 

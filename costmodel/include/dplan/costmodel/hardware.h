@@ -20,6 +20,13 @@ struct GpuSpec {
   double hbm_bandwidth_bytes_per_s = 0;
   std::map<std::string, double> peak_flops_per_s;  // dense, by "fp32" "tf32" "bf16" "fp16" "fp8"
   double framework_reserve_bytes = 0;            // CUDA context, NCCL buffers, fragmentation
+  // Matrix multiplies: the best large GEMM reaches matmul_max_efficiency of peak (measured MAMF);
+  // smaller ones lose to wave quantization over sm_count SMs, to memory traffic (roofline) and to
+  // a fixed per-kernel overhead (see compute.h).
+  double matmul_max_efficiency = 0;
+  int sm_count = 0;
+  double kernel_overhead_s = 0;
+  double memory_efficiency = 0;                  // achieved / datasheet HBM bandwidth, element-wise kernels
   json sources;                                  // free-form: figure -> source text
   bool operator==(const GpuSpec&) const = default;
 };

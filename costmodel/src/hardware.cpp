@@ -7,12 +7,20 @@ namespace {
 
 constexpr double kGB = 1e9;            // decimal, for vendor capacities and bandwidths
 constexpr double kGiB = 1073741824.0;  // 2^30
+constexpr double kMiB = 1048576.0;     // 2^20, for message sizes
 
 void check_format_version(ObjectReader& r) {
   if (r.positive_int("format_version") != 1) r.fail("format_version", "1");
 }
 
 const std::vector<std::string> kIntraKinds = {"nvswitch", "pcie", "xgmi", "shared-memory"};
+
+// An achieved / line-rate ratio: in (0, 1].
+double efficiency_fraction(ObjectReader& r, const std::string& key) {
+  double f = r.fraction(key);
+  if (f <= 0) r.fail(key, "a fraction in (0, 1]");
+  return f;
+}
 
 IntraNodeKind intra_kind_from_string(const std::string& s) {
   if (s == "nvswitch") return IntraNodeKind::nvswitch;
@@ -80,6 +88,8 @@ GpuSpec gpu_from_json(const json& j, const std::string& file) {
   matmul.finish();
   g.memory_efficiency = r.fraction("memory_efficiency");
   if (g.memory_efficiency <= 0) r.fail("memory_efficiency", "a fraction in (0, 1]");
+  g.sustained_fraction = r.fraction("sustained_fraction");
+  if (g.sustained_fraction <= 0) r.fail("sustained_fraction", "a fraction in (0, 1]");
   g.sources = r.raw("sources");
   if (!g.sources.is_object()) r.fail("sources", "an object of source strings");
   r.finish();
@@ -103,7 +113,17 @@ ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuL
   c.intra_node_kind = intra_kind_from_string(intra.one_of("kind", kIntraKinds));
   c.intra_node.bandwidth_bytes_per_s = intra.positive_number("gbytes_per_s") * kGB;
   c.intra_node.latency_s = intra.non_negative_number("latency_us") * 1e-6;
+  c.intra_node.efficiency_fraction = efficiency_fraction(intra, "efficiency");
+  c.intra_node.half_bandwidth_bytes = intra.non_negative_number("half_bandwidth_mib") * kMiB;
   c.nvls = intra.boolean("nvls");
+  if (c.nvls) {
+    if (c.intra_node_kind != IntraNodeKind::nvswitch) intra.fail("nvls", "false unless kind is nvswitch");
+    c.nvls_efficiency_fraction = efficiency_fraction(intra, "nvls_efficiency");
+    c.nvls_half_bandwidth_bytes = intra.non_negative_number("nvls_half_bandwidth_mib") * kMiB;
+  } else {
+    for (const char* key : {"nvls_efficiency", "nvls_half_bandwidth_mib"})
+      if (intra.has(key)) intra.fail(key, "no such key when nvls is false");
+  }
   c.sources["intra_node"] = intra.string("source");
   intra.finish();
 
@@ -111,6 +131,8 @@ ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuL
   c.nics_per_node = static_cast<int>(inter.positive_int("nics_per_node"));
   c.nic_bandwidth_bytes_per_s = inter.positive_number("nic_gbits_per_s") * kGB / 8;
   c.inter_node_latency_s = inter.non_negative_number("latency_us") * 1e-6;
+  c.nic_efficiency_fraction = efficiency_fraction(inter, "efficiency");
+  c.inter_node_half_bandwidth_bytes = inter.non_negative_number("half_bandwidth_mib") * kMiB;
   c.sources["inter_node"] = inter.string("source");
   inter.finish();
 
@@ -141,23 +163,32 @@ json to_json(const GpuSpec& g) {
               {"matmul", {{"max_efficiency", g.matmul_max_efficiency}, {"sm_count", g.sm_count},
                           {"kernel_overhead_us", g.kernel_overhead_s * 1e6}}},
               {"memory_efficiency", g.memory_efficiency},
+              {"sustained_fraction", g.sustained_fraction},
               {"sources", g.sources}};
 }
 
 json to_json(const ClusterSpec& c) {
+  json intra = {{"kind", to_string(c.intra_node_kind)},
+                {"gbytes_per_s", c.intra_node.bandwidth_bytes_per_s / kGB},
+                {"latency_us", c.intra_node.latency_s * 1e6},
+                {"efficiency", c.intra_node.efficiency_fraction},
+                {"half_bandwidth_mib", c.intra_node.half_bandwidth_bytes / kMiB},
+                {"nvls", c.nvls}};
+  if (c.nvls) {
+    intra["nvls_efficiency"] = c.nvls_efficiency_fraction;
+    intra["nvls_half_bandwidth_mib"] = c.nvls_half_bandwidth_bytes / kMiB;
+  }
   return json{{"name", c.name},
               {"description", c.description},
               {"gpu", to_json(c.gpu)},
               {"gpus_per_node", c.gpus_per_node},
-              {"intra_node",
-               {{"kind", to_string(c.intra_node_kind)},
-                {"gbytes_per_s", c.intra_node.bandwidth_bytes_per_s / kGB},
-                {"latency_us", c.intra_node.latency_s * 1e6},
-                {"nvls", c.nvls}}},
+              {"intra_node", intra},
               {"inter_node",
                {{"nics_per_node", c.nics_per_node},
                 {"nic_gbits_per_s", c.nic_bandwidth_bytes_per_s * 8 / kGB},
-                {"latency_us", c.inter_node_latency_s * 1e6}}},
+                {"latency_us", c.inter_node_latency_s * 1e6},
+                {"efficiency", c.nic_efficiency_fraction},
+                {"half_bandwidth_mib", c.inter_node_half_bandwidth_bytes / kMiB}}},
               {"fabric", {{"kind", "fat-tree"}, {"nodes_per_leaf", c.nodes_per_leaf}, {"oversubscription", c.oversubscription}}},
               {"host_memory_gib", c.host_memory_bytes / kGiB}};
 }

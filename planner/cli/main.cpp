@@ -1,20 +1,23 @@
 // dplan: plan, estimate and explain distributed training layouts.
-//   dplan --model 70B --gpus 64             the layout to use, its memory per GPU
-//   dplan estimate --model M --gpus N ...   one layout, evaluated
+//   dplan --model 70B --gpus 64             search every layout, print the best and why
+//   dplan estimate --model M --gpus N ...   one layout: memory per stage, step time by phase
 //   dplan list                               presets, size shorthands, clusters
 // Errors in input print "dplan: error: ..." on stderr and exit 2.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <iostream>
+#include <iomanip>
 #include <optional>
 
 #include <CLI/CLI.hpp>
 
 #include "dplan/costmodel/errors.h"
-#include "dplan/costmodel/memory.h"
-#include "dplan/planner/default_layout.h"
+#include "dplan/costmodel/time.h"
+#include "dplan/planner/plan.h"
 #include "dplan/planner/profiles.h"
 #include "dplan/planner/report.h"
+#include "dplan/planner/search.h"
 
 namespace {
 using namespace dplan;
@@ -30,13 +33,16 @@ struct Options {
   std::string model;
   std::string cluster = "dgx-h100";
   int gpus = 0;
-
   std::optional<int> global_batch;
   std::optional<int> seq;
   std::string precision = "bf16";
   std::string attention = "flash";
   bool fp32_grads = false;
   bool json = false;
+  std::string output;               // -o plan.json
+  double tokens = 1e12;             // tokens to train, for days-to-train
+  int top_k = 10;
+  bool no_overlap_grad = false, no_overlap_param = false, tp_overlap = false;
   // estimate only
   int tp = 1, pp = 1, cp = 1, ep = 1, vpp = 1, mbs = 1, zero = 0;
   std::optional<int> dp;
@@ -49,6 +55,7 @@ struct Inputs {
   ModelSpec model;
   ClusterSpec cluster;
   TrainingSpec training;
+  OverlapOptions overlap;
 };
 
 Inputs load_inputs(const Options& o, const ProfileStore& store) {
@@ -65,6 +72,10 @@ Inputs load_inputs(const Options& o, const ProfileStore& store) {
   if (in.training.seq_len < 1) throw InputError("--seq must be a positive integer, got " + std::to_string(in.training.seq_len));
   if (o.global_batch && *o.global_batch < 1)
     throw InputError("--global-batch must be a positive integer, got " + std::to_string(*o.global_batch));
+  if (!(o.tokens > 0)) throw InputError("--tokens must be positive");
+  in.overlap.grad_reduce = !o.no_overlap_grad;
+  in.overlap.param_gather = !o.no_overlap_param;
+  in.overlap.tp_comm = o.tp_overlap;
   return in;
 }
 
@@ -74,8 +85,31 @@ std::string header(const Inputs& in, int gpus) {
   o << in.model.name << " (" << format_params(num_params(in.model)) << " parameters";
   if (in.model.is_moe()) o << ", " << format_params(num_active_params(in.model)) << " active";
   o << ") on " << gpus << " x " << in.cluster.gpu.name << " (" << in.cluster.name << ", " << nodes
-    << (nodes == 1 ? " node" : " nodes") << ")\n";
+    << (nodes == 1 ? " node" : " nodes") << "), " << to_string(in.training.precision) << "\n";
   return o.str();
+}
+
+std::string days(double seconds) {
+  char buf[64];
+  if (seconds > 86400 * 2)
+    std::snprintf(buf, sizeof buf, "%.1f days", seconds / 86400);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f hours", seconds / 3600);
+  return buf;
+}
+
+void print_warnings(const std::vector<std::string>& warnings) {
+  if (warnings.empty()) return;
+  std::cout << "\nwarnings\n";
+  for (const auto& w : warnings) std::cout << "  ! " << w << "\n";
+}
+
+void write_plan(const Options& o, const Inputs& in, const ParallelConfig& p, const MemoryEstimate& mem,
+                const TimeBreakdown& time) {
+  if (o.output.empty()) return;
+  PlanInputs plan{in.model, in.cluster, in.training, p, in.overlap};
+  write_file_atomically(o.output, plan_to_json(plan, mem, time).dump(1) + "\n");
+  if (!o.json) std::cout << "\nplan written to " << o.output << "\n";
 }
 
 int run_estimate(const Options& o, const ProfileStore& store) {
@@ -99,11 +133,17 @@ int run_estimate(const Options& o, const ProfileStore& store) {
   if (!o.dp && o.gpus % model_parallel != 0)
     throw InputError("tp*pp*cp = " + std::to_string(model_parallel) + " does not divide --gpus " +
                      std::to_string(o.gpus) + "; choose sizes whose product divides the GPU count");
-  in.training.global_batch =
-      o.global_batch.value_or(global_batch_for_tokens(kDefaultBatchTokens, in.training.seq_len,
-                                                      std::max(1, p.micro_batch * std::max(1, p.dp))));
+  if (o.global_batch) {
+    in.training.global_batch = *o.global_batch;
+  } else {
+    int multiple = std::max(1, p.micro_batch * std::max(1, p.dp));
+    int sequences = global_batch_for_tokens(kDefaultBatchTokens, in.training.seq_len);
+    in.training.global_batch = std::max(1, (sequences + multiple / 2) / multiple) * multiple;
+  }
   validate(in.model, in.cluster, in.training, p, o.gpus);
+  Network net(in.cluster, o.gpus);
   MemoryEstimate mem = estimate_memory(in.model, in.cluster, in.training, p);
+  TimeBreakdown time = estimate_time(in.model, net, in.training, p, mem, in.overlap);
   if (o.json) {
     json out = {{"model", to_json(in.model)},
                 {"cluster", in.cluster.name},
@@ -113,39 +153,113 @@ int run_estimate(const Options& o, const ProfileStore& store) {
                 {"num_microbatches", num_microbatches(in.training, p)},
                 {"fits", mem.fits},
                 {"memory", to_json(mem)}};
+    out.update(to_json(time));
     std::cout << out.dump(2) << "\n";
   } else {
     std::cout << header(in, o.gpus) << "layout  " << describe_layout(in.model, in.training, p) << "\n\n"
-              << memory_table(in.cluster, mem);
+              << memory_table(in.cluster, mem) << "\n"
+              << time_table(time, in.training);
+    std::cout << "time to train " << format_params(o.tokens) << " tokens: " << days(o.tokens / time.tokens_per_s)
+              << "\n";
+    print_warnings(layout_warnings(p, in.training, net, mem, time));
   }
+  write_plan(o, in, p, mem, time);
   return 0;  // an infeasible layout is an answer, not an error
+}
+
+std::string short_layout(const ParallelConfig& p) {
+  std::ostringstream o;
+  o << "tp " << p.tp << " pp " << p.pp << " dp " << p.dp;
+  if (p.cp > 1) o << " cp " << p.cp;
+  if (p.ep > 1) o << " ep " << p.ep;
+  if (p.schedule == Schedule::interleaved) o << " vpp " << p.vpp;
+  return o.str();
+}
+
+std::string tricks(const ParallelConfig& p) {
+  std::string s = p.distributed_optimizer ? "dist-opt" : "zero " + std::to_string(p.zero_stage);
+  if (p.recompute != Recompute::none) s += std::string(", ") + to_string(p.recompute) + " recompute";
+  if (p.sequence_parallel) s += ", sp";
+  if (p.offload_optimizer) s += ", offload";
+  return s;
 }
 
 int run_plan(const Options& o, const ProfileStore& store) {
   Inputs in = load_inputs(o, store);
-  double tokens = o.global_batch ? double(*o.global_batch) * in.training.seq_len : kDefaultBatchTokens;
-  DefaultLayout d = default_layout(in.model, in.cluster, in.training, o.gpus, tokens);
-  if (o.global_batch && d.training.global_batch != *o.global_batch) {
-    // Keep the user's batch exactly when the layout allows it.
-    TrainingSpec t = d.training;
-    t.global_batch = *o.global_batch;
-    validate(in.model, in.cluster, t, d.parallel, o.gpus);
-    d.training = t;
-    d.memory = estimate_memory(in.model, in.cluster, t, d.parallel);
+  in.training.global_batch = o.global_batch.value_or(global_batch_for_tokens(kDefaultBatchTokens, in.training.seq_len));
+  Network net(in.cluster, o.gpus);
+  SearchSpace space;
+  space.gpus = o.gpus;
+  auto start = std::chrono::steady_clock::now();
+  std::vector<ParallelConfig> layouts = enumerate_layouts(in.model, in.cluster, in.training, space);
+  if (layouts.empty())
+    throw InputError("no parallel layout of " + std::to_string(o.gpus) + " GPUs divides global batch " +
+                     std::to_string(in.training.global_batch) + " of " + in.model.name +
+                     "; choose a --global-batch with more factors of 2 or another --gpus");
+  SearchResult result = search(layouts, dplan_cost_function(in.model, net, in.training, in.overlap), o.top_k);
+  double search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (result.ranked.empty()) {
+    std::string reasons;
+    for (const auto& [why, n] : result.rejected) reasons += "; " + std::to_string(n) + " " + why;
+    std::cerr << "dplan: error: none of the " << result.evaluated << " layouts of " << in.model.name << " on "
+              << o.gpus << " x " << in.cluster.gpu.name << " fits in memory" << reasons
+              << "; add GPUs or pick a GPU with more memory\n";
+    return 1;
   }
+  const ParallelConfig& best = result.ranked[0].parallel;
+  MemoryEstimate mem = estimate_memory(in.model, in.cluster, in.training, best);
+  TimeBreakdown time = estimate_time(in.model, net, in.training, best, mem, in.overlap);
   if (o.json) {
-    json out = {{"model", to_json(in.model)},   {"cluster", in.cluster.name}, {"gpus", o.gpus},
-                {"training", to_json(d.training)}, {"parallel", to_json(d.parallel)}, {"fits", d.memory.fits},
-                {"memory", to_json(d.memory)}};
+    PlanInputs plan{in.model, in.cluster, in.training, best, in.overlap};
+    json out = plan_to_json(plan, mem, time);
+    out.erase("rank_layout");
+    json ranked = json::array();
+    for (const auto& c : result.ranked)
+      ranked.push_back({{"parallel", to_json(c.parallel)}, {"step_time_s", c.evaluation.step_time_s},
+                        {"peak_bytes", c.evaluation.peak_bytes}});
+    out["search"] = {{"evaluated", result.evaluated}, {"feasible", result.feasible}, {"rejected", result.rejected},
+                     {"ranked", ranked}, {"seconds", search_s}};
     std::cout << out.dump(2) << "\n";
-  } else {
-    std::cout << header(in, o.gpus)
-              << "layout  " << describe_layout(in.model, d.training, d.parallel) << "\n"
-              << "        (default layout: tensor parallel inside a node, the fewest pipeline stages that fit,\n"
-              << "         data parallel over the rest; the ranked search over all layouts comes with the planner)\n\n"
-              << memory_table(in.cluster, d.memory);
+    write_plan(o, in, best, mem, time);
+    return 0;
   }
-  return d.memory.fits ? 0 : 1;
+  std::cout << header(in, o.gpus) << "layout  " << describe_layout(in.model, in.training, best) << "\n\n";
+  // Why it won.
+  std::cout << "why: fastest of " << result.feasible << " layouts that fit (" << result.evaluated << " evaluated in "
+            << std::fixed << std::setprecision(2) << search_s << " s";
+  for (const auto& [why, n] : result.rejected) std::cout << "; " << n << " rejected: " << why;
+  std::cout << ")\n";
+  if (result.ranked.size() > 1) {
+    const Candidate& second = result.ranked[1];
+    std::cout << "     the runner-up (" << short_layout(second.parallel) << ", mbs " << second.parallel.micro_batch << ", "
+              << tricks(second.parallel) << ") is " << std::setprecision(1)
+              << 100 * (second.evaluation.step_time_s / result.ranked[0].evaluation.step_time_s - 1) << " % slower\n";
+  }
+  std::cout << std::setprecision(2) << "\n" << memory_table(in.cluster, mem) << "\n" << time_table(time, in.training);
+  std::cout << "time to train " << format_params(o.tokens) << " tokens: " << days(o.tokens / time.tokens_per_s) << "\n";
+
+  std::cout << "\nnext best layouts\n"
+            << " #  layout                        mbs  sharding / recompute          step (s)  tokens/s   mem/GPU (GiB)\n";
+  for (size_t i = 0; i < result.ranked.size(); ++i) {
+    const Candidate& c = result.ranked[i];
+    char line[256];
+    std::snprintf(line, sizeof line, "%2zu  %-28s %4d  %-28s %9.3f  %9.0f  %8.1f\n", i + 1, short_layout(c.parallel).c_str(),
+                  c.parallel.micro_batch, tricks(c.parallel).c_str(), c.evaluation.step_time_s,
+                  double(in.training.global_batch) * in.training.seq_len / c.evaluation.step_time_s,
+                  c.evaluation.peak_bytes / 1073741824.0);
+    std::cout << line;
+  }
+  std::cout << "\nmemory vs speed (Pareto frontier: no layout is both faster and smaller)\n";
+  for (const auto& c : result.pareto) {
+    char line[256];
+    std::snprintf(line, sizeof line, "    %-28s mbs %d, %-28s %9.3f s  %8.1f GiB\n", short_layout(c.parallel).c_str(),
+                  c.parallel.micro_batch, tricks(c.parallel).c_str(), c.evaluation.step_time_s,
+                  c.evaluation.peak_bytes / 1073741824.0);
+    std::cout << line;
+  }
+  print_warnings(layout_warnings(best, in.training, net, mem, time));
+  write_plan(o, in, best, mem, time);
+  return 0;
 }
 
 int run_list(const ProfileStore& store) {
@@ -167,16 +281,23 @@ int run_list(const ProfileStore& store) {
   return 0;
 }
 
-void add_common(CLI::App& app, Options& o) {
-  app.add_option("--model", o.model, "preset, size shorthand (70B) or path to a config.json")->required();
-  app.add_option("--gpus", o.gpus, "number of GPUs")->required();
+// Options shared by the top level and `estimate`.
+CLI::Option* add_common(CLI::App& app, Options& o) {
+  app.add_option("--model", o.model, "preset, size shorthand (70B) or path to a config.json");
+  CLI::Option* gpus = app.add_option("--gpus", o.gpus, "number of GPUs");
   app.add_option("--cluster", o.cluster, "cluster profile name or path")->capture_default_str();
   app.add_option("--global-batch", o.global_batch, "sequences per optimizer step (default: about 4M tokens)");
   app.add_option("--seq", o.seq, "sequence length (default: the model's, at most 8192)");
   app.add_option("--precision", o.precision, "bf16, fp16, fp8 or fp32")->capture_default_str();
   app.add_option("--attention", o.attention, "flash or standard")->capture_default_str();
+  app.add_option("--tokens", o.tokens, "tokens to train, for the time-to-train line")->capture_default_str();
   app.add_flag("--fp32-grads", o.fp32_grads, "keep gradients in fp32 (Megatron main_grad)");
+  app.add_flag("--no-overlap-grad-reduce", o.no_overlap_grad, "reduce gradients after backward, not during");
+  app.add_flag("--no-overlap-param-gather", o.no_overlap_param, "all-gather parameters after the step, not under forward");
+  app.add_flag("--tp-comm-overlap", o.tp_overlap, "overlap tensor-parallel collectives with GEMMs (needs --sp)");
+  app.add_option("-o,--output", o.output, "write the plan to this file (plan.json)");
   app.add_flag("--json", o.json, "print JSON instead of tables");
+  return gpus;
 }
 
 }  // namespace
@@ -188,19 +309,14 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   app.fallthrough(false);
 
-  // Top level: `dplan --model M --gpus N`.
-  app.add_option("--model", o.model, "preset, size shorthand (70B) or path to a config.json");
-  CLI::Option* top_gpus = app.add_option("--gpus", o.gpus, "number of GPUs");
-  app.add_option("--cluster", o.cluster, "cluster profile name or path")->capture_default_str();
-  app.add_option("--global-batch", o.global_batch, "sequences per optimizer step (default: about 4M tokens)");
-  app.add_option("--seq", o.seq, "sequence length (default: the model's, at most 8192)");
-  app.add_option("--precision", o.precision, "bf16, fp16, fp8 or fp32")->capture_default_str();
-  app.add_option("--attention", o.attention, "flash or standard")->capture_default_str();
-  app.add_flag("--fp32-grads", o.fp32_grads, "keep gradients in fp32 (Megatron main_grad)");
-  app.add_flag("--json", o.json, "print JSON instead of tables");
+  // Top level: `dplan --model M --gpus N` searches every layout.
+  CLI::Option* top_gpus = add_common(app, o);
+  app.add_option("--top", o.top_k, "how many ranked layouts to show")->capture_default_str();
 
-  CLI::App* estimate = app.add_subcommand("estimate", "evaluate one layout: memory per GPU per pipeline stage");
+  CLI::App* estimate = app.add_subcommand("estimate", "evaluate one layout: memory per stage, step time by phase");
   add_common(*estimate, o);
+  estimate->get_option("--model")->required();
+  estimate->get_option("--gpus")->required();
   estimate->add_option("--tp", o.tp, "tensor parallel size")->capture_default_str();
   estimate->add_option("--pp", o.pp, "pipeline parallel size")->capture_default_str();
   estimate->add_option("--dp", o.dp, "data parallel size (default: gpus / (tp*pp*cp))");
@@ -227,6 +343,7 @@ int main(int argc, char** argv) {
                    "estimate, list; see dplan --help\n";
       return 2;
     }
+    if (o.top_k < 1) throw InputError("--top must be a positive integer, got " + std::to_string(o.top_k));
     return run_plan(o, store);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);

@@ -75,4 +75,55 @@ std::string memory_table(const ClusterSpec& cluster, const MemoryEstimate& mem) 
   return o.str();
 }
 
+std::string time_table(const TimeBreakdown& t, const TrainingSpec& training) {
+  std::ostringstream o;
+  o << "step time by phase (critical path)\n";
+  o << "phase            time (ms)  share\n";
+  const std::pair<const char*, double> rows[] = {
+      {"forward", t.forward_s},           {"backward", t.backward_s},         {"recompute", t.recompute_s},
+      {"tp comm", t.tp_comm_s},           {"cp comm", t.cp_comm_s},           {"ep comm", t.ep_comm_s},
+      {"pp send/recv", t.pp_p2p_s},       {"pp bubble", t.pp_bubble_s},       {"dp grad reduce", t.dp_comm_s},
+      {"param gather", t.param_gather_s}, {"optimizer", t.optimizer_s},       {"offload", t.offload_s}};
+  for (const auto& [name, seconds] : rows) {
+    if (seconds <= 0) continue;
+    char line[128];
+    std::snprintf(line, sizeof line, "%-15s %10.1f  %4.1f %%\n", name, seconds * 1e3, 100 * seconds / t.step_time_s);
+    o << line;
+  }
+  char line[256];
+  std::snprintf(line, sizeof line, "%-15s %10.1f\n", "step", t.step_time_s * 1e3);
+  o << line;
+  std::snprintf(line, sizeof line,
+                "communication: %.1f ms exposed, %.1f ms hidden under compute\n"
+                "throughput: %.0f tokens/s (global batch %d x seq %d), MFU %.1f %%, HFU %.1f %%\n",
+                t.exposed_comm_s() * 1e3, t.hidden_comm_s * 1e3, t.tokens_per_s, training.global_batch,
+                training.seq_len, 100 * t.mfu, 100 * t.hfu);
+  o << line;
+  return o.str();
+}
+
+std::vector<std::string> layout_warnings(const ParallelConfig& p, const TrainingSpec& t, const Network& net,
+                                         const MemoryEstimate& mem, const TimeBreakdown& time) {
+  std::vector<std::string> w;
+  int m = num_microbatches(t, p);
+  if (time.bubble_fraction > 0.2)
+    w.push_back(fmt("pipeline bubble is %.0f %% of the step (> 20 %%): more micro-batches or interleaving help",
+                    100 * time.bubble_fraction));
+  if (p.pp > 1 && m < 4 * p.pp)
+    w.push_back("only " + std::to_string(m) + " micro-batches for pp " + std::to_string(p.pp) +
+                " (fewer than 4*pp = " + std::to_string(4 * p.pp) + ")");
+  if (p.tp > 1 && net.crosses_nodes(group_shape(p, Dim::tp)))
+    w.push_back("tensor parallel group of " + std::to_string(p.tp) + " spans nodes (" +
+                std::to_string(net.cluster().gpus_per_node) + " GPUs per node): its all-reduces leave NVLink");
+  double headroom = (mem.capacity_bytes - mem.peak_bytes) / mem.capacity_bytes;
+  if (mem.fits && headroom < 0.10)
+    w.push_back(fmt("only %.1f %% memory headroom on the worst stage (< 10 %%): fragmentation may push it over", 100 * headroom));
+  if (p.dp * p.cp > 1) {
+    double dp_efficiency = 1 - (time.dp_comm_s + (p.zero_stage >= 3 ? 0 : time.param_gather_s)) / time.step_time_s;
+    if (dp_efficiency < 0.8)
+      w.push_back(fmt("data-parallel scaling efficiency %.0f %% (< 80 %%): gradient reduction is exposed", 100 * dp_efficiency));
+  }
+  return w;
+}
+
 }  // namespace dplan::planner

@@ -17,7 +17,7 @@ json h100_profile() {
   return json::parse(R"({"format_version": 1, "gpu": {
       "name": "h100", "description": "test", "hbm_gb": 80, "hbm_gbytes_per_s": 3350,
       "peak_tflops": {"bf16": 989, "fp32": 67}, "framework_reserve_gib": 2,
-      "matmul": {"max_efficiency": 0.8, "sm_count": 132, "kernel_overhead_us": 4}, "memory_efficiency": 0.85,
+      "matmul": {"max_efficiency": 0.8, "sm_count": 132, "kernel_overhead_us": 4}, "memory_efficiency": 0.85, "sustained_fraction": 0.85,
       "sources": {"all": "test"}}})");
 }
 std::string error_of(const std::function<void()>& f) {

@@ -2,7 +2,6 @@
 #include <catch2/catch.hpp>
 
 #include "dplan/costmodel/errors.h"
-#include "dplan/planner/default_layout.h"
 #include "dplan/planner/profiles.h"
 
 using namespace dplan;
@@ -76,13 +75,3 @@ TEST_CASE("an unknown model or cluster lists what exists", "[profiles]") {
   CHECK_THROWS_WITH(store().load_cluster("dgx-z"), Contains("dgx-h100"));
 }
 
-TEST_CASE("the default layout keeps tensor parallel inside a node and fits", "[profiles]") {
-  ModelSpec m = store().load_model("70B");
-  ClusterSpec c = store().load_cluster("dgx-h100");
-  TrainingSpec t{.seq_len = 8192};
-  DefaultLayout d = default_layout(m, c, t, 64, 4194304);
-  CHECK(d.parallel.tp == 8);
-  CHECK(d.parallel.world_size() == 64);
-  CHECK(d.memory.fits);
-  CHECK(d.training.global_batch * t.seq_len == 4194304);  // 512 sequences of 8192 tokens
-}

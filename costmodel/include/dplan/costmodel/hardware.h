@@ -27,6 +27,7 @@ struct GpuSpec {
   int sm_count = 0;
   double kernel_overhead_s = 0;
   double memory_efficiency = 0;                  // achieved / datasheet HBM bandwidth, element-wise kernels
+  double sustained_fraction = 1;                 // of the matmul maximum, sustained over a training step
   json sources;                                  // free-form: figure -> source text
   bool operator==(const GpuSpec&) const = default;
 };
@@ -34,8 +35,10 @@ struct GpuSpec {
 enum class IntraNodeKind { nvswitch, pcie, xgmi, shared_memory };
 
 struct LinkTier {
-  double bandwidth_bytes_per_s = 0;  // per GPU, one direction
-  double latency_s = 0;              // per hop
+  double bandwidth_bytes_per_s = 0;  // per GPU, one direction, line rate
+  double latency_s = 0;              // per hop (NCCL Ring/Simple hardware latency)
+  double efficiency_fraction = 1.0;  // large-message ring bus bandwidth / line rate (measured)
+  double half_bandwidth_bytes = 0;   // message size at which a collective reaches half that busbw
   bool operator==(const LinkTier&) const = default;
 };
 
@@ -47,9 +50,13 @@ struct ClusterSpec {
   IntraNodeKind intra_node_kind = IntraNodeKind::nvswitch;
   LinkTier intra_node;                 // GPU <-> GPU inside a node
   bool nvls = false;                   // NVLink SHARP (in-switch reduction)
+  double nvls_efficiency_fraction = 0;   // NVLS all-reduce algbw / intra_node line rate (0: no nvls)
+  double nvls_half_bandwidth_bytes = 0;  // message size at which NVLS reaches half that algbw
   int nics_per_node = 0;
-  double nic_bandwidth_bytes_per_s = 0;  // one NIC, one direction
-  double inter_node_latency_s = 0;
+  double nic_bandwidth_bytes_per_s = 0;  // one NIC, one direction, line rate
+  double inter_node_latency_s = 0;       // per hop (NCCL NET Ring/Simple hardware latency)
+  double nic_efficiency_fraction = 1.0;  // achieved busbw per NIC / line rate (measured)
+  double inter_node_half_bandwidth_bytes = 0;  // as LinkTier::half_bandwidth_bytes, for the NICs
   int nodes_per_leaf = 0;              // nodes under one leaf switch
   double oversubscription = 1.0;       // leaf uplink over-subscription (1 = non-blocking)
   double host_memory_bytes = 0;        // per node

@@ -4,7 +4,10 @@
 
 #include <string>
 
+#include <vector>
+
 #include "dplan/costmodel/memory.h"
+#include "dplan/costmodel/time.h"
 
 namespace dplan::planner {
 
@@ -14,6 +17,15 @@ std::string describe_layout(const costmodel::ModelSpec& model, const costmodel::
 
 // The per-stage memory table (GiB, against the GPU's capacity) and the fit verdict with reasons.
 std::string memory_table(const costmodel::ClusterSpec& cluster, const costmodel::MemoryEstimate& memory);
+
+// Step time by phase (ms and share of the step), exposed vs hidden communication, throughput, MFU.
+std::string time_table(const costmodel::TimeBreakdown& time, const costmodel::TrainingSpec& training);
+
+// Warnings our users look for: bubble > 20 %, fewer than 4*pp micro-batches, tensor parallel
+// across nodes, under 10 % memory headroom, data-parallel scaling efficiency under 80 %.
+std::vector<std::string> layout_warnings(const costmodel::ParallelConfig& parallel, const costmodel::TrainingSpec& training,
+                                         const costmodel::Network& network, const costmodel::MemoryEstimate& memory,
+                                         const costmodel::TimeBreakdown& time);
 
 // "70.55 B" style parameter count.
 std::string format_params(double params);

@@ -1,0 +1,62 @@
+// Compute time on one GPU: FLOPs of each matrix multiply of a transformer layer (after tensor,
+// context and expert parallel splitting), their achieved speed from the GPU profile (wave
+// quantization, roofline against HBM, per-kernel overhead), and the memory-bound element-wise
+// work (norms, activations, dropout, softmax, residuals, loss, optimizer) at achieved HBM bandwidth.
+#pragma once
+
+#include "dplan/costmodel/hardware.h"
+#include "dplan/costmodel/model.h"
+#include "dplan/costmodel/training.h"
+
+namespace dplan::costmodel {
+
+// Forward FLOPs of one layer for `tokens` tokens of `seq_len`-long sequences, whole layer (not split).
+// QKV 2Th(q+2kv), scores 2Tsq and values 2Tsq (full s^2, as Narayanan et al. 2021 Eq. 3 counts),
+// output 2Tqh, MLP 4Thf (GELU) or 6Thf (gated), x top-k for MoE plus the router 2ThE.
+// With q = h, kv = h, f = 4h this is 24Th^2 + 4Ts h, Megatron's per-layer forward count.
+struct LayerFlops {
+  double qkv = 0, attention = 0, out_proj = 0, mlp = 0, router = 0;
+  double total() const { return qkv + attention + out_proj + mlp + router; }
+};
+LayerFlops layer_forward_flops(const ModelSpec& model, double tokens, double seq_len);
+
+// Forward FLOPs of the LM head (2ThV).
+double head_forward_flops(const ModelSpec& model, double tokens, double vocab);
+
+// Model FLOPs of one optimizer step (forward + backward = 3x forward, no recompute): the MFU
+// numerator (Chowdhery et al. 2022, App. B; Narayanan et al. 2021 Eq. 3 without the recompute pass).
+double model_flops_per_step(const ModelSpec& model, const TrainingSpec& training);
+
+// Time of one GEMM (m x k) * (k x n), `batch` of them, on `gpu` at `precision`: the larger of the
+// compute time at max efficiency scaled by wave quantization (128x128 output tiles over sm_count
+// SMs; NVIDIA "Matrix Multiplication Background", tile/wave quantization) and the time to move its
+// operands through HBM, plus the kernel overhead.
+double gemm_time_s(const GpuSpec& gpu, Precision precision, double m, double n, double k, double batch = 1);
+
+// Time to stream `bytes` through HBM at the achieved bandwidth (memory-bound kernels).
+double memory_time_s(const GpuSpec& gpu, double bytes);
+
+// Per micro-batch, one layer, one GPU of the layout.
+struct LayerTimes {
+  double forward_s = 0;            // GEMMs + element-wise, forward
+  double backward_s = 0;           // dgrad + wgrad GEMMs + element-wise, backward
+  double recompute_s = 0;          // what recompute replays before backward
+  double attention_core_s = 0;     // forward of the attention core (overlaps context-parallel exchange)
+  double forward_flops = 0;        // executed on this GPU
+};
+LayerTimes layer_times(const ModelSpec& model, const GpuSpec& gpu, const TrainingSpec& training,
+                       const ParallelConfig& parallel);
+
+// Embedding lookup (first stage) and LM head + cross-entropy (last stage), per micro-batch.
+struct EdgeTimes {
+  double embedding_forward_s = 0, embedding_backward_s = 0;
+  double head_forward_s = 0, head_backward_s = 0;
+};
+EdgeTimes edge_times(const ModelSpec& model, const GpuSpec& gpu, const TrainingSpec& training,
+                     const ParallelConfig& parallel);
+
+// AdamW step over `num_params` local parameters: memory-bound, reading and writing fp32 master
+// weights, momentum, variance, the gradient and the 16-bit weights.
+double optimizer_step_s(const GpuSpec& gpu, const TrainingSpec& training, double num_params);
+
+}  // namespace dplan::costmodel

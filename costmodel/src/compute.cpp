@@ -1,0 +1,139 @@
+#include "dplan/costmodel/compute.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace dplan::costmodel {
+
+LayerFlops layer_forward_flops(const ModelSpec& m, double tokens, double seq_len) {
+  const double h = m.hidden_size, q = m.q_dim(), kv = m.kv_dim(), f = m.ffn_hidden_size;
+  LayerFlops x;
+  x.qkv = 2 * tokens * h * (q + 2 * kv);
+  x.attention = 2 * (2 * tokens * seq_len * q);  // QK^T and PV over all heads
+  x.out_proj = 2 * tokens * q * h;
+  double mlp = (m.mlp == MlpKind::swiglu ? 6.0 : 4.0) * tokens * h * f;
+  if (m.is_moe()) {
+    x.mlp = m.experts_per_token * mlp;
+    x.router = 2 * tokens * h * m.num_experts;
+  } else {
+    x.mlp = mlp;
+  }
+  return x;
+}
+
+double head_forward_flops(const ModelSpec& m, double tokens, double vocab) { return 2 * tokens * m.hidden_size * vocab; }
+
+double model_flops_per_step(const ModelSpec& m, const TrainingSpec& t) {
+  double tokens = double(t.global_batch) * t.seq_len;
+  double forward = m.num_layers * layer_forward_flops(m, tokens, t.seq_len).total() +
+                   head_forward_flops(m, tokens, m.vocab_size);
+  return 3 * forward;
+}
+
+double gemm_time_s(const GpuSpec& gpu, Precision precision, double m, double n, double k, double batch) {
+  if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0.0;
+  const double flops = 2 * m * n * k * batch;
+  // Wave quantization: output tiles of 128x128 spread over the SMs in whole waves.
+  const double tiles = std::ceil(m / 128) * std::ceil(n / 128) * batch;
+  const double waves = std::ceil(tiles / gpu.sm_count);
+  const double wave_efficiency = tiles / (waves * gpu.sm_count);
+  const double compute_s =
+      flops / (peak_flops_per_s(gpu, precision) * gpu.matmul_max_efficiency * gpu.sustained_fraction * wave_efficiency);
+  const double element = precision == Precision::fp32 ? 4.0 : precision == Precision::fp8 ? 1.0 : 2.0;
+  const double bytes = element * batch * (m * k + k * n + m * n);
+  return std::max(compute_s, memory_time_s(gpu, bytes)) + gpu.kernel_overhead_s;
+}
+
+double memory_time_s(const GpuSpec& gpu, double bytes) {
+  return bytes / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_efficiency);
+}
+
+LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpec& t, const ParallelConfig& p) {
+  const Precision prec = t.precision;
+  const double B = prec == Precision::fp32 ? 4.0 : 2.0;        // activation bytes
+  const double b = p.micro_batch, s_q = double(t.seq_len) / p.cp, s_kv = t.seq_len;
+  const double T = b * s_q;                                      // tokens on this GPU
+  const double tp = p.tp, h = m.hidden_size, d = m.head_dim;
+  const double q = m.q_dim() / tp, kv = m.kv_dim() / tp, f = m.ffn_hidden_size / tp;
+  const double heads = m.num_heads / tp;
+  const double sp = p.sequence_parallel ? tp : 1.0;             // element-wise work split by SP
+  const double gated = m.mlp == MlpKind::swiglu ? 2.0 : 1.0;
+  const bool flash = t.attention == Attention::flash;
+  // Causal flash attention skips the masked half of the score blocks (Dao 2023, FlashAttention-2).
+  const double causal = flash ? 0.5 : 1.0;
+
+  // Forward GEMMs.
+  double qkv = gemm_time_s(gpu, prec, T, q + 2 * kv, h);
+  double core = gemm_time_s(gpu, prec, s_q, s_kv * causal, d, b * heads) +
+                gemm_time_s(gpu, prec, s_q, d, s_kv * causal, b * heads);
+  double out = gemm_time_s(gpu, prec, T, h, q);
+  double mlp = 0;
+  if (m.is_moe()) {
+    // E/ep experts per GPU, each seeing T*k*ep/E tokens (balanced routing); the router is a small GEMM.
+    double experts_local = double(m.num_experts) / p.ep;
+    double tokens_per_expert = T * m.experts_per_token * p.ep / m.num_experts;
+    mlp = experts_local * (gemm_time_s(gpu, prec, tokens_per_expert, gated * f, h) +
+                           gemm_time_s(gpu, prec, tokens_per_expert, h, f)) +
+          gemm_time_s(gpu, prec, T, m.num_experts, h);
+  } else {
+    mlp = gemm_time_s(gpu, prec, T, gated * f, h) + gemm_time_s(gpu, prec, T, h, f);
+  }
+
+  // Forward element-wise traffic (bytes): two norms (read x, write y), two residual adds with
+  // dropout (read 2, write 1, 1-byte mask), rotary on q and k, the MLP activation, and with
+  // standard attention the fused scale-mask-softmax (read + write) and attention dropout.
+  double elementwise = 2 * (2 * T * h * B) / sp;
+  elementwise += 2 * (3 * T * h * B + (m.hidden_dropout > 0 ? T * h : 0)) / sp;
+  if (m.position == PositionKind::rotary) elementwise += 2 * T * (q + kv) * B;
+  elementwise += T * f * B * (gated + 1);
+  double attention_elementwise = 0;
+  if (!flash) {
+    double scores = b * heads * s_q * s_kv;
+    attention_elementwise = 2 * scores * B + (m.attention_dropout > 0 ? 2 * scores * B + scores : 0);
+  }
+  if (m.is_moe()) elementwise += 2 * T * m.experts_per_token * h * B;  // permute and un-permute tokens
+  double elementwise_s = memory_time_s(gpu, elementwise) + 8 * gpu.kernel_overhead_s;
+  double attention_elementwise_s = memory_time_s(gpu, attention_elementwise);
+
+  LayerTimes x;
+  // Flash attention's fused kernel: its backward does 2.5x the forward's matmul work (recomputes
+  // the scores: Dao 2023); unfused attention's backward is 2x like every GEMM.
+  double core_backward_factor = flash ? 2.5 : 2.0;
+  x.attention_core_s = core + attention_elementwise_s;
+  x.forward_s = qkv + core + out + mlp + elementwise_s + attention_elementwise_s;
+  x.backward_s = 2 * (qkv + out + mlp) + core_backward_factor * core + 2 * (elementwise_s + attention_elementwise_s);
+  switch (p.recompute) {
+    case Recompute::full: x.recompute_s = x.forward_s; break;
+    case Recompute::selective: x.recompute_s = x.attention_core_s; break;
+    case Recompute::none: break;
+  }
+  LayerFlops fl = layer_forward_flops(m, T, s_kv);
+  x.forward_flops = (fl.total() - fl.attention * (1 - causal)) / tp;
+  return x;
+}
+
+EdgeTimes edge_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpec& t, const ParallelConfig& p) {
+  const double B = t.precision == Precision::fp32 ? 4.0 : 2.0;
+  const double T = double(p.micro_batch) * t.seq_len / p.cp;
+  const double h = m.hidden_size, vocab = padded_vocab(m, t, p.tp) / double(p.tp);
+  EdgeTimes e;
+  // Embedding: gather T rows (read + write Th); backward scatters them into the gradient.
+  e.embedding_forward_s = memory_time_s(gpu, 2 * T * h * B) + gpu.kernel_overhead_s;
+  e.embedding_backward_s = 2 * e.embedding_forward_s;
+  // LM head GEMM, then fp32 cross-entropy over the vocabulary shard: the logits are written,
+  // read for max / sum-exp (vocab-parallel reductions) and softmax, and written as the gradient.
+  double head = gemm_time_s(gpu, t.precision, T, vocab, h);
+  double loss = memory_time_s(gpu, T * vocab * (B + 4 * 3)) + 4 * gpu.kernel_overhead_s;
+  e.head_forward_s = head + loss;
+  e.head_backward_s = 2 * head + memory_time_s(gpu, T * vocab * (4 + B));
+  return e;
+}
+
+double optimizer_step_s(const GpuSpec& gpu, const TrainingSpec& t, double num_params) {
+  // Mixed precision: read grad (2 or 4), fp32 master, m, v (12); write master, m, v (12) and the
+  // 16-bit weights (2). fp32: read grad, w, m, v (16), write w, m, v (12).
+  double bytes_per_param = t.precision == Precision::fp32 ? 28.0 : (t.fp32_grads ? 4.0 : 2.0) + 12 + 12 + 2;
+  return memory_time_s(gpu, bytes_per_param * num_params) + gpu.kernel_overhead_s;
+}
+
+}  // namespace dplan::costmodel

@@ -1,0 +1,68 @@
+// The search over parallel layouts: every valid (tp, pp, dp, cp, ep, virtual stages, micro-batch,
+// ZeRO stage or distributed optimizer, recompute, sequence parallel, offload) for a GPU count and
+// global batch. Layouts that do not fit are dropped and counted by reason; the rest are ranked by
+// step time, exact ties going to the simpler layout (fewer parallel dimensions and tricks).
+// The cost model is a parameter, so tests can hand in a toy one.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dplan/costmodel/time.h"
+
+namespace dplan::planner {
+
+struct Evaluation {
+  bool fits = false;
+  std::string reject_reason;      // when it does not fit: a short category ("activations exceed HBM")
+  double step_time_s = 0;
+  double peak_bytes = 0;
+};
+using CostFunction = std::function<Evaluation(const costmodel::ParallelConfig&)>;
+
+struct SearchSpace {
+  int gpus = 0;
+  int max_cp = 16;                             // context parallel sizes tried: powers of 2 up to this
+  std::vector<int> micro_batches = {1, 2, 4, 8};
+  int max_vpp = 8;
+  bool allow_offload = true;
+};
+
+struct Candidate {
+  costmodel::ParallelConfig parallel;
+  Evaluation evaluation;
+  int complexity = 0;
+};
+
+struct SearchResult {
+  std::vector<Candidate> ranked;                 // best first, at most top_k
+  std::vector<Candidate> pareto;                 // memory vs step time frontier, fastest first
+  std::map<std::string, long> rejected;          // reason -> count
+  long evaluated = 0;
+  long feasible = 0;
+};
+
+// Global batch (sequences) closest to `tokens` tokens, at least 1.
+int global_batch_for_tokens(double tokens, int seq_len);
+
+// How many "things" a layout turns on (tp, pp, cp, ep > 1, sharding, recompute, SP, offload,
+// interleaving): the users' rule is start with DDP, add sharding, then model parallelism.
+int layout_complexity(const costmodel::ParallelConfig& parallel);
+
+// All layouts of `space.gpus` GPUs that validate() accepts for this model and training spec.
+std::vector<costmodel::ParallelConfig> enumerate_layouts(const costmodel::ModelSpec& model,
+                                                         const costmodel::ClusterSpec& cluster,
+                                                         const costmodel::TrainingSpec& training,
+                                                         const SearchSpace& space);
+
+// Evaluates every layout with `cost` and ranks the feasible ones. Throws InputError if the space
+// is empty (no valid layout at all).
+SearchResult search(const std::vector<costmodel::ParallelConfig>& layouts, const CostFunction& cost, int top_k);
+
+// The dplan cost model as a CostFunction: memory first (cheap), time only for layouts that fit.
+CostFunction dplan_cost_function(const costmodel::ModelSpec& model, const costmodel::Network& network,
+                                 const costmodel::TrainingSpec& training, const costmodel::OverlapOptions& overlap);
+
+}  // namespace dplan::planner

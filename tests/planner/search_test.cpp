@@ -1,0 +1,76 @@
+// The search with a toy cost model whose answers can be read off, and laws with the real one.
+#include <catch2/catch.hpp>
+
+#include "dplan/costmodel/errors.h"
+#include "dplan/planner/profiles.h"
+#include "dplan/planner/search.h"
+
+using namespace dplan;
+using namespace dplan::costmodel;
+using namespace dplan::planner;
+
+namespace {
+const ProfileStore& store() {
+  static const ProfileStore s(DPLAN_PROFILES_DIR);
+  return s;
+}
+}  // namespace
+
+TEST_CASE("the search ranks by step time, drops what does not fit and counts why", "[search]") {
+  // Toy costs: time = 100/tp + 10*pp seconds; layouts with pp = 1 "do not fit".
+  std::vector<ParallelConfig> layouts = {{.tp = 1, .pp = 1}, {.tp = 1, .pp = 2}, {.tp = 2, .pp = 2},
+                                         {.tp = 4, .pp = 1}, {.tp = 4, .pp = 4}};
+  CostFunction toy = [](const ParallelConfig& p) {
+    Evaluation e;
+    e.fits = p.pp > 1;
+    e.reject_reason = "pp 1 is too big";
+    e.step_time_s = 100.0 / p.tp + 10 * p.pp;  // (1,2): 120, (2,2): 70, (4,4): 65
+    e.peak_bytes = 1000.0 / (p.tp * p.pp);     // (1,2): 500, (2,2): 250, (4,4): 62.5
+    return e;
+  };
+  SearchResult r = search(layouts, toy, 2);
+  CHECK(r.evaluated == 5);
+  CHECK(r.feasible == 3);
+  CHECK(r.rejected.at("pp 1 is too big") == 2);
+  REQUIRE(r.ranked.size() == 2);
+  CHECK(r.ranked[0].parallel.tp == 4);  // 65 s
+  CHECK(r.ranked[1].parallel.tp == 2);  // 70 s
+  // (4,4) is fastest and smallest: it alone is on the frontier.
+  REQUIRE(r.pareto.size() == 1);
+  CHECK(r.pareto[0].parallel.tp == 4);
+}
+
+TEST_CASE("exact ties go to the simpler layout", "[search]") {
+  std::vector<ParallelConfig> layouts = {{.tp = 2, .pp = 2, .sequence_parallel = true}, {.tp = 1, .pp = 1},
+                                         {.tp = 2, .pp = 1}};
+  CostFunction flat = [](const ParallelConfig&) { return Evaluation{true, "", 1.0, 1.0}; };
+  SearchResult r = search(layouts, flat, 3);
+  CHECK(r.ranked[0].parallel.tp == 1);
+  CHECK(r.ranked[1].parallel.tp == 2);
+  CHECK(r.ranked[1].parallel.pp == 1);
+  CHECK(layout_complexity(ParallelConfig{}) == 0);
+}
+
+TEST_CASE("every enumerated layout is valid, and the chosen one is never slower than any evaluated", "[search][law]") {
+  ModelSpec m = store().load_model("llama-3-8b");
+  ClusterSpec c = store().load_cluster("dgx-h100");
+  TrainingSpec t{.seq_len = 8192, .global_batch = 64};
+  Network net(c, 16);
+  std::vector<ParallelConfig> layouts = enumerate_layouts(m, c, t, SearchSpace{.gpus = 16});
+  REQUIRE(layouts.size() > 100);
+  for (const auto& p : layouts) CHECK_NOTHROW(validate(m, c, t, p, 16));
+  CostFunction cost = dplan_cost_function(m, net, t, OverlapOptions{});
+  SearchResult r = search(layouts, cost, 5);
+  REQUIRE_FALSE(r.ranked.empty());
+  for (const auto& p : layouts) {
+    Evaluation e = cost(p);
+    if (e.fits) CHECK(r.ranked[0].evaluation.step_time_s <= e.step_time_s);
+  }
+  long rejected = 0;
+  for (const auto& [why, n] : r.rejected) rejected += n;
+  CHECK(rejected + r.feasible == r.evaluated);
+}
+
+TEST_CASE("an empty search space is an input error", "[search]") {
+  CHECK_THROWS_AS(search({}, [](const ParallelConfig&) { return Evaluation{}; }, 3), InputError);
+}

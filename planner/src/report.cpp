@@ -10,7 +10,7 @@ namespace {
 constexpr double kGiB = 1073741824.0;
 
 std::string fmt(const char* format, double v) {
-  char buf[64];
+  char buf[256];
   std::snprintf(buf, sizeof buf, format, v);
   return buf;
 }

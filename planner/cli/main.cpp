@@ -225,10 +225,9 @@ int run_plan(const Options& o, const ProfileStore& store) {
   }
   std::cout << header(in, o.gpus) << "layout  " << describe_layout(in.model, in.training, best) << "\n\n";
   // Why it won.
-  std::cout << "why: fastest of " << result.feasible << " layouts that fit (" << result.evaluated << " evaluated in "
-            << std::fixed << std::setprecision(2) << search_s << " s";
-  for (const auto& [why, n] : result.rejected) std::cout << "; " << n << " rejected: " << why;
-  std::cout << ")\n";
+  std::cout << "why: fastest of " << result.feasible << " layouts that fit, of " << result.evaluated
+            << " evaluated in " << std::fixed << std::setprecision(2) << search_s << " s\n";
+  for (const auto& [why, n] : result.rejected) std::cout << "     " << n << " rejected: " << why << "\n";
   if (result.ranked.size() > 1) {
     const Candidate& second = result.ranked[1];
     std::cout << "     the runner-up (" << short_layout(second.parallel) << ", mbs " << second.parallel.micro_batch << ", "

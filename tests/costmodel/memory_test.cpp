@@ -3,16 +3,14 @@
 
 #include "dplan/costmodel/memory.h"
 #include "dplan/planner/profiles.h"
+#include "test_profiles.h"
 
 using namespace dplan;
 using namespace dplan::costmodel;
+using dplan::testing::store;
 using Catch::Matchers::WithinRel;
 
 namespace {
-const planner::ProfileStore& store() {
-  static const planner::ProfileStore s(DPLAN_PROFILES_DIR);
-  return s;
-}
 double model_states(const StageMemory& s) { return s.weights_bytes + s.grads_bytes + s.optimizer_bytes; }
 }  // namespace
 

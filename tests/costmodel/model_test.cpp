@@ -3,18 +3,13 @@
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/model.h"
 #include "dplan/planner/profiles.h"
+#include "test_profiles.h"
 
 using namespace dplan;
 using namespace dplan::costmodel;
+using dplan::testing::store;
 using Catch::Matchers::Contains;
 using Catch::Matchers::WithinRel;
-
-namespace {
-const planner::ProfileStore& store() {
-  static const planner::ProfileStore s(DPLAN_PROFILES_DIR);
-  return s;
-}
-}  // namespace
 
 TEST_CASE("parameter counts of the presets are exact", "[model]") {
   // Standard Llama count: q,k,v,o + 3-matrix SwiGLU + 2 RMSNorm per layer + final norm + untied

@@ -11,16 +11,14 @@
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/network.h"
 #include "dplan/planner/profiles.h"
+#include "test_profiles.h"
 
 using namespace dplan;
 using namespace dplan::costmodel;
+using dplan::testing::store;
 using Catch::Matchers::WithinRel;
 
 namespace {
-const planner::ProfileStore& store() {
-  static const planner::ProfileStore s(DPLAN_PROFILES_DIR);
-  return s;
-}
 
 constexpr double kMiB = 1048576.0;
 constexpr double kGiB = 1073741824.0;

@@ -3,17 +3,12 @@
 
 #include "dplan/costmodel/time.h"
 #include "dplan/planner/profiles.h"
+#include "test_profiles.h"
 
 using namespace dplan;
 using namespace dplan::costmodel;
+using dplan::testing::store;
 using Catch::Matchers::WithinRel;
-
-namespace {
-const planner::ProfileStore& store() {
-  static const planner::ProfileStore s(DPLAN_PROFILES_DIR);
-  return s;
-}
-}  // namespace
 
 TEST_CASE("layer FLOPs reduce to Megatron's 24Th^2 + 4Tsh for a 4h GELU GPT", "[compute]") {
   ModelSpec m = store().load_model("gpt-7.5b");  // h = 4096, f = 4h, a = 32

@@ -5,16 +5,14 @@
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/training.h"
 #include "dplan/planner/profiles.h"
+#include "test_profiles.h"
 
 using namespace dplan;
 using namespace dplan::costmodel;
+using dplan::testing::store;
 using Catch::Matchers::Contains;
 
 namespace {
-const planner::ProfileStore& store() {
-  static const planner::ProfileStore s(DPLAN_PROFILES_DIR);
-  return s;
-}
 std::string error_of(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t, const ParallelConfig& p,
                      int gpus) {
   try {

@@ -3,18 +3,13 @@
 
 #include "dplan/costmodel/errors.h"
 #include "dplan/planner/profiles.h"
+#include "test_profiles.h"
 
 using namespace dplan;
 using namespace dplan::costmodel;
+using dplan::testing::store;
 using namespace dplan::planner;
 using Catch::Matchers::Contains;
-
-namespace {
-const ProfileStore& store() {
-  static const ProfileStore s(DPLAN_PROFILES_DIR);
-  return s;
-}
-}  // namespace
 
 TEST_CASE("every shipped profile loads and names its sources", "[profiles]") {
   for (const auto& name : store().gpu_names()) {

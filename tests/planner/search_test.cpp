@@ -3,18 +3,13 @@
 
 #include "dplan/costmodel/errors.h"
 #include "dplan/planner/profiles.h"
+#include "test_profiles.h"
 #include "dplan/planner/search.h"
 
 using namespace dplan;
 using namespace dplan::costmodel;
+using dplan::testing::store;
 using namespace dplan::planner;
-
-namespace {
-const ProfileStore& store() {
-  static const ProfileStore s(DPLAN_PROFILES_DIR);
-  return s;
-}
-}  // namespace
 
 TEST_CASE("the search ranks by step time, drops what does not fit and counts why", "[search]") {
   // Toy costs: time = 100/tp + 10*pp seconds; layouts with pp = 1 "do not fit".

@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < repeats; ++i) {
       auto start = std::chrono::steady_clock::now();
       Network net(cluster, c.gpus);  // built per search: part of the cost
-      std::vector<ParallelConfig> space = enumerate_layouts(m, cluster, t, SearchSpace{.gpus = c.gpus});
+      std::vector<ParallelConfig> space = enumerate_layouts(m, t, SearchSpace{.gpus = c.gpus});
       r = search(space, dplan_cost_function(m, net, t, OverlapOptions{}), 10);
       wall.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       layouts = static_cast<long>(space.size());

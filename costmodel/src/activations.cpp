@@ -31,7 +31,7 @@ Shape shape_of(const ModelSpec& m, const TrainingSpec& t, const ParallelConfig& 
   x.q_local = double(m.q_dim()) / p.tp;
   x.kv_local = double(m.kv_dim()) / p.tp;
   x.f_local = double(m.ffn_hidden_size) / p.tp;
-  x.act = t.precision == Precision::fp32 ? 4.0 : 2.0;
+  x.act = activation_bytes(t.precision);
   x.gemm = t.precision == Precision::fp8 ? 1.0 : x.act;
   return x;
 }

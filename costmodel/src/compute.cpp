@@ -50,7 +50,7 @@ double memory_time_s(const GpuSpec& gpu, double bytes) {
 
 LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpec& t, const ParallelConfig& p) {
   const Precision prec = t.precision;
-  const double B = prec == Precision::fp32 ? 4.0 : 2.0;        // activation bytes
+  const double B = activation_bytes(prec);
   const double b = p.micro_batch, s_q = double(t.seq_len) / p.cp, s_kv = t.seq_len;
   const double T = b * s_q;                                      // tokens on this GPU
   const double tp = p.tp, h = m.hidden_size, d = m.head_dim;
@@ -113,7 +113,7 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
 }
 
 EdgeTimes edge_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpec& t, const ParallelConfig& p) {
-  const double B = t.precision == Precision::fp32 ? 4.0 : 2.0;
+  const double B = activation_bytes(t.precision);
   const double T = double(p.micro_batch) * t.seq_len / p.cp;
   const double h = m.hidden_size, vocab = padded_vocab(m, t, p.tp) / double(p.tp);
   EdgeTimes e;

@@ -41,6 +41,16 @@ GpuLayerParams gpu_layer_params(const ModelSpec& m, const ParallelConfig& p) {
 
 }  // namespace
 
+LargestPart largest_part(const StageMemory& s) {
+  const LargestPart parts[] = {{s.weights_bytes, "weights"},
+                               {s.grads_bytes, "gradients"},
+                               {s.optimizer_bytes, "optimizer states"},
+                               {s.activations_bytes, "activations"},
+                               {s.other_bytes(), "logits, buffers and reserve"}};
+  return *std::max_element(std::begin(parts), std::end(parts),
+                           [](const LargestPart& a, const LargestPart& b) { return a.bytes < b.bytes; });
+}
+
 BytesPerParam bytes_per_param(const TrainingSpec& t) {
   switch (t.precision) {
     case Precision::fp32:
@@ -72,7 +82,7 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
   const std::vector<int> layers = assign_layers(m.num_layers, p);
   const double h = m.hidden_size;
   const double vocab = padded_vocab(m, t, p.tp);
-  const double act = t.precision == Precision::fp32 ? 4.0 : 2.0;
+  const double act = activation_bytes(t.precision);
   const double sp = p.sequence_parallel ? p.tp : 1;
   const double tokens = double(t.seq_len) / p.cp * p.micro_batch;  // per micro-batch on one GPU
   const GpuLayerParams layer = gpu_layer_params(m, p);
@@ -153,13 +163,10 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
   for (const auto& s : est.stages) {
     if (s.total_bytes() <= est.capacity_bytes) continue;
     est.fits = false;
-    std::vector<std::pair<double, std::string>> parts = {
-        {s.weights_bytes, "weights"}, {s.grads_bytes, "gradients"}, {s.optimizer_bytes, "optimizer"},
-        {s.activations_bytes, "activations"}, {s.other_bytes(), "logits, buffers and reserve"}};
-    auto largest = *std::max_element(parts.begin(), parts.end());
+    LargestPart largest = largest_part(s);
     est.reasons.push_back("stage " + std::to_string(s.stage) + " needs " + gib(s.total_bytes()) + " > " +
-                          gib(est.capacity_bytes) + " of HBM (largest: " + largest.second + " " +
-                          gib(largest.first) + ")");
+                          gib(est.capacity_bytes) + " of HBM (largest: " + largest.name + " " +
+                          gib(largest.bytes) + ")");
   }
   if (est.host_bytes_per_node > est.host_capacity_bytes) {
     est.fits = false;

@@ -14,8 +14,6 @@ namespace {
 constexpr double kHostLinkBytesPerS = 25e9;
 constexpr double kHostMemoryBytesPerS = 100e9;
 
-double activation_bytes(const TrainingSpec& t) { return t.precision == Precision::fp32 ? 4.0 : 2.0; }
-
 // Exposed part of `comm_s` that overlaps `window_s` of compute, never below `floor_s` (the part
 // that cannot start before the window ends, e.g. the last gradient bucket).
 double exposed(double comm_s, double window_s, double floor_s) {
@@ -40,7 +38,7 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
                             const MemoryEstimate& mem, const OverlapOptions& overlap) {
   const ClusterSpec& cluster = net.cluster();
   const GpuSpec& gpu = cluster.gpu;
-  const double B = activation_bytes(t);
+  const double B = activation_bytes(t.precision);
   const double T = double(p.micro_batch) * t.seq_len / p.cp;  // tokens per micro-batch on one GPU
   const double h = m.hidden_size;
   const int microbatches = num_microbatches(t, p);

@@ -52,6 +52,8 @@ Schedule schedule_from_string(const std::string& s) {
   bad("unknown schedule \"" + s + "\"; choose gpipe, 1f1b or interleaved");
 }
 
+double activation_bytes(Precision precision) { return precision == Precision::fp32 ? 4.0 : 2.0; }
+
 int num_microbatches(const TrainingSpec& t, const ParallelConfig& p) {
   return t.global_batch / (p.micro_batch * p.dp);
 }

@@ -191,7 +191,7 @@ int run_plan(const Options& o, const ProfileStore& store) {
   SearchSpace space;
   space.gpus = o.gpus;
   auto start = std::chrono::steady_clock::now();
-  std::vector<ParallelConfig> layouts = enumerate_layouts(in.model, in.cluster, in.training, space);
+  std::vector<ParallelConfig> layouts = enumerate_layouts(in.model, in.training, space);
   if (layouts.empty())
     throw InputError("no parallel layout of " + std::to_string(o.gpus) + " GPUs divides global batch " +
                      std::to_string(in.training.global_batch) + " of " + in.model.name +

@@ -19,8 +19,7 @@ int layout_complexity(const ParallelConfig& p) {
          p.sequence_parallel + p.offload_optimizer + (p.schedule == Schedule::interleaved);
 }
 
-std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t,
-                                              const SearchSpace& space) {
+std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const TrainingSpec& t, const SearchSpace& space) {
   std::vector<ParallelConfig> out;
   const int n = space.gpus;
   const int heads = std::gcd(m.num_heads, m.num_kv_heads);
@@ -73,7 +72,6 @@ std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const ClusterS
       }
     }
   }
-  (void)c;
   return out;
 }
 
@@ -120,18 +118,9 @@ CostFunction dplan_cost_function(const ModelSpec& m, const Network& net, const T
     MemoryEstimate mem = estimate_memory(m, net.cluster(), t, p);
     e.peak_bytes = mem.peak_bytes;
     if (!mem.fits) {
-      const StageMemory& s = mem.stages[mem.worst_stage];
-      if (mem.peak_bytes <= mem.capacity_bytes) {
-        e.reject_reason = "offloaded optimizer exceeds host memory";
-      } else {
-        std::pair<double, const char*> parts[] = {{s.weights_bytes, "weights"},
-                                                  {s.grads_bytes, "gradients"},
-                                                  {s.optimizer_bytes, "optimizer states"},
-                                                  {s.activations_bytes, "activations"},
-                                                  {s.other_bytes(), "logits and buffers"}};
-        auto largest = *std::max_element(parts, parts + 5);
-        e.reject_reason = std::string("exceeds HBM, largest part ") + largest.second;
-      }
+      e.reject_reason = mem.peak_bytes <= mem.capacity_bytes
+                            ? "offloaded optimizer exceeds host memory"
+                            : std::string("exceeds HBM, largest part ") + largest_part(mem.stages[mem.worst_stage]).name;
       return e;
     }
     e.fits = true;

@@ -51,7 +51,7 @@ TEST_CASE("every enumerated layout is valid, and the chosen one is never slower 
   ClusterSpec c = store().load_cluster("dgx-h100");
   TrainingSpec t{.seq_len = 8192, .global_batch = 64};
   Network net(c, 16);
-  std::vector<ParallelConfig> layouts = enumerate_layouts(m, c, t, SearchSpace{.gpus = 16});
+  std::vector<ParallelConfig> layouts = enumerate_layouts(m, t, SearchSpace{.gpus = 16});
   REQUIRE(layouts.size() > 100);
   for (const auto& p : layouts) CHECK_NOTHROW(validate(m, c, t, p, 16));
   CostFunction cost = dplan_cost_function(m, net, t, OverlapOptions{});

@@ -66,6 +66,14 @@ struct StageMemory {
   }
 };
 
+// The largest of a stage's components and its name ("weights", "gradients", "optimizer states",
+// "activations", "logits, buffers and reserve"), for saying why a layout does not fit.
+struct LargestPart {
+  double bytes = 0;
+  const char* name = "";
+};
+LargestPart largest_part(const StageMemory& stage);
+
 struct MemoryEstimate {
   std::vector<StageMemory> stages;
   int worst_stage = 0;

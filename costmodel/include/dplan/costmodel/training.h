@@ -48,6 +48,10 @@ struct ParallelConfig {
   bool operator==(const ParallelConfig&) const = default;
 };
 
+// Bytes of one stored activation element: 4 for fp32 training, 2 otherwise (fp8 training keeps
+// activations in 16 bits outside the GEMM inputs).
+double activation_bytes(Precision precision);
+
 // Micro-batches per pipeline per step: global_batch / (micro_batch * dp).
 int num_microbatches(const TrainingSpec& training, const ParallelConfig& parallel);
 

@@ -53,7 +53,6 @@ int layout_complexity(const costmodel::ParallelConfig& parallel);
 
 // All layouts of `space.gpus` GPUs that validate() accepts for this model and training spec.
 std::vector<costmodel::ParallelConfig> enumerate_layouts(const costmodel::ModelSpec& model,
-                                                         const costmodel::ClusterSpec& cluster,
                                                          const costmodel::TrainingSpec& training,
                                                          const SearchSpace& space);
 

@@ -2,6 +2,8 @@
 //   dplan --model 70B --gpus 64             search every layout, print the best and why
 //   dplan estimate --model M --gpus N ...   one layout: memory per stage, step time by phase
 //   dplan list                               presets, size shorthands, clusters
+//   dplan run plan.json                      train with that layout (executor), write run.json
+//   dplan compare plan.json run.json         predicted vs measured, phase by phase
 // Errors in input print "dplan: error: ..." on stderr and exit 2.
 #include <algorithm>
 #include <chrono>
@@ -18,6 +20,9 @@
 #include "dplan/planner/profiles.h"
 #include "dplan/planner/report.h"
 #include "dplan/planner/search.h"
+
+#include "compare_command.h"
+#include "run_command.h"
 
 namespace {
 using namespace dplan;
@@ -332,14 +337,24 @@ int main(int argc, char** argv) {
 
   CLI::App* list = app.add_subcommand("list", "model presets, size shorthands and clusters");
 
+  cli::RunArgs run_args;
+  CLI::App* run = app.add_subcommand("run", "train with a plan's layout on this machine and measure every phase");
+  cli::add_run_options(*run, run_args);
+
+  cli::CompareArgs compare_args;
+  CLI::App* compare = app.add_subcommand("compare", "a plan's prediction next to a run's measurement");
+  cli::add_compare_options(*compare, compare_args);
+
   try {
     app.parse(argc, argv);
     ProfileStore store(find_profiles_dir(o.profiles, "/proc/self/exe", DPLAN_PROFILES_DIR));
     if (*list) return run_list(store);
+    if (*run) return cli::run_run(run_args);
+    if (*compare) return cli::run_compare(compare_args);
     if (*estimate) return run_estimate(o, store);
     if (o.model.empty() || top_gpus->count() == 0) {
       std::cerr << "dplan: error: give --model and --gpus (e.g. dplan --model 70B --gpus 64), or a subcommand: "
-                   "estimate, list; see dplan --help\n";
+                   "estimate, list, run, compare; see dplan --help\n";
       return 2;
     }
     if (o.top_k < 1) throw InputError("--top must be a positive integer, got " + std::to_string(o.top_k));

@@ -2,12 +2,7 @@
 // "dplan: error: ..." line on stderr that names the problem and the valid choices, with nothing on
 // stdout; good input prints the memory table or JSON; the examples in examples/ run.
 // Each test runs DPLAN_BINARY as a child process with DPLAN_PROFILES=DPLAN_PROFILES_DIR.
-#include <fcntl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -21,102 +16,19 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-extern char** environ;
+#include "process.h"
 
 namespace {
 namespace fs = std::filesystem;
+using dplan::testing::read_file;
+using dplan::testing::Result;
+using dplan::testing::run_program;
+using dplan::testing::TempDir;
 using Catch::Matchers::Contains;
 using Catch::Matchers::StartsWith;
 using nlohmann::json;
 
-// A fresh folder under the system temp directory, removed with everything in it at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "dplan-cli-test-XXXXXX").string();
-    std::vector<char> buf(pattern.begin(), pattern.end());
-    buf.push_back('\0');
-    REQUIRE(::mkdtemp(buf.data()) != nullptr);
-    path_ = buf.data();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-
-  // Writes `text` to path()/relative (creating folders) and returns the absolute path.
-  std::string write(const std::string& relative, const std::string& text) const {
-    fs::path p = path_ / relative;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p) << text;
-    return p.string();
-  }
-
- private:
-  fs::path path_;
-};
-
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-struct Result {
-  int status = -1;  // exit status; 128 + signal if the child was killed
-  std::string out, err;
-};
-
-// Runs `program` with `args` (no shell), stdout and stderr captured through files in a temp dir.
-// The environment is this process's, with DPLAN_PROFILES=DPLAN_PROFILES_DIR and then `env` on top.
-Result run_program(const std::string& program, const std::vector<std::string>& args,
-                   const std::map<std::string, std::string>& env = {}) {
-  TempDir io;
-  const std::string out_path = (io.path() / "stdout").string();
-  const std::string err_path = (io.path() / "stderr").string();
-
-  std::map<std::string, std::string> vars;
-  for (char** e = environ; *e; ++e) {
-    std::string kv = *e;
-    auto eq = kv.find('=');
-    if (eq != std::string::npos) vars[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  vars["DPLAN_PROFILES"] = DPLAN_PROFILES_DIR;
-  for (const auto& [k, v] : env) vars[k] = v;
-  std::vector<std::string> env_strings;
-  for (const auto& [k, v] : vars) env_strings.push_back(k + "=" + v);
-
-  // Everything the child needs is built before fork(): it only opens, dup2s and execs.
-  std::vector<char*> argv, envp;
-  argv.push_back(const_cast<char*>(program.c_str()));
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-
-  pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (out < 0 || err < 0 || ::dup2(out, 1) < 0 || ::dup2(err, 2) < 0) ::_exit(126);
-    ::execve(program.c_str(), argv.data(), envp.data());
-    ::_exit(127);
-  }
-  int wstatus = 0;
-  while (::waitpid(pid, &wstatus, 0) < 0) REQUIRE(errno == EINTR);
-  Result r;
-  r.status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
-  r.out = read_file(out_path);
-  r.err = read_file(err_path);
-  return r;
-}
-
-Result dplan(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {}) {
+Result run_dplan(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {}) {
   return run_program(DPLAN_BINARY, args, env);
 }
 
@@ -159,7 +71,7 @@ const std::vector<std::string> kEstimate70b = {"--gpus", "64", "--tp", "8", "--p
 json estimate_json(const std::string& model) {
   std::vector<std::string> args = {"estimate", "--model", model};
   args.insert(args.end(), kEstimate70b.begin(), kEstimate70b.end());
-  Result r = dplan(args);
+  Result r = run_dplan(args);
   INFO("stderr: " << r.err);
   REQUIRE(r.status == 0);
   return json::parse(r.out);
@@ -171,7 +83,7 @@ json estimate_json(const std::string& model) {
 // Bad input
 
 TEST_CASE("An unknown model is an error that lists the presets and the size shorthands", "[cli][error]") {
-  std::string line = require_one_error_line(dplan({"--model", "llama-9-99b", "--gpus", "8"}));
+  std::string line = require_one_error_line(run_dplan({"--model", "llama-9-99b", "--gpus", "8"}));
   CHECK_THAT(line, Contains("unknown model \"llama-9-99b\""));
   CHECK_THAT(line, Contains("llama-3-70b"));
   CHECK_THAT(line, Contains("mixtral-8x7b"));
@@ -180,7 +92,7 @@ TEST_CASE("An unknown model is an error that lists the presets and the size shor
 }
 
 TEST_CASE("An unknown cluster is an error that lists the clusters", "[cli][error]") {
-  std::string line = require_one_error_line(dplan({"--model", "70B", "--gpus", "64", "--cluster", "dgx-h900"}));
+  std::string line = require_one_error_line(run_dplan({"--model", "70B", "--gpus", "64", "--cluster", "dgx-h900"}));
   CHECK_THAT(line, Contains("unknown cluster \"dgx-h900\""));
   for (const auto& name : profile_names("clusters")) CHECK_THAT(line, Contains(name));
 }
@@ -188,7 +100,7 @@ TEST_CASE("An unknown cluster is an error that lists the clusters", "[cli][error
 TEST_CASE("A config.json that is not valid JSON is an error naming the file", "[cli][error]") {
   TempDir dir;
   std::string path = dir.write("broken/config.json", "{\"model_type\": \"llama\",\n \"hidden_size\": }\n");
-  std::string line = require_one_error_line(dplan({"--model", path, "--gpus", "8"}));
+  std::string line = require_one_error_line(run_dplan({"--model", path, "--gpus", "8"}));
   CHECK_THAT(line, Contains(path));
   CHECK_THAT(line, Contains("malformed JSON"));
   CHECK_THAT(line, Contains("line 2"));
@@ -197,7 +109,7 @@ TEST_CASE("A config.json that is not valid JSON is an error naming the file", "[
 TEST_CASE("A --model path that does not exist is an error naming the path", "[cli][error]") {
   TempDir dir;
   std::string path = (dir.path() / "no-such-model" / "config.json").string();
-  std::string line = require_one_error_line(dplan({"--model", path, "--gpus", "8"}));
+  std::string line = require_one_error_line(run_dplan({"--model", path, "--gpus", "8"}));
   CHECK_THAT(line, Contains(path));
   CHECK_THAT(line, Contains("no such file"));
 }
@@ -205,7 +117,7 @@ TEST_CASE("A --model path that does not exist is an error naming the path", "[cl
 TEST_CASE("A config.json of an unsupported model type is an error listing the supported types", "[cli][error]") {
   TempDir dir;
   std::string path = edited_preset(dir, "bert", "llama-3-8b", [](json& c) { c["model_type"] = "bert"; });
-  std::string line = require_one_error_line(dplan({"--model", path, "--gpus", "8"}));
+  std::string line = require_one_error_line(run_dplan({"--model", path, "--gpus", "8"}));
   CHECK_THAT(line, Contains(path));
   CHECK_THAT(line, Contains("\"bert\""));
   for (const char* family : {"llama", "mistral", "mixtral", "qwen2", "gpt_neox", "gpt2"})
@@ -216,7 +128,7 @@ TEST_CASE("A config.json with a key the loader does not know is an error listing
   TempDir dir;
   // A stray misspelt key next to the real one.
   std::string path = edited_preset(dir, "typo", "llama-3-8b", [](json& c) { c["num_hidden_layer"] = 32; });
-  std::string line = require_one_error_line(dplan({"--model", path, "--gpus", "8"}));
+  std::string line = require_one_error_line(run_dplan({"--model", path, "--gpus", "8"}));
   CHECK_THAT(line, Contains(path));
   CHECK_THAT(line, Contains("unknown key \"num_hidden_layer\""));
   CHECK_THAT(line, Contains("valid keys"));
@@ -232,7 +144,7 @@ TEST_CASE("A config.json whose required key is misspelt names the misspelling", 
     c["num_hidden_layer"] = c["num_hidden_layers"];
     c.erase("num_hidden_layers");
   });
-  std::string line = require_one_error_line(dplan({"--model", path, "--gpus", "8"}));
+  std::string line = require_one_error_line(run_dplan({"--model", path, "--gpus", "8"}));
   CHECK_THAT(line, Contains("num_hidden_layers"));
   CHECK_THAT(line, Contains("\"num_hidden_layer\""));
 }
@@ -240,7 +152,7 @@ TEST_CASE("A config.json whose required key is misspelt names the misspelling", 
 TEST_CASE("A config.json without a required key is an error naming the key", "[cli][error]") {
   TempDir dir;
   std::string path = edited_preset(dir, "no-vocab", "llama-3-8b", [](json& c) { c.erase("vocab_size"); });
-  std::string line = require_one_error_line(dplan({"--model", path, "--gpus", "8"}));
+  std::string line = require_one_error_line(run_dplan({"--model", path, "--gpus", "8"}));
   CHECK_THAT(line, Contains(path));
   CHECK_THAT(line, Contains("missing key \"vocab_size\""));
 }
@@ -249,7 +161,7 @@ TEST_CASE("A tensor-parallel size that does not divide the heads is an error lis
           "[cli][error]") {
   // llama-3-70b: 64 heads, 8 kv heads; tp must divide both: 1, 2, 4 or 8.
   std::string line =
-      require_one_error_line(dplan({"estimate", "--model", "llama-3-70b", "--gpus", "48", "--tp", "3", "--pp", "1"}));
+      require_one_error_line(run_dplan({"estimate", "--model", "llama-3-70b", "--gpus", "48", "--tp", "3", "--pp", "1"}));
   CHECK_THAT(line, Contains("tp 3"));
   CHECK_THAT(line, Contains("heads"));
   CHECK_THAT(line, Contains("valid tp: 1, 2, 4 or 8"));
@@ -259,7 +171,7 @@ TEST_CASE("Parallel sizes whose product is not the GPU count are an error that g
           "[cli][error]") {
   // 8 * 4 * 4 * 1 = 128 != 64; with tp 8, pp 4 the dp that fills 64 GPUs is 2.
   std::string line = require_one_error_line(
-      dplan({"estimate", "--model", "llama-3-70b", "--tp", "8", "--pp", "4", "--dp", "4", "--gpus", "64"}));
+      run_dplan({"estimate", "--model", "llama-3-70b", "--tp", "8", "--pp", "4", "--dp", "4", "--gpus", "64"}));
   CHECK_THAT(line, Contains("128"));
   CHECK_THAT(line, Contains("64"));
   CHECK_THAT(line, Contains("--dp 2"));
@@ -267,7 +179,7 @@ TEST_CASE("Parallel sizes whose product is not the GPU count are an error that g
 
 TEST_CASE("A global batch not divisible by micro-batch times dp is an error", "[cli][error]") {
   // micro-batch 3 * dp 2 = 6 does not divide 512.
-  std::string line = require_one_error_line(dplan({"estimate", "--model", "llama-3-70b", "--gpus", "64", "--tp", "8",
+  std::string line = require_one_error_line(run_dplan({"estimate", "--model", "llama-3-70b", "--gpus", "64", "--tp", "8",
                                                    "--pp", "4", "--dp", "2", "--mbs", "3", "--global-batch", "512"}));
   CHECK_THAT(line, Contains("512"));
   CHECK_THAT(line, Contains("6"));
@@ -291,7 +203,7 @@ TEST_CASE("Zero or negative sizes are errors naming the flag and the value", "[c
   };
   for (const auto& c : cases) {
     DYNAMIC_SECTION(c.flag << " " << c.value) {
-      std::string line = require_one_error_line(dplan(c.args));
+      std::string line = require_one_error_line(run_dplan(c.args));
       CHECK_THAT(line, Contains(c.flag));
       CHECK_THAT(line, Contains("positive"));
       CHECK_THAT(line, Contains("got " + c.value));
@@ -300,7 +212,7 @@ TEST_CASE("Zero or negative sizes are errors naming the flag and the value", "[c
 }
 
 TEST_CASE("dplan --gpus 0 without a subcommand says the GPU count must be positive", "[cli][error]") {
-  std::string line = require_one_error_line(dplan({"--model", "70B", "--gpus", "0"}));
+  std::string line = require_one_error_line(run_dplan({"--model", "70B", "--gpus", "0"}));
   CHECK_THAT(line, Contains("--gpus"));
   CHECK_THAT(line, Contains("positive"));
 }
@@ -313,38 +225,38 @@ TEST_CASE("An unknown choice for an option is an error listing the choices", "[c
     return args;
   };
   SECTION("--precision") {
-    std::string line = require_one_error_line(dplan(with({"--precision", "fp7"})));
+    std::string line = require_one_error_line(run_dplan(with({"--precision", "fp7"})));
     CHECK_THAT(line, Contains("\"fp7\""));
     CHECK_THAT(line, Contains("bf16, fp16, fp8 or fp32"));
   }
   SECTION("--precision without a subcommand") {
-    std::string line = require_one_error_line(dplan({"--model", "70B", "--gpus", "64", "--precision", "fp7"}));
+    std::string line = require_one_error_line(run_dplan({"--model", "70B", "--gpus", "64", "--precision", "fp7"}));
     CHECK_THAT(line, Contains("bf16, fp16, fp8 or fp32"));
   }
   SECTION("--recompute") {
-    std::string line = require_one_error_line(dplan(with({"--recompute", "some"})));
+    std::string line = require_one_error_line(run_dplan(with({"--recompute", "some"})));
     CHECK_THAT(line, Contains("\"some\""));
     CHECK_THAT(line, Contains("none, selective or full"));
   }
   SECTION("--schedule") {
-    std::string line = require_one_error_line(dplan(with({"--schedule", "zigzag"})));
+    std::string line = require_one_error_line(run_dplan(with({"--schedule", "zigzag"})));
     CHECK_THAT(line, Contains("\"zigzag\""));
     CHECK_THAT(line, Contains("gpipe, 1f1b or interleaved"));
   }
   SECTION("--attention") {
-    std::string line = require_one_error_line(dplan(with({"--attention", "sparse"})));
+    std::string line = require_one_error_line(run_dplan(with({"--attention", "sparse"})));
     CHECK_THAT(line, Contains("\"sparse\""));
     CHECK_THAT(line, Contains("flash or standard"));
   }
   SECTION("--zero") {
-    std::string line = require_one_error_line(dplan(with({"--zero", "4"})));
+    std::string line = require_one_error_line(run_dplan(with({"--zero", "4"})));
     CHECK_THAT(line, Contains("ZeRO stage 4"));
     CHECK_THAT(line, Contains("0, 1, 2 or 3"));
   }
 }
 
 TEST_CASE("fp8 on an A100 cluster is an error naming the GPU and its precisions", "[cli][error]") {
-  std::string line = require_one_error_line(dplan({"estimate", "--model", "70B", "--gpus", "64", "--tp", "8", "--pp",
+  std::string line = require_one_error_line(run_dplan({"estimate", "--model", "70B", "--gpus", "64", "--tp", "8", "--pp",
                                                    "4", "--cluster", "dgx-a100-80g", "--precision", "fp8"}));
   CHECK_THAT(line, Contains("a100-sxm4-80gb"));
   CHECK_THAT(line, Contains("fp8"));
@@ -353,7 +265,7 @@ TEST_CASE("fp8 on an A100 cluster is an error naming the GPU and its precisions"
 
 TEST_CASE("Virtual pipeline stages without the interleaved schedule are an error", "[cli][error]") {
   std::string schedule = GENERATE("1f1b", "gpipe");
-  std::string line = require_one_error_line(dplan({"estimate", "--model", "70B", "--gpus", "64", "--tp", "8", "--pp",
+  std::string line = require_one_error_line(run_dplan({"estimate", "--model", "70B", "--gpus", "64", "--tp", "8", "--pp",
                                                    "4", "--vpp", "2", "--schedule", schedule}));
   CHECK_THAT(line, Contains("--vpp 2"));
   CHECK_THAT(line, Contains("interleaved"));
@@ -371,31 +283,31 @@ TEST_CASE("A GPU profile with a negative HBM size is an error naming the file an
 
   SECTION("found through --profiles") {
     std::string line =
-        require_one_error_line(dplan({"--profiles", profiles.string(), "--model", "70B", "--gpus", "64"}));
+        require_one_error_line(run_dplan({"--profiles", profiles.string(), "--model", "70B", "--gpus", "64"}));
     CHECK_THAT(line, Contains(gpu_file.string()));
     CHECK_THAT(line, Contains("/gpu/hbm_gb: expected a positive number, got -80"));
   }
   SECTION("found through DPLAN_PROFILES") {
     std::string line = require_one_error_line(
-        dplan({"estimate", "--model", "70B", "--gpus", "64", "--tp", "8", "--pp", "4"},
+        run_dplan({"estimate", "--model", "70B", "--gpus", "64", "--tp", "8", "--pp", "4"},
               {{"DPLAN_PROFILES", profiles.string()}}));
     CHECK_THAT(line, Contains("/gpu/hbm_gb: expected a positive number, got -80"));
   }
 }
 
 TEST_CASE("A non-numeric size is an error naming the flag and the value", "[cli][error]") {
-  std::string line = require_one_error_line(dplan({"estimate", "--model", "70B", "--gpus", "64", "--tp", "eight"}));
+  std::string line = require_one_error_line(run_dplan({"estimate", "--model", "70B", "--gpus", "64", "--tp", "eight"}));
   CHECK_THAT(line, Contains("--tp"));
   CHECK_THAT(line, Contains("eight"));
 }
 
 TEST_CASE("An unknown flag is an error naming it", "[cli][error]") {
-  std::string line = require_one_error_line(dplan({"--model", "70B", "--gpus", "64", "--bogus"}));
+  std::string line = require_one_error_line(run_dplan({"--model", "70B", "--gpus", "64", "--bogus"}));
   CHECK_THAT(line, Contains("--bogus"));
 }
 
 TEST_CASE("estimate without --model is an error naming the missing flag", "[cli][error]") {
-  std::string line = require_one_error_line(dplan({"estimate", "--gpus", "64"}));
+  std::string line = require_one_error_line(run_dplan({"estimate", "--gpus", "64"}));
   CHECK_THAT(line, Contains("--model"));
 }
 
@@ -403,7 +315,7 @@ TEST_CASE("estimate without --model is an error naming the missing flag", "[cli]
 // Good input
 
 TEST_CASE("dplan --model 70B --gpus 64 prints a memory table per pipeline stage that fits", "[cli]") {
-  Result r = dplan({"--model", "70B", "--gpus", "64"});
+  Result r = run_dplan({"--model", "70B", "--gpus", "64"});
   INFO("stderr: " << r.err);
   CHECK(r.status == 0);
   CHECK(r.err.empty());
@@ -456,7 +368,7 @@ TEST_CASE("A preset, its size shorthand and its config.json path give the same e
 }
 
 TEST_CASE("dplan list names every cluster and every model preset", "[cli]") {
-  Result r = dplan({"list"});
+  Result r = run_dplan({"list"});
   INFO("stderr: " << r.err);
   CHECK(r.status == 0);
   CHECK(r.err.empty());
@@ -474,7 +386,7 @@ TEST_CASE("The custom-model example's config.json loads as a qwen2 model of 1.54
   //   mlp 3*1536*8960 = 41,287,680; norms 2*1536 = 3,072; layer = 46,797,824; x 28 = 1,310,339,072
   //   + embedding 151936*1536 = 233,373,696 + final norm 1,536 = 1,543,714,304
   std::string config = std::string(DPLAN_EXAMPLES_DIR) + "/custom-model/config.json";
-  Result r = dplan({"estimate", "--model", config, "--cluster", "dgx-a100-80g", "--gpus", "8", "--tp", "2", "--dp",
+  Result r = run_dplan({"estimate", "--model", config, "--cluster", "dgx-a100-80g", "--gpus", "8", "--tp", "2", "--dp",
                     "4", "--json"});
   INFO("stderr: " << r.err);
   REQUIRE(r.status == 0);

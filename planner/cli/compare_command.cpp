@@ -10,6 +10,6 @@ void add_compare_options(CLI::App& command, CompareArgs& args) {
   command.add_flag("--json", args.json, "print JSON");
 }
 
-int run_compare(const CompareArgs&) { throw costmodel::InputError("compare: not built yet"); }
+int run_compare(const CompareArgs&) { throw dplan::InputError("compare: not built yet"); }
 
 }  // namespace dplan::cli

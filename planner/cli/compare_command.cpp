@@ -1,8 +1,158 @@
+// Printing only: the comparison itself (parsing, mapping, errors) is planner::compare_files.
 #include "compare_command.h"
 
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <sstream>
+
 #include "dplan/costmodel/errors.h"
+#include "dplan/planner/compare.h"
 
 namespace dplan::cli {
+namespace {
+using planner::ComparedValue;
+using planner::Comparison;
+using planner::StageMemoryComparison;
+
+// Row labels: the measured bucket, with what the prediction adds into it (see compare.cpp).
+const std::map<std::string, std::string> kPhaseLabels = {
+    {"forward", "forward"},
+    {"backward", "backward (+ recompute)"},
+    {"tp_comm", "tp comm (+ cp, ep)"},
+    {"pp_wait", "pp wait (p2p + bubble)"},
+    {"dp_comm", "dp comm (+ param gather)"},
+    {"optimizer", "optimizer (+ offload)"},
+    {"other", "other (not predicted)"},
+};
+const std::map<std::string, std::string> kMemoryLabels = {
+    {"weights", "weights"},        {"gradients", "gradients"},
+    {"optimizer", "optimizer"},    {"activations", "activations (+ logits)"},
+    {"buffers", "buffers"},        {"peak", "peak (- reserve) *"},
+};
+
+std::string label(const std::map<std::string, std::string>& labels, const std::string& name) {
+  auto it = labels.find(name);
+  return it == labels.end() ? name : it->second;
+}
+
+// "+12.3" or "n/a" (measured 0).
+std::string percent(const ComparedValue& v) {
+  std::optional<double> e = v.rel_error();
+  if (!e) return "n/a";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%+.1f", 100 * *e);
+  return buf;
+}
+
+std::string row(const std::string& what, const std::string& predicted, const std::string& measured,
+                const std::string& error) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%-26s %16s %16s %8s\n", what.c_str(), predicted.c_str(), measured.c_str(),
+                error.c_str());
+  return buf;
+}
+
+std::string fixed(double value, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, value);
+  return buf;
+}
+
+// One unit for every memory table, from the largest value shown: KiB, MiB or GiB.
+struct MemoryUnit {
+  const char* name;
+  double bytes;
+  int decimals;
+};
+MemoryUnit memory_unit(const Comparison& c) {
+  double largest = 0;
+  for (const auto& s : c.memory)
+    for (const auto& m : s.components) largest = std::max({largest, m.value.predicted, m.value.measured});
+  if (largest < 1024.0 * 1024) return {"KiB", 1024.0, 1};
+  if (largest < 1024.0 * 1024 * 1024) return {"MiB", 1024.0 * 1024, 3};
+  return {"GiB", 1024.0 * 1024 * 1024, 3};
+}
+
+// "0-3" or "0, 2, 4, 6": ranks in runs.
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!out.empty()) out += ", ";
+    out += std::to_string(ranks[i]);
+    if (j > i) out += "-" + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+const ComparedValue& component(const StageMemoryComparison& s, const std::string& name) {
+  for (const auto& m : s.components)
+    if (m.name == name) return m.value;
+  DPLAN_CHECK(false && "every stage has every component");
+  return s.components.front().value;
+}
+
+std::string summary(const Comparison& c) {
+  std::ostringstream o;
+  o << "summary: step time " << percent(c.step_time_s) << " % (" << fixed(1e3 * c.step_time_s.predicted, 2)
+    << " ms predicted, " << fixed(1e3 * c.step_time_s.measured, 2) << " ms measured)";
+  // The phase whose prediction is furthest off in milliseconds explains most of the step error.
+  const planner::NamedComparison* gap = nullptr;
+  for (const auto& p : c.phases)
+    if (!gap || std::abs(p.value.predicted - p.value.measured) > std::abs(gap->value.predicted - gap->value.measured))
+      gap = &p;
+  if (gap)
+    o << "; largest phase gap " << gap->name << " ("
+      << (gap->value.predicted >= gap->value.measured ? "+" : "")
+      << fixed(1e3 * (gap->value.predicted - gap->value.measured), 2) << " ms)";
+  // Memory: the stage with the highest measured peak is the one that decides whether a layout fits.
+  const StageMemoryComparison* worst = nullptr;
+  for (const auto& s : c.memory)
+    if (!worst || component(s, "peak").measured > component(*worst, "peak").measured) worst = &s;
+  if (worst) {
+    std::string e = percent(component(*worst, "peak"));
+    o << "; peak memory " << e << (e == "n/a" ? "" : " %") << " on stage " << worst->stage
+      << ", the stage with the highest measured peak";
+  }
+  return o.str() + "\n";
+}
+
+std::string report(const Comparison& c, const CompareArgs& args) {
+  std::ostringstream o;
+  o << args.plan_path << " vs " << args.run_path << ": tp " << c.tp << " · pp " << c.pp << " · dp " << c.dp << " · cp "
+    << c.cp;
+  if (c.measured_steps > 0) o << ", median of " << c.measured_steps << " measured steps";
+  o << "\n\n" << row("step time by phase", "predicted (ms)", "measured (ms)", "error %");
+  for (const auto& p : c.phases)
+    o << row(label(kPhaseLabels, p.name), fixed(1e3 * p.value.predicted, 2), fixed(1e3 * p.value.measured, 2),
+             percent(p.value));
+  o << row("step", fixed(1e3 * c.step_time_s.predicted, 2), fixed(1e3 * c.step_time_s.measured, 2),
+           percent(c.step_time_s));
+  o << row("tokens/s", fixed(c.tokens_per_s.predicted, 0), fixed(c.tokens_per_s.measured, 0), percent(c.tokens_per_s));
+
+  const MemoryUnit unit = memory_unit(c);
+  const std::string predicted_header = std::string("predicted (") + unit.name + ")";
+  const std::string measured_header = std::string("measured (") + unit.name + ")";
+  for (const auto& s : c.memory) {
+    o << "\nmemory per GPU, stage " << s.stage << " (ranks " << rank_list(s.ranks)
+      << "; measured: the largest of those ranks)\n"
+      << row("component", predicted_header, measured_header, "error %");
+    for (const auto& m : s.components)
+      o << row(label(kMemoryLabels, m.name), fixed(m.value.predicted / unit.bytes, unit.decimals),
+               fixed(m.value.measured / unit.bytes, unit.decimals), percent(m.value));
+  }
+  if (!c.memory.empty())
+    o << "* predicted peak = total - reserve (" << fixed(c.memory.front().predicted_reserve_bytes / unit.bytes, 1)
+      << " " << unit.name << "): the reserve is framework overhead the executor's allocator does not see\n";
+  o << "\n" << summary(c);
+  return o.str();
+}
+
+}  // namespace
 
 void add_compare_options(CLI::App& command, CompareArgs& args) {
   command.add_option("plan", args.plan_path, "plan.json written by dplan -o")->required();
@@ -10,6 +160,13 @@ void add_compare_options(CLI::App& command, CompareArgs& args) {
   command.add_flag("--json", args.json, "print JSON");
 }
 
-int run_compare(const CompareArgs&) { throw dplan::InputError("compare: not built yet"); }
+int run_compare(const CompareArgs& args) {
+  Comparison c = planner::compare_files(args.plan_path, args.run_path);
+  if (args.json)
+    std::cout << planner::to_json(c).dump(2) << "\n";
+  else
+    std::cout << report(c, args);
+  return 0;
+}
 
 }  // namespace dplan::cli

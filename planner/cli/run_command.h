@@ -1,20 +1,22 @@
 // `dplan run plan.json [--steps N] [--data FILE] [--seed S] [-o run.json]`: the local launcher.
-// Spawns the plan's ranks of the executor (dplan-worker) on this machine with a TCPStore
-// rendezvous on loopback, watches them, and returns non-zero when any rank fails.
+// Spawns the plan's ranks of the executor (dplan-worker, built beside dplan when LibTorch is
+// found) on this machine with a c10d TCPStore rendezvous on loopback, and watches them: when one
+// dies, the others stop within the collective timeout, and dplan run names the rank that died and
+// returns non-zero. Bad input is reported once, by rank 0, as dplan's own error (exit 2).
 #pragma once
 
 #include <string>
-#include <vector>
 
 #include <CLI/CLI.hpp>
 
 namespace dplan::cli {
 
 struct RunArgs {
-  std::string plan_path;
-  std::vector<std::string> worker_args;  // passed through to every rank
-  int port = 0;                          // 0: pick a free loopback port
-  double timeout_s = 60;                 // collective timeout; a dead rank is reported within it
+  std::string plan_path, data_path, output, device = "auto";
+  int steps = 20, warmup = 2, log_every = 1;
+  unsigned long long seed = 1234;
+  double timeout_s = 60, lr = 1e-3;
+  bool quiet = false;
 };
 
 void add_run_options(CLI::App& command, RunArgs& args);

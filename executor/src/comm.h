@@ -1,0 +1,84 @@
+// The one place that speaks c10d. Everything above it (model, pipeline, data parallel, launcher)
+// sees Group and Work, so the differences between LibTorch 1.13 and 2.x stay here:
+//   - 1.13: ProcessGroupGloo / ProcessGroupNCCL derive from c10d::ProcessGroup;
+//     2.x: they derive from c10d::Backend (ProcessGroup became a dispatching wrapper).
+//   - 1.13's Gloo has no reduce_scatter and no _allgather_base; see reduce_scatter() below.
+// Groups of size 1 never touch the network: every collective is the identity on them.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+namespace dplan::executor {
+
+enum class Backend { gloo, nccl };
+const char* to_string(Backend b);
+// True when this build can create NCCL groups (LibTorch with CUDA and c10d NCCL).
+bool nccl_available();
+
+// An outstanding asynchronous operation; wait() rethrows the backend's error (peer gone, timeout).
+class Work {
+ public:
+  Work() = default;
+  explicit Work(c10::intrusive_ptr<c10d::Work> work);
+  ~Work();
+  Work(Work&&) noexcept;
+  Work& operator=(Work&&) noexcept;
+  void wait();
+  bool pending() const;
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+};
+
+struct GroupOptions {
+  Backend backend = Backend::gloo;
+  std::chrono::milliseconds timeout{60000};
+  // Gloo: the address this rank listens on ("127.0.0.1" for one machine); empty: the interface
+  // named by GLOO_SOCKET_IFNAME, else the hostname's address (Gloo's default device).
+  std::string gloo_address;
+};
+
+// A process group over `ranks` (global ranks, in group order) that this rank belongs to.
+class Group {
+ public:
+  Group() = default;
+  // Every member calls this with the same name and ranks; non-members must not.
+  // The store is shared by all groups; each group lives under its own key prefix.
+  static Group create(const c10::intrusive_ptr<c10d::Store>& store, const std::string& name,
+                      std::vector<int> ranks, int global_rank, const GroupOptions& options);
+
+  int rank() const { return rank_; }  // this process's index in the group
+  int size() const { return static_cast<int>(ranks_.size()); }
+  const std::vector<int>& ranks() const { return ranks_; }
+  const std::string& name() const { return name_; }
+
+  // In-place sum over the group.
+  void all_reduce(at::Tensor& tensor);
+  Work all_reduce_async(at::Tensor& tensor);
+  // The members' tensors concatenated along `dim`, in group order.
+  at::Tensor all_gather(const at::Tensor& tensor, int64_t dim);
+  // Sum over the group, then this member's 1/size slice along `dim` (which must divide).
+  at::Tensor reduce_scatter(const at::Tensor& tensor, int64_t dim);
+  void broadcast(at::Tensor& tensor, int root);
+  // Point-to-point with group ranks; the tensor must stay alive until the Work completes.
+  Work send(const at::Tensor& tensor, int peer, int tag);
+  Work recv(at::Tensor& tensor, int peer, int tag);
+  void barrier();
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+  std::vector<int> ranks_;
+  std::string name_;
+  int rank_ = 0;
+};
+
+}  // namespace dplan::executor

@@ -1,0 +1,236 @@
+#include "gpt.h"
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include "tp_ops.h"
+
+namespace dplan::executor {
+namespace {
+using costmodel::MlpKind;
+using costmodel::NormKind;
+using costmodel::PositionKind;
+
+constexpr double kInitStd = 0.02;  // GPT-2 / Megatron --init-method-std
+constexpr double kNormEps = 1e-5;
+constexpr double kRopeBase = 10000.0;  // RoFormer (Su et al. 2021) base; the spec carries no rope_theta
+
+uint64_t name_seed(uint64_t seed, const std::string& name) {
+  uint64_t h = 1469598103934665603ULL ^ seed;  // FNV-1a over the name, keyed by the seed
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ULL;
+  return h;
+}
+
+// The full (unsplit) tensor a parameter starts from: a function of (seed, name) only.
+at::Tensor draw(uint64_t seed, const std::string& name, at::IntArrayRef shape, double std) {
+  at::Generator gen = at::detail::createCPUGenerator(name_seed(seed, name));
+  return at::empty(shape, at::kFloat).normal_(0.0, std, gen);
+}
+
+at::Tensor shard(const at::Tensor& full, int64_t dim, int parts, int index) {
+  if (parts == 1) return full;
+  return full.chunk(parts, dim)[index];
+}
+
+void require_divides(int64_t parts, int64_t n, const std::string& what) {
+  if (n % parts != 0)
+    throw std::invalid_argument(what + " (" + std::to_string(n) + ") is not divisible by tp = " + std::to_string(parts));
+}
+}  // namespace
+
+GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, int seq_len, ParallelContext& ctx,
+                   uint64_t seed)
+    : model_(model), stage_(stage), seq_len_(seq_len), ctx_(ctx), seed_(seed) {
+  const int tp = ctx.tp.size(), r = ctx.tp.rank();
+  const int64_t H = model.hidden_size, d = model.head_dim, F = model.ffn_hidden_size;
+  require_divides(tp, model.num_heads, "num_heads");
+  require_divides(tp, model.num_kv_heads, "num_kv_heads");
+  require_divides(tp, F, "ffn_hidden_size");
+  if (ctx.sequence_parallel) require_divides(tp, seq_len, "seq_len under sequence parallel");
+  if (seq_len > model.max_seq_len && model.position == PositionKind::learned)
+    throw std::invalid_argument("seq_len " + std::to_string(seq_len) + " exceeds the model's learned positions (" +
+                                std::to_string(model.max_seq_len) + ")");
+  // Megatron pads the vocabulary to a multiple of 128*tp; here only to a multiple of tp, and the
+  // padding is masked out of the loss, so the model is the same function whatever tp is.
+  padded_vocab_ = (model.vocab_size + tp - 1) / tp * tp;
+  const bool sp = ctx.sequence_parallel && tp > 1;
+  const double out_std = kInitStd / std::sqrt(2.0 * model.num_layers);  // Megatron's scaled init of output layers
+
+  auto add = [&](const std::string& name, const at::Tensor& local, bool decay, bool sp_partial, bool tied = false) {
+    at::Tensor t = local.contiguous().clone().to(ctx.device).set_requires_grad(true);
+    params_.push_back({name, t, decay, sp_partial && sp, tied});
+    return t;
+  };
+  auto split = [&](const std::string& name, at::IntArrayRef shape, double std, int64_t dim, bool decay) {
+    at::Tensor full = std == 0 ? at::zeros(shape, at::kFloat) : draw(seed, name, shape, std);
+    return add(name, shard(full, dim, tp, r), decay, false);
+  };
+  auto replicated = [&](const std::string& name, int64_t n, double value) {
+    return add(name, at::full({n}, value, at::kFloat), false, true);
+  };
+  auto word_embedding = [&]() {
+    at::Tensor full = at::zeros({padded_vocab_, H}, at::kFloat);
+    full.narrow(0, 0, model.vocab_size).copy_(draw(seed, "wte", {model.vocab_size, H}, kInitStd));
+    return add("wte", shard(full, 0, tp, r), true, false, model.tied_embeddings && ctx.num_stages > 1);
+  };
+
+  if (stage.embedding) {
+    wte_ = word_embedding();
+    if (model.position == PositionKind::learned)
+      wpe_ = add("wpe", draw(seed, "wpe", {model.max_seq_len, H}, kInitStd), true, true);
+  }
+  const bool ln = model.norm == NormKind::layernorm;
+  for (int i = stage.first_layer; i < stage.first_layer + stage.num_layers; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    Block b;
+    b.norm1_w = replicated(p + "norm1.weight", H, 1.0);
+    if (ln) b.norm1_b = replicated(p + "norm1.bias", H, 0.0);
+    // Column-parallel QKV: this rank's query heads, then its key heads, then its value heads.
+    at::Tensor q = shard(draw(seed, p + "attn.q.weight", {model.q_dim(), H}, kInitStd), 0, tp, r);
+    at::Tensor k = shard(draw(seed, p + "attn.k.weight", {model.kv_dim(), H}, kInitStd), 0, tp, r);
+    at::Tensor v = shard(draw(seed, p + "attn.v.weight", {model.kv_dim(), H}, kInitStd), 0, tp, r);
+    b.qkv_w = add(p + "attn.qkv.weight", at::cat({q, k, v}, 0), true, false);
+    if (model.qkv_bias) b.qkv_b = add(p + "attn.qkv.bias", at::zeros({q.size(0) + 2 * k.size(0)}), false, false);
+    b.proj_w = split(p + "attn.proj.weight", {H, model.q_dim()}, out_std, 1, true);
+    if (model.out_bias) b.proj_b = replicated(p + "attn.proj.bias", H, 0.0);
+    b.norm2_w = replicated(p + "norm2.weight", H, 1.0);
+    if (ln) b.norm2_b = replicated(p + "norm2.bias", H, 0.0);
+    b.fc1_w = split(p + "mlp.fc1.weight", {F, H}, kInitStd, 0, true);
+    if (model.mlp_bias) b.fc1_b = split(p + "mlp.fc1.bias", {F}, 0, 0, false);
+    if (model.mlp == MlpKind::swiglu) b.gate_w = split(p + "mlp.gate.weight", {F, H}, kInitStd, 0, true);
+    b.fc2_w = split(p + "mlp.fc2.weight", {H, F}, out_std, 1, true);
+    if (model.mlp_bias) b.fc2_b = replicated(p + "mlp.fc2.bias", H, 0.0);
+    blocks_.push_back(b);
+  }
+  if (stage.lm_head) {
+    final_norm_w_ = replicated("final_norm.weight", H, 1.0);
+    if (ln) final_norm_b_ = replicated("final_norm.bias", H, 0.0);
+    if (model.tied_embeddings) {
+      head_w_ = stage.embedding ? wte_ : word_embedding();
+    } else {
+      at::Tensor full = at::zeros({padded_vocab_, H}, at::kFloat);
+      full.narrow(0, 0, model.vocab_size).copy_(draw(seed, "lm_head.weight", {model.vocab_size, H}, kInitStd));
+      head_w_ = add("lm_head.weight", shard(full, 0, tp, r), true, false);
+    }
+  }
+  if (model.position == PositionKind::rotary) {
+    at::Tensor inv = 1.0 / at::pow(kRopeBase, at::arange(0, d, 2, at::kDouble) / double(d));
+    at::Tensor angles = at::outer(at::arange(seq_len, at::kDouble), inv);  // [s, d/2]
+    rope_cos_ = angles.cos().to(at::kFloat).to(ctx.device);
+    rope_sin_ = angles.sin().to(at::kFloat).to(ctx.device);
+  }
+}
+
+std::vector<int64_t> GptStage::activation_shape(int64_t micro_batch) const {
+  const int tp = ctx_.tp.size();
+  const bool sp = ctx_.sequence_parallel && tp > 1;
+  return {micro_batch, sp ? seq_len_ / tp : seq_len_, model_.hidden_size};
+}
+
+at::Tensor GptStage::norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const {
+  if (model_.norm == NormKind::layernorm) return at::layer_norm(x, {model_.hidden_size}, w, b, kNormEps);
+  return x * at::rsqrt(x.pow(2).mean(-1, true) + kNormEps) * w;  // RMSNorm (Zhang & Sennrich 2019)
+}
+
+at::Tensor GptStage::embed(const at::Tensor& tokens) {
+  Group& tp = ctx_.tp;
+  const int64_t local = wte_.size(0), start = int64_t(tp.rank()) * local;
+  at::Tensor ids = tokens.to(ctx_.device);
+  at::Tensor outside = (ids < start).logical_or(ids >= start + local);
+  at::Tensor rows = at::embedding(wte_, (ids - start).masked_fill(outside, 0));
+  rows = rows.masked_fill(outside.unsqueeze(-1), 0.0);  // other ranks' rows: zero here, summed below
+  const bool sp = ctx_.sequence_parallel && tp.size() > 1;
+  at::Tensor x = sp ? scatter_to_sp(rows, tp, 1) : reduce_from_tp(rows, tp);
+  if (wpe_.defined()) {
+    const int64_t s = x.size(1), first = sp ? int64_t(tp.rank()) * s : 0;
+    x = x + wpe_.narrow(0, first, s);
+  }
+  if (model_.hidden_dropout > 0) x = at::dropout(x, model_.hidden_dropout, true);
+  return x;
+}
+
+at::Tensor GptStage::attention(const Block& blk, const at::Tensor& x_in) const {
+  Group& tp = ctx_.tp;
+  const bool sp = ctx_.sequence_parallel && tp.size() > 1;
+  at::Tensor x = sp ? gather_from_sp(x_in, tp, 1) : copy_to_tp(x_in, tp);
+  const int64_t b = x.size(0), s = x.size(1), d = model_.head_dim;
+  const int64_t heads = model_.num_heads / tp.size(), kv_heads = model_.num_kv_heads / tp.size();
+  at::Tensor qkv = blk.qkv_b.defined() ? at::linear(x, blk.qkv_w, blk.qkv_b) : at::linear(x, blk.qkv_w);
+  auto split = qkv.split_with_sizes({heads * d, kv_heads * d, kv_heads * d}, -1);
+  at::Tensor q = split[0].view({b, s, heads, d}).transpose(1, 2);
+  at::Tensor k = split[1].view({b, s, kv_heads, d}).transpose(1, 2);
+  at::Tensor v = split[2].view({b, s, kv_heads, d}).transpose(1, 2);
+  if (rope_cos_.defined()) {  // rotate-half convention (GPT-NeoX, Llama)
+    at::Tensor cos = rope_cos_.narrow(0, 0, s), sin = rope_sin_.narrow(0, 0, s);
+    auto rotate = [&](const at::Tensor& t) {
+      auto halves = t.chunk(2, -1);
+      return at::cat({halves[0] * cos - halves[1] * sin, halves[1] * cos + halves[0] * sin}, -1);
+    };
+    q = rotate(q);
+    k = rotate(k);
+  }
+  if (kv_heads < heads) {  // grouped-query attention: each key/value head serves heads/kv_heads queries
+    k = k.repeat_interleave(heads / kv_heads, 1);
+    v = v.repeat_interleave(heads / kv_heads, 1);
+  }
+  at::Tensor ctx;
+#if TORCH_VERSION_MAJOR >= 2
+  ctx = at::scaled_dot_product_attention(q, k, v, {}, model_.attention_dropout, /*is_causal=*/true);
+#else
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(d)));
+  at::Tensor future = at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(x.device())).triu(1);
+  at::Tensor probs = at::softmax(scores.masked_fill(future, -std::numeric_limits<float>::infinity()), -1);
+  if (model_.attention_dropout > 0) probs = at::dropout(probs, model_.attention_dropout, true);
+  ctx = at::matmul(probs, v);
+#endif
+  ctx = ctx.transpose(1, 2).reshape({b, s, heads * d});
+  at::Tensor out = at::linear(ctx, blk.proj_w);
+  out = sp ? scatter_to_sp(out, tp, 1) : reduce_from_tp(out, tp);
+  if (blk.proj_b.defined()) out = out + blk.proj_b;
+  if (model_.hidden_dropout > 0) out = at::dropout(out, model_.hidden_dropout, true);
+  return out;
+}
+
+at::Tensor GptStage::mlp(const Block& blk, const at::Tensor& x_in) const {
+  Group& tp = ctx_.tp;
+  const bool sp = ctx_.sequence_parallel && tp.size() > 1;
+  at::Tensor x = sp ? gather_from_sp(x_in, tp, 1) : copy_to_tp(x_in, tp);
+  at::Tensor h = blk.fc1_b.defined() ? at::linear(x, blk.fc1_w, blk.fc1_b) : at::linear(x, blk.fc1_w);
+  if (model_.mlp == MlpKind::swiglu)
+    h = at::silu(at::linear(x, blk.gate_w)) * h;  // Shazeer 2020: down(silu(gate x) * up x)
+  else
+    h = at::gelu(h);
+  at::Tensor out = at::linear(h, blk.fc2_w);
+  out = sp ? scatter_to_sp(out, tp, 1) : reduce_from_tp(out, tp);
+  if (blk.fc2_b.defined()) out = out + blk.fc2_b;
+  if (model_.hidden_dropout > 0) out = at::dropout(out, model_.hidden_dropout, true);
+  return out;
+}
+
+at::Tensor GptStage::head_loss(const at::Tensor& x_in, const at::Tensor& targets, double loss_scale) {
+  Group& tp = ctx_.tp;
+  const bool sp = ctx_.sequence_parallel && tp.size() > 1;
+  at::Tensor x = norm(x_in, final_norm_w_, final_norm_b_);
+  x = sp ? gather_from_sp(x, tp, 1) : copy_to_tp(x, tp);
+  at::Tensor logits = at::linear(x, head_w_);  // [b, s, V/tp]
+  const int64_t local = head_w_.size(0);
+  at::Tensor per_token = vocab_parallel_cross_entropy(logits.reshape({-1, local}), targets.to(ctx_.device).reshape({-1}),
+                                                      int64_t(tp.rank()) * local, model_.vocab_size, tp);
+  return per_token.sum() * loss_scale;
+}
+
+at::Tensor GptStage::forward(const at::Tensor& input, const at::Tensor& targets, double loss_scale) {
+  at::Tensor x = stage_.embedding ? embed(input) : input;
+  for (const Block& blk : blocks_) {
+    x = x + attention(blk, norm(x, blk.norm1_w, blk.norm1_b));
+    x = x + mlp(blk, norm(x, blk.norm2_w, blk.norm2_b));
+  }
+  return stage_.lm_head ? head_loss(x, targets, loss_scale) : x;
+}
+
+}  // namespace dplan::executor

@@ -1,0 +1,85 @@
+// One pipeline stage of a GPT-style decoder, split over a tensor-parallel group in Megatron's way:
+// vocabulary-parallel embedding and LM head, column-parallel QKV and first MLP matrices,
+// row-parallel output projections, replicated norms and row-parallel biases; sequence parallel
+// optional. Pre-norm blocks: x += attn(norm1(x)); x += mlp(norm2(x)). Multi-head or grouped-query
+// attention, GELU or SwiGLU MLP, LayerNorm or RMSNorm, learned or rotary positions, as the
+// model spec says.
+//
+// Every parameter is initialised from its global name and the seed alone (the full matrix is drawn,
+// then this rank's slice is kept), so the model is the same function of the seed whatever the
+// layout: what the parity tests rely on.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "comm.h"
+#include "dplan/costmodel/model.h"
+
+namespace dplan::executor {
+
+struct ParallelContext {
+  Group world, tp, pp, dp;
+  Group embedding;                // first and last stage (same tp, dp): tied embedding gradients
+  bool has_embedding_group = false;
+  int stage = 0, num_stages = 1;
+  bool sequence_parallel = false;
+  at::Device device = at::kCPU;
+};
+
+struct StageSpec {
+  int first_layer = 0, num_layers = 0;
+  bool embedding = false, lm_head = false;
+};
+
+struct Parameter {
+  std::string name;             // global name, e.g. "layers.3.mlp.fc1.weight"
+  at::Tensor tensor;            // this rank's shard (a leaf that requires grad)
+  bool weight_decay = true;     // false for norms and biases
+  bool sequence_parallel_partial = false;  // replicated over tp, but its grad is partial under SP
+  bool tied_embedding = false;  // the word embedding, held by the first and the last stage
+};
+
+class GptStage {
+ public:
+  GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, int seq_len, ParallelContext& ctx,
+           uint64_t seed);
+
+  // Stage 0 takes token ids [b, s] (int64); the others the previous stage's output. Returns this
+  // stage's output [b, s / (tp if SP), h], or on the last stage the summed per-token loss times
+  // `loss_scale` (a scalar).
+  at::Tensor forward(const at::Tensor& input, const at::Tensor& targets, double loss_scale);
+
+  // Shape and dtype of what this stage receives from (sends to) the neighbouring stage.
+  std::vector<int64_t> activation_shape(int64_t micro_batch) const;
+
+  std::vector<Parameter>& parameters() { return params_; }
+  int64_t padded_vocab() const { return padded_vocab_; }
+
+ private:
+  struct Block {
+    at::Tensor norm1_w, norm1_b, qkv_w, qkv_b, proj_w, proj_b;
+    at::Tensor norm2_w, norm2_b, fc1_w, fc1_b, gate_w, fc2_w, fc2_b;
+  };
+  at::Tensor& add(const std::string& name, at::Tensor full, int64_t split_dim, bool decay, bool replicated);
+  at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const;
+  at::Tensor attention(const Block& blk, const at::Tensor& x) const;
+  at::Tensor mlp(const Block& blk, const at::Tensor& x) const;
+  at::Tensor embed(const at::Tensor& tokens);
+  at::Tensor head_loss(const at::Tensor& x, const at::Tensor& targets, double loss_scale);
+
+  costmodel::ModelSpec model_;
+  StageSpec stage_;
+  int seq_len_;
+  ParallelContext& ctx_;
+  uint64_t seed_;
+  int64_t padded_vocab_;
+  std::vector<Parameter> params_;
+  std::vector<Block> blocks_;
+  at::Tensor wte_, wpe_, final_norm_w_, final_norm_b_, head_w_;
+  at::Tensor rope_cos_, rope_sin_;
+};
+
+}  // namespace dplan::executor

@@ -1,0 +1,54 @@
+// Data-parallel gradient reduction in buckets that starts during backward (what PyTorch DDP's
+// Reducer and Megatron's grad buffer do): each parameter's .grad is a view into a flat bucket
+// buffer, a hook on its gradient accumulator counts it ready, and when the last parameter of a
+// bucket is ready on the last micro-batch of the step the bucket's all-reduce is launched
+// asynchronously. Accumulation micro-batches only accumulate: no communication. finish() waits
+// for the outstanding buckets (the exposed part is charged to dp_comm), then sums the grads of
+// tp-replicated parameters that sequence parallelism leaves partial, and the word-embedding
+// grads of the first and last pipeline stages when embeddings are tied.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "comm.h"
+#include "gpt.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace dplan::executor {
+
+class GradSync {
+ public:
+  // Buckets follow the reverse of `params`' order (the order backward produces gradients).
+  GradSync(std::vector<Parameter>& params, ParallelContext& ctx, int64_t bucket_bytes);
+  ~GradSync();
+
+  // Before the backward of the step's last micro-batch: arm the buckets.
+  void arm_last_microbatch();
+  // After the last backward: wait for the buckets and do the tp / embedding sums.
+  void finish();
+  void zero();
+  int64_t buffer_bytes() const;
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+
+ private:
+  struct Bucket {
+    at::Tensor buffer;
+    int size = 0, ready = 0;
+    Work work;
+  };
+  void mark_ready(int bucket);
+
+  std::vector<Parameter>& params_;
+  ParallelContext& ctx_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  bool armed_ = false;
+};
+
+}  // namespace dplan::executor

@@ -1,0 +1,66 @@
+#include "phase_clock.h"
+
+#include <algorithm>
+
+namespace dplan::executor {
+
+const char* to_string(Phase p) {
+  switch (p) {
+    case Phase::forward: return "forward";
+    case Phase::backward: return "backward";
+    case Phase::tp_comm: return "tp_comm";
+    case Phase::pp_wait: return "pp_wait";
+    case Phase::dp_comm: return "dp_comm";
+    case Phase::optimizer: return "optimizer";
+    default: return "other";
+  }
+}
+
+PhaseClock& PhaseClock::instance() {
+  static PhaseClock clock;
+  return clock;
+}
+
+void PhaseClock::charge(Clock::time_point now) {
+  Phase current = stack_.empty() ? Phase::other : stack_.back();
+  totals_[static_cast<int>(current)] += std::chrono::duration<double>(now - last_).count();
+  last_ = now;
+}
+
+void PhaseClock::start_step() {
+  if (sync_) sync_();
+  std::lock_guard<std::mutex> lock(mutex_);
+  totals_.fill(0);
+  stack_.clear();
+  step_start_ = last_ = Clock::now();
+}
+
+std::array<double, kNumPhases> PhaseClock::end_step() {
+  if (sync_) sync_();
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto now = Clock::now();
+  charge(now);
+  std::array<double, kNumPhases> out = totals_;
+  double step = std::chrono::duration<double>(now - step_start_).count();
+  double named = 0;
+  for (int i = 0; i < kNumPhases; ++i)
+    if (i != static_cast<int>(Phase::other)) named += out[i];
+  out[static_cast<int>(Phase::other)] = std::max(0.0, step - named);
+  return out;
+}
+
+void PhaseClock::push(Phase p) {
+  if (sync_) sync_();
+  std::lock_guard<std::mutex> lock(mutex_);
+  charge(Clock::now());
+  stack_.push_back(p);
+}
+
+void PhaseClock::pop() {
+  if (sync_) sync_();
+  std::lock_guard<std::mutex> lock(mutex_);
+  charge(Clock::now());
+  if (!stack_.empty()) stack_.pop_back();
+}
+
+}  // namespace dplan::executor

@@ -1,0 +1,53 @@
+// Exclusive wall time per phase of a training step. Phases nest (a tensor-parallel all-reduce
+// inside forward, a pipeline receive inside a schedule): time is charged to the innermost open
+// phase, so per step the phases add up to the step's wall time, with "other" the remainder.
+// Process-wide, not per thread: on CUDA the autograd engine runs backward on its own thread, and
+// the caller only waits for it, so at any moment one thread is doing the step's work.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace dplan::executor {
+
+enum class Phase { forward, backward, tp_comm, pp_wait, dp_comm, optimizer, other, count };
+constexpr int kNumPhases = static_cast<int>(Phase::count);
+const char* to_string(Phase p);
+
+class PhaseClock {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static PhaseClock& instance();
+
+  // Called at each phase switch before the time is read (e.g. a CUDA device synchronize, so
+  // asynchronous kernels are charged to the phase that launched them). Empty: nothing.
+  void set_sync(std::function<void()> sync) { sync_ = std::move(sync); }
+
+  void start_step();                 // zeroes the totals; time until the first push is "other"
+  std::array<double, kNumPhases> end_step();  // seconds per phase; "other" is the remainder
+  void push(Phase p);
+  void pop();
+
+ private:
+  void charge(Clock::time_point now);
+  std::mutex mutex_;
+  std::function<void()> sync_;
+  std::vector<Phase> stack_;
+  std::array<double, kNumPhases> totals_{};
+  Clock::time_point last_{}, step_start_{};
+};
+
+// RAII: the enclosed code's time goes to `phase` (less any nested phase's).
+class PhaseScope {
+ public:
+  explicit PhaseScope(Phase p) { PhaseClock::instance().push(p); }
+  ~PhaseScope() { PhaseClock::instance().pop(); }
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+};
+
+}  // namespace dplan::executor

@@ -1,0 +1,38 @@
+// What the executor takes from plan.json (../docs and planner/plan.h describe the file): the model,
+// the training spec, the parallel config, each rank's coordinates and each stage's layers. It reads
+// the file, never the planner's code.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "dplan/costmodel/model.h"
+#include "dplan/costmodel/training.h"
+#include "gpt.h"
+
+namespace dplan::executor {
+
+struct RankPlace {
+  int rank = 0, tp = 0, cp = 0, dp = 0, pp = 0;
+};
+
+struct ExecPlan {
+  std::string path;
+  costmodel::ModelSpec model;
+  costmodel::TrainingSpec training;
+  costmodel::ParallelConfig parallel;
+  int num_microbatches = 1;
+  std::vector<RankPlace> ranks;   // indexed by global rank
+  std::vector<StageSpec> stages;  // indexed by pipeline stage
+  json prediction;
+
+  int world_size() const { return static_cast<int>(ranks.size()); }
+  // The global rank at these coordinates.
+  int rank_at(int tp, int cp, int dp, int pp) const;
+};
+
+// Throws InputError naming the file and key on anything malformed, and on layouts the executor
+// does not run (listing what it does run).
+ExecPlan read_plan(const std::string& path);
+
+}  // namespace dplan::executor

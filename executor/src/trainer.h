@@ -1,0 +1,38 @@
+// One training step of one rank: the pipeline schedule over the step's micro-batches (GPipe or
+// 1F1B, Narayanan et al. 2021 §2.2, over send/recv with the neighbouring stages), the gradient
+// synchronisation, and the optimizer step. Time goes to the phases of PhaseClock.
+#pragma once
+
+#include <torch/torch.h>
+
+#include "data.h"
+#include "gpt.h"
+#include "grad_sync.h"
+
+namespace dplan::executor {
+
+enum class PipelineSchedule { gpipe, one_f_one_b };
+
+struct StepOptions {
+  PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
+  int micro_batch = 1;
+  double loss_scale = 1.0;  // 1 / tokens per global batch: the loss is the mean over the global batch
+};
+
+class Trainer {
+ public:
+  Trainer(GptStage& stage, ParallelContext& ctx, GradSync& grads, torch::optim::Optimizer& optimizer,
+          StepOptions options);
+  // Runs one step on this rank's micro-batches and returns the global batch's mean loss (the same
+  // value on every rank).
+  double step(const std::vector<Batch>& microbatches);
+
+ private:
+  GptStage& stage_;
+  ParallelContext& ctx_;
+  GradSync& grads_;
+  torch::optim::Optimizer& optimizer_;
+  StepOptions options_;
+};
+
+}  // namespace dplan::executor

@@ -6,7 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-packages=(cmake g++ make pkg-config nlohmann-json3-dev libcli11-dev catch2 libboost-graph-dev)
+# The planner needs the first line; the executor (dplan run) LibTorch with c10d and Gloo; the
+# torchrun launch test and the DDP benchmark Debian's PyTorch.
+packages=(cmake g++ make pkg-config nlohmann-json3-dev libcli11-dev catch2 libboost-graph-dev
+          libtorch-dev libgloo-dev python3-torch)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -361,7 +361,10 @@ int train(const Args& args, const Place& place) {
     };
     auto coords = [](std::initializer_list<int> c) {
       std::string s;
-      for (int x : c) s += "-" + std::to_string(x);
+      for (int x : c) {
+        s += '-';
+        s += std::to_string(x);
+      }
       return s;
     };
     ParallelContext ctx;

@@ -1,0 +1,305 @@
+// The executor end to end, through the real binaries: `dplan estimate -o plan.json` writes a
+// layout, `dplan run plan.json -o run.json` trains it with real ranks over Gloo on this machine.
+//  - Parity: with the same seed, data and global batch (fp32 on CPU), every step's loss of every
+//    (tp, pp, dp) layout, under GPipe and 1F1B, matches the single-process run within 1e-4
+//    relative, and data-parallel replicas end with bit-identical weights.
+//  - torchrun launches the same worker; a killed rank stops the run within the timeout, named;
+//    bad input gives one error line.
+//  - run.json has the documented keys, and its exact byte counts match the model.
+#include <signal.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "process.h"
+
+namespace {
+namespace fs = std::filesystem;
+using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
+using dplan::testing::read_file;
+using dplan::testing::Result;
+using dplan::testing::run_program;
+using dplan::testing::TempDir;
+using nlohmann::json;
+
+constexpr int kSteps = 10;
+constexpr double kParityTolerance = 1e-4;  // relative, per step (the issue's bound)
+const std::string kLlamaTiny = std::string(DPLAN_VALIDATION_DIR) + "/executor/llama-tiny/config.json";
+
+struct Layout {
+  int tp = 1, pp = 1, dp = 1;
+  std::string schedule = "1f1b";
+  bool sp = false;
+  int mbs = 1;
+  std::string describe() const {
+    return "tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " dp " + std::to_string(dp) + " " + schedule +
+           (sp ? " sp" : "") + " mbs " + std::to_string(mbs);
+  }
+};
+
+std::string write_plan(const TempDir& dir, const std::string& model, const Layout& l, int global_batch,
+                       const std::vector<std::string>& extra = {}) {
+  std::string path = (dir.path() / ("plan-" + std::to_string(l.tp) + std::to_string(l.pp) + std::to_string(l.dp) +
+                                    l.schedule + (l.sp ? "-sp" : "") + ".json"))
+                         .string();
+  std::vector<std::string> args = {"estimate", "--model", model, "--cluster", "local-cpu", "--gpus",
+                                   std::to_string(l.tp * l.pp * l.dp), "--tp", std::to_string(l.tp), "--pp",
+                                   std::to_string(l.pp), "--dp", std::to_string(l.dp), "--mbs", std::to_string(l.mbs),
+                                   "--global-batch", std::to_string(global_batch), "--precision", "fp32",
+                                   "--schedule", l.schedule, "-o", path};
+  if (l.sp) args.push_back("--sp");
+  args.insert(args.end(), extra.begin(), extra.end());
+  Result r = run_program(DPLAN_BINARY, args);
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  return path;
+}
+
+json run_plan(const TempDir& dir, const std::string& plan, const std::vector<std::string>& extra = {}) {
+  std::string out = (fs::path(plan).replace_extension(".run.json")).string();
+  std::vector<std::string> args = {"run", plan, "--steps", std::to_string(kSteps), "--quiet", "-o", out};
+  args.insert(args.end(), extra.begin(), extra.end());
+  Result r = run_program(DPLAN_BINARY, args);
+  INFO("dplan run " << plan << "\nstderr: " << r.err);
+  REQUIRE(r.status == 0);
+  (void)dir;
+  return json::parse(read_file(out));
+}
+
+std::vector<double> losses(const json& run) {
+  std::vector<double> out;
+  for (const auto& s : run.at("steps")) out.push_back(s.at("loss").get<double>());
+  return out;
+}
+
+void require_parity(const json& run, const std::vector<double>& reference, const std::string& what) {
+  INFO(what);
+  std::vector<double> got = losses(run);
+  REQUIRE(got.size() == reference.size());
+  REQUIRE(got.size() >= 10);
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("step " << i << ": " << got[i] << " vs single process " << reference[i]);
+    CHECK(std::abs(got[i] - reference[i]) <= kParityTolerance * std::abs(reference[i]));
+  }
+  CHECK(run.at("replicas").at("identical").get<bool>());
+}
+
+// The single-process reference of a model, computed once per test binary run.
+const std::vector<double>& reference(const std::string& model, int global_batch) {
+  static std::map<std::string, std::vector<double>> cache;
+  std::string key = model + "/" + std::to_string(global_batch);
+  if (!cache.count(key)) {
+    static TempDir dir;
+    Layout single;
+    single.mbs = 2;  // micro-batching only reorders sums: the parity runs use mbs 1
+    cache[key] = losses(run_plan(dir, write_plan(dir, model, single, global_batch)));
+  }
+  return cache[key];
+}
+
+void check_layouts(const std::string& model, const std::vector<Layout>& layouts) {
+  const std::vector<double>& ref = reference(model, 8);
+  // The loss must move, or parity would prove little.
+  CHECK(ref.back() < ref.front());
+  TempDir dir;
+  for (const Layout& l : layouts) require_parity(run_plan(dir, write_plan(dir, model, l, 8)), ref, l.describe());
+}
+
+std::vector<Layout> issue_layouts(const std::string& schedule) {
+  std::vector<Layout> out;
+  for (auto [tp, pp, dp] : std::vector<std::tuple<int, int, int>>{
+           {2, 1, 1}, {1, 2, 1}, {1, 1, 2}, {2, 2, 1}, {2, 1, 2}, {1, 2, 2}, {2, 2, 2}})
+    out.push_back({tp, pp, dp, schedule});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("parity: GPipe on the seven layouts matches the single-process loss every step", "[executor][parity]") {
+  check_layouts("gpt-tiny", issue_layouts("gpipe"));
+}
+
+TEST_CASE("parity: 1F1B on the seven layouts matches the single-process loss every step", "[executor][parity]") {
+  check_layouts("gpt-tiny", issue_layouts("1f1b"));
+}
+
+TEST_CASE("parity: sequence parallel, and a Llama-style model (GQA, SwiGLU, RMSNorm, rotary, untied, padded vocab)",
+          "[executor][parity]") {
+  check_layouts("gpt-tiny", {{2, 2, 2, "1f1b", true}});
+  check_layouts(kLlamaTiny, {{2, 1, 1, "1f1b", true}, {2, 2, 2, "1f1b", true}, {1, 2, 2, "gpipe"}, {2, 2, 1, "1f1b"}});
+}
+
+TEST_CASE("run.json has the documented keys, and weights, gradients and optimizer bytes are exact",
+          "[executor][run-json]") {
+  TempDir dir;
+  std::string plan = write_plan(dir, "gpt-tiny", {1, 2, 2}, 8);
+  json run = run_plan(dir, plan);
+  for (const char* key : {"format_version", "layout", "config", "environment", "steps", "step_time_s",
+                          "tokens_per_s", "phases_s", "phases_by_rank_s", "memory", "stage_of_rank", "replicas"})
+    CHECK(run.contains(key));
+  REQUIRE(run["steps"].size() == kSteps);
+  for (const auto& s : run["steps"]) {
+    CHECK(s.contains("step"));
+    CHECK(s["time_s"].get<double>() > 0);
+    CHECK(s.contains("warmup"));
+  }
+  CHECK(run["steps"][0]["warmup"] == true);
+  CHECK(run["steps"][kSteps - 1]["warmup"] == false);
+  CHECK(run["step_time_s"]["count"] == kSteps - 2);
+  for (const char* phase : {"forward", "backward", "tp_comm", "pp_wait", "dp_comm", "optimizer", "other"})
+    CHECK(run["phases_s"].contains(phase));
+  CHECK(run["phases_s"]["forward"].get<double>() > 0);
+  CHECK(run["phases_s"]["pp_wait"].get<double>() > 0);  // pp 2: the bubble is real
+  // Phases of a rank add up to its step time (exclusive accounting), within the spread of steps.
+  double sum = 0;
+  for (const auto& [k, v] : run["phases_s"].items()) sum += v.get<double>();
+  CHECK(sum == Approx(run["step_time_s"]["median"].get<double>()).epsilon(0.5));
+
+  // gpt-tiny, stage 0 holds the embedding (256 x 64 + 128 x 64 positions) and layer 0; stage 1
+  // layer 1, the final norm and its own copy of the tied embedding. fp32: 4 bytes each.
+  const double layer = 4 * 64 + 64 * 192 + 192 + 64 * 64 + 64 + 64 * 256 + 256 + 256 * 64 + 64;  // norms, qkv, proj, mlp
+  const double wte = 256 * 64, wpe = 128 * 64, final_norm = 2 * 64;
+  REQUIRE(run["memory"].size() == 4);
+  for (const auto& [rank, m] : run["memory"].items()) {
+    int stage = run["stage_of_rank"][std::stoi(rank)];
+    double params = stage == 0 ? wte + wpe + layer : layer + final_norm + wte;
+    INFO("rank " << rank);
+    CHECK(m["weights"].get<double>() == 4 * params);
+    CHECK(m["gradients"].get<double>() == 4 * params);
+    CHECK(m["optimizer"].get<double>() == 8 * params);  // AdamW: two fp32 moments
+    CHECK(m["activations"].get<double>() > 0);
+    CHECK(m["peak"].get<double>() >= m["weights"].get<double>() * 4);
+  }
+
+  // dplan compare reads it.
+  Result r = run_program(DPLAN_BINARY, {"compare", plan, fs::path(plan).replace_extension(".run.json").string(), "--json"});
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  json c = json::parse(r.out);
+  CHECK(c["step_time_s"]["measured"].get<double>() == run["step_time_s"]["median"].get<double>());
+}
+
+TEST_CASE("a byte-level text file trains, the same whatever the data-parallel size", "[executor][data]") {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; text.size() < 40000; ++i)
+    text += "the quick brown fox " + std::to_string(i % 97) + " jumps over the lazy dog; ";
+  std::string data = dir.write("corpus.txt", text);
+  json one = run_plan(dir, write_plan(dir, "gpt-tiny", {1, 1, 1, "1f1b", false, 2}, 8), {"--data", data, "--lr", "0.01"});
+  json two = run_plan(dir, write_plan(dir, "gpt-tiny", {1, 2, 2}, 8), {"--data", data, "--lr", "0.01"});
+  CHECK(one["config"]["data"] == data);
+  CHECK(losses(one).back() < losses(one).front() - 0.5);
+  require_parity(two, losses(one), "pp 2 dp 2 on the text file");
+}
+
+TEST_CASE("torchrun launches the same worker and it trains the same losses", "[executor][launch]") {
+  std::string torchrun;
+  for (const char* dir : {"/usr/bin", "/usr/local/bin"})
+    if (fs::exists(fs::path(dir) / "torchrun")) torchrun = (fs::path(dir) / "torchrun").string();
+  if (torchrun.empty()) {
+    WARN("torchrun not installed (Debian package python3-torch); skipped");
+    return;
+  }
+  TempDir dir;
+  std::string plan = write_plan(dir, "gpt-tiny", {1, 1, 2}, 8);
+  std::string out = (dir.path() / "torchrun.run.json").string();
+  // Debian's torchrun 1.13 on Python 3.11 cannot parse its default --redirects/--tee of 0 (Std is an
+  // IntFlag and 3.11 no longer iterates its zero member), so give it values it can read.
+  Result r = run_program(torchrun, {"--standalone", "--nproc_per_node", "2", "--redirects", "1", "--tee", "1",
+                                    "--log_dir", (dir.path() / "logs").string(), "--no_python", DPLAN_WORKER_BINARY,
+                                    plan, "--steps", std::to_string(kSteps), "--quiet", "-o", out});
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  json run = json::parse(read_file(out));
+  CHECK(run["config"]["launcher"] == "torchrun");
+  CHECK(run["environment"]["world_size"] == 2);
+  require_parity(run, reference("gpt-tiny", 8), "torchrun dp 2");
+}
+
+TEST_CASE("a rank killed mid-run stops the others within the timeout, and the error names it",
+          "[executor][fault]") {
+  TempDir dir;
+  std::string plan = write_plan(dir, "gpt-tiny", {1, 2, 2}, 8);
+  const std::string err_path = (dir.path() / "stderr").string();
+  constexpr double kTimeout = 20;
+  pid_t launcher = ::fork();
+  REQUIRE(launcher >= 0);
+  if (launcher == 0) {
+    int fd = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(fd, 2);
+    ::setenv("DPLAN_PROFILES", DPLAN_PROFILES_DIR, 1);
+    ::execl(DPLAN_BINARY, DPLAN_BINARY, "run", plan.c_str(), "--steps", "100000", "--timeout-s", "20", nullptr);
+    ::_exit(127);
+  }
+  // Wait for training to be under way, then kill rank 1 (found by its RANK in /proc/<pid>/environ).
+  auto started = std::chrono::steady_clock::now();
+  while (read_file(err_path).find("step 3/") == std::string::npos) {
+    REQUIRE(std::chrono::steady_clock::now() - started < std::chrono::seconds(60));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  pid_t victim = -1;
+  std::string children = read_file("/proc/" + std::to_string(launcher) + "/task/" + std::to_string(launcher) + "/children");
+  std::istringstream pids(children);
+  for (pid_t pid; pids >> pid;) {
+    std::string environ_text = read_file("/proc/" + std::to_string(pid) + "/environ");
+    if (environ_text.find(std::string("RANK=1") + '\0') != std::string::npos &&
+        environ_text.find(std::string("LOCAL_RANK=1")) != std::string::npos)
+      victim = pid;
+  }
+  REQUIRE(victim > 0);
+  auto killed_at = std::chrono::steady_clock::now();
+  REQUIRE(::kill(victim, SIGKILL) == 0);
+  int wstatus = 0;
+  pid_t done = 0;
+  while ((done = ::waitpid(launcher, &wstatus, WNOHANG)) == 0) {
+    if (std::chrono::steady_clock::now() - killed_at > std::chrono::seconds(int(kTimeout) + 15)) {
+      ::kill(launcher, SIGKILL);
+      FAIL("dplan run still running " << kTimeout + 15 << " s after rank 1 was killed");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  double took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  std::string err = read_file(err_path);
+  INFO(err);
+  CHECK(WIFEXITED(wstatus));
+  CHECK(WEXITSTATUS(wstatus) == 1);
+  CHECK(took_s < kTimeout);
+  CHECK_THAT(err, Contains("dplan: error: rank 1 (pid " + std::to_string(victim) + ") was killed by signal 9"));
+  // The survivors name the dead rank too, each in one line.
+  CHECK_THAT(err, Contains("rank 1 stopped (no heartbeat"));
+}
+
+TEST_CASE("dplan run: bad input gives one error line naming the problem, and exit status 2", "[executor][errors]") {
+  TempDir dir;
+  auto one_line = [](const Result& r) {
+    INFO("stdout: " << r.out << "\nstderr: " << r.err);
+    CHECK(r.status == 2);
+    REQUIRE(!r.err.empty());
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    CHECK_THAT(r.err, StartsWith("dplan: error: "));
+    return r.err;
+  };
+  CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", (dir.path() / "nope.json").string()})), Contains("nope.json"));
+  CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", dir.write("bad.json", "{\"parallel\": ")})), Contains("bad.json"));
+  std::string zero = write_plan(dir, "gpt-tiny", {1, 1, 2}, 8, {"--zero", "1"});
+  CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", zero, "--steps", "2"})), Contains("ZeRO"));
+  std::string plan = write_plan(dir, "gpt-tiny", {1, 1, 2}, 8);
+  CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", plan, "--data", (dir.path() / "missing.txt").string()})),
+             Contains("missing.txt"));
+  CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", plan, "--data", dir.write("small.txt", "too short")})),
+             Contains("fewer than the global batch"));
+  CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", plan, "--device", "tpu"})), Contains("auto, cpu, cuda"));
+  CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", plan, "--steps", "0"})), Contains("--steps"));
+  CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", plan, "-o", (dir.path() / "no/such/dir/run.json").string()})),
+             Contains("does not exist"));
+}

@@ -128,7 +128,7 @@ GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, in
 
 std::vector<int64_t> GptStage::activation_shape(int64_t micro_batch) const {
   const int tp = ctx_.tp.size();
-  const bool sp = ctx_.sequence_parallel && tp > 1;
+  const bool sp = sequence_parallel();
   return {micro_batch, sp ? seq_len_ / tp : seq_len_, model_.hidden_size};
 }
 
@@ -144,7 +144,7 @@ at::Tensor GptStage::embed(const at::Tensor& tokens) {
   at::Tensor outside = (ids < start).logical_or(ids >= start + local);
   at::Tensor rows = at::embedding(wte_, (ids - start).masked_fill(outside, 0));
   rows = rows.masked_fill(outside.unsqueeze(-1), 0.0);  // other ranks' rows: zero here, summed below
-  const bool sp = ctx_.sequence_parallel && tp.size() > 1;
+  const bool sp = sequence_parallel();
   at::Tensor x = sp ? scatter_to_sp(rows, tp, 1) : reduce_from_tp(rows, tp);
   if (wpe_.defined()) {
     const int64_t s = x.size(1), first = sp ? int64_t(tp.rank()) * s : 0;
@@ -154,10 +154,25 @@ at::Tensor GptStage::embed(const at::Tensor& tokens) {
   return x;
 }
 
+bool GptStage::sequence_parallel() const { return ctx_.sequence_parallel && ctx_.tp.size() > 1; }
+
+// Into a tensor-parallel region: the full sequence on every tp rank (all-gather under SP, else f).
+at::Tensor GptStage::enter_tp(const at::Tensor& x) const {
+  return sequence_parallel() ? gather_from_sp(x, ctx_.tp, 1) : copy_to_tp(x, ctx_.tp);
+}
+
+// Out of a row-parallel matrix: the partial sums added over tp (reduce-scatter under SP, else g),
+// then the replicated bias and dropout.
+at::Tensor GptStage::leave_tp(const at::Tensor& partial, const at::Tensor& bias) const {
+  at::Tensor out = sequence_parallel() ? scatter_to_sp(partial, ctx_.tp, 1) : reduce_from_tp(partial, ctx_.tp);
+  if (bias.defined()) out = out + bias;
+  if (model_.hidden_dropout > 0) out = at::dropout(out, model_.hidden_dropout, true);
+  return out;
+}
+
 at::Tensor GptStage::attention(const Block& blk, const at::Tensor& x_in) const {
   Group& tp = ctx_.tp;
-  const bool sp = ctx_.sequence_parallel && tp.size() > 1;
-  at::Tensor x = sp ? gather_from_sp(x_in, tp, 1) : copy_to_tp(x_in, tp);
+  at::Tensor x = enter_tp(x_in);
   const int64_t b = x.size(0), s = x.size(1), d = model_.head_dim;
   const int64_t heads = model_.num_heads / tp.size(), kv_heads = model_.num_kv_heads / tp.size();
   at::Tensor qkv = blk.qkv_b.defined() ? at::linear(x, blk.qkv_w, blk.qkv_b) : at::linear(x, blk.qkv_w);
@@ -189,34 +204,22 @@ at::Tensor GptStage::attention(const Block& blk, const at::Tensor& x_in) const {
   ctx = at::matmul(probs, v);
 #endif
   ctx = ctx.transpose(1, 2).reshape({b, s, heads * d});
-  at::Tensor out = at::linear(ctx, blk.proj_w);
-  out = sp ? scatter_to_sp(out, tp, 1) : reduce_from_tp(out, tp);
-  if (blk.proj_b.defined()) out = out + blk.proj_b;
-  if (model_.hidden_dropout > 0) out = at::dropout(out, model_.hidden_dropout, true);
-  return out;
+  return leave_tp(at::linear(ctx, blk.proj_w), blk.proj_b);
 }
 
 at::Tensor GptStage::mlp(const Block& blk, const at::Tensor& x_in) const {
-  Group& tp = ctx_.tp;
-  const bool sp = ctx_.sequence_parallel && tp.size() > 1;
-  at::Tensor x = sp ? gather_from_sp(x_in, tp, 1) : copy_to_tp(x_in, tp);
+  at::Tensor x = enter_tp(x_in);
   at::Tensor h = blk.fc1_b.defined() ? at::linear(x, blk.fc1_w, blk.fc1_b) : at::linear(x, blk.fc1_w);
   if (model_.mlp == MlpKind::swiglu)
     h = at::silu(at::linear(x, blk.gate_w)) * h;  // Shazeer 2020: down(silu(gate x) * up x)
   else
     h = at::gelu(h);
-  at::Tensor out = at::linear(h, blk.fc2_w);
-  out = sp ? scatter_to_sp(out, tp, 1) : reduce_from_tp(out, tp);
-  if (blk.fc2_b.defined()) out = out + blk.fc2_b;
-  if (model_.hidden_dropout > 0) out = at::dropout(out, model_.hidden_dropout, true);
-  return out;
+  return leave_tp(at::linear(h, blk.fc2_w), blk.fc2_b);
 }
 
 at::Tensor GptStage::head_loss(const at::Tensor& x_in, const at::Tensor& targets, double loss_scale) {
   Group& tp = ctx_.tp;
-  const bool sp = ctx_.sequence_parallel && tp.size() > 1;
-  at::Tensor x = norm(x_in, final_norm_w_, final_norm_b_);
-  x = sp ? gather_from_sp(x, tp, 1) : copy_to_tp(x, tp);
+  at::Tensor x = enter_tp(norm(x_in, final_norm_w_, final_norm_b_));
   at::Tensor logits = at::linear(x, head_w_);  // [b, s, V/tp]
   const int64_t local = head_w_.size(0);
   at::Tensor per_token = vocab_parallel_cross_entropy(logits.reshape({-1, local}), targets.to(ctx_.device).reshape({-1}),

@@ -65,6 +65,9 @@ class GptStage {
   };
   at::Tensor& add(const std::string& name, at::Tensor full, int64_t split_dim, bool decay, bool replicated);
   at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const;
+  bool sequence_parallel() const;
+  at::Tensor enter_tp(const at::Tensor& x) const;
+  at::Tensor leave_tp(const at::Tensor& partial, const at::Tensor& bias) const;
   at::Tensor attention(const Block& blk, const at::Tensor& x) const;
   at::Tensor mlp(const Block& blk, const at::Tensor& x) const;
   at::Tensor embed(const at::Tensor& tokens);

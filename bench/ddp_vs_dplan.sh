@@ -42,7 +42,7 @@ show_tail() { [[ -s $1 ]] && tail -n "${2:-15}" "$1" | sed 's/^/    | /' >&2; }
 
 # Debian's torch 1.13 under Python 3.11: torchrun's Std.from_str("0") returns None (IntFlag
 # no longer iterates its zero member), so the default --redirects 0 / --tee 0 crash the
-# launcher (AttributeError: 'NoneType' object has no attribute 'get'; see pytorch/pytorch#92319).
+# launcher (AttributeError: 'NoneType' object has no attribute 'get').
 # A mapping that names only local rank 9 leaves ranks 0..8 at the default (no redirection).
 torchrun_args=()
 torchrun_path=$(command -v "$TORCHRUN" || true)

@@ -31,7 +31,8 @@ ExecPlan read_plan(const std::string& path) {
   // What this executor runs; everything else is refused up front rather than run differently.
   auto refuse = [&](const std::string& what) {
     throw InputError(path + ": the executor does not run " + what +
-                     " yet; it runs tp, pp (gpipe, 1f1b), dp, sequence parallel, ZeRO 0, recompute none");
+                     " yet; it runs tp, pp (gpipe, 1f1b), dp, sequence parallel, ZeRO 0, recompute none "
+                     "(dplan --runnable searches only those)");
   };
   if (p.cp > 1) refuse("context parallel (cp " + std::to_string(p.cp) + ")");
   if (p.ep > 1 || plan.model.is_moe()) refuse("mixture-of-experts models");

@@ -48,6 +48,7 @@ struct Options {
   double tokens = 1e12;             // tokens to train, for days-to-train
   int top_k = 10;
   bool no_overlap_grad = false, no_overlap_param = false, tp_overlap = false;
+  bool runnable = false;            // search only layouts dplan run executes
   // estimate only
   int tp = 1, pp = 1, cp = 1, ep = 1, vpp = 1, mbs = 1, zero = 0;
   std::optional<int> dp;
@@ -193,7 +194,7 @@ int run_plan(const Options& o, const ProfileStore& store) {
   Inputs in = load_inputs(o, store);
   in.training.global_batch = o.global_batch.value_or(global_batch_for_tokens(kDefaultBatchTokens, in.training.seq_len));
   Network net(in.cluster, o.gpus);
-  SearchSpace space;
+  SearchSpace space = o.runnable ? SearchSpace::runnable_by_executor(o.gpus) : SearchSpace{};
   space.gpus = o.gpus;
   auto start = std::chrono::steady_clock::now();
   std::vector<ParallelConfig> layouts = enumerate_layouts(in.model, in.training, space);
@@ -316,6 +317,8 @@ int main(int argc, char** argv) {
   // Top level: `dplan --model M --gpus N` searches every layout.
   CLI::Option* top_gpus = add_common(app, o);
   app.add_option("--top", o.top_k, "how many ranked layouts to show")->capture_default_str();
+  app.add_flag("--runnable", o.runnable,
+               "search only layouts dplan run executes (tp, pp, dp, sp; no ZeRO, recompute, offload, cp, ep, interleaving)");
 
   CLI::App* estimate = app.add_subcommand("estimate", "evaluate one layout: memory per stage, step time by phase");
   add_common(*estimate, o);

@@ -19,6 +19,19 @@ int layout_complexity(const ParallelConfig& p) {
          p.sequence_parallel + p.offload_optimizer + (p.schedule == Schedule::interleaved);
 }
 
+SearchSpace SearchSpace::runnable_by_executor(int gpus) {
+  SearchSpace s;
+  s.gpus = gpus;
+  s.max_cp = 1;
+  s.max_vpp = 1;
+  s.allow_offload = false;
+  s.max_zero_stage = 0;
+  s.allow_distributed_optimizer = false;
+  s.allow_recompute = false;
+  s.allow_expert_parallel = false;
+  return s;
+}
+
 std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const TrainingSpec& t, const SearchSpace& space) {
   std::vector<ParallelConfig> out;
   const int n = space.gpus;
@@ -31,7 +44,7 @@ std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const Training
         if ((n / (tp * cp)) % pp) continue;
         const int dp = n / (tp * cp * pp);
         std::vector<int> eps = {1};
-        if (m.is_moe())
+        if (m.is_moe() && space.allow_expert_parallel)
           for (int ep = 2; ep <= m.num_experts; ++ep)
             if (m.num_experts % ep == 0 && (dp * cp) % ep == 0) eps.push_back(ep);
         for (int mbs : space.micro_batches) {
@@ -45,9 +58,11 @@ std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const Training
             for (auto [schedule, vpp] : schedules)
               for (int zero = 0; zero <= 4; ++zero) {  // 4 stands for the distributed optimizer
                 if (dp * cp == 1 && zero > 0) continue;
+                if (zero == 4 ? !space.allow_distributed_optimizer : zero > space.max_zero_stage) continue;
                 for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full})
                   for (bool sp : {false, true}) {
                     if (sp && tp == 1) continue;
+                    if (rc != Recompute::none && !space.allow_recompute) continue;
                     for (bool offload : {false, true}) {
                       if (offload && (!space.allow_offload || zero == 0)) continue;
                       ParallelConfig p;

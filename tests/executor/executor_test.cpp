@@ -189,6 +189,18 @@ TEST_CASE("run.json has the documented keys, and weights, gradients and optimize
   CHECK(c["step_time_s"]["measured"].get<double>() == run["step_time_s"]["median"].get<double>());
 }
 
+TEST_CASE("dplan --runnable picks a layout that dplan run trains", "[executor][search]") {
+  TempDir dir;
+  std::string plan = (dir.path() / "searched.json").string();
+  Result r = run_program(DPLAN_BINARY, {"--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "4", "--global-batch",
+                                        "8", "--precision", "fp32", "--runnable", "-o", plan});
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  json run = run_plan(dir, plan);
+  CHECK(run["layout"]["zero_stage"] == 0);
+  CHECK(run["steps"].size() == kSteps);
+}
+
 TEST_CASE("a byte-level text file trains, the same whatever the data-parallel size", "[executor][data]") {
   TempDir dir;
   std::string text;

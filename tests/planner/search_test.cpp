@@ -1,4 +1,6 @@
 // The search with a toy cost model whose answers can be read off, and laws with the real one.
+#include <algorithm>
+
 #include <catch2/catch.hpp>
 
 #include "dplan/costmodel/errors.h"
@@ -68,4 +70,30 @@ TEST_CASE("every enumerated layout is valid, and the chosen one is never slower 
 
 TEST_CASE("an empty search space is an input error", "[search]") {
   CHECK_THROWS_AS(search({}, [](const ParallelConfig&) { return Evaluation{}; }, 3), InputError);
+}
+
+TEST_CASE("the executor's search space holds only layouts dplan run executes, and all of those", "[search]") {
+  ModelSpec m = store().load_model("llama-3-8b");
+  TrainingSpec t;
+  t.seq_len = 4096;
+  t.global_batch = 64;
+  std::vector<ParallelConfig> all = enumerate_layouts(m, t, SearchSpace{.gpus = 16});
+  std::vector<ParallelConfig> runnable = enumerate_layouts(m, t, SearchSpace::runnable_by_executor(16));
+  REQUIRE(!runnable.empty());
+  for (const auto& p : runnable) {
+    INFO(to_json(p).dump());
+    CHECK(p.zero_stage == 0);
+    CHECK_FALSE(p.distributed_optimizer);
+    CHECK_FALSE(p.offload_optimizer);
+    CHECK(p.recompute == Recompute::none);
+    CHECK(p.cp == 1);
+    CHECK(p.ep == 1);
+    CHECK(p.schedule == Schedule::one_f_one_b);
+  }
+  // Nothing runnable is lost: the full space, filtered the same way, is the same size.
+  long expected = std::count_if(all.begin(), all.end(), [](const ParallelConfig& p) {
+    return p.zero_stage == 0 && !p.distributed_optimizer && !p.offload_optimizer && p.recompute == Recompute::none &&
+           p.cp == 1 && p.ep == 1 && p.schedule == Schedule::one_f_one_b;
+  });
+  CHECK(long(runnable.size()) == expected);
 }

@@ -28,6 +28,14 @@ struct SearchSpace {
   std::vector<int> micro_batches = {1, 2, 4, 8};
   int max_vpp = 8;
   bool allow_offload = true;
+  int max_zero_stage = 3;                      // ZeRO stages tried: 0..this
+  bool allow_distributed_optimizer = true;
+  bool allow_recompute = true;                 // selective and full
+  bool allow_expert_parallel = true;
+
+  // Only what `dplan run` executes today: tp, pp (1F1B), dp and sequence parallel; no ZeRO,
+  // distributed optimizer, recompute, offload, cp, ep or interleaving.
+  static SearchSpace runnable_by_executor(int gpus);
 };
 
 struct Candidate {

@@ -61,9 +61,10 @@ GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, in
   const bool sp = ctx.sequence_parallel && tp > 1;
   const double out_std = kInitStd / std::sqrt(2.0 * model.num_layers);  // Megatron's scaled init of output layers
 
-  auto add = [&](const std::string& name, const at::Tensor& local, bool decay, bool sp_partial, bool tied = false) {
+  // replicated: the same on every tp rank (its grad is partial under SP, summed by GradSync).
+  auto add = [&](const std::string& name, const at::Tensor& local, bool decay, bool replicated, bool tied = false) {
     at::Tensor t = local.contiguous().clone().to(ctx.device).set_requires_grad(true);
-    params_.push_back({name, t, decay, sp_partial && sp, tied});
+    params_.push_back({name, t, decay, replicated && sp, tied, replicated});
     return t;
   };
   auto split = [&](const std::string& name, at::IntArrayRef shape, double std, int64_t dim, bool decay) {

@@ -40,6 +40,7 @@ struct Parameter {
   bool weight_decay = true;     // false for norms and biases
   bool sequence_parallel_partial = false;  // replicated over tp, but its grad is partial under SP
   bool tied_embedding = false;  // the word embedding, held by the first and the last stage
+  bool tp_replicated = false;   // the same values on every tp rank (norms, row-parallel biases, positions)
 };
 
 class GptStage {

@@ -6,6 +6,8 @@
 
 #include "phase_clock.h"
 
+#include <cmath>
+
 namespace dplan::executor {
 
 GradSync::GradSync(std::vector<Parameter>& params, ParallelContext& ctx, int64_t bucket_bytes)
@@ -90,6 +92,25 @@ void GradSync::finish() {
       ctx_.tp.all_reduce(g);
     }
   }
+}
+
+double GradSync::clip_grad_norm(double max_norm) {
+  at::Tensor sum_sq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(ctx_.device));
+  const bool last_stage_copy = ctx_.has_embedding_group && ctx_.stage == ctx_.num_stages - 1;
+  for (auto& p : params_) {
+    if (p.tp_replicated && ctx_.tp.rank() != 0) continue;
+    if (p.tied_embedding && last_stage_copy) continue;
+    sum_sq += p.tensor.grad().to(at::kDouble).pow(2).sum();
+  }
+  // Data-parallel replicas hold the same reduced gradients: only tp and pp shards are summed.
+  ctx_.tp.all_reduce(sum_sq);
+  ctx_.pp.all_reduce(sum_sq);
+  const double norm = std::sqrt(sum_sq.item<double>());
+  if (max_norm > 0 && norm > max_norm) {
+    const double scale = max_norm / (norm + 1e-6);
+    for (auto& b : buckets_) b.buffer.mul_(scale);
+  }
+  return norm;
 }
 
 void GradSync::zero() {

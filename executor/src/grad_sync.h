@@ -33,6 +33,12 @@ class GradSync {
   // After the last backward: wait for the buckets and do the tp / embedding sums.
   void finish();
   void zero();
+  // The L2 norm of the whole model's gradient, over every tp shard and pipeline stage, each value
+  // counted once (tp-replicated parameters on tp rank 0 only, the tied embedding on the first
+  // stage only); if it exceeds max_norm (> 0), every gradient is scaled by max_norm / norm, as
+  // torch.nn.utils.clip_grad_norm_ and Megatron's clip_grad_norm do. Returns the norm before
+  // clipping. Call after finish().
+  double clip_grad_norm(double max_norm);
   int64_t buffer_bytes() const;
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
 

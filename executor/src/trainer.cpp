@@ -13,7 +13,7 @@ Trainer::Trainer(GptStage& stage, ParallelContext& ctx, GradSync& grads, torch::
                  StepOptions options)
     : stage_(stage), ctx_(ctx), grads_(grads), optimizer_(optimizer), options_(options) {}
 
-double Trainer::step(const std::vector<Batch>& batches) {
+StepResult Trainer::step(const std::vector<Batch>& batches) {
   const int m = static_cast<int>(batches.size());
   const bool first = ctx_.stage == 0, last = ctx_.stage == ctx_.num_stages - 1;
   const auto shape = stage_.activation_shape(options_.micro_batch);
@@ -96,14 +96,17 @@ double Trainer::step(const std::vector<Batch>& batches) {
     for (auto& s : sends) s.wait();
   }
   grads_.finish();
+  StepResult result;
   {
     PhaseScope scope(Phase::optimizer);
+    result.grad_norm = grads_.clip_grad_norm(options_.max_grad_norm);
     optimizer_.step();
   }
   // The loss lives on the last stage; sum it over data-parallel replicas and share it along the pipeline.
   ctx_.dp.all_reduce(loss_sum);
   ctx_.pp.all_reduce(loss_sum);
-  return loss_sum.item<double>();
+  result.loss = loss_sum.item<double>();
+  return result;
 }
 
 }  // namespace dplan::executor

@@ -17,15 +17,20 @@ struct StepOptions {
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   int micro_batch = 1;
   double loss_scale = 1.0;  // 1 / tokens per global batch: the loss is the mean over the global batch
+  double max_grad_norm = 1.0;  // clip the global gradient norm to this; 0: no clipping
+};
+
+struct StepResult {
+  double loss = 0;       // the global batch's mean loss, the same on every rank
+  double grad_norm = 0;  // the global gradient norm before clipping
 };
 
 class Trainer {
  public:
   Trainer(GptStage& stage, ParallelContext& ctx, GradSync& grads, torch::optim::Optimizer& optimizer,
           StepOptions options);
-  // Runs one step on this rank's micro-batches and returns the global batch's mean loss (the same
-  // value on every rank).
-  double step(const std::vector<Batch>& microbatches);
+  // Runs one step on this rank's micro-batches.
+  StepResult step(const std::vector<Batch>& microbatches);
 
  private:
   GptStage& stage_;

@@ -45,7 +45,7 @@ struct Args {
   std::string plan_path, data_path, output, device = "auto";
   int steps = 20, warmup = 2, log_every = 1;
   uint64_t seed = 1234;
-  double timeout_s = 60, lr = 1e-3;
+  double timeout_s = 60, lr = 1e-3, max_grad_norm = 1.0;
   bool quiet = false;
 };
 
@@ -255,7 +255,8 @@ json assemble_run(const Args& args, const Place& place, const ExecPlan& plan, co
     for (const auto& r : ranks) t = std::max(t, r["step_times_s"][s].get<double>());
     bool warm = s < args.warmup;
     if (!warm) measured.push_back(t);
-    steps.push_back({{"step", s}, {"loss", ranks[0]["losses"][s]}, {"time_s", t}, {"warmup", warm},
+    steps.push_back({{"step", s}, {"loss", ranks[0]["losses"][s]}, {"grad_norm", ranks[0]["grad_norms"][s]},
+                     {"time_s", t}, {"warmup", warm},
                      {"tokens_per_s", tokens / t}});
   }
   double mean = 0, var = 0;
@@ -321,6 +322,7 @@ int train(const Args& args, const Place& place) {
   if (args.warmup < 0 || args.warmup >= args.steps)
     throw InputError("--warmup must be at least 0 and below --steps (" + std::to_string(args.steps) + ")");
   if (!(args.timeout_s > 0)) throw InputError("--timeout-s must be positive");
+  if (!(args.max_grad_norm >= 0)) throw InputError("--max-grad-norm must be 0 (no clipping) or positive");
 
   // Device and backend.
   bool cuda = false;
@@ -420,12 +422,13 @@ int train(const Args& args, const Place& place) {
     so.schedule = p.schedule == costmodel::Schedule::gpipe ? PipelineSchedule::gpipe : PipelineSchedule::one_f_one_b;
     so.micro_batch = p.micro_batch;
     so.loss_scale = 1.0 / (double(plan.training.global_batch) * plan.training.seq_len);
+    so.max_grad_norm = args.max_grad_norm;
     Trainer trainer(stage, ctx, grads, optimizer, so);
 
     // Train.
     int64_t weights = 0;
     for (auto& prm : stage.parameters()) weights += prm.tensor.nbytes();
-    std::vector<double> step_times, losses;
+    std::vector<double> step_times, losses, grad_norms;
     std::vector<std::array<double, kNumPhases>> phases;
     int64_t activations_peak = 0, run_peak = 0;
     const double tokens = double(plan.training.global_batch) * plan.training.seq_len;
@@ -435,7 +438,8 @@ int train(const Args& args, const Place& place) {
       const int64_t resident = meter.current_bytes();
       meter.reset_peak();
       PhaseClock::instance().start_step();
-      double loss = trainer.step(batches);
+      const StepResult result = trainer.step(batches);
+      const double loss = result.loss;
       auto ph = PhaseClock::instance().end_step();
       double t = 0;
       for (double x : ph) t += x;
@@ -446,6 +450,7 @@ int train(const Args& args, const Place& place) {
       if (s > 0 || args.steps == 1) activations_peak = std::max(activations_peak, peak - resident);
       step_times.push_back(t);
       losses.push_back(loss);
+      grad_norms.push_back(result.grad_norm);
       if (s >= args.warmup) phases.push_back(ph);
       if (place.rank == 0 && !args.quiet && ((s + 1) % args.log_every == 0 || s + 1 == args.steps)) {
         double elapsed = Seconds(std::chrono::steady_clock::now() - run_start).count();
@@ -461,6 +466,7 @@ int train(const Args& args, const Place& place) {
                  {"stage", me.pp},
                  {"step_times_s", step_times},
                  {"losses", losses},
+                 {"grad_norms", grad_norms},
                  {"phases_s", median_phases(phases)},
                  {"weights_hash", weights_hash(stage.parameters())},
                  {"memory",
@@ -483,7 +489,7 @@ int train(const Args& args, const Place& place) {
                      {"device_name", cuda ? "cuda" : "cpu"}, {"backend", to_string(go.backend)},
                      {"precision", "fp32"}, {"planned_precision", costmodel::to_string(plan.training.precision)},
                      {"threads_per_rank", torch::get_num_threads()}, {"timeout_s", args.timeout_s},
-                     {"launcher", place.launcher}, {"lr", args.lr}, {"bucket_bytes", plan.training.bucket_bytes},
+                     {"launcher", place.launcher}, {"lr", args.lr}, {"max_grad_norm", args.max_grad_norm}, {"bucket_bytes", plan.training.bucket_bytes},
                      {"num_buckets", grads.num_buckets()}};
       if (!cuda && plan.training.precision != costmodel::Precision::fp32)
         config["precision_note"] = "ran fp32: 16-bit training is not run on CPU";
@@ -524,6 +530,8 @@ int main(int argc, char** argv) {
   app.add_option("--timeout-s", args.timeout_s, "collective timeout: a dead rank is reported within it")->capture_default_str();
   app.add_option("--device", args.device, "auto, cpu or cuda")->capture_default_str();
   app.add_option("--lr", args.lr, "AdamW learning rate")->capture_default_str();
+  app.add_option("--max-grad-norm", args.max_grad_norm, "clip the global gradient norm to this; 0: no clipping")
+      ->capture_default_str();
   app.add_option("--log-every", args.log_every, "progress line every N steps")->capture_default_str();
   app.add_flag("--quiet", args.quiet, "no progress lines");
   Place place;

@@ -35,6 +35,8 @@ void add_run_options(CLI::App& command, RunArgs& a) {
       ->capture_default_str();
   command.add_option("--device", a.device, "auto, cpu or cuda")->capture_default_str();
   command.add_option("--lr", a.lr, "AdamW learning rate")->capture_default_str();
+  command.add_option("--max-grad-norm", a.max_grad_norm, "clip the global gradient norm to this; 0: no clipping")
+      ->capture_default_str();
   command.add_option("--log-every", a.log_every, "progress line every N steps")->capture_default_str();
   command.add_flag("--quiet", a.quiet, "no progress lines");
 }
@@ -72,6 +74,13 @@ int free_port() {
   return port;
 }
 
+// A double as the worker will read it back, exactly (std::to_string keeps only 6 decimals).
+std::string exact(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", x);
+  return buf;
+}
+
 std::string describe_exit(int wstatus) {
   if (WIFSIGNALED(wstatus)) {
     int sig = WTERMSIG(wstatus);
@@ -100,7 +109,8 @@ int run_run(const RunArgs& a) {
 
   std::vector<std::string> args = {worker, a.plan_path, "--steps", std::to_string(a.steps), "--warmup",
                                    std::to_string(a.warmup), "--seed", std::to_string(a.seed), "--timeout-s",
-                                   std::to_string(a.timeout_s), "--device", a.device, "--lr", std::to_string(a.lr),
+                                   exact(a.timeout_s), "--device", a.device, "--lr", exact(a.lr), "--max-grad-norm",
+                                   exact(a.max_grad_norm),
                                    "--log-every", std::to_string(a.log_every)};
   if (!a.data_path.empty()) args.insert(args.end(), {"--data", a.data_path});
   if (!a.output.empty()) args.insert(args.end(), {"-o", a.output});

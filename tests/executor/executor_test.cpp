@@ -139,6 +139,27 @@ TEST_CASE("parity: sequence parallel, and a Llama-style model (GQA, SwiGLU, RMSN
   check_layouts(kLlamaTiny, {{2, 1, 1, "1f1b", true}, {2, 2, 2, "1f1b", true}, {1, 2, 2, "gpipe"}, {2, 2, 1, "1f1b"}});
 }
 
+TEST_CASE("gradient clipping by the global norm: the same norm and losses on every layout", "[executor][parity]") {
+  // gpt-tiny's gradient norm is about 0.5-0.7 in its first steps: 0.05 clips every step.
+  TempDir dir;
+  const std::vector<std::string> clip = {"--max-grad-norm", "0.05"};
+  json single = run_plan(dir, write_plan(dir, "gpt-tiny", {1, 1, 1, "1f1b", false, 2}, 8), clip);
+  json unclipped = run_plan(dir, write_plan(dir, "gpt-tiny", {1, 1, 1, "1f1b", false, 2}, 8), {"--max-grad-norm", "0"});
+  std::vector<double> norms;
+  for (const auto& s : single["steps"]) norms.push_back(s["grad_norm"].get<double>());
+  CHECK(norms.front() > 0.05);
+  // Clipping engaged: the trajectory leaves the unclipped one.
+  CHECK(std::abs(losses(single).back() - losses(unclipped).back()) > 1e-6 * losses(unclipped).back());
+  for (Layout l : std::vector<Layout>{{2, 2, 2, "1f1b", true}, {1, 2, 2, "gpipe"}, {2, 1, 2}}) {
+    json run = run_plan(dir, write_plan(dir, "gpt-tiny", l, 8), clip);
+    require_parity(run, losses(single), "clipped " + l.describe());
+    for (size_t i = 0; i < norms.size(); ++i) {
+      INFO(l.describe() << " step " << i);
+      CHECK(run["steps"][i]["grad_norm"].get<double>() == Approx(norms[i]).epsilon(kParityTolerance));
+    }
+  }
+}
+
 TEST_CASE("run.json has the documented keys, and weights, gradients and optimizer bytes are exact",
           "[executor][run-json]") {
   TempDir dir;

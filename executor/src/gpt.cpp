@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include "recompute.h"
 #include "tp_ops.h"
 
 namespace dplan::executor {
@@ -194,18 +195,26 @@ at::Tensor GptStage::attention(const Block& blk, const at::Tensor& x_in) const {
     k = k.repeat_interleave(heads / kv_heads, 1);
     v = v.repeat_interleave(heads / kv_heads, 1);
   }
-  at::Tensor ctx;
-#if TORCH_VERSION_MAJOR >= 2
-  ctx = at::scaled_dot_product_attention(q, k, v, {}, model_.attention_dropout, /*is_causal=*/true);
-#else
-  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(d)));
-  at::Tensor future = at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(x.device())).triu(1);
-  at::Tensor probs = at::softmax(scores.masked_fill(future, -std::numeric_limits<float>::infinity()), -1);
-  if (model_.attention_dropout > 0) probs = at::dropout(probs, model_.attention_dropout, true);
-  ctx = at::matmul(probs, v);
-#endif
+  at::Tensor ctx = ctx_.recompute == costmodel::Recompute::selective
+                       ? recompute([this](const std::vector<at::Tensor>& in) { return attention_core(in[0], in[1], in[2]); },
+                                   {q, k, v})
+                       : attention_core(q, k, v);
   ctx = ctx.transpose(1, 2).reshape({b, s, heads * d});
   return leave_tp(at::linear(ctx, blk.proj_w), blk.proj_b);
+}
+
+// softmax(q k^T / sqrt(d) + causal mask) v, per head: what selective recompute recomputes.
+at::Tensor GptStage::attention_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, k, v, {}, model_.attention_dropout, /*is_causal=*/true);
+#else
+  const int64_t s = q.size(2);
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(q.size(3))));
+  at::Tensor future = at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu(1);
+  at::Tensor probs = at::softmax(scores.masked_fill(future, -std::numeric_limits<float>::infinity()), -1);
+  if (model_.attention_dropout > 0) probs = at::dropout(probs, model_.attention_dropout, true);
+  return at::matmul(probs, v);
+#endif
 }
 
 at::Tensor GptStage::mlp(const Block& blk, const at::Tensor& x_in) const {
@@ -228,11 +237,18 @@ at::Tensor GptStage::head_loss(const at::Tensor& x_in, const at::Tensor& targets
   return per_token.sum() * loss_scale;
 }
 
+at::Tensor GptStage::layer(const Block& blk, const at::Tensor& x_in) const {
+  at::Tensor x = x_in + attention(blk, norm(x_in, blk.norm1_w, blk.norm1_b));
+  return x + mlp(blk, norm(x, blk.norm2_w, blk.norm2_b));
+}
+
 at::Tensor GptStage::forward(const at::Tensor& input, const at::Tensor& targets, double loss_scale) {
   at::Tensor x = stage_.embedding ? embed(input) : input;
   for (const Block& blk : blocks_) {
-    x = x + attention(blk, norm(x, blk.norm1_w, blk.norm1_b));
-    x = x + mlp(blk, norm(x, blk.norm2_w, blk.norm2_b));
+    if (ctx_.recompute == costmodel::Recompute::full)
+      x = recompute([this, &blk](const std::vector<at::Tensor>& in) { return layer(blk, in[0]); }, {x});
+    else
+      x = layer(blk, x);
   }
   return stage_.lm_head ? head_loss(x, targets, loss_scale) : x;
 }

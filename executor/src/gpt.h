@@ -17,6 +17,7 @@
 
 #include "comm.h"
 #include "dplan/costmodel/model.h"
+#include "dplan/costmodel/training.h"
 
 namespace dplan::executor {
 
@@ -26,6 +27,7 @@ struct ParallelContext {
   bool has_embedding_group = false;
   int stage = 0, num_stages = 1;
   bool sequence_parallel = false;
+  costmodel::Recompute recompute = costmodel::Recompute::none;  // selective: the attention core; full: each layer
   at::Device device = at::kCPU;
 };
 
@@ -70,6 +72,8 @@ class GptStage {
   at::Tensor enter_tp(const at::Tensor& x) const;
   at::Tensor leave_tp(const at::Tensor& partial, const at::Tensor& bias) const;
   at::Tensor attention(const Block& blk, const at::Tensor& x) const;
+  at::Tensor attention_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;
+  at::Tensor layer(const Block& blk, const at::Tensor& x) const;
   at::Tensor mlp(const Block& blk, const at::Tensor& x) const;
   at::Tensor embed(const at::Tensor& tokens);
   at::Tensor head_loss(const at::Tensor& x, const at::Tensor& targets, double loss_scale);

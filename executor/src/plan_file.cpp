@@ -31,7 +31,7 @@ ExecPlan read_plan(const std::string& path) {
   // What this executor runs; everything else is refused up front rather than run differently.
   auto refuse = [&](const std::string& what) {
     throw InputError(path + ": the executor does not run " + what +
-                     " yet; it runs tp, pp (gpipe, 1f1b), dp, sequence parallel, ZeRO 0, recompute none "
+                     " yet; it runs tp, pp (gpipe, 1f1b), dp, sequence parallel, ZeRO 0, recompute none, selective, full "
                      "(dplan --runnable searches only those)");
   };
   if (p.cp > 1) refuse("context parallel (cp " + std::to_string(p.cp) + ")");
@@ -39,7 +39,9 @@ ExecPlan read_plan(const std::string& path) {
   if (p.schedule == Schedule::interleaved) refuse("the interleaved schedule");
   if (p.zero_stage > 0 || p.distributed_optimizer) refuse("ZeRO / the distributed optimizer");
   if (p.offload_optimizer) refuse("optimizer offload");
-  if (p.recompute != Recompute::none) refuse(std::string(to_string(p.recompute)) + " recompute");
+  if (p.recompute != Recompute::none && (plan.model.attention_dropout > 0 || plan.model.hidden_dropout > 0))
+    throw InputError(path + ": recompute with dropout is not run: the recomputed forward would draw other masks; "
+                            "use recompute none or a model with dropout 0");
   if (plan.num_microbatches != num_microbatches(plan.training, p))
     throw InputError(path + ": num_microbatches " + std::to_string(plan.num_microbatches) +
                      " disagrees with global_batch / (micro_batch * dp) = " +

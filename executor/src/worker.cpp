@@ -374,6 +374,7 @@ int train(const Args& args, const Place& place) {
     ctx.stage = me.pp;
     ctx.num_stages = p.pp;
     ctx.sequence_parallel = p.sequence_parallel;
+    ctx.recompute = p.recompute;
     std::vector<int> all(place.world);
     for (int r = 0; r < place.world; ++r) all[r] = r;
     ctx.world = Group::create(store, "world", all, place.rank, go);

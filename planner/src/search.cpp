@@ -27,7 +27,6 @@ SearchSpace SearchSpace::runnable_by_executor(int gpus) {
   s.allow_offload = false;
   s.max_zero_stage = 0;
   s.allow_distributed_optimizer = false;
-  s.allow_recompute = false;
   s.allow_expert_parallel = false;
   return s;
 }

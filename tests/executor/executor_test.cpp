@@ -41,22 +41,23 @@ struct Layout {
   std::string schedule = "1f1b";
   bool sp = false;
   int mbs = 1;
+  std::string recompute = "none";
   std::string describe() const {
     return "tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " dp " + std::to_string(dp) + " " + schedule +
-           (sp ? " sp" : "") + " mbs " + std::to_string(mbs);
+           (sp ? " sp" : "") + " mbs " + std::to_string(mbs) + " recompute " + recompute;
   }
 };
 
 std::string write_plan(const TempDir& dir, const std::string& model, const Layout& l, int global_batch,
                        const std::vector<std::string>& extra = {}) {
   std::string path = (dir.path() / ("plan-" + std::to_string(l.tp) + std::to_string(l.pp) + std::to_string(l.dp) +
-                                    l.schedule + (l.sp ? "-sp" : "") + ".json"))
+                                    l.schedule + (l.sp ? "-sp" : "") + "-" + l.recompute + ".json"))
                          .string();
   std::vector<std::string> args = {"estimate", "--model", model, "--cluster", "local-cpu", "--gpus",
                                    std::to_string(l.tp * l.pp * l.dp), "--tp", std::to_string(l.tp), "--pp",
                                    std::to_string(l.pp), "--dp", std::to_string(l.dp), "--mbs", std::to_string(l.mbs),
                                    "--global-batch", std::to_string(global_batch), "--precision", "fp32",
-                                   "--schedule", l.schedule, "-o", path};
+                                   "--schedule", l.schedule, "--recompute", l.recompute, "-o", path};
   if (l.sp) args.push_back("--sp");
   args.insert(args.end(), extra.begin(), extra.end());
   Result r = run_program(DPLAN_BINARY, args);
@@ -137,6 +138,14 @@ TEST_CASE("parity: sequence parallel, and a Llama-style model (GQA, SwiGLU, RMSN
           "[executor][parity]") {
   check_layouts("gpt-tiny", {{2, 2, 2, "1f1b", true}});
   check_layouts(kLlamaTiny, {{2, 1, 1, "1f1b", true}, {2, 2, 2, "1f1b", true}, {1, 2, 2, "gpipe"}, {2, 2, 1, "1f1b"}});
+}
+
+TEST_CASE("parity: full and selective recompute", "[executor][parity]") {
+  check_layouts("gpt-tiny", {{2, 2, 2, "1f1b", true, 1, "full"},
+                             {1, 2, 2, "gpipe", false, 1, "full"},
+                             {2, 1, 2, "1f1b", false, 1, "selective"},
+                             {1, 2, 2, "1f1b", false, 1, "selective"}});
+  check_layouts(kLlamaTiny, {{2, 2, 1, "1f1b", true, 1, "full"}, {2, 2, 1, "gpipe", false, 1, "selective"}});
 }
 
 TEST_CASE("gradient clipping by the global norm: the same norm and losses on every layout", "[executor][parity]") {

@@ -85,15 +85,14 @@ TEST_CASE("the executor's search space holds only layouts dplan run executes, an
     CHECK(p.zero_stage == 0);
     CHECK_FALSE(p.distributed_optimizer);
     CHECK_FALSE(p.offload_optimizer);
-    CHECK(p.recompute == Recompute::none);
     CHECK(p.cp == 1);
     CHECK(p.ep == 1);
     CHECK(p.schedule == Schedule::one_f_one_b);
   }
   // Nothing runnable is lost: the full space, filtered the same way, is the same size.
   long expected = std::count_if(all.begin(), all.end(), [](const ParallelConfig& p) {
-    return p.zero_stage == 0 && !p.distributed_optimizer && !p.offload_optimizer && p.recompute == Recompute::none &&
-           p.cp == 1 && p.ep == 1 && p.schedule == Schedule::one_f_one_b;
+    return p.zero_stage == 0 && !p.distributed_optimizer && !p.offload_optimizer && p.cp == 1 && p.ep == 1 &&
+           p.schedule == Schedule::one_f_one_b;
   });
   CHECK(long(runnable.size()) == expected);
 }

@@ -1,0 +1,51 @@
+#include "recompute.h"
+
+#include <memory>
+
+#include <torch/torch.h>
+
+namespace dplan::executor {
+namespace {
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct Recompute : torch::autograd::Function<Recompute> {
+  // The inputs come as a TensorList: autograd makes an edge for each tensor of a TensorList (a
+  // std::vector argument would count as one non-tensor argument, and gradients would stop here).
+  static variable_list forward(AutogradContext* ctx, Recomputable* fn, at::TensorList inputs) {
+    ctx->saved_data["fn"] = reinterpret_cast<int64_t>(fn);
+    ctx->save_for_backward(inputs.vec());
+    at::Tensor out;
+    {
+      at::NoGradGuard no_grad;
+      std::vector<at::Tensor> detached;
+      for (const auto& t : inputs) detached.push_back(t.detach());
+      out = (*fn)(detached);
+    }
+    return {out};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    std::unique_ptr<Recomputable> fn(reinterpret_cast<Recomputable*>(ctx->saved_data["fn"].toInt()));
+    std::vector<at::Tensor> inputs;
+    for (const auto& t : ctx->get_saved_variables()) inputs.push_back(t.detach().requires_grad_(t.requires_grad()));
+    at::Tensor out;
+    {
+      at::AutoGradMode grad_on(true);
+      out = (*fn)(inputs);
+    }
+    torch::autograd::backward({out}, {grad[0]});
+    variable_list grads = {at::Tensor()};  // for the function pointer
+    for (const auto& t : inputs) grads.push_back(t.requires_grad() ? t.grad() : at::Tensor());
+    return grads;
+  }
+};
+}  // namespace
+
+at::Tensor recompute(Recomputable fn, const std::vector<at::Tensor>& inputs) {
+  // Owned by the graph node until its backward runs (or leaked with a graph that never runs
+  // backward, which the trainer never builds).
+  auto* owned = new Recomputable(std::move(fn));
+  return Recompute::apply(owned, at::TensorList(inputs))[0];
+}
+
+}  // namespace dplan::executor

@@ -50,4 +50,19 @@ if ! grep '"fits": ' <<<"$json"; then
   exit 1
 fi
 echo
+
+# 6. Train a layout for real on this machine and compare: gpt-tiny over 4 local ranks, tensor
+#    parallel 2 and pipeline parallel 2, then the prediction next to the measurement. Needs the
+#    executor (dplan-worker beside dplan, built when LibTorch is found).
+worker="$(dirname "$(command -v "$dplan")")/dplan-worker"
+if [[ -x $worker || -n ${DPLAN_WORKER:-} ]]; then
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  run estimate --model gpt-tiny --cluster local-cpu --gpus 4 --tp 2 --pp 2 --mbs 1 --global-batch 8 \
+      --precision fp32 -o "$work/plan.json"
+  run run "$work/plan.json" --steps 10 -o "$work/run.json"
+  run compare "$work/plan.json" "$work/run.json"
+else
+  echo "(example 6 skipped: no dplan-worker beside $dplan; this build has no executor)"
+fi
 echo "run_all: all examples ran"

@@ -6,6 +6,7 @@
 
 #include "phase_clock.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace dplan::executor {
@@ -24,15 +25,26 @@ GradSync::GradSync(std::vector<Parameter>& params, ParallelContext& ctx, int64_t
     members.back().push_back(i);
     filled += t.nbytes();
   }
+  const int dp = ctx.dp.size();
   for (size_t b = 0; b < members.size(); ++b) {
     int64_t numel = 0;
     for (int i : members[b]) numel += params[i].tensor.numel();
+    numel = (numel + dp - 1) / dp * dp;  // equal slices for a sharded optimizer
     Bucket bucket;
-    bucket.buffer = at::zeros({numel}, params[members[b][0]].tensor.options().requires_grad(false));
+    auto options = params[members[b][0]].tensor.options().requires_grad(false);
+    bucket.buffer = at::zeros({numel}, options);
+    bucket.params = at::zeros({numel}, options);
+    bucket.members = members[b];
     bucket.size = static_cast<int>(members[b].size());
     int64_t offset = 0;
     for (int i : members[b]) {
       at::Tensor& p = params[i].tensor;
+      {  // the parameter moves into the bucket's flat storage (values unchanged)
+        at::NoGradGuard no_grad;
+        at::Tensor home = bucket.params.narrow(0, offset, p.numel()).view(p.sizes());
+        home.copy_(p);
+        p.set_(home);
+      }
       // The gradient accumulator adds into an existing .grad in place, so the view stays the grad.
       p.mutable_grad() = bucket.buffer.narrow(0, offset, p.numel()).view(p.sizes());
       offset += p.numel();
@@ -111,6 +123,39 @@ double GradSync::clip_grad_norm(double max_norm) {
     for (auto& b : buckets_) b.buffer.mul_(scale);
   }
   return norm;
+}
+
+std::vector<GradSync::OptimizerParam> GradSync::optimizer_params(bool shard_over_dp) {
+  std::vector<OptimizerParam> out;
+  if (!shard_over_dp || ctx_.dp.size() == 1) {
+    for (auto& p : params_) out.push_back({p.tensor, p.weight_decay});
+    return out;
+  }
+  const int dp = ctx_.dp.size(), r = ctx_.dp.rank();
+  for (auto& b : buckets_) {
+    const int64_t slice = b.buffer.numel() / dp, lo = r * slice, hi = lo + slice;
+    int64_t offset = 0;
+    for (int i : b.members) {
+      const int64_t first = std::max(lo, offset), last = std::min(hi, offset + params_[i].tensor.numel());
+      if (first < last) {
+        at::Tensor piece = b.params.narrow(0, first, last - first).detach().requires_grad_(true);
+        piece.mutable_grad() = b.buffer.narrow(0, first, last - first);
+        out.push_back({piece, params_[i].weight_decay});
+      }
+      offset += params_[i].tensor.numel();
+    }
+  }
+  return out;
+}
+
+void GradSync::gather_parameters() {
+  if (ctx_.dp.size() == 1) return;
+  PhaseScope scope(Phase::dp_comm);
+  at::NoGradGuard no_grad;
+  for (auto& b : buckets_) {
+    const int64_t slice = b.params.numel() / ctx_.dp.size();
+    b.params.copy_(ctx_.dp.all_gather(b.params.narrow(0, ctx_.dp.rank() * slice, slice), 0));
+  }
 }
 
 void GradSync::zero() {

@@ -42,9 +42,24 @@ class GradSync {
   int64_t buffer_bytes() const;
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
 
+  // What the optimizer steps. Unsharded: the parameters themselves. Sharded over dp (ZeRO-1, the
+  // Megatron distributed optimizer): this rank's 1/dp slice of every bucket, cut at parameter
+  // boundaries into leaf views of the flat parameter buffer whose grads are views of the
+  // gradient buffer, so stepping them updates the model in place and the optimizer holds state
+  // for 1/dp of the parameters.
+  struct OptimizerParam {
+    at::Tensor tensor;
+    bool weight_decay = true;
+  };
+  std::vector<OptimizerParam> optimizer_params(bool shard_over_dp);
+  // After a sharded step: every rank's updated slice to every rank (an all-gather per bucket).
+  void gather_parameters();
+
  private:
   struct Bucket {
-    at::Tensor buffer;
+    at::Tensor buffer;  // gradients, flat, padded to a multiple of dp
+    at::Tensor params;  // the parameters' storage, same layout
+    std::vector<int> members;
     int size = 0, ready = 0;
     Work work;
   };

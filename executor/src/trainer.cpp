@@ -102,6 +102,7 @@ StepResult Trainer::step(const std::vector<Batch>& batches) {
     result.grad_norm = grads_.clip_grad_norm(options_.max_grad_norm);
     optimizer_.step();
   }
+  if (options_.sharded_optimizer) grads_.gather_parameters();
   // The loss lives on the last stage; sum it over data-parallel replicas and share it along the pipeline.
   ctx_.dp.all_reduce(loss_sum);
   ctx_.pp.all_reduce(loss_sum);

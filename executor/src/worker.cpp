@@ -407,8 +407,9 @@ int train(const Args& args, const Place& place) {
     torch::manual_seed(args.seed + 7919 * place.rank);  // dropout streams differ by rank
     GptStage stage(plan.model, plan.stages[me.pp], plan.training.seq_len, ctx, args.seed);
     GradSync grads(stage.parameters(), ctx, static_cast<int64_t>(plan.training.bucket_bytes));
+    const bool sharded = (p.zero_stage == 1 || p.distributed_optimizer) && p.dp > 1;
     std::vector<at::Tensor> decay, no_decay;
-    for (auto& prm : stage.parameters()) (prm.weight_decay ? decay : no_decay).push_back(prm.tensor);
+    for (auto& op : grads.optimizer_params(sharded)) (op.weight_decay ? decay : no_decay).push_back(op.tensor);
     auto adamw = [&](double wd) {
       return std::make_unique<torch::optim::AdamWOptions>(
           torch::optim::AdamWOptions(args.lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(wd));
@@ -424,6 +425,7 @@ int train(const Args& args, const Place& place) {
     so.micro_batch = p.micro_batch;
     so.loss_scale = 1.0 / (double(plan.training.global_batch) * plan.training.seq_len);
     so.max_grad_norm = args.max_grad_norm;
+    so.sharded_optimizer = sharded;
     Trainer trainer(stage, ctx, grads, optimizer, so);
 
     // Train.

@@ -35,7 +35,6 @@ GradSync::GradSync(std::vector<Parameter>& params, ParallelContext& ctx, int64_t
     bucket.buffer = at::zeros({numel}, options);
     bucket.params = at::zeros({numel}, options);
     bucket.members = members[b];
-    bucket.size = static_cast<int>(members[b].size());
     int64_t offset = 0;
     for (int i : members[b]) {
       at::Tensor& p = params[i].tensor;
@@ -78,7 +77,7 @@ void GradSync::arm_last_microbatch() {
 void GradSync::mark_ready(int bucket) {
   if (!armed_) return;  // an accumulation micro-batch: no communication
   Bucket& b = buckets_[bucket];
-  if (++b.ready == b.size) b.work = ctx_.dp.all_reduce_async(b.buffer);
+  if (++b.ready == static_cast<int>(b.members.size())) b.work = ctx_.dp.all_reduce_async(b.buffer);
 }
 
 void GradSync::finish() {

@@ -60,7 +60,7 @@ class GradSync {
     at::Tensor buffer;  // gradients, flat, padded to a multiple of dp
     at::Tensor params;  // the parameters' storage, same layout
     std::vector<int> members;
-    int size = 0, ready = 0;
+    int ready = 0;  // members whose gradient is final this step
     Work work;
   };
   void mark_ready(int bucket);

@@ -25,7 +25,6 @@ ExecPlan read_plan(const std::string& path) {
   plan.training = training_from_json(j["training"], path, "/training");
   plan.parallel = parallel_from_json(j["parallel"], path, "/parallel");
   plan.num_microbatches = j["num_microbatches"].get<int>();
-  plan.prediction = j.value("prediction", json::object());
   const ParallelConfig& p = plan.parallel;
 
   // What this executor runs; everything else is refused up front rather than run differently.

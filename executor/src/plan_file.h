@@ -24,7 +24,6 @@ struct ExecPlan {
   int num_microbatches = 1;
   std::vector<RankPlace> ranks;   // indexed by global rank
   std::vector<StageSpec> stages;  // indexed by pipeline stage
-  json prediction;
 
   int world_size() const { return static_cast<int>(ranks.size()); }
   // The global rank at these coordinates.

@@ -158,7 +158,6 @@ std::string diagnose(const c10::intrusive_ptr<c10d::Store>& store, const Place& 
     for (int r = 0; r < place.world; ++r) before[r] = store->add(Heartbeat::key(r), 0);
     std::this_thread::sleep_for(kBeat * 6);
     for (int r = 0; r < place.world; ++r) after[r] = store->add(Heartbeat::key(r), 0);
-    std::string first_seen;
     std::vector<int> stale;
     for (int r = 0; r < place.world; ++r)
       if (r != place.rank && after[r] == before[r]) stale.push_back(r);
@@ -355,11 +354,12 @@ int train(const Args& args, const Place& place) {
     go.timeout = timeout;
     if (place.local_world == place.world) go.gloo_address = "127.0.0.1";  // one machine
     const RankPlace me = plan.ranks[place.rank];
-    auto ranks_where = [&](auto pred) {
-      std::vector<int> out;
-      for (const auto& r : plan.ranks)
-        if (pred(r)) out.push_back(r.rank);
-      return out;
+    // The ranks that share my other coordinates, in order along one axis: the plan's rank layout
+    // decides who they are (Megatron's order, tp fastest).
+    auto along = [](int size, auto rank_of) {
+      std::vector<int> members;
+      for (int i = 0; i < size; ++i) members.push_back(rank_of(i));
+      return members;
     };
     auto coords = [](std::initializer_list<int> c) {
       std::string s;
@@ -378,24 +378,12 @@ int train(const Args& args, const Place& place) {
     std::vector<int> all(place.world);
     for (int r = 0; r < place.world; ++r) all[r] = r;
     ctx.world = Group::create(store, "world", all, place.rank, go);
-    // Group members in coordinate order: tp by tp, dp by dp, pp by stage (rank layout is tp fastest).
-    auto sorted_by = [&](std::vector<int> members, auto coordinate) {
-      std::sort(members.begin(), members.end(),
-                [&](int a, int b) { return coordinate(plan.ranks[a]) < coordinate(plan.ranks[b]); });
-      return members;
-    };
     ctx.tp = Group::create(store, "tp" + coords({me.cp, me.dp, me.pp}),
-                           sorted_by(ranks_where([&](const RankPlace& r) { return r.cp == me.cp && r.dp == me.dp && r.pp == me.pp; }),
-                                     [](const RankPlace& r) { return r.tp; }),
-                           place.rank, go);
+                           along(p.tp, [&](int i) { return plan.rank_at(i, me.cp, me.dp, me.pp); }), place.rank, go);
     ctx.dp = Group::create(store, "dp" + coords({me.tp, me.cp, me.pp}),
-                           sorted_by(ranks_where([&](const RankPlace& r) { return r.tp == me.tp && r.cp == me.cp && r.pp == me.pp; }),
-                                     [](const RankPlace& r) { return r.dp; }),
-                           place.rank, go);
+                           along(p.dp, [&](int i) { return plan.rank_at(me.tp, me.cp, i, me.pp); }), place.rank, go);
     ctx.pp = Group::create(store, "pp" + coords({me.tp, me.cp, me.dp}),
-                           sorted_by(ranks_where([&](const RankPlace& r) { return r.tp == me.tp && r.cp == me.cp && r.dp == me.dp; }),
-                                     [](const RankPlace& r) { return r.pp; }),
-                           place.rank, go);
+                           along(p.pp, [&](int i) { return plan.rank_at(me.tp, me.cp, me.dp, i); }), place.rank, go);
     if (plan.model.tied_embeddings && p.pp > 1 && (me.pp == 0 || me.pp == p.pp - 1)) {
       ctx.embedding = Group::create(store, "embedding" + coords({me.tp, me.cp, me.dp}),
                                     {plan.rank_at(me.tp, me.cp, me.dp, 0), plan.rank_at(me.tp, me.cp, me.dp, p.pp - 1)},

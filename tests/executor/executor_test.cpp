@@ -66,14 +66,13 @@ std::string write_plan(const TempDir& dir, const std::string& model, const Layou
   return path;
 }
 
-json run_plan(const TempDir& dir, const std::string& plan, const std::vector<std::string>& extra = {}) {
+json run_plan(const std::string& plan, const std::vector<std::string>& extra = {}) {
   std::string out = (fs::path(plan).replace_extension(".run.json")).string();
   std::vector<std::string> args = {"run", plan, "--steps", std::to_string(kSteps), "--quiet", "-o", out};
   args.insert(args.end(), extra.begin(), extra.end());
   Result r = run_program(DPLAN_BINARY, args);
   INFO("dplan run " << plan << "\nstderr: " << r.err);
   REQUIRE(r.status == 0);
-  (void)dir;
   return json::parse(read_file(out));
 }
 
@@ -103,7 +102,7 @@ const std::vector<double>& reference(const std::string& model, int global_batch)
     static TempDir dir;
     Layout single;
     single.mbs = 2;  // micro-batching only reorders sums: the parity runs use mbs 1
-    cache[key] = losses(run_plan(dir, write_plan(dir, model, single, global_batch)));
+    cache[key] = losses(run_plan(write_plan(dir, model, single, global_batch)));
   }
   return cache[key];
 }
@@ -113,7 +112,7 @@ void check_layouts(const std::string& model, const std::vector<Layout>& layouts)
   // The loss must move, or parity would prove little.
   CHECK(ref.back() < ref.front());
   TempDir dir;
-  for (const Layout& l : layouts) require_parity(run_plan(dir, write_plan(dir, model, l, 8)), ref, l.describe());
+  for (const Layout& l : layouts) require_parity(run_plan(write_plan(dir, model, l, 8)), ref, l.describe());
 }
 
 std::vector<Layout> issue_layouts(const std::string& schedule) {
@@ -157,7 +156,7 @@ TEST_CASE("parity: ZeRO-1 and the distributed optimizer shard the optimizer stat
                                                                          {{1, 2, 2}, "--dist-opt"}}) {
     std::vector<std::string> extra = flag == "--zero" ? std::vector<std::string>{"--zero", "1"}
                                                        : std::vector<std::string>{"--dist-opt"};
-    json run = run_plan(dir, write_plan(dir, "gpt-tiny", layout, 8, extra));
+    json run = run_plan(write_plan(dir, "gpt-tiny", layout, 8, extra));
     require_parity(run, ref, layout.describe() + " " + flag);
     // Each rank holds AdamW's two fp32 moments for 1/dp of its stage's parameters (the slices
     // are cut at equal sizes, padding included: within dp elements of an exact 1/dp).
@@ -173,15 +172,15 @@ TEST_CASE("gradient clipping by the global norm: the same norm and losses on eve
   // gpt-tiny's gradient norm is about 0.5-0.7 in its first steps: 0.05 clips every step.
   TempDir dir;
   const std::vector<std::string> clip = {"--max-grad-norm", "0.05"};
-  json single = run_plan(dir, write_plan(dir, "gpt-tiny", {1, 1, 1, "1f1b", false, 2}, 8), clip);
-  json unclipped = run_plan(dir, write_plan(dir, "gpt-tiny", {1, 1, 1, "1f1b", false, 2}, 8), {"--max-grad-norm", "0"});
+  json single = run_plan(write_plan(dir, "gpt-tiny", {1, 1, 1, "1f1b", false, 2}, 8), clip);
+  json unclipped = run_plan(write_plan(dir, "gpt-tiny", {1, 1, 1, "1f1b", false, 2}, 8), {"--max-grad-norm", "0"});
   std::vector<double> norms;
   for (const auto& s : single["steps"]) norms.push_back(s["grad_norm"].get<double>());
   CHECK(norms.front() > 0.05);
   // Clipping engaged: the trajectory leaves the unclipped one.
   CHECK(std::abs(losses(single).back() - losses(unclipped).back()) > 1e-6 * losses(unclipped).back());
   for (Layout l : std::vector<Layout>{{2, 2, 2, "1f1b", true}, {1, 2, 2, "gpipe"}, {2, 1, 2}}) {
-    json run = run_plan(dir, write_plan(dir, "gpt-tiny", l, 8), clip);
+    json run = run_plan(write_plan(dir, "gpt-tiny", l, 8), clip);
     require_parity(run, losses(single), "clipped " + l.describe());
     for (size_t i = 0; i < norms.size(); ++i) {
       INFO(l.describe() << " step " << i);
@@ -194,7 +193,7 @@ TEST_CASE("run.json has the documented keys, and weights, gradients and optimize
           "[executor][run-json]") {
   TempDir dir;
   std::string plan = write_plan(dir, "gpt-tiny", {1, 2, 2}, 8);
-  json run = run_plan(dir, plan);
+  json run = run_plan(plan);
   for (const char* key : {"format_version", "layout", "config", "environment", "steps", "step_time_s",
                           "tokens_per_s", "phases_s", "phases_by_rank_s", "memory", "stage_of_rank", "replicas"})
     CHECK(run.contains(key));
@@ -247,7 +246,7 @@ TEST_CASE("dplan --runnable picks a layout that dplan run trains", "[executor][s
                                         "8", "--precision", "fp32", "--runnable", "-o", plan});
   INFO(r.err);
   REQUIRE(r.status == 0);
-  json run = run_plan(dir, plan);
+  json run = run_plan(plan);
   CHECK(run["layout"]["zero_stage"] <= 1);
   CHECK(run["steps"].size() == kSteps);
 }
@@ -258,8 +257,8 @@ TEST_CASE("a byte-level text file trains, the same whatever the data-parallel si
   for (int i = 0; text.size() < 40000; ++i)
     text += "the quick brown fox " + std::to_string(i % 97) + " jumps over the lazy dog; ";
   std::string data = dir.write("corpus.txt", text);
-  json one = run_plan(dir, write_plan(dir, "gpt-tiny", {1, 1, 1, "1f1b", false, 2}, 8), {"--data", data, "--lr", "0.01"});
-  json two = run_plan(dir, write_plan(dir, "gpt-tiny", {1, 2, 2}, 8), {"--data", data, "--lr", "0.01"});
+  json one = run_plan(write_plan(dir, "gpt-tiny", {1, 1, 1, "1f1b", false, 2}, 8), {"--data", data, "--lr", "0.01"});
+  json two = run_plan(write_plan(dir, "gpt-tiny", {1, 2, 2}, 8), {"--data", data, "--lr", "0.01"});
   CHECK(one["config"]["data"] == data);
   CHECK(losses(one).back() < losses(one).front() - 0.5);
   require_parity(two, losses(one), "pp 2 dp 2 on the text file");

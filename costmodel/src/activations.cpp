@@ -109,4 +109,25 @@ double stored_activation_bytes_per_layer(const ModelSpec& m, const TrainingSpec&
   return activations_per_layer(m, t, p).total();
 }
 
+// Backward starts when stored activations are at their peak, and its first GEMM Y = X W^T then
+// holds both of its gradients at once: dX = dY W (tokens x in) and dW = dY^T X (out x in), which
+// autograd materialises before AccumulateGrad adds it into .grad (Megatron's
+// --gradient-accumulation-fusion writes it into the main grad instead; PyTorch eager and the
+// executor do not). Its output is stored activation memory already. Under sequence parallel one
+// more full-sequence [tokens, h] tensor is live: fc2's output gradient all-gathered, or the LM
+// head's input gathered again (Megatron's sequence-parallel linear). On the last stage that GEMM
+// is the LM head, and afterwards its fp32 logits are freed, so fc2's set only counts beyond them;
+// with 16-bit activations the logits' fp32 gradient is cast back to 16 bits first (its dY).
+double backward_working_set_bytes(const ModelSpec& m, const TrainingSpec& t, const ParallelConfig& p, bool last_stage) {
+  const Shape x = shape_of(m, t, p);
+  const double tokens = x.s * x.b;
+  const double gathered = x.sp > 1 ? x.act * tokens * x.h : 0.0;
+  const double fc2 = x.act * (tokens * x.f_local + x.h * x.f_local) + gathered;  // dX [t, F/tp], dW [h, F/tp]
+  if (!last_stage) return fc2;
+  const double vocab_local = padded_vocab(m, t, p.tp) / p.tp;
+  const double head_dy = x.act < 4 ? x.act * tokens * vocab_local : 0.0;
+  const double head = x.act * (tokens * x.h + vocab_local * x.h) + gathered + head_dy;  // dX [t, h], dW [V/tp, h]
+  return std::max(head, fc2 - 4.0 * tokens * vocab_local);
+}
+
 }  // namespace dplan::costmodel

@@ -122,6 +122,7 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
     // of the one layer being recomputed in backward.
     s.activations_bytes = stored_per_layer * s.num_layers * s.microbatches_in_flight;
     if (p.recompute != Recompute::none) s.activations_bytes += full_layer.total() - stored_per_layer;
+    if (s.num_layers > 0 || last) s.activations_bytes += backward_working_set_bytes(m, t, p, last);
     // Embedding dropout mask per in-flight micro-batch (Korthikanti Sec. 4.3: sbhp/t).
     if (first && m.hidden_dropout > 0) s.activations_bytes += tokens * h / sp * s.microbatches_in_flight;
     if (last) {
@@ -133,16 +134,19 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
                        (act < 4 ? act * tokens * vocab / p.tp : 0.0);
     }
 
-    // Buffers. Data-parallel gradient reduction works on buckets: one being reduced, one filling
-    // (PyTorch DDP, bucket_cap_mb). ZeRO-3 gathers a whole layer before use and prefetches the
-    // next (DeepSpeed / FSDP), and needs that layer's unsharded gradients before reduce-scatter.
-    if (dense_shards > 1 || p.zero_stage > 0) {
-      if (p.zero_stage >= 3) {
-        double layer_params = layer.dense + layer.expert;
-        s.buffers_bytes += 2 * layer_params * bpp.weights + layer_params * bpp.grads;
-      } else {
-        s.buffers_bytes += 2 * t.bucket_bytes;
-      }
+    // Buffers. Stages 0 and 1 reduce the gradients where they live (Megatron's contiguous grad
+    // buffer, DDP's gradient_as_bucket_view): nothing extra. ZeRO-2 makes a bucket's unsharded
+    // gradients exist only while it fills and reduces: one filling, one reducing (DeepSpeed's
+    // reduce_bucket_size) but never more than the stage's own gradients, plus the received slice.
+    // ZeRO-3 gathers a whole layer before use and prefetches the next (DeepSpeed / FSDP), and
+    // one layer's unsharded gradients fill while the previous one's reduce.
+    const double stage_grads = (dense + expert) * bpp.grads;
+    if (p.zero_stage == 2) {
+      const double bucket = std::min(t.bucket_bytes, stage_grads);
+      s.buffers_bytes += std::min(2 * bucket, stage_grads) + bucket / dense_shards;
+    } else if (p.zero_stage >= 3) {
+      const double layer_params = s.num_layers > 0 ? layer.dense + layer.expert : dense + expert;
+      s.buffers_bytes += 2 * layer_params * (bpp.weights + bpp.grads) + layer_params * bpp.grads / dense_shards;
     }
     // Pipeline send and receive buffers for one activation tensor each way.
     if (p.pp > 1) s.buffers_bytes += 2 * act * tokens * h / sp;

@@ -47,6 +47,11 @@ LayerActivations activations_per_layer(const ModelSpec& model, const TrainingSpe
 double stored_activation_bytes_per_layer(const ModelSpec& model, const TrainingSpec& training,
                                          const ParallelConfig& parallel);
 
+// The transient working set of backward on top of what is stored: the gradients of the stage's
+// first GEMM in backward (the LM head on the last stage, the last layer's fc2 elsewhere).
+double backward_working_set_bytes(const ModelSpec& model, const TrainingSpec& training, const ParallelConfig& parallel,
+                                  bool last_stage);
+
 struct StageMemory {
   int stage = 0;
   int num_layers = 0;

@@ -29,20 +29,39 @@ bool nccl_available() {
 #endif
 }
 
-Work::Work(c10::intrusive_ptr<c10d::Work> work) : work_(std::move(work)) {}
+Work::Work(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then)
+    : work_(std::move(work)), then_(std::move(then)) {}
 Work::~Work() = default;
 Work::Work(Work&&) noexcept = default;
 Work& Work::operator=(Work&&) noexcept = default;
-bool Work::pending() const { return work_.defined(); }
+bool Work::pending() const { return work_.defined() || bool(then_); }
+Work&& Work::and_then(std::function<void()> next) && {
+  if (!then_) {
+    then_ = std::move(next);
+  } else {
+    then_ = [first = std::move(then_), second = std::move(next)] {
+      first();
+      second();
+    };
+  }
+  return std::move(*this);
+}
+
+bool Work::completed() const { return !work_ || work_->isCompleted(); }
 void Work::wait() {
-  if (!work_) return;
   auto w = std::move(work_);
-  w->wait();
+  auto then = std::move(then_);
+  work_.reset();
+  then_ = nullptr;
+  if (w) w->wait();
+  if (then) then();
 }
 
 struct Group::Impl {
   c10::intrusive_ptr<BackendBase> pg;
   Backend backend = Backend::gloo;
+  // Gloo's kernels stop at fp16: bf16 is summed in fp32 and gathered as fp16 bits (a gather only moves bytes).
+  bool lacks(const at::Tensor& t) const { return backend == Backend::gloo && t.scalar_type() == at::kBFloat16; }
 };
 
 Group Group::create(const c10::intrusive_ptr<c10d::Store>& store, const std::string& name, std::vector<int> ranks,
@@ -84,12 +103,17 @@ void Group::all_reduce(at::Tensor& tensor) { all_reduce_async(tensor).wait(); }
 
 Work Group::all_reduce_async(at::Tensor& tensor) {
   if (size() == 1) return Work();
+  if (impl_->lacks(tensor)) {
+    std::vector<at::Tensor> wide{tensor.to(at::kFloat)};
+    return Work(impl_->pg->allreduce(wide), [tensor, wide]() mutable { tensor.copy_(wide[0]); });
+  }
   std::vector<at::Tensor> t{tensor};
   return Work(impl_->pg->allreduce(t));
 }
 
 at::Tensor Group::all_gather(const at::Tensor& tensor, int64_t dim) {
   if (size() == 1) return tensor;
+  if (impl_->lacks(tensor)) return all_gather(tensor.contiguous().view(at::kHalf), dim).view(at::kBFloat16);
   at::Tensor input = tensor.contiguous();
   std::vector<at::Tensor> in{input};
   std::vector<std::vector<at::Tensor>> out(1);
@@ -118,6 +142,41 @@ at::Tensor Group::reduce_scatter(const at::Tensor& tensor, int64_t dim) {
   at::Tensor sum = tensor.contiguous().clone();
   all_reduce(sum);
   return sum.chunk(size(), dim)[rank_].contiguous();
+}
+
+Work Group::all_gather_async(at::Tensor& flat, const at::Tensor& shard) {
+  if (size() == 1) {
+    if (flat.data_ptr() != shard.data_ptr()) flat.copy_(shard);
+    return Work();
+  }
+  if (impl_->backend == Backend::nccl) {
+    at::Tensor input = shard;  // in place when the shard is this member's slice of flat
+    return Work(impl_->pg->_allgather_base(flat, input));
+  }
+  if (impl_->lacks(flat)) {
+    at::Tensor bits = flat.view(at::kHalf);
+    return all_gather_async(bits, shard.contiguous().view(at::kHalf));
+  }
+  // Gloo: the list form, each output a slice of the flat buffer.
+  std::vector<at::Tensor> in{shard.contiguous()};
+  std::vector<std::vector<at::Tensor>> out{flat.chunk(size(), 0)};
+  return Work(impl_->pg->allgather(out, in));
+}
+
+int64_t Group::all_gather_scratch_bytes(const at::Tensor& shard) const {
+  if (size() == 1 || impl_->backend == Backend::nccl) return 0;
+  return int64_t(size() + 1) * shard.nbytes();
+}
+
+Work Group::reduce_scatter_async(at::Tensor& flat, at::Tensor& shard) {
+  if (size() == 1) {
+    shard.copy_(flat);
+    return Work();
+  }
+  if (impl_->backend == Backend::nccl) return Work(impl_->pg->_reduce_scatter_base(shard, flat));
+  // Gloo: all-reduce, then keep this member's slice (twice the traffic; see reduce_scatter()).
+  const int64_t n = shard.numel(), offset = int64_t(rank_) * n;
+  return all_reduce_async(flat).and_then([flat, shard, offset, n]() mutable { shard.copy_(flat.narrow(0, offset, n)); });
 }
 
 void Group::broadcast(at::Tensor& tensor, int root) {

@@ -3,10 +3,12 @@
 //   - 1.13: ProcessGroupGloo / ProcessGroupNCCL derive from c10d::ProcessGroup;
 //     2.x: they derive from c10d::Backend (ProcessGroup became a dispatching wrapper).
 //   - 1.13's Gloo has no reduce_scatter and no _allgather_base; see reduce_scatter() below.
+//   - Gloo has no bf16: sums go through an fp32 copy, gathers move the bits as fp16.
 // Groups of size 1 never touch the network: every collective is the identity on them.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,15 +29,21 @@ bool nccl_available();
 class Work {
  public:
   Work() = default;
-  explicit Work(c10::intrusive_ptr<c10d::Work> work);
+  // `then` runs once, after the operation completes, inside wait().
+  explicit Work(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then = {});
   ~Work();
   Work(Work&&) noexcept;
   Work& operator=(Work&&) noexcept;
   void wait();
   bool pending() const;
+  // The operation has finished (without waiting); wait() still runs `then` and reports errors.
+  bool completed() const;
+  // Adds a step to run after the ones already there, inside wait().
+  Work&& and_then(std::function<void()> next) &&;
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
+  std::function<void()> then_;
 };
 
 struct GroupOptions {
@@ -67,6 +75,16 @@ class Group {
   at::Tensor all_gather(const at::Tensor& tensor, int64_t dim);
   // Sum over the group, then this member's 1/size slice along `dim` (which must divide).
   at::Tensor reduce_scatter(const at::Tensor& tensor, int64_t dim);
+  // Flat (1-D) forms for ZeRO's buckets. all_gather_async: every member's `shard` into `flat`
+  // (size * shard.numel() elements, member i's at offset i * shard.numel(); `shard` may be this
+  // member's own slice of `flat`). reduce_scatter_async: the sum of `flat` over the group, this
+  // member's slice of it written to `shard`; `flat` is used as scratch. The tensors must stay
+  // alive until the Work completes.
+  Work all_gather_async(at::Tensor& flat, const at::Tensor& shard);
+  // Bytes the backend allocates for itself while such an all-gather runs (Gloo stages input and
+  // output through flat copies; NCCL gathers in place).
+  int64_t all_gather_scratch_bytes(const at::Tensor& shard) const;
+  Work reduce_scatter_async(at::Tensor& flat, at::Tensor& shard);
   void broadcast(at::Tensor& tensor, int root);
   // Point-to-point with group ranks; the tensor must stay alive until the Work completes.
   Work send(const at::Tensor& tensor, int peer, int tag);

@@ -8,6 +8,8 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include "attention.h"
+#include "fused_ops.h"
 #include "recompute.h"
 #include "tp_ops.h"
 
@@ -64,8 +66,9 @@ GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, in
 
   // replicated: the same on every tp rank (its grad is partial under SP, summed by GradSync).
   auto add = [&](const std::string& name, const at::Tensor& local, bool decay, bool replicated, bool tied = false) {
-    at::Tensor t = local.contiguous().clone().to(ctx.device).set_requires_grad(true);
+    at::Tensor t = local.to(ctx.device, ctx.dtype).contiguous().clone().set_requires_grad(true);
     params_.push_back({name, t, decay, replicated && sp, tied, replicated});
+    unit_of_param_.push_back(num_units_);
     return t;
   };
   auto split = [&](const std::string& name, at::IntArrayRef shape, double std, int64_t dim, bool decay) {
@@ -85,6 +88,7 @@ GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, in
     wte_ = word_embedding();
     if (model.position == PositionKind::learned)
       wpe_ = add("wpe", draw(seed, "wpe", {model.max_seq_len, H}, kInitStd), true, true);
+    ++num_units_;
   }
   const bool ln = model.norm == NormKind::layernorm;
   for (int i = stage.first_layer; i < stage.first_layer + stage.num_layers; ++i) {
@@ -108,6 +112,7 @@ GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, in
     b.fc2_w = split(p + "mlp.fc2.weight", {H, F}, out_std, 1, true);
     if (model.mlp_bias) b.fc2_b = replicated(p + "mlp.fc2.bias", H, 0.0);
     blocks_.push_back(b);
+    ++num_units_;
   }
   if (stage.lm_head) {
     final_norm_w_ = replicated("final_norm.weight", H, 1.0);
@@ -119,12 +124,13 @@ GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, in
       full.narrow(0, 0, model.vocab_size).copy_(draw(seed, "lm_head.weight", {model.vocab_size, H}, kInitStd));
       head_w_ = add("lm_head.weight", shard(full, 0, tp, r), true, false);
     }
+    head_unit_ = num_units_++;
   }
   if (model.position == PositionKind::rotary) {
     at::Tensor inv = 1.0 / at::pow(kRopeBase, at::arange(0, d, 2, at::kDouble) / double(d));
     at::Tensor angles = at::outer(at::arange(seq_len, at::kDouble), inv);  // [s, d/2]
-    rope_cos_ = angles.cos().to(at::kFloat).to(ctx.device);
-    rope_sin_ = angles.sin().to(at::kFloat).to(ctx.device);
+    rope_cos_ = angles.cos().to(ctx.device, ctx.dtype);
+    rope_sin_ = angles.sin().to(ctx.device, ctx.dtype);
   }
 }
 
@@ -136,7 +142,7 @@ std::vector<int64_t> GptStage::activation_shape(int64_t micro_batch) const {
 
 at::Tensor GptStage::norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const {
   if (model_.norm == NormKind::layernorm) return at::layer_norm(x, {model_.hidden_size}, w, b, kNormEps);
-  return x * at::rsqrt(x.pow(2).mean(-1, true) + kNormEps) * w;  // RMSNorm (Zhang & Sennrich 2019)
+  return rms_norm(x, w, kNormEps);  // saves x and rstd only, as fused kernels do
 }
 
 at::Tensor GptStage::embed(const at::Tensor& tokens) {
@@ -158,9 +164,16 @@ at::Tensor GptStage::embed(const at::Tensor& tokens) {
 
 bool GptStage::sequence_parallel() const { return ctx_.sequence_parallel && ctx_.tp.size() > 1; }
 
-// Into a tensor-parallel region: the full sequence on every tp rank (all-gather under SP, else f).
-at::Tensor GptStage::enter_tp(const at::Tensor& x) const {
-  return sequence_parallel() ? gather_from_sp(x, ctx_.tp, 1) : copy_to_tp(x, ctx_.tp);
+// Into a tensor-parallel region: column-parallel linears of one input, which comes
+// sequence-sharded under SP (gathered for the matmuls, saved as the shard) and else through f.
+std::vector<at::Tensor> GptStage::column_parallel(const at::Tensor& x_in, const std::vector<at::Tensor>& weights,
+                                                  const std::vector<at::Tensor>& biases) const {
+  if (sequence_parallel()) return sp_column_linears(x_in, weights, biases, ctx_.tp, 1);
+  at::Tensor x = copy_to_tp(x_in, ctx_.tp);
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < weights.size(); ++i)
+    out.push_back(i < biases.size() && biases[i].defined() ? at::linear(x, weights[i], biases[i]) : at::linear(x, weights[i]));
+  return out;
 }
 
 // Out of a row-parallel matrix: the partial sums added over tp (reduce-scatter under SP, else g),
@@ -174,10 +187,9 @@ at::Tensor GptStage::leave_tp(const at::Tensor& partial, const at::Tensor& bias)
 
 at::Tensor GptStage::attention(const Block& blk, const at::Tensor& x_in) const {
   Group& tp = ctx_.tp;
-  at::Tensor x = enter_tp(x_in);
-  const int64_t b = x.size(0), s = x.size(1), d = model_.head_dim;
+  at::Tensor qkv = column_parallel(x_in, {blk.qkv_w}, {blk.qkv_b})[0];
+  const int64_t b = qkv.size(0), s = qkv.size(1), d = model_.head_dim;
   const int64_t heads = model_.num_heads / tp.size(), kv_heads = model_.num_kv_heads / tp.size();
-  at::Tensor qkv = blk.qkv_b.defined() ? at::linear(x, blk.qkv_w, blk.qkv_b) : at::linear(x, blk.qkv_w);
   auto split = qkv.split_with_sizes({heads * d, kv_heads * d, kv_heads * d}, -1);
   at::Tensor q = split[0].view({b, s, heads, d}).transpose(1, 2);
   at::Tensor k = split[1].view({b, s, kv_heads, d}).transpose(1, 2);
@@ -191,46 +203,60 @@ at::Tensor GptStage::attention(const Block& blk, const at::Tensor& x_in) const {
     q = rotate(q);
     k = rotate(k);
   }
-  if (kv_heads < heads) {  // grouped-query attention: each key/value head serves heads/kv_heads queries
-    k = k.repeat_interleave(heads / kv_heads, 1);
-    v = v.repeat_interleave(heads / kv_heads, 1);
+  at::Tensor ctx;
+  if (ctx_.attention == costmodel::Attention::flash) {
+    // Nothing quadratic is stored, so selective recompute has nothing to drop (Megatron's practice
+    // with flash attention); grouped K/V stay at kv-head width.
+    ctx = flash_core(q, k, v);
+  } else {
+    if (kv_heads < heads) {  // grouped-query attention: each key/value head serves heads/kv_heads queries
+      k = k.repeat_interleave(heads / kv_heads, 1);
+      v = v.repeat_interleave(heads / kv_heads, 1);
+    }
+    ctx = ctx_.recompute == costmodel::Recompute::selective
+              ? recompute([this](const std::vector<at::Tensor>& in) { return attention_core(in[0], in[1], in[2]); },
+                          {q, k, v})
+              : attention_core(q, k, v);
+    ctx = ctx.transpose(1, 2).reshape({b, s, heads * d});
   }
-  at::Tensor ctx = ctx_.recompute == costmodel::Recompute::selective
-                       ? recompute([this](const std::vector<at::Tensor>& in) { return attention_core(in[0], in[1], in[2]); },
-                                   {q, k, v})
-                       : attention_core(q, k, v);
-  ctx = ctx.transpose(1, 2).reshape({b, s, heads * d});
   return leave_tp(at::linear(ctx, blk.proj_w), blk.proj_b);
+}
+
+// Flash attention: [b, s, heads * d] out of q [b, heads, s, d] and k, v [b, kv_heads, s, d].
+at::Tensor GptStage::flash_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const {
+#if TORCH_VERSION_MAJOR >= 2
+  if (q.is_cuda() && k.size(1) == q.size(1)) {  // the fused kernel (FlashAttention-2 where it applies)
+    at::Tensor out = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+    return out.transpose(1, 2).reshape({q.size(0), q.size(2), q.size(1) * q.size(3)});
+  }
+#endif
+  return flash_attention(q, k, v);
 }
 
 // softmax(q k^T / sqrt(d) + causal mask) v, per head: what selective recompute recomputes.
 at::Tensor GptStage::attention_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const {
-#if TORCH_VERSION_MAJOR >= 2
-  return at::scaled_dot_product_attention(q, k, v, {}, model_.attention_dropout, /*is_causal=*/true);
-#else
   const int64_t s = q.size(2);
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(q.size(3))));
   at::Tensor future = at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu(1);
   at::Tensor probs = at::softmax(scores.masked_fill(future, -std::numeric_limits<float>::infinity()), -1);
   if (model_.attention_dropout > 0) probs = at::dropout(probs, model_.attention_dropout, true);
   return at::matmul(probs, v);
-#endif
 }
 
 at::Tensor GptStage::mlp(const Block& blk, const at::Tensor& x_in) const {
-  at::Tensor x = enter_tp(x_in);
-  at::Tensor h = blk.fc1_b.defined() ? at::linear(x, blk.fc1_w, blk.fc1_b) : at::linear(x, blk.fc1_w);
-  if (model_.mlp == MlpKind::swiglu)
-    h = at::silu(at::linear(x, blk.gate_w)) * h;  // Shazeer 2020: down(silu(gate x) * up x)
-  else
-    h = at::gelu(h);
+  at::Tensor h;
+  if (model_.mlp == MlpKind::swiglu) {
+    auto up_gate = column_parallel(x_in, {blk.fc1_w, blk.gate_w}, {blk.fc1_b});
+    h = swiglu(up_gate[1], up_gate[0]);  // Shazeer 2020: down(silu(gate x) * up x); saves gate and up only
+  } else {
+    h = at::gelu(column_parallel(x_in, {blk.fc1_w}, {blk.fc1_b})[0]);
+  }
   return leave_tp(at::linear(h, blk.fc2_w), blk.fc2_b);
 }
 
 at::Tensor GptStage::head_loss(const at::Tensor& x_in, const at::Tensor& targets, double loss_scale) {
   Group& tp = ctx_.tp;
-  at::Tensor x = enter_tp(norm(x_in, final_norm_w_, final_norm_b_));
-  at::Tensor logits = at::linear(x, head_w_);  // [b, s, V/tp]
+  at::Tensor logits = column_parallel(norm(x_in, final_norm_w_, final_norm_b_), {head_w_}, {})[0];  // [b, s, V/tp]
   const int64_t local = head_w_.size(0);
   at::Tensor per_token = vocab_parallel_cross_entropy(logits.reshape({-1, local}), targets.to(ctx_.device).reshape({-1}),
                                                       int64_t(tp.rank()) * local, model_.vocab_size, tp);
@@ -243,14 +269,26 @@ at::Tensor GptStage::layer(const Block& blk, const at::Tensor& x_in) const {
 }
 
 at::Tensor GptStage::forward(const at::Tensor& input, const at::Tensor& targets, double loss_scale) {
-  at::Tensor x = stage_.embedding ? embed(input) : input;
+  // Each segment runs between its units' hooks (ZeRO-3's gather and release).
+  auto segment = [this](std::vector<int> units, auto&& run) {
+    if (hooks_) hooks_->before_forward(units);
+    at::Tensor out = run();
+    return hooks_ ? hooks_->after_forward(units, out) : out;
+  };
+  int unit = 0;
+  at::Tensor x = input;
+  if (stage_.embedding) x = segment({unit++}, [&] { return embed(input); });
   for (const Block& blk : blocks_) {
-    if (ctx_.recompute == costmodel::Recompute::full)
-      x = recompute([this, &blk](const std::vector<at::Tensor>& in) { return layer(blk, in[0]); }, {x});
-    else
-      x = layer(blk, x);
+    x = segment({unit++}, [&] {
+      if (ctx_.recompute == costmodel::Recompute::full)
+        return recompute([this, &blk](const std::vector<at::Tensor>& in) { return layer(blk, in[0]); }, {x});
+      return layer(blk, x);
+    });
   }
-  return stage_.lm_head ? head_loss(x, targets, loss_scale) : x;
+  if (!stage_.lm_head) return x;
+  std::vector<int> head{head_unit_};
+  if (model_.tied_embeddings && stage_.embedding) head.push_back(0);  // the head is the embedding's matrix
+  return segment(head, [&] { return head_loss(x, targets, loss_scale); });
 }
 
 }  // namespace dplan::executor

@@ -28,7 +28,11 @@ struct ParallelContext {
   int stage = 0, num_stages = 1;
   bool sequence_parallel = false;
   costmodel::Recompute recompute = costmodel::Recompute::none;  // selective: the attention core; full: each layer
+  // flash: exact attention that stores no s x s tensor (attention.h; SDPA on CUDA with LibTorch 2);
+  // standard: softmax(q k^T) v from ATen ops, which keeps the probabilities for backward.
+  costmodel::Attention attention = costmodel::Attention::flash;
   at::Device device = at::kCPU;
+  at::ScalarType dtype = at::kFloat;  // parameters and activations (bf16: mixed precision)
 };
 
 struct StageSpec {
@@ -45,6 +49,18 @@ struct Parameter {
   bool tp_replicated = false;   // the same values on every tp rank (norms, row-parallel biases, positions)
 };
 
+// ZeRO-3 gathers a unit's parameters just before the unit runs and frees them after (Rajbhandari
+// et al. 2020, §5.3; FSDP's units). A unit is the embedding, one transformer layer, or the final
+// norm and head; a segment of forward uses one unit, the head segment also the embedding's when the
+// embedding is tied on the same stage. after_forward may return the output with a hook attached
+// (what gathers the parameters again before the segment's backward).
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual void before_forward(const std::vector<int>& units) = 0;
+  virtual at::Tensor after_forward(const std::vector<int>& units, const at::Tensor& output) = 0;
+};
+
 class GptStage {
  public:
   GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, int seq_len, ParallelContext& ctx,
@@ -59,6 +75,10 @@ class GptStage {
   std::vector<int64_t> activation_shape(int64_t micro_batch) const;
 
   std::vector<Parameter>& parameters() { return params_; }
+  // The unit (0 .. num_units - 1, in forward order) each parameter belongs to.
+  const std::vector<int>& unit_of_parameter() const { return unit_of_param_; }
+  int num_units() const { return num_units_; }
+  void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
   int64_t padded_vocab() const { return padded_vocab_; }
 
  private:
@@ -69,10 +89,12 @@ class GptStage {
   at::Tensor& add(const std::string& name, at::Tensor full, int64_t split_dim, bool decay, bool replicated);
   at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const;
   bool sequence_parallel() const;
-  at::Tensor enter_tp(const at::Tensor& x) const;
+  std::vector<at::Tensor> column_parallel(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                                          const std::vector<at::Tensor>& biases) const;
   at::Tensor leave_tp(const at::Tensor& partial, const at::Tensor& bias) const;
   at::Tensor attention(const Block& blk, const at::Tensor& x) const;
   at::Tensor attention_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;
+  at::Tensor flash_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;
   at::Tensor layer(const Block& blk, const at::Tensor& x) const;
   at::Tensor mlp(const Block& blk, const at::Tensor& x) const;
   at::Tensor embed(const at::Tensor& tokens);
@@ -85,6 +107,10 @@ class GptStage {
   uint64_t seed_;
   int64_t padded_vocab_;
   std::vector<Parameter> params_;
+  std::vector<int> unit_of_param_;
+  int num_units_ = 0;
+  int head_unit_ = -1;
+  UnitHooks* hooks_ = nullptr;
   std::vector<Block> blocks_;
   at::Tensor wte_, wpe_, final_norm_w_, final_norm_b_, head_w_;
   at::Tensor rope_cos_, rope_sin_;

@@ -4,40 +4,74 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/torch.h>
 
-#include "phase_clock.h"
-
 #include <algorithm>
 #include <cmath>
 
-namespace dplan::executor {
+#include "memory_meter.h"
+#include "phase_clock.h"
 
-GradSync::GradSync(std::vector<Parameter>& params, ParallelContext& ctx, int64_t bucket_bytes)
-    : params_(params), ctx_(ctx) {
-  // Assign parameters to buckets, last parameter first, closing a bucket once it holds bucket_bytes.
-  std::vector<std::vector<int>> members(1);
+namespace dplan::executor {
+namespace {
+
+// ZeRO-3 frees a unit's full parameters by taking the storage's memory away and gives it back
+// before the next use; the parameters stay views of that storage (shapes, strides and autograd
+// identity unchanged), which is how FSDP frees and refills its flat parameters.
+void free_storage(const at::Tensor& flat) {
+  c10::StorageImpl* s = flat.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, flat.device()));
+  s->set_nbytes(0);
+}
+
+void allocate_storage(const at::Tensor& flat) {
+  c10::StorageImpl* s = flat.storage().unsafeGetStorageImpl();
+  const size_t bytes = flat.numel() * flat.element_size();
+  s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
+  s->set_nbytes(bytes);
+}
+
+}  // namespace
+
+GradSync::GradSync(GptStage& stage, ParallelContext& ctx, int64_t bucket_bytes, int zero_stage, bool shard_optimizer,
+                   at::ScalarType grad_dtype)
+    : stage_(stage),
+      params_(stage.parameters()),
+      ctx_(ctx),
+      zero_stage_(zero_stage),
+      shard_optimizer_(shard_optimizer || zero_stage >= 1),
+      grad_dtype_(grad_dtype) {
+  // Assign parameters to buckets, last parameter first: a new bucket once the current one holds
+  // bucket_bytes (ZeRO-3: at each unit's boundary), and the tied word embedding in one of its own.
+  const std::vector<int>& unit_of = stage.unit_of_parameter();
+  auto alone = [&](int i) { return params_[i].tied_embedding && ctx.has_embedding_group; };
+  std::vector<std::vector<int>> members;
   int64_t filled = 0;
-  for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
-    const at::Tensor& t = params[i].tensor;
-    if (filled > 0 && filled + int64_t(t.nbytes()) > bucket_bytes) {
+  for (int i = static_cast<int>(params_.size()) - 1; i >= 0; --i) {
+    const int64_t bytes = params_[i].tensor.nbytes();
+    bool fresh = members.empty() || alone(i) || alone(members.back().back());
+    if (!fresh) fresh = zero_stage >= 3 ? unit_of[i] != unit_of[members.back().back()] : filled + bytes > bucket_bytes;
+    if (fresh) {
       members.emplace_back();
       filled = 0;
     }
     members.back().push_back(i);
-    filled += t.nbytes();
+    filled += bytes;
   }
-  const int dp = ctx.dp.size();
+
+  const int dp = ctx.dp.size(), r = ctx.dp.rank();
+  if (zero_stage >= 3) units_.resize(stage.num_units());
   for (size_t b = 0; b < members.size(); ++b) {
-    int64_t numel = 0;
-    for (int i : members[b]) numel += params[i].tensor.numel();
-    numel = (numel + dp - 1) / dp * dp;  // equal slices for a sharded optimizer
     Bucket bucket;
-    auto options = params[members[b][0]].tensor.options().requires_grad(false);
-    bucket.buffer = at::zeros({numel}, options);
-    bucket.params = at::zeros({numel}, options);
     bucket.members = members[b];
+    for (int i : bucket.members) bucket.numel += params_[i].tensor.numel();
+    bucket.numel = (bucket.numel + dp - 1) / dp * dp;  // equal slices for the dp ranks
+    const int64_t slice = bucket.numel / dp;
+    auto options = params_[bucket.members[0]].tensor.options().requires_grad(false);
+    auto grad_options = options.dtype(grad_dtype);
+    bucket.params = at::zeros({bucket.numel}, options);
+    if (zero_stage < 2) bucket.grads = at::zeros({bucket.numel}, grad_options);
     int64_t offset = 0;
-    for (int i : members[b]) {
-      at::Tensor& p = params[i].tensor;
+    for (int i : bucket.members) {
+      at::Tensor& p = params_[i].tensor;
       {  // the parameter moves into the bucket's flat storage (values unchanged)
         at::NoGradGuard no_grad;
         at::Tensor home = bucket.params.narrow(0, offset, p.numel()).view(p.sizes());
@@ -45,58 +79,183 @@ GradSync::GradSync(std::vector<Parameter>& params, ParallelContext& ctx, int64_t
         p.set_(home);
       }
       // The gradient accumulator adds into an existing .grad in place, so the view stays the grad.
-      p.mutable_grad() = bucket.buffer.narrow(0, offset, p.numel()).view(p.sizes());
+      if (bucket.grads.defined()) p.mutable_grad() = bucket.grads.narrow(0, offset, p.numel()).view(p.sizes());
       offset += p.numel();
-      if (ctx.dp.size() > 1) {
+      if (dp > 1 || zero_stage >= 2) {
         auto acc = torch::autograd::impl::grad_accumulator(p);
         acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-            [this, b](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-              mark_ready(static_cast<int>(b));
+            [this, b, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+              mark_ready(static_cast<int>(b), i);
               return outputs;
             }));
         accumulators_.push_back(std::move(acc));
       }
     }
+    if (zero_stage >= 3) {
+      bucket.param_shard = bucket.params.narrow(0, r * slice, slice).clone();
+      bucket.unit = unit_of[bucket.members[0]];
+      units_[bucket.unit].buckets.push_back(static_cast<int>(b));
+    } else {
+      bucket.param_shard = bucket.params.narrow(0, r * slice, slice);
+    }
+    if (zero_stage >= 2)
+      bucket.grad_shard = at::zeros({slice}, grad_options);
+    else if (shard_optimizer_)
+      bucket.grad_shard = bucket.grads.narrow(0, r * slice, slice);
+    // What the optimizer steps: its region of the bucket (the shard, or all of it), in fp32: the
+    // parameters' own storage when they are fp32, else fp32 master weights (mixed precision,
+    // Micikevicius et al. 2018) copied back into the 16-bit parameters after each step.
+    at::Tensor region = zero_stage >= 3 ? bucket.param_shard : optimizer_region(bucket, bucket.params);
+    bucket.master = region.scalar_type() == at::kFloat ? region : region.to(at::kFloat);
     buckets_.push_back(std::move(bucket));
+  }
+  if (zero_stage >= 3) {
+    for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
+      for (int b : units_[u].buckets) free_storage(buckets_[b].params);
+    }
+    stage.set_unit_hooks(this);
   }
 }
 
-GradSync::~GradSync() = default;
+GradSync::~GradSync() {
+  if (zero_stage_ >= 3) stage_.set_unit_hooks(nullptr);
+}
 
-int64_t GradSync::buffer_bytes() const {
+int64_t GradSync::weight_bytes() const {
   int64_t n = 0;
-  for (const auto& b : buckets_) n += b.buffer.nbytes();
+  if (zero_stage_ >= 3) {
+    for (const auto& b : buckets_) n += b.param_shard.nbytes();
+  } else {
+    for (const auto& p : params_) n += p.tensor.nbytes();
+  }
+  return n;
+}
+
+int64_t GradSync::gradient_bytes() const {
+  int64_t n = 0;
+  for (const auto& b : buckets_) n += zero_stage_ >= 2 ? b.grad_shard.nbytes() : b.grads.nbytes();
   return n;
 }
 
 void GradSync::arm_last_microbatch() {
   armed_ = true;
-  for (auto& b : buckets_) b.ready = 0;
+  if (zero_stage_ < 2)
+    for (auto& b : buckets_) b.ready = 0;
 }
 
-void GradSync::mark_ready(int bucket) {
-  if (!armed_) return;  // an accumulation micro-batch: no communication
+void GradSync::mark_ready(int bucket, int param) {
   Bucket& b = buckets_[bucket];
-  if (++b.ready == static_cast<int>(b.members.size())) b.work = ctx_.dp.all_reduce_async(b.buffer);
+  if (zero_stage_ >= 2) {  // every micro-batch: the unsharded gradients go as soon as their bucket is complete
+    provide_gradient_buffer(bucket);  // no-op once this micro-batch's buffer is there
+    if (++b.ready == static_cast<int>(b.members.size())) launch_sharded_reduction(bucket);
+    return;
+  }
+  if (!armed_) return;  // an accumulation micro-batch: no communication
+  if (++b.ready == static_cast<int>(b.members.size())) b.work = ctx_.dp.all_reduce_async(b.grads);
+}
+
+// Stages 2, 3: a flat gradient buffer for one micro-batch of a bucket, the members' .grads views
+// into it, so autograd accumulates in place (ZeRO-3 sets it up before the unit's backward; ZeRO-2
+// when the bucket's first gradient arrives, which is copied in).
+void GradSync::provide_gradient_buffer(int bucket) {
+  Bucket& b = buckets_[bucket];
+  if (b.grads.defined()) {
+    if (std::find(reducing_.begin(), reducing_.end(), bucket) == reducing_.end()) return;
+    complete_reductions();  // the previous micro-batch's reduction of this bucket is still in flight
+  }
+  MemoryMeter::note_buffer_bytes(b.numel * at::elementSize(grad_dtype_));
+  b.grads = at::zeros({b.numel}, b.params.options().dtype(grad_dtype_));
+  int64_t offset = 0;
+  for (int i : b.members) {
+    at::Tensor& p = params_[i].tensor;
+    at::Tensor view = b.grads.narrow(0, offset, p.numel()).view(p.sizes());
+    if (p.mutable_grad().defined()) view.copy_(p.mutable_grad());
+    p.mutable_grad() = view;
+    offset += p.numel();
+  }
+}
+
+void GradSync::launch_sharded_reduction(int bucket) {
+  complete_reductions();  // one bucket reducing while the next fills: two unsharded buckets at most
+  Bucket& b = buckets_[bucket];
+  provide_gradient_buffer(bucket);
+  for (int i : b.members) params_[i].tensor.mutable_grad() = at::Tensor();  // the buffer alone holds them now
+  MemoryMeter::note_buffer_bytes(b.numel / ctx_.dp.size() * at::elementSize(grad_dtype_));
+  b.grads_reduced = at::empty({b.numel / ctx_.dp.size()}, b.grads.options());
+  b.ready = 0;
+  b.work = ctx_.dp.reduce_scatter_async(b.grads, b.grads_reduced);
+  reducing_.push_back(bucket);
+  if (zero_stage_ >= 3) {  // the unit's backward is over once all its buckets are reducing
+    Unit& u = units_[b.unit];
+    if (++u.reducing == static_cast<int>(u.buckets.size())) {
+      u.reducing = 0;
+      release(b.unit);
+    }
+  }
+}
+
+void GradSync::complete_reductions() {
+  if (reducing_.empty()) return;
+  PhaseScope scope(Phase::dp_comm);
+  for (int i : reducing_) {
+    Bucket& b = buckets_[i];
+    b.work.wait();
+    b.grad_shard.add_(b.grads_reduced);
+    const int64_t bytes = b.grads.nbytes() + b.grads_reduced.nbytes();
+    b.grads = at::Tensor();
+    b.grads_reduced = at::Tensor();
+    MemoryMeter::note_buffer_bytes(-bytes);
+  }
+  reducing_.clear();
+}
+
+// Calls fn(member, offset in the shard, length) for each parameter's part of this rank's shard.
+template <typename Fn>
+void for_each_piece(const std::vector<Parameter>& params, const std::vector<int>& members, int64_t numel, int dp,
+                    int rank, Fn&& fn) {
+  const int64_t slice = numel / dp, lo = rank * slice, hi = lo + slice;
+  int64_t offset = 0;
+  for (int i : members) {
+    const int64_t first = std::max(lo, offset), last = std::min(hi, offset + params[i].tensor.numel());
+    if (first < last) fn(i, first - lo, last - first);
+    offset += params[i].tensor.numel();
+  }
 }
 
 void GradSync::finish() {
   armed_ = false;
   {
     PhaseScope scope(Phase::dp_comm);
-    for (auto& b : buckets_) {
-      if (ctx_.dp.size() > 1 && !b.work.pending())  // a bucket whose hooks did not all fire (unused parameter)
-        b.work = ctx_.dp.all_reduce_async(b.buffer);
-      b.work.wait();
+    if (zero_stage_ >= 2) {
+      for (size_t i = 0; i < buckets_.size(); ++i)  // a bucket with an unused parameter: reduce what there is
+        if (buckets_[i].ready > 0) launch_sharded_reduction(static_cast<int>(i));
+      complete_reductions();
+    } else {
+      for (auto& b : buckets_) {
+        if (ctx_.dp.size() > 1 && !b.work.pending())  // a bucket whose hooks did not all fire (unused parameter)
+          b.work = ctx_.dp.all_reduce_async(b.grads);
+        b.work.wait();
+      }
     }
-    for (auto& p : params_) {
-      if (p.tied_embedding && ctx_.has_embedding_group) {
-        at::Tensor g = p.tensor.mutable_grad();
+    if (ctx_.has_embedding_group) {
+      for (auto& b : buckets_) {
+        if (!params_[b.members[0]].tied_embedding) continue;
+        at::Tensor g = zero_stage_ >= 2 ? b.grad_shard : b.grads;  // the tied embedding's own bucket
         ctx_.embedding.all_reduce(g);
       }
     }
   }
   PhaseScope scope(Phase::tp_comm);
+  if (zero_stage_ >= 2) {
+    for (auto& b : buckets_) {
+      for_each_piece(params_, b.members, b.numel, ctx_.dp.size(), ctx_.dp.rank(), [&](int i, int64_t at, int64_t n) {
+        if (!params_[i].sequence_parallel_partial) return;
+        at::Tensor piece = b.grad_shard.narrow(0, at, n);
+        ctx_.tp.all_reduce(piece);
+      });
+    }
+    return;
+  }
   for (auto& p : params_) {
     if (p.sequence_parallel_partial) {
       at::Tensor g = p.tensor.mutable_grad();
@@ -108,57 +267,141 @@ void GradSync::finish() {
 double GradSync::clip_grad_norm(double max_norm) {
   at::Tensor sum_sq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(ctx_.device));
   const bool last_stage_copy = ctx_.has_embedding_group && ctx_.stage == ctx_.num_stages - 1;
-  for (auto& p : params_) {
-    if (p.tp_replicated && ctx_.tp.rank() != 0) continue;
-    if (p.tied_embedding && last_stage_copy) continue;
-    sum_sq += p.tensor.grad().to(at::kDouble).pow(2).sum();
+  auto counted = [&](const Parameter& p) {
+    return !(p.tp_replicated && ctx_.tp.rank() != 0) && !(p.tied_embedding && last_stage_copy);
+  };
+  if (zero_stage_ >= 2) {
+    for (auto& b : buckets_) {
+      for_each_piece(params_, b.members, b.numel, ctx_.dp.size(), ctx_.dp.rank(), [&](int i, int64_t at, int64_t n) {
+        if (counted(params_[i])) sum_sq += b.grad_shard.narrow(0, at, n).to(at::kDouble).pow(2).sum();
+      });
+    }
+    ctx_.dp.all_reduce(sum_sq);  // the shards are disjoint
+  } else {
+    // Data-parallel replicas hold the same reduced gradients: only tp and pp shards are summed.
+    for (auto& p : params_)
+      if (counted(p)) sum_sq += p.tensor.grad().to(at::kDouble).pow(2).sum();
   }
-  // Data-parallel replicas hold the same reduced gradients: only tp and pp shards are summed.
   ctx_.tp.all_reduce(sum_sq);
   ctx_.pp.all_reduce(sum_sq);
   const double norm = std::sqrt(sum_sq.item<double>());
   if (max_norm > 0 && norm > max_norm) {
     const double scale = max_norm / (norm + 1e-6);
-    for (auto& b : buckets_) b.buffer.mul_(scale);
+    for (auto& b : buckets_) (zero_stage_ >= 2 ? b.grad_shard : b.grads).mul_(scale);
   }
   return norm;
 }
 
-std::vector<GradSync::OptimizerParam> GradSync::optimizer_params(bool shard_over_dp) {
-  std::vector<OptimizerParam> out;
-  if (!shard_over_dp || ctx_.dp.size() == 1) {
-    for (auto& p : params_) out.push_back({p.tensor, p.weight_decay});
-    return out;
+at::Tensor GradSync::optimizer_region(const Bucket& b, const at::Tensor& flat) const {
+  if (!shard_optimizer_) return flat;
+  const int64_t slice = b.numel / ctx_.dp.size();
+  return flat.narrow(0, ctx_.dp.rank() * slice, slice);
+}
+
+int64_t GradSync::master_bytes() const {
+  int64_t n = 0;
+  for (const auto& b : buckets_) {
+    const at::Tensor region = zero_stage_ >= 3 ? b.param_shard : optimizer_region(b, b.params);
+    if (region.data_ptr() != b.master.data_ptr()) n += b.master.nbytes();
   }
-  const int dp = ctx_.dp.size(), r = ctx_.dp.rank();
+  return n;
+}
+
+std::vector<GradSync::OptimizerParam> GradSync::optimizer_params() {
+  std::vector<OptimizerParam> out;
+  const int parts = shard_optimizer_ ? ctx_.dp.size() : 1, index = shard_optimizer_ ? ctx_.dp.rank() : 0;
   for (auto& b : buckets_) {
-    const int64_t slice = b.buffer.numel() / dp, lo = r * slice, hi = lo + slice;
-    int64_t offset = 0;
-    for (int i : b.members) {
-      const int64_t first = std::max(lo, offset), last = std::min(hi, offset + params_[i].tensor.numel());
-      if (first < last) {
-        at::Tensor piece = b.params.narrow(0, first, last - first).detach().requires_grad_(true);
-        piece.mutable_grad() = b.buffer.narrow(0, first, last - first);
-        out.push_back({piece, params_[i].weight_decay});
-      }
-      offset += params_[i].tensor.numel();
-    }
+    const at::Tensor grads = zero_stage_ >= 2 ? b.grad_shard : optimizer_region(b, b.grads);
+    for_each_piece(params_, b.members, b.numel, parts, index, [&](int i, int64_t at, int64_t n) {
+      at::Tensor piece = b.master.narrow(0, at, n).detach().requires_grad_(true);
+      piece.mutable_grad() = grads.narrow(0, at, n);
+      out.push_back({piece, params_[i].weight_decay});
+    });
   }
   return out;
 }
 
-void GradSync::gather_parameters() {
-  if (ctx_.dp.size() == 1) return;
-  PhaseScope scope(Phase::dp_comm);
+void GradSync::finish_step() {
   at::NoGradGuard no_grad;
+  for (auto& b : buckets_) {  // mixed precision: the stepped fp32 master weights into the parameters
+    at::Tensor region = zero_stage_ >= 3 ? b.param_shard : optimizer_region(b, b.params);
+    if (region.data_ptr() != b.master.data_ptr()) region.copy_(b.master);
+  }
+  if (!shard_optimizer_ || zero_stage_ >= 3 || ctx_.dp.size() == 1) return;
+  PhaseScope scope(Phase::dp_comm);  // every rank's updated slice to every rank
   for (auto& b : buckets_) {
-    const int64_t slice = b.params.numel() / ctx_.dp.size();
-    b.params.copy_(ctx_.dp.all_gather(b.params.narrow(0, ctx_.dp.rank() * slice, slice), 0));
+    const int64_t scratch = ctx_.dp.all_gather_scratch_bytes(b.param_shard);
+    MemoryMeter::note_buffer_bytes(scratch);
+    ctx_.dp.all_gather_async(b.params, b.param_shard).wait();
+    MemoryMeter::note_buffer_bytes(-scratch);
   }
 }
 
 void GradSync::zero() {
-  for (auto& b : buckets_) b.buffer.zero_();
+  for (auto& b : buckets_) (zero_stage_ >= 2 ? b.grad_shard : b.grads).zero_();
+}
+
+// ZeRO-3 units: released -> gathering (all-gather in flight) -> gathered -> released.
+void GradSync::gather(int unit, bool wait) {
+  Unit& u = units_[unit];
+  if (u.state == Unit::State::released) {
+    for (int i : u.buckets) {
+      Bucket& b = buckets_[i];
+      // Noted first, so that the allocations count as buffers.
+      MemoryMeter::note_buffer_bytes(b.params.nbytes() + ctx_.dp.all_gather_scratch_bytes(b.param_shard));
+      allocate_storage(b.params);
+      u.gathers.push_back(ctx_.dp.all_gather_async(b.params, b.param_shard));
+    }
+    u.state = Unit::State::gathering;
+  }
+  if (wait && u.state == Unit::State::gathering) {
+    PhaseScope scope(Phase::dp_comm);
+    for (auto& w : u.gathers) w.wait();
+    u.gathers.clear();
+    for (int i : u.buckets) MemoryMeter::note_buffer_bytes(-ctx_.dp.all_gather_scratch_bytes(buckets_[i].param_shard));
+    u.state = Unit::State::gathered;
+  }
+}
+
+void GradSync::release(int unit) {
+  Unit& u = units_[unit];
+  if (u.state == Unit::State::released) return;
+  gather(unit, /*wait=*/true);  // nothing is freed under a collective in flight
+  for (int i : u.buckets) {
+    free_storage(buckets_[i].params);
+    MemoryMeter::note_buffer_bytes(-buckets_[i].params.nbytes());
+  }
+  u.state = Unit::State::released;
+}
+
+void GradSync::gather_all_units() {
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u) gather(u, true);
+}
+
+void GradSync::before_forward(const std::vector<int>& units) {
+  for (int u : units) gather(u, true);
+  const int next = units[0] + 1;  // prefetch: the next unit's all-gather overlaps this one's compute
+  if (next < static_cast<int>(units_.size()) && std::find(units.begin(), units.end(), next) == units.end())
+    gather(next, false);
+}
+
+at::Tensor GradSync::after_forward(const std::vector<int>& units, const at::Tensor& output) {
+  for (int u : units) release(u);
+  if (!output.requires_grad()) return output;
+  output.register_hook([this, units](const at::Tensor& grad) {
+    before_backward(units);
+    return grad;
+  });
+  return output;
+}
+
+void GradSync::before_backward(const std::vector<int>& units) {
+  for (int u : units) {
+    gather(u, true);
+    for (int b : units_[u].buckets) provide_gradient_buffer(b);
+  }
+  const int previous = units[0] - 1;  // prefetch: backward visits the units in reverse
+  if (previous >= 0 && std::find(units.begin(), units.end(), previous) == units.end()) gather(previous, false);
 }
 
 }  // namespace dplan::executor

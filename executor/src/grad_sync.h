@@ -1,11 +1,26 @@
-// Data-parallel gradient reduction in buckets that starts during backward (what PyTorch DDP's
-// Reducer and Megatron's grad buffer do): each parameter's .grad is a view into a flat bucket
-// buffer, a hook on its gradient accumulator counts it ready, and when the last parameter of a
-// bucket is ready on the last micro-batch of the step the bucket's all-reduce is launched
-// asynchronously. Accumulation micro-batches only accumulate: no communication. finish() waits
-// for the outstanding buckets (the exposed part is charged to dp_comm), then sums the grads of
-// tp-replicated parameters that sequence parallelism leaves partial, and the word-embedding
-// grads of the first and last pipeline stages when embeddings are tied.
+// Data-parallel gradient reduction and ZeRO's sharding of the model state over the data-parallel
+// group (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+// Models"), on flat buckets of parameters:
+//   - stage 0: every parameter and its .grad are views into a bucket's flat buffers (PyTorch
+//     DDP's Reducer with gradient_as_bucket_view, Megatron's grad buffer). A hook on each gradient
+//     accumulator counts the parameter ready; once the last one of a bucket is ready on the step's
+//     last micro-batch the bucket's all-reduce starts, overlapping the rest of backward.
+//     Accumulation micro-batches only accumulate.
+//   - stage 1 (and Megatron's distributed optimizer): the same, but each dp rank steps only its
+//     1/dp slice of each bucket and the slices are all-gathered after the step.
+//   - stage 2: gradients are sharded too. When a bucket's first gradient of a micro-batch
+//     arrives, a flat buffer is made and its members' .grads become views of it; once all are
+//     there it is reduce-scattered, this rank's slice added into its gradient shard, and freed:
+//     every micro-batch, as DeepSpeed does, so no full gradient outlives its bucket. At most two
+//     buckets are unsharded at a time (one reducing, one filling).
+//   - stage 3: parameters are sharded as well. A bucket is one unit of the model (GptStage's
+//     units: the embedding, each layer, the head); its full parameters exist only while the unit
+//     runs: gathered before its forward and again before its backward, the next unit's gather
+//     prefetched, and freed after use (the views keep their shapes, the storage goes).
+// After the last backward, finish() waits for the outstanding reductions, then sums the grads of
+// tp-replicated parameters that sequence parallelism leaves partial, and the word-embedding grads
+// of the first and last pipeline stages when embeddings are tied (that parameter has a bucket of
+// its own, so both stages shard it alike).
 #pragma once
 
 #include <memory>
@@ -22,52 +37,96 @@ struct Node;
 
 namespace dplan::executor {
 
-class GradSync {
+class GradSync : public UnitHooks {
  public:
-  // Buckets follow the reverse of `params`' order (the order backward produces gradients).
-  GradSync(std::vector<Parameter>& params, ParallelContext& ctx, int64_t bucket_bytes);
-  ~GradSync();
+  // zero_stage 0-3; shard_optimizer: stage 1 or the distributed optimizer (implied by 2, 3).
+  // Buckets follow the reverse of the parameters' order (the order backward produces gradients);
+  // with ZeRO-3 a bucket is a unit of `stage` (which then calls this object's unit hooks).
+  // Gradients are kept and reduced in grad_dtype: fp32 accumulates 16-bit parameters' gradients
+  // in fp32 (Megatron's main_grad); otherwise the parameters' dtype.
+  GradSync(GptStage& stage, ParallelContext& ctx, int64_t bucket_bytes, int zero_stage, bool shard_optimizer,
+           at::ScalarType grad_dtype);
+  ~GradSync() override;
 
   // Before the backward of the step's last micro-batch: arm the buckets.
   void arm_last_microbatch();
   // After the last backward: wait for the buckets and do the tp / embedding sums.
   void finish();
   void zero();
-  // The L2 norm of the whole model's gradient, over every tp shard and pipeline stage, each value
-  // counted once (tp-replicated parameters on tp rank 0 only, the tied embedding on the first
-  // stage only); if it exceeds max_norm (> 0), every gradient is scaled by max_norm / norm, as
-  // torch.nn.utils.clip_grad_norm_ and Megatron's clip_grad_norm do. Returns the norm before
+  // The L2 norm of the whole model's gradient, over every tp, pp and (sharded) dp shard, each
+  // value counted once (tp-replicated parameters on tp rank 0 only, the tied embedding on the
+  // first stage only); if it exceeds max_norm (> 0), every gradient is scaled by max_norm / norm,
+  // as torch.nn.utils.clip_grad_norm_ and Megatron's clip_grad_norm do. Returns the norm before
   // clipping. Call after finish().
   double clip_grad_norm(double max_norm);
-  int64_t buffer_bytes() const;
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  bool sharded_optimizer() const { return shard_optimizer_; }
 
-  // What the optimizer steps. Unsharded: the parameters themselves. Sharded over dp (ZeRO-1, the
-  // Megatron distributed optimizer): this rank's 1/dp slice of every bucket, cut at parameter
-  // boundaries into leaf views of the flat parameter buffer whose grads are views of the
-  // gradient buffer, so stepping them updates the model in place and the optimizer holds state
-  // for 1/dp of the parameters.
+  // Bytes held for the whole step: parameters (their shards under ZeRO-3) and gradients (their
+  // shards under ZeRO-2 and 3), padding included.
+  int64_t weight_bytes() const;
+  int64_t gradient_bytes() const;
+
+  // fp32 master weights kept apart from 16-bit parameters (0 when the parameters are fp32).
+  int64_t master_bytes() const;
+
+  // What the optimizer steps: every bucket (unsharded) or this rank's 1/dp slice of it (sharded),
+  // cut at parameter boundaries (so weight decay stays per parameter) into leaf views of the fp32
+  // weights (the parameters themselves, or their master copy) whose grads are views of the
+  // gradients; the optimizer holds state for just those elements.
   struct OptimizerParam {
     at::Tensor tensor;
     bool weight_decay = true;
   };
-  std::vector<OptimizerParam> optimizer_params(bool shard_over_dp);
-  // After a sharded step: every rank's updated slice to every rank (an all-gather per bucket).
-  void gather_parameters();
+  std::vector<OptimizerParam> optimizer_params();
+  // After the optimizer step: master weights into 16-bit parameters, and for a sharded optimizer
+  // (ZeRO 1 and 2) every rank's updated slice to every rank.
+  void finish_step();
+  // ZeRO-3: gather every unit and keep it (to read the whole model after training).
+  void gather_all_units();
+
+  // UnitHooks (ZeRO-3).
+  void before_forward(const std::vector<int>& units) override;
+  at::Tensor after_forward(const std::vector<int>& units, const at::Tensor& output) override;
 
  private:
   struct Bucket {
-    at::Tensor buffer;  // gradients, flat, padded to a multiple of dp
-    at::Tensor params;  // the parameters' storage, same layout
     std::vector<int> members;
-    int ready = 0;  // members whose gradient is final this step
-    Work work;
+    int unit = -1;
+    int64_t numel = 0;      // padded to a multiple of dp
+    at::Tensor params;      // the parameters' storage (flat, full); ZeRO-3: present only while gathered
+    at::Tensor grads;       // flat, full: the .grads' storage for stages 0, 1; a scratch buffer for 2, 3
+    at::Tensor param_shard;  // this rank's slice of params (ZeRO-3: its own storage)
+    at::Tensor grad_shard;   // this rank's slice of the reduced gradient (stages 1-3)
+    at::Tensor master;       // fp32 weights the optimizer steps (its region of the bucket)
+    at::Tensor grads_reduced;  // stages 2, 3: this rank's slice of the sum, while it is in flight
+    int ready = 0;          // members whose gradient is final (this micro-batch from stage 2 on)
+    Work work;              // the outstanding reduction
   };
-  void mark_ready(int bucket);
+  struct Unit {
+    std::vector<int> buckets;
+    enum class State { released, gathering, gathered } state = State::released;
+    std::vector<Work> gathers;
+    int reducing = 0;  // buckets whose gradients have gone to reduction this micro-batch
+  };
+  void mark_ready(int bucket, int param);
+  void provide_gradient_buffer(int bucket);
+  void launch_sharded_reduction(int bucket);
+  void complete_reductions();
+  void gather(int unit, bool wait);
+  void release(int unit);
+  void before_backward(const std::vector<int>& units);
+  at::Tensor optimizer_region(const Bucket& b, const at::Tensor& flat) const;
 
+  GptStage& stage_;
   std::vector<Parameter>& params_;
   ParallelContext& ctx_;
+  int zero_stage_;
+  bool shard_optimizer_;
+  at::ScalarType grad_dtype_;
   std::vector<Bucket> buckets_;
+  std::vector<Unit> units_;
+  std::vector<int> reducing_;  // stage 2, 3: buckets whose reduce-scatter is in flight, oldest first
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   bool armed_ = false;
 };

@@ -15,6 +15,17 @@
 namespace dplan::executor {
 namespace {
 
+void raise_to(std::atomic<int64_t>& peak, int64_t now) {
+  int64_t seen = peak.load();
+  while (now > seen && !peak.compare_exchange_weak(seen, now)) {
+  }
+}
+
+// Bytes the executor holds in communication buffers (MemoryMeter::note_buffer_bytes), and their
+// high-water mark since the last reset.
+std::atomic<int64_t> g_buffers{0}, g_buffers_peak{0};
+bool cpu_counter_installed = false;
+
 // Wraps the default CPU allocator. Some LibTorch code calls raw_allocate(), which requires the
 // DataPtr's context to equal its data pointer, so each block's inner DataPtr lives in a table
 // keyed by the data pointer, and the deleter is one plain function.
@@ -32,7 +43,13 @@ class CountingCpuAllocator final : public c10::Allocator {
 
   int64_t current() const { return current_.load(); }
   int64_t peak() const { return peak_.load(); }
-  void reset_peak() { peak_.store(current_.load()); }
+  int64_t peak_other() const { return peak_other_.load(); }
+  void reset_peak() {
+    peak_.store(current_.load());
+    peak_other_.store(current_.load() - g_buffers.load());
+  }
+  // Everything but the buffers may have grown: a buffer was handed back without being freed.
+  void buffers_changed() { raise_to(peak_other_, current_.load() - g_buffers.load()); }
 
  private:
   struct Block {
@@ -50,6 +67,7 @@ class CountingCpuAllocator final : public c10::Allocator {
       self_->blocks_.erase(it);
     }
     self_->current_ -= int64_t(block.bytes);
+    self_->buffers_changed();
   }  // the inner DataPtr frees the memory through the default allocator here
   c10::DataPtr wrap(size_t n) const {
     c10::DataPtr inner = base_->allocate(n);
@@ -61,9 +79,8 @@ class CountingCpuAllocator final : public c10::Allocator {
       blocks_[data] = Block{std::move(inner), n};
     }
     int64_t now = (current_ += int64_t(n));
-    int64_t seen = peak_.load();
-    while (now > seen && !peak_.compare_exchange_weak(seen, now)) {
-    }
+    raise_to(peak_, now);
+    raise_to(peak_other_, now - g_buffers.load());
     return c10::DataPtr(data, data, &release, device);
   }
 
@@ -71,13 +88,14 @@ class CountingCpuAllocator final : public c10::Allocator {
   c10::Allocator* base_;
   mutable std::mutex mutex_;
   mutable std::unordered_map<void*, Block> blocks_;
-  mutable std::atomic<int64_t> current_{0}, peak_{0};
+  mutable std::atomic<int64_t> current_{0}, peak_{0}, peak_other_{0};
 };
 
 CountingCpuAllocator* cpu_counter() {
   static CountingCpuAllocator* counter = [] {
     auto* c = new CountingCpuAllocator(c10::GetDefaultCPUAllocator());  // lives as long as the process
     c10::SetCPUAllocator(c, /*priority=*/100);
+    cpu_counter_installed = true;
     return c;
   }();
   return counter;
@@ -108,7 +126,23 @@ int64_t MemoryMeter::peak_bytes() const {
   return cpu_counter()->peak();
 }
 
+void MemoryMeter::note_buffer_bytes(int64_t delta) {
+  raise_to(g_buffers_peak, g_buffers += delta);
+  if (delta < 0 && cpu_counter_installed) cpu_counter()->buffers_changed();
+}
+
+int64_t MemoryMeter::peak_buffer_bytes() const { return g_buffers_peak.load(); }
+
+int64_t MemoryMeter::peak_excluding_buffers_bytes() const {
+#ifdef DPLAN_WITH_CUDA
+  // The caching allocator keeps one high-water mark: the buffers' own peak is taken off it.
+  if (cuda_device_ >= 0) return peak_bytes() - peak_buffer_bytes();
+#endif
+  return cpu_counter()->peak_other();
+}
+
 void MemoryMeter::reset_peak() {
+  g_buffers_peak.store(g_buffers.load());
 #ifdef DPLAN_WITH_CUDA
   if (cuda_device_ >= 0) {
     c10::cuda::CUDACachingAllocator::resetPeakStats(cuda_device_);

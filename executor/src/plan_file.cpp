@@ -30,17 +30,19 @@ ExecPlan read_plan(const std::string& path) {
   // What this executor runs; everything else is refused up front rather than run differently.
   auto refuse = [&](const std::string& what) {
     throw InputError(path + ": the executor does not run " + what +
-                     " yet; it runs tp, pp (gpipe, 1f1b), dp, sequence parallel, ZeRO 0 and 1, the distributed optimizer, recompute "
+                     " yet; it runs tp, pp (gpipe, 1f1b), dp, sequence parallel, ZeRO 0-3, the distributed optimizer, recompute "
                      "(dplan --runnable searches only those)");
   };
   if (p.cp > 1) refuse("context parallel (cp " + std::to_string(p.cp) + ")");
   if (p.ep > 1 || plan.model.is_moe()) refuse("mixture-of-experts models");
   if (p.schedule == Schedule::interleaved) refuse("the interleaved schedule");
-  if (p.zero_stage > 1) refuse("ZeRO stage " + std::to_string(p.zero_stage));
   if (p.offload_optimizer) refuse("optimizer offload");
   if (p.recompute != Recompute::none && (plan.model.attention_dropout > 0 || plan.model.hidden_dropout > 0))
     throw InputError(path + ": recompute with dropout is not run: the recomputed forward would draw other masks; "
                             "use recompute none or a model with dropout 0");
+  if (plan.training.attention == Attention::flash && plan.model.attention_dropout > 0)
+    throw InputError(path + ": flash attention with attention dropout " + std::to_string(plan.model.attention_dropout) +
+                     " is not run (the executor's flash attention has no dropout); plan with --attention standard");
   if (plan.num_microbatches != num_microbatches(plan.training, p))
     throw InputError(path + ": num_microbatches " + std::to_string(plan.num_microbatches) +
                      " disagrees with global_batch / (micro_batch * dp) = " +

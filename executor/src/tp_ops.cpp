@@ -47,17 +47,6 @@ struct ReduceFromTp : torch::autograd::Function<ReduceFromTp> {
   static variable_list backward(AutogradContext*, variable_list grad) { return {grad[0], at::Tensor()}; }
 };
 
-struct GatherFromSp : torch::autograd::Function<GatherFromSp> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Group* g, int64_t dim) {
-    remember(ctx, *g);
-    ctx->saved_data["dim"] = dim;
-    return gathered(x, *g, dim);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    return {scattered(grad[0], group_of(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
-  }
-};
-
 struct ScatterToSp : torch::autograd::Function<ScatterToSp> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Group* g, int64_t dim) {
     remember(ctx, *g);
@@ -69,11 +58,67 @@ struct ScatterToSp : torch::autograd::Function<ScatterToSp> {
   }
 };
 
+// Sequence parallel into column-parallel linears sharing one input (QKV; fc1 and gate; the LM
+// head), as Megatron's LinearWithGradAccumulationAndAsyncCommunication does with
+// sequence_parallel: the sequence-sharded input is all-gathered for the matmuls, only the shard is
+// saved, and backward all-gathers it again for the weight gradients while the input gradient is
+// reduce-scattered (Korthikanti et al. 2022, §4.2.2: the stored GEMM input is sbh/t).
+// `tensors` = {x, W_1 .. W_n, then the biases of the linears whose bit is set in bias_mask}.
+struct SpColumnLinears : torch::autograd::Function<SpColumnLinears> {
+  static variable_list forward(AutogradContext* ctx, at::TensorList tensors, int64_t n, int64_t bias_mask, Group* g,
+                               int64_t dim) {
+    remember(ctx, *g);
+    ctx->saved_data["n"] = n;
+    ctx->saved_data["bias_mask"] = bias_mask;
+    ctx->saved_data["dim"] = dim;
+    at::Tensor full = gathered(tensors[0], *g, dim);
+    variable_list out;
+    int64_t next_bias = 1 + n;
+    for (int64_t i = 0; i < n; ++i) {
+      const at::Tensor& w = tensors[1 + i];
+      out.push_back((bias_mask >> i) & 1 ? at::linear(full, w, tensors[next_bias++]) : at::linear(full, w));
+    }
+    ctx->save_for_backward(tensors.slice(0, 1 + n).vec());  // the input shard and the weights
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const int64_t n = ctx->saved_data["n"].toInt(), mask = ctx->saved_data["bias_mask"].toInt();
+    Group& g = group_of(ctx);
+    auto saved = ctx->get_saved_variables();
+    at::Tensor full = gathered(saved[0], g, ctx->saved_data["dim"].toInt());
+    const at::Tensor full_2d = full.reshape({-1, full.size(-1)});
+    at::Tensor dfull;
+    variable_list weight_grads, bias_grads;
+    for (int64_t i = 0; i < n; ++i) {
+      const at::Tensor& w = saved[1 + i];
+      if (!grads[i].defined()) {  // an output that did not reach the loss
+        weight_grads.push_back(at::zeros_like(w));
+        if ((mask >> i) & 1) bias_grads.emplace_back();
+        continue;
+      }
+      const at::Tensor& dy = grads[i];
+      const at::Tensor dy_2d = dy.reshape({-1, dy.size(-1)});
+      dfull = dfull.defined() ? dfull.add_(dy.matmul(w)) : dy.matmul(w);
+      weight_grads.push_back(dy_2d.t().mm(full_2d));
+      if ((mask >> i) & 1) bias_grads.push_back(dy_2d.sum(0));
+    }
+    full = at::Tensor();
+    variable_list out{dfull.defined() ? scattered(dfull, g, ctx->saved_data["dim"].toInt()) : at::Tensor()};
+    out.insert(out.end(), weight_grads.begin(), weight_grads.end());
+    out.insert(out.end(), bias_grads.begin(), bias_grads.end());
+    for (int i = 0; i < 4; ++i) out.emplace_back();  // n, bias_mask, group, dim
+    return out;
+  }
+};
+
 struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits_in, const at::Tensor& targets,
                             int64_t vocab_start, int64_t vocab_size, Group* g) {
     const int64_t local = logits_in.size(1);
-    at::Tensor logits = logits_in.to(at::kFloat).clone();
+    // Worked on in place, as Megatron does: the head's output feeds only this function and its
+    // backward does not need it, so one fp32 [tokens, V/tp] tensor becomes the saved softmax (a
+    // 16-bit input is converted first, and that copy is transient).
+    at::Tensor logits = logits_in.scalar_type() == at::kFloat ? logits_in.detach() : logits_in.to(at::kFloat);
     if (vocab_start + local > vocab_size)  // padding columns never win and carry no probability
       logits.narrow(1, vocab_size - vocab_start, vocab_start + local - vocab_size)
           .fill_(-std::numeric_limits<float>::infinity());
@@ -98,7 +143,9 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     auto saved = ctx->get_saved_variables();
-    at::Tensor g = saved[0].clone();  // d loss_i / d logit_ij = softmax_ij - [j == target_i]
+    // d loss_i / d logit_ij = softmax_ij - [j == target_i], in place of the saved softmax (Megatron's
+    // too): the graph is not kept, nothing reads it again.
+    at::Tensor g = saved[0];
     at::Tensor hit = saved[2].to(g.scalar_type());
     g.scatter_add_(1, saved[1].unsqueeze(1), -hit.unsqueeze(1));
     g.mul_(grad[0].unsqueeze(1));
@@ -111,12 +158,22 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
 
 at::Tensor copy_to_tp(const at::Tensor& x, Group& tp) { return tp.size() == 1 ? x : CopyToTp::apply(x, &tp); }
 at::Tensor reduce_from_tp(const at::Tensor& x, Group& tp) { return tp.size() == 1 ? x : ReduceFromTp::apply(x, &tp); }
-at::Tensor gather_from_sp(const at::Tensor& x, Group& tp, int64_t dim) {
-  return tp.size() == 1 ? x : GatherFromSp::apply(x, &tp, dim);
-}
 at::Tensor scatter_to_sp(const at::Tensor& x, Group& tp, int64_t dim) {
   return tp.size() == 1 ? x : ScatterToSp::apply(x, &tp, dim);
 }
+std::vector<at::Tensor> sp_column_linears(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                                          const std::vector<at::Tensor>& biases, Group& tp, int64_t dim) {
+  std::vector<at::Tensor> tensors{x};
+  tensors.insert(tensors.end(), weights.begin(), weights.end());
+  int64_t mask = 0;
+  for (size_t i = 0; i < biases.size(); ++i) {
+    if (!biases[i].defined()) continue;
+    mask |= int64_t(1) << i;
+    tensors.push_back(biases[i]);
+  }
+  return SpColumnLinears::apply(at::TensorList(tensors), int64_t(weights.size()), mask, &tp, dim);
+}
+
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t vocab_start,
                                         int64_t vocab_size, Group& tp) {
   return VocabParallelCrossEntropy::apply(logits, targets, vocab_start, vocab_size, &tp);

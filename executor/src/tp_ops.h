@@ -3,9 +3,11 @@
 // of size 1, so one code path serves every layout. Communication time is charged to tp_comm.
 //   copy_to_tp       f: forward identity,          backward all-reduce
 //   reduce_from_tp   g: forward all-reduce,        backward identity
-//   gather_from_sp   g: forward all-gather(seq),   backward reduce-scatter(seq)
 //   scatter_to_sp    forward reduce-scatter(seq),  backward all-gather(seq)
+//   sp_column_linears  g (all-gather(seq)) fused with the column-parallel linears that follow it
 #pragma once
+
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -15,8 +17,14 @@ namespace dplan::executor {
 
 at::Tensor copy_to_tp(const at::Tensor& x, Group& tp);
 at::Tensor reduce_from_tp(const at::Tensor& x, Group& tp);
-at::Tensor gather_from_sp(const at::Tensor& x, Group& tp, int64_t dim);
 at::Tensor scatter_to_sp(const at::Tensor& x, Group& tp, int64_t dim);
+
+// Under sequence parallel: the column-parallel linears y_i = x_full W_i^T + b_i of one
+// sequence-sharded input x (all-gathered along `dim` for them), saving only the shard and
+// gathering it again in backward (Megatron's sequence-parallel linear). biases[i] may be
+// undefined; `biases` may be shorter than `weights`.
+std::vector<at::Tensor> sp_column_linears(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                                          const std::vector<at::Tensor>& biases, Group& tp, int64_t dim);
 
 // Cross-entropy over a vocabulary split across the tp group (Megatron's vocab-parallel loss):
 // `logits` [N, V/tp] holds this rank's columns [vocab_start, vocab_start + V/tp); `targets` [N] are

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include <torch/csrc/autograd/engine.h>
+
+#include "memory_meter.h"
 #include "phase_clock.h"
 
 namespace dplan::executor {
@@ -17,12 +20,44 @@ StepResult Trainer::step(const std::vector<Batch>& batches) {
   const int m = static_cast<int>(batches.size());
   const bool first = ctx_.stage == 0, last = ctx_.stage == ctx_.num_stages - 1;
   const auto shape = stage_.activation_shape(options_.micro_batch);
-  const auto act_options = at::TensorOptions().dtype(at::kFloat).device(ctx_.device);
+  const auto act_options = at::TensorOptions().dtype(ctx_.dtype).device(ctx_.device);
   grads_.zero();
 
   std::vector<at::Tensor> inputs(m), outputs(m);
-  std::vector<Work> sends;
-  std::vector<at::Tensor> in_flight;  // send buffers, alive until their send completes
+  // Sends in flight. A sent activation's memory goes once its send is done: the output keeps its
+  // graph but its data is swapped for an empty tensor (Megatron's deallocate_output_tensor), and
+  // backward starts from its graph edge (Megatron's custom_backward). Send and receive buffers
+  // are reported to the memory meter as pipeline buffers.
+  struct Send {
+    Work work;
+    at::Tensor buffer;
+    int output = -1;  // the micro-batch whose output this is (forward sends)
+  };
+  std::vector<Send> sends;
+  // Retires the finished sends; `wait`: also waits for every send (all), or for the forward send of
+  // micro-batch `output` (which the next stage has received once its gradient came back).
+  auto retire_sends = [&](bool wait, int output = -1) {
+    for (auto it = sends.begin(); it != sends.end();) {
+      const bool must = wait && (output < 0 || it->output == output);
+      if (!must && !it->work.completed()) {
+        ++it;
+        continue;
+      }
+      it->work.wait();
+      const int64_t bytes = it->buffer.nbytes();
+      if (it->output >= 0 && outputs[it->output].defined())
+        outputs[it->output].set_data(at::empty({0}, outputs[it->output].options()));
+      it->buffer = at::Tensor();
+      MemoryMeter::note_buffer_bytes(-bytes);
+      it = sends.erase(it);
+    }
+  };
+  auto send = [&](const at::Tensor& t, int peer, int tag, int output) {
+    PhaseScope wait(Phase::pp_wait);
+    at::Tensor buf = t.detach().contiguous();
+    MemoryMeter::note_buffer_bytes(buf.nbytes());
+    sends.push_back({ctx_.pp.send(buf, peer, tag), buf, output});
+  };
   at::Tensor loss_sum = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(ctx_.device));
 
   auto forward = [&](int j) {
@@ -40,16 +75,13 @@ StepResult Trainer::step(const std::vector<Batch>& batches) {
       PhaseScope scope(Phase::forward);
       out = stage_.forward(in, batches[j].targets, options_.loss_scale);
     }
-    if (last) {
-      loss_sum += out.detach().to(at::kDouble);
-    } else {
-      PhaseScope wait(Phase::pp_wait);
-      at::Tensor buf = out.detach().contiguous();
-      sends.push_back(ctx_.pp.send(buf, ctx_.stage + 1, kForwardTag));
-      in_flight.push_back(buf);
-    }
     inputs[j] = in;
     outputs[j] = out;
+    if (last)
+      loss_sum += out.detach().to(at::kDouble);
+    else
+      send(out, ctx_.stage + 1, kForwardTag, j);
+    retire_sends(false);
   };
 
   auto backward = [&](int j) {
@@ -57,24 +89,27 @@ StepResult Trainer::step(const std::vector<Batch>& batches) {
     at::Tensor grad;
     if (!last) {
       PhaseScope wait(Phase::pp_wait);
+      MemoryMeter::note_buffer_bytes(at::elementSize(act_options.dtype().toScalarType()) * c10::multiply_integers(shape));
       grad = at::empty(shape, act_options);
       ctx_.pp.recv(grad, ctx_.stage + 1, kBackwardTag).wait();
+      retire_sends(true, j);  // this micro-batch's forward send is done, and its output can go
     }
     {
       PhaseScope scope(Phase::backward);
-      if (last)
+      if (last) {
         outputs[j].backward();
-      else
-        outputs[j].backward(grad);
+      } else {
+        const int64_t bytes = grad.nbytes();
+        torch::autograd::Engine::get_default_engine().execute({torch::autograd::impl::gradient_edge(outputs[j])},
+                                                              {grad}, false, false, true);
+        grad = at::Tensor();
+        MemoryMeter::note_buffer_bytes(-bytes);
+      }
     }
-    if (!first) {
-      PhaseScope wait(Phase::pp_wait);
-      at::Tensor buf = inputs[j].grad().contiguous();
-      sends.push_back(ctx_.pp.send(buf, ctx_.stage - 1, kBackwardTag));
-      in_flight.push_back(buf);
-    }
+    if (!first) send(inputs[j].grad(), ctx_.stage - 1, kBackwardTag, -1);
     inputs[j] = at::Tensor();  // the micro-batch's activations go now
     outputs[j] = at::Tensor();
+    retire_sends(false);
   };
 
   if (options_.schedule == PipelineSchedule::gpipe) {
@@ -93,7 +128,7 @@ StepResult Trainer::step(const std::vector<Batch>& batches) {
   }
   {
     PhaseScope wait(Phase::pp_wait);
-    for (auto& s : sends) s.wait();
+    retire_sends(true);
   }
   grads_.finish();
   StepResult result;
@@ -102,7 +137,7 @@ StepResult Trainer::step(const std::vector<Batch>& batches) {
     result.grad_norm = grads_.clip_grad_norm(options_.max_grad_norm);
     optimizer_.step();
   }
-  if (options_.sharded_optimizer) grads_.gather_parameters();
+  grads_.finish_step();  // master weights into the parameters; ZeRO 1, 2: every rank's slice to all
   // The loss lives on the last stage; sum it over data-parallel replicas and share it along the pipeline.
   ctx_.dp.all_reduce(loss_sum);
   ctx_.pp.all_reduce(loss_sum);

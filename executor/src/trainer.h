@@ -18,7 +18,6 @@ struct StepOptions {
   int micro_batch = 1;
   double loss_scale = 1.0;  // 1 / tokens per global batch: the loss is the mean over the global batch
   double max_grad_norm = 1.0;  // clip the global gradient norm to this; 0: no clipping
-  bool sharded_optimizer = false;  // ZeRO-1 / distributed optimizer: gather the parameters after the step
 };
 
 struct StepResult {

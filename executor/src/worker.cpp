@@ -42,7 +42,7 @@ using namespace dplan::executor;
 using Seconds = std::chrono::duration<double>;
 
 struct Args {
-  std::string plan_path, data_path, output, device = "auto";
+  std::string plan_path, data_path, output, device = "auto", precision = "auto";
   int steps = 20, warmup = 2, log_every = 1;
   uint64_t seed = 1234;
   double timeout_s = 60, lr = 1e-3, max_grad_norm = 1.0;
@@ -333,6 +333,21 @@ int train(const Args& args, const Place& place) {
   } else if (args.device != "cpu") {
     throw InputError("--device " + args.device + " is not one of: auto, cpu, cuda");
   }
+  // Precision: 16-bit plans train in bf16 with fp32 master weights and AdamW states on CUDA;
+  // fp16 and fp8 plans too (no loss scaling, no fp8 GEMMs). CPU trains fp32 unless asked.
+  const bool planned_16bit = plan.training.precision != costmodel::Precision::fp32;
+  bool bf16 = false;
+  std::string precision_note;
+  if (args.precision == "auto") {
+    bf16 = cuda && planned_16bit;
+    if (planned_16bit && !cuda) precision_note = "ran fp32: 16-bit training runs on CUDA (--precision bf16 forces it)";
+  } else if (args.precision == "bf16") {
+    bf16 = true;
+  } else if (args.precision != "fp32") {
+    throw InputError("--precision " + args.precision + " is not one of: auto, fp32, bf16");
+  }
+  if (bf16 && (plan.training.precision == costmodel::Precision::fp16 || plan.training.precision == costmodel::Precision::fp8))
+    precision_note = std::string("ran bf16 for a ") + costmodel::to_string(plan.training.precision) + " plan";
   MemoryMeter meter(cuda ? place.local_rank : -1);  // before the first tensor
   at::Device device = cuda ? at::Device(at::kCUDA, place.local_rank) : at::Device(at::kCPU);
   if (!cuda) {
@@ -375,6 +390,11 @@ int train(const Args& args, const Place& place) {
     ctx.num_stages = p.pp;
     ctx.sequence_parallel = p.sequence_parallel;
     ctx.recompute = p.recompute;
+    ctx.attention = plan.training.attention;
+    ctx.dtype = bf16 ? at::kBFloat16 : at::kFloat;
+    // Megatron accumulates and reduces 16-bit training's gradients in fp32 (main_grad) when the
+    // plan says fp32_grads (its default for bf16); the cost model counts them the same way.
+    const at::ScalarType grad_dtype = !bf16 || plan.training.fp32_grads ? at::kFloat : at::kBFloat16;
     std::vector<int> all(place.world);
     for (int r = 0; r < place.world; ++r) all[r] = r;
     ctx.world = Group::create(store, "world", all, place.rank, go);
@@ -394,10 +414,10 @@ int train(const Args& args, const Place& place) {
     // Model, gradient buckets, optimizer.
     torch::manual_seed(args.seed + 7919 * place.rank);  // dropout streams differ by rank
     GptStage stage(plan.model, plan.stages[me.pp], plan.training.seq_len, ctx, args.seed);
-    GradSync grads(stage.parameters(), ctx, static_cast<int64_t>(plan.training.bucket_bytes));
-    const bool sharded = (p.zero_stage == 1 || p.distributed_optimizer) && p.dp > 1;
+    GradSync grads(stage, ctx, static_cast<int64_t>(plan.training.bucket_bytes), p.zero_stage, p.distributed_optimizer,
+                   grad_dtype);
     std::vector<at::Tensor> decay, no_decay;
-    for (auto& op : grads.optimizer_params(sharded)) (op.weight_decay ? decay : no_decay).push_back(op.tensor);
+    for (auto& op : grads.optimizer_params()) (op.weight_decay ? decay : no_decay).push_back(op.tensor);
     auto adamw = [&](double wd) {
       return std::make_unique<torch::optim::AdamWOptions>(
           torch::optim::AdamWOptions(args.lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(wd));
@@ -413,15 +433,12 @@ int train(const Args& args, const Place& place) {
     so.micro_batch = p.micro_batch;
     so.loss_scale = 1.0 / (double(plan.training.global_batch) * plan.training.seq_len);
     so.max_grad_norm = args.max_grad_norm;
-    so.sharded_optimizer = sharded;
     Trainer trainer(stage, ctx, grads, optimizer, so);
 
     // Train.
-    int64_t weights = 0;
-    for (auto& prm : stage.parameters()) weights += prm.tensor.nbytes();
     std::vector<double> step_times, losses, grad_norms;
     std::vector<std::array<double, kNumPhases>> phases;
-    int64_t activations_peak = 0, run_peak = 0;
+    int64_t activations_peak = 0, buffers_peak = 0, run_peak = 0;
     const double tokens = double(plan.training.global_batch) * plan.training.seq_len;
     const auto run_start = std::chrono::steady_clock::now();
     for (int s = 0; s < args.steps; ++s) {
@@ -434,11 +451,14 @@ int train(const Args& args, const Place& place) {
       auto ph = PhaseClock::instance().end_step();
       double t = 0;
       for (double x : ph) t += x;
-      const int64_t peak = meter.peak_bytes();
-      run_peak = std::max(run_peak, peak);
-      // Activations: what a step allocates above what it started with; the first step also
-      // creates the optimizer states, so it is left out.
-      if (s > 0 || args.steps == 1) activations_peak = std::max(activations_peak, peak - resident);
+      run_peak = std::max(run_peak, meter.peak_bytes());
+      // Activations: the high-water mark of what a step allocates above what it started with,
+      // communication buffers (counted apart) excluded; the first step also creates the
+      // optimizer states, so it is left out.
+      if (s > 0 || args.steps == 1) {
+        activations_peak = std::max(activations_peak, meter.peak_excluding_buffers_bytes() - resident);
+        buffers_peak = std::max(buffers_peak, meter.peak_buffer_bytes());
+      }
       step_times.push_back(t);
       losses.push_back(loss);
       grad_norms.push_back(result.grad_norm);
@@ -453,6 +473,7 @@ int train(const Args& args, const Place& place) {
     }
 
     // Results through the store; rank 0 writes run.json.
+    grads.gather_all_units();  // ZeRO-3: the whole model, to hash it
     json mine = {{"rank", place.rank},
                  {"stage", me.pp},
                  {"step_times_s", step_times},
@@ -461,11 +482,11 @@ int train(const Args& args, const Place& place) {
                  {"phases_s", median_phases(phases)},
                  {"weights_hash", weights_hash(stage.parameters())},
                  {"memory",
-                  {{"weights", weights},
-                   {"gradients", grads.buffer_bytes()},
-                   {"optimizer", optimizer_bytes(optimizer)},
+                  {{"weights", grads.weight_bytes()},
+                   {"gradients", grads.gradient_bytes()},
+                   {"optimizer", optimizer_bytes(optimizer) + grads.master_bytes()},
                    {"activations", activations_peak},
-                   {"buffers", 0},
+                   {"buffers", buffers_peak},
                    {"peak", run_peak}}}};
     std::string text = mine.dump();
     store->set("dplan/result/" + std::to_string(place.rank), std::vector<uint8_t>(text.begin(), text.end()));
@@ -478,12 +499,12 @@ int train(const Args& args, const Place& place) {
       json config = {{"steps", args.steps}, {"warmup_steps", args.warmup}, {"seed", args.seed},
                      {"data", data.describe()}, {"device", cuda ? "cuda" : "cpu"},
                      {"device_name", cuda ? "cuda" : "cpu"}, {"backend", to_string(go.backend)},
-                     {"precision", "fp32"}, {"planned_precision", costmodel::to_string(plan.training.precision)},
+                     {"precision", bf16 ? "bf16" : "fp32"}, {"planned_precision", costmodel::to_string(plan.training.precision)},
+                     {"grad_dtype", grad_dtype == at::kFloat ? "fp32" : "bf16"},
                      {"threads_per_rank", torch::get_num_threads()}, {"timeout_s", args.timeout_s},
                      {"launcher", place.launcher}, {"lr", args.lr}, {"max_grad_norm", args.max_grad_norm}, {"bucket_bytes", plan.training.bucket_bytes},
                      {"num_buckets", grads.num_buckets()}};
-      if (!cuda && plan.training.precision != costmodel::Precision::fp32)
-        config["precision_note"] = "ran fp32: 16-bit training is not run on CPU";
+      if (!precision_note.empty()) config["precision_note"] = precision_note;
       json run = assemble_run(args, place, plan, all_results, config, meter.source());
       if (!args.output.empty()) write_file_atomically(args.output, run.dump(1) + "\n");
       if (!args.quiet) {
@@ -520,6 +541,7 @@ int main(int argc, char** argv) {
   app.add_option("-o,--output", args.output, "write run.json here (rank 0)");
   app.add_option("--timeout-s", args.timeout_s, "collective timeout: a dead rank is reported within it")->capture_default_str();
   app.add_option("--device", args.device, "auto, cpu or cuda")->capture_default_str();
+  app.add_option("--precision", args.precision, "auto, fp32 or bf16")->capture_default_str();
   app.add_option("--lr", args.lr, "AdamW learning rate")->capture_default_str();
   app.add_option("--max-grad-norm", args.max_grad_norm, "clip the global gradient norm to this; 0: no clipping")
       ->capture_default_str();

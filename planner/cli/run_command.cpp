@@ -34,6 +34,10 @@ void add_run_options(CLI::App& command, RunArgs& a) {
   command.add_option("--timeout-s", a.timeout_s, "collective timeout; a dead rank is reported within it")
       ->capture_default_str();
   command.add_option("--device", a.device, "auto, cpu or cuda")->capture_default_str();
+  command.add_option("--precision", a.precision,
+                     "auto (the plan's 16-bit precision as bf16 on CUDA, fp32 on CPU), fp32, or bf16 (on CPU: slow, "
+                     "to check the mixed-precision path)")
+      ->capture_default_str();
   command.add_option("--lr", a.lr, "AdamW learning rate")->capture_default_str();
   command.add_option("--max-grad-norm", a.max_grad_norm, "clip the global gradient norm to this; 0: no clipping")
       ->capture_default_str();
@@ -109,7 +113,7 @@ int run_run(const RunArgs& a) {
 
   std::vector<std::string> args = {worker, a.plan_path, "--steps", std::to_string(a.steps), "--warmup",
                                    std::to_string(a.warmup), "--seed", std::to_string(a.seed), "--timeout-s",
-                                   exact(a.timeout_s), "--device", a.device, "--lr", exact(a.lr), "--max-grad-norm",
+                                   exact(a.timeout_s), "--device", a.device, "--precision", a.precision, "--lr", exact(a.lr), "--max-grad-norm",
                                    exact(a.max_grad_norm),
                                    "--log-every", std::to_string(a.log_every)};
   if (!a.data_path.empty()) args.insert(args.end(), {"--data", a.data_path});

@@ -12,7 +12,7 @@
 namespace dplan::cli {
 
 struct RunArgs {
-  std::string plan_path, data_path, output, device = "auto";
+  std::string plan_path, data_path, output, device = "auto", precision = "auto";
   int steps = 20, warmup = 2, log_every = 1;
   unsigned long long seed = 1234;
   double timeout_s = 60, lr = 1e-3, max_grad_norm = 1.0;

@@ -25,7 +25,6 @@ SearchSpace SearchSpace::runnable_by_executor(int gpus) {
   s.max_cp = 1;
   s.max_vpp = 1;
   s.allow_offload = false;
-  s.max_zero_stage = 1;
   s.allow_expert_parallel = false;
   return s;
 }

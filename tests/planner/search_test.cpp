@@ -82,7 +82,6 @@ TEST_CASE("the executor's search space holds only layouts dplan run executes, an
   REQUIRE(!runnable.empty());
   for (const auto& p : runnable) {
     INFO(to_json(p).dump());
-    CHECK(p.zero_stage <= 1);
     CHECK_FALSE(p.offload_optimizer);
     CHECK(p.cp == 1);
     CHECK(p.ep == 1);
@@ -90,7 +89,7 @@ TEST_CASE("the executor's search space holds only layouts dplan run executes, an
   }
   // Nothing runnable is lost: the full space, filtered the same way, is the same size.
   long expected = std::count_if(all.begin(), all.end(), [](const ParallelConfig& p) {
-    return p.zero_stage <= 1 && !p.offload_optimizer && p.cp == 1 && p.ep == 1 &&
+    return !p.offload_optimizer && p.cp == 1 && p.ep == 1 &&
            p.schedule == Schedule::one_f_one_b;
   });
   CHECK(long(runnable.size()) == expected);

@@ -33,8 +33,8 @@ struct SearchSpace {
   bool allow_recompute = true;                 // selective and full
   bool allow_expert_parallel = true;
 
-  // Only what `dplan run` executes today: tp, pp (1F1B), dp, sequence parallel, recompute, ZeRO 1
-  // and the distributed optimizer; no ZeRO 2/3, offload, cp, ep or interleaving.
+  // Only what `dplan run` executes today: tp, pp (1F1B), dp, sequence parallel, recompute, ZeRO
+  // 0-3 and the distributed optimizer; no offload, cp, ep or interleaving.
   static SearchSpace runnable_by_executor(int gpus);
 };
 

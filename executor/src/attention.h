@@ -1,0 +1,32 @@
+// Memory-efficient exact causal attention (Rabe & Staats 2021, arXiv 2112.05682, "Self-attention
+// does not need O(n^2) memory"; Dao et al. 2022, arXiv 2205.14135, FlashAttention), so that the
+// executor's stored activations are what a FlashAttention kernel stores.
+//
+// Saved for backward, and nothing else: q, k, v at their own head counts (grouped-query K/V stay
+// at kv-head width; contiguous copies only of inputs that are not contiguous, so a strided view
+// into a fused QKV tensor does not keep that tensor alive), the output (the very tensor returned),
+// and an fp32 log-sum-exp per (batch, head, query). No s x s tensor is saved: scores exist only
+// transiently, one [b, heads, block, <= s] tile per block of queries (backward holds two: P and
+// dP). Backward recomputes P from the log-sum-exp. Only ATen ops: runs on CPU and CUDA.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+namespace dplan::executor {
+
+// q [b, heads, s, d]; k, v [b, kv_heads, s, d] with heads % kv_heads == 0; causal (query i sees
+// keys 0..i). Returns the context as [b, s, heads * d] (contiguous), the same tensor the function
+// saves, so that an output projection that saves its input shares that storage (as flash-attn's
+// [b, s, h, d] output does). Softmax statistics are fp32 whatever the input dtype; the result has
+// q's dtype. Not twice differentiable.
+at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t block = 64);
+
+// The tensors a flash_attention output's graph node holds for backward, in the order
+// {q, k, v, out, lse}; empty if `out` did not come from flash_attention; throws once backward has
+// freed them. For tests and memory accounting.
+std::vector<at::Tensor> flash_attention_saved(const at::Tensor& out);
+
+}  // namespace dplan::executor

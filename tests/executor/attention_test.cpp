@@ -1,0 +1,222 @@
+// flash_attention (executor/src/attention.h) against the naive softmax(q k^T / sqrt(d) + causal
+// mask) v differentiated by autograd, computed in fp64 from the same inputs:
+//  - output and the gradients of q, k, v for a random upstream gradient agree within 1e-5
+//    (|x - ref| <= 1e-5 + 1e-5 |ref|) for multi-head, grouped-query, a sequence that is not a
+//    multiple of the block, and a block that covers the whole sequence;
+//  - what the graph keeps for backward is exactly q, k, v (K/V at kv-head width), the returned
+//    output and an fp32 log-sum-exp: no s x s tensor;
+//  - q, k, v as strided views into a fused QKV projection (as gpt.cpp makes them) send the right
+//    gradients into it, and the [b, s, heads * d] context feeds at::linear.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+// LibTorch first: its glog defines CHECK, which must give way to Catch's.
+#include <torch/torch.h>
+#undef CHECK
+#include <catch2/catch.hpp>
+
+#include "attention.h"
+
+namespace {
+using dplan::executor::flash_attention;
+using dplan::executor::flash_attention_saved;
+
+constexpr double kTolerance = 1e-5;
+
+// Naive causal attention, GQA by repeating each kv head over its heads / kv_heads query heads.
+at::Tensor naive_attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in) {
+  const int64_t b = q.size(0), heads = q.size(1), s = q.size(2), d = q.size(3);
+  at::Tensor k = k_in.repeat_interleave(heads / k_in.size(1), 1);
+  at::Tensor v = v_in.repeat_interleave(heads / v_in.size(1), 1);
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(d));
+  at::Tensor future = at::ones({s, s}, q.options().dtype(at::kBool)).triu(1);
+  at::Tensor probs = at::softmax(scores.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
+  return at::matmul(probs, v).transpose(1, 2).reshape({b, s, heads * d});
+}
+
+// Largest |x - ref| / (tol + tol |ref|): at most 1 when within tolerance.
+double worst(const at::Tensor& x, const at::Tensor& ref, double tol = kTolerance) {
+  at::Tensor r = ref.to(at::kDouble);
+  return ((x.to(at::kDouble) - r).abs() / (tol + tol * r.abs())).max().item<double>();
+}
+double max_abs_diff(const at::Tensor& x, const at::Tensor& ref) {
+  return (x.to(at::kDouble) - ref.to(at::kDouble)).abs().max().item<double>();
+}
+
+#define CHECK_CLOSE(x, ref)                        \
+  do {                                             \
+    const double max_abs = max_abs_diff(x, ref);   \
+    CAPTURE(max_abs);                              \
+    CHECK(worst(x, ref) <= 1.0);                   \
+  } while (0)
+
+struct Case {
+  int64_t b, heads, kv_heads, s, d, block;
+};
+
+void check_against_naive(const Case& c) {
+  CAPTURE(c.b, c.heads, c.kv_heads, c.s, c.d, c.block);
+  torch::manual_seed(1234);
+  at::Tensor q = torch::randn({c.b, c.heads, c.s, c.d});
+  at::Tensor k = torch::randn({c.b, c.kv_heads, c.s, c.d});
+  at::Tensor v = torch::randn({c.b, c.kv_heads, c.s, c.d});
+  at::Tensor dout = torch::randn({c.b, c.s, c.heads * c.d});
+
+  at::Tensor fq = q.clone().requires_grad_(), fk = k.clone().requires_grad_(), fv = v.clone().requires_grad_();
+  at::Tensor out = flash_attention(fq, fk, fv, c.block);
+  REQUIRE(out.sizes() == at::IntArrayRef{c.b, c.s, c.heads * c.d});
+  REQUIRE(out.is_contiguous());
+  REQUIRE(out.scalar_type() == at::kFloat);
+  out.backward(dout);
+
+  at::Tensor rq = q.to(at::kDouble).requires_grad_(), rk = k.to(at::kDouble).requires_grad_(),
+             rv = v.to(at::kDouble).requires_grad_();
+  at::Tensor ref = naive_attention(rq, rk, rv);
+  ref.backward(dout.to(at::kDouble));
+
+  REQUIRE(fk.grad().sizes() == k.sizes());  // at kv-head width, summed over each group
+  CHECK_CLOSE(out, ref);
+  CHECK_CLOSE(fq.grad(), rq.grad());
+  CHECK_CLOSE(fk.grad(), rk.grad());
+  CHECK_CLOSE(fv.grad(), rv.grad());
+}
+
+TEST_CASE("flash attention matches naive attention, multi-head", "[attention]") {
+  check_against_naive({2, 4, 4, 128, 16, 64});
+}
+
+TEST_CASE("flash attention matches naive attention, grouped-query", "[attention]") {
+  SECTION("2 query heads per kv head") { check_against_naive({2, 4, 2, 128, 16, 64}); }
+  SECTION("one kv head (multi-query)") { check_against_naive({2, 4, 1, 128, 16, 64}); }
+}
+
+TEST_CASE("flash attention matches naive attention, partial last block", "[attention]") {
+  SECTION("s = 100, block 32") { check_against_naive({2, 4, 4, 100, 16, 32}); }
+  SECTION("s = 100, block 32, grouped-query") { check_against_naive({2, 4, 2, 100, 16, 32}); }
+  SECTION("block of one query") { check_against_naive({1, 2, 1, 17, 8, 1}); }
+}
+
+TEST_CASE("flash attention matches naive attention, one block covers the sequence", "[attention]") {
+  SECTION("block > s") { check_against_naive({2, 4, 2, 100, 16, 256}); }
+  SECTION("block == s") { check_against_naive({2, 4, 4, 64, 16, 64}); }
+}
+
+TEST_CASE("flash attention keeps only q, k, v, the output and the log-sum-exp", "[attention]") {
+  const int64_t b = 2, heads = 4, kv = 2, s = 96, d = 16;
+  torch::manual_seed(7);
+  at::Tensor q = torch::randn({b, heads, s, d}).requires_grad_();
+  at::Tensor k = torch::randn({b, kv, s, d}).requires_grad_();
+  at::Tensor v = torch::randn({b, kv, s, d}).requires_grad_();
+  at::Tensor out = flash_attention(q, k, v, 32);
+  REQUIRE(out.grad_fn());
+
+  const std::vector<at::Tensor> saved = flash_attention_saved(out);
+  REQUIRE(saved.size() == 5);
+  // Contiguous inputs are kept as they are, not copied; K/V at kv-head width.
+  CHECK(saved[0].data_ptr() == q.data_ptr());
+  CHECK(saved[1].data_ptr() == k.data_ptr());
+  CHECK(saved[2].data_ptr() == v.data_ptr());
+  CHECK(saved[1].sizes() == at::IntArrayRef{b, kv, s, d});
+  // The output saved is the one returned: a projection saving its input shares it.
+  CHECK(saved[3].data_ptr() == out.data_ptr());
+  CHECK(saved[4].scalar_type() == at::kFloat);
+  CHECK(saved[4].sizes() == at::IntArrayRef{b, heads, s});
+  int64_t bytes = 0;
+  for (const auto& t : saved) bytes += t.numel() * int64_t(t.element_size());
+  CHECK(bytes == 4 * (q.numel() + k.numel() + v.numel() + out.numel() + b * heads * s));
+
+  CHECK(flash_attention_saved(out * 2).empty());
+  CHECK(flash_attention_saved(q).empty());
+}
+
+TEST_CASE("flash attention takes q, k, v as views into a fused QKV projection", "[attention]") {
+  const int64_t b = 2, heads = 4, kv = 2, s = 80, d = 8, width = (heads + 2 * kv) * d;
+  torch::manual_seed(11);
+  at::Tensor qkv0 = torch::randn({b, s, width});
+  at::Tensor dout = torch::randn({b, s, heads * d});
+  // As gpt.cpp splits its fused projection: strided [b, heads, s, d] views.
+  auto split = [&](const at::Tensor& qkv) {
+    auto parts = qkv.split_with_sizes({heads * d, kv * d, kv * d}, -1);
+    return std::vector<at::Tensor>{parts[0].view({b, s, heads, d}).transpose(1, 2),
+                                   parts[1].view({b, s, kv, d}).transpose(1, 2),
+                                   parts[2].view({b, s, kv, d}).transpose(1, 2)};
+  };
+
+  at::Tensor qkv = qkv0.clone().requires_grad_();
+  auto views = split(qkv);
+  REQUIRE_FALSE(views[0].is_contiguous());
+  at::Tensor out = flash_attention(views[0], views[1], views[2], 32);
+  // The saved q, k, v are compact copies, not the fused tensor.
+  const std::vector<at::Tensor> saved = flash_attention_saved(out);
+  REQUIRE(saved.size() == 5);
+  for (int i = 0; i < 3; ++i) {
+    CHECK(saved[i].is_contiguous());
+    CHECK_FALSE(saved[i].storage().is_alias_of(qkv.storage()));
+  }
+  out.backward(dout);
+
+  at::Tensor rqkv = qkv0.to(at::kDouble).requires_grad_();
+  auto rviews = split(rqkv);
+  at::Tensor ref = naive_attention(rviews[0], rviews[1], rviews[2]);
+  ref.backward(dout.to(at::kDouble));
+  CHECK_CLOSE(out, ref);
+  CHECK_CLOSE(qkv.grad(), rqkv.grad());
+}
+
+TEST_CASE("flash attention's context feeds an output projection", "[attention]") {
+  const int64_t b = 2, heads = 4, kv = 4, s = 40, d = 8, e = 24;
+  torch::manual_seed(3);
+  at::Tensor q = torch::randn({b, heads, s, d}).requires_grad_();
+  at::Tensor k = torch::randn({b, kv, s, d}).requires_grad_();
+  at::Tensor v = torch::randn({b, kv, s, d}).requires_grad_();
+  at::Tensor w = torch::randn({e, heads * d}).requires_grad_();
+  at::Tensor y = at::linear(flash_attention(q, k, v), w);
+  REQUIRE(y.sizes() == at::IntArrayRef{b, s, e});
+  y.sum().backward();
+
+  at::Tensor rq = q.detach().to(at::kDouble).requires_grad_(), rk = k.detach().to(at::kDouble).requires_grad_(),
+             rv = v.detach().to(at::kDouble).requires_grad_(), rw = w.detach().to(at::kDouble).requires_grad_();
+  at::Tensor ry = at::linear(naive_attention(rq, rk, rv), rw);
+  ry.sum().backward();
+  CHECK_CLOSE(y, ry);
+  CHECK_CLOSE(w.grad(), rw.grad());
+  CHECK_CLOSE(q.grad(), rq.grad());
+  CHECK_CLOSE(k.grad(), rk.grad());
+}
+
+TEST_CASE("flash attention in bf16 keeps fp32 statistics and returns bf16", "[attention]") {
+  const int64_t b = 1, heads = 4, kv = 2, s = 70, d = 16;
+  torch::manual_seed(5);
+  at::Tensor q = torch::randn({b, heads, s, d}).to(at::kBFloat16).requires_grad_();
+  at::Tensor k = torch::randn({b, kv, s, d}).to(at::kBFloat16).requires_grad_();
+  at::Tensor v = torch::randn({b, kv, s, d}).to(at::kBFloat16).requires_grad_();
+  at::Tensor dout = torch::randn({b, s, heads * d}).to(at::kBFloat16);
+  at::Tensor out = flash_attention(q, k, v, 32);
+  CHECK(out.scalar_type() == at::kBFloat16);
+  const std::vector<at::Tensor> saved = flash_attention_saved(out);
+  REQUIRE(saved.size() == 5);
+  CHECK(saved[4].scalar_type() == at::kFloat);
+  out.backward(dout);
+  CHECK(q.grad().scalar_type() == at::kBFloat16);
+
+  // The reference sees the same bf16-rounded values; what remains is bf16 rounding of results.
+  at::Tensor rq = q.detach().to(at::kDouble).requires_grad_(), rk = k.detach().to(at::kDouble).requires_grad_(),
+             rv = v.detach().to(at::kDouble).requires_grad_();
+  at::Tensor ref = naive_attention(rq, rk, rv);
+  ref.backward(dout.to(at::kDouble));
+  const double bf16_tolerance = 2e-2;
+  CHECK(worst(out, ref, bf16_tolerance) <= 1.0);
+  CHECK(worst(q.grad(), rq.grad(), bf16_tolerance) <= 1.0);
+  CHECK(worst(k.grad(), rk.grad(), bf16_tolerance) <= 1.0);
+  CHECK(worst(v.grad(), rv.grad(), bf16_tolerance) <= 1.0);
+}
+
+TEST_CASE("flash attention rejects mismatched shapes", "[attention]") {
+  at::Tensor q = torch::randn({1, 3, 8, 4});
+  CHECK_THROWS(flash_attention(q, torch::randn({1, 2, 8, 4}), torch::randn({1, 2, 8, 4})));  // 3 % 2 != 0
+  CHECK_THROWS(flash_attention(q, torch::randn({1, 3, 9, 4}), torch::randn({1, 3, 9, 4})));  // lengths differ
+  CHECK_THROWS(flash_attention(q, q, q, 0));
+}
+
+}  // namespace

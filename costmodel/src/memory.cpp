@@ -122,6 +122,9 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
     // of the one layer being recomputed in backward.
     s.activations_bytes = stored_per_layer * s.num_layers * s.microbatches_in_flight;
     if (p.recompute != Recompute::none) s.activations_bytes += full_layer.total() - stored_per_layer;
+    // With full recompute the gradient arriving at that layer's output is live beside its
+    // recomputed activations (the stored input is all the layer kept).
+    if (p.recompute == Recompute::full && s.num_layers > 0) s.activations_bytes += act * tokens * h / sp;
     if (s.num_layers > 0 || last) s.activations_bytes += backward_working_set_bytes(m, t, p, last);
     // Embedding dropout mask per in-flight micro-batch (Korthikanti Sec. 4.3: sbhp/t).
     if (first && m.hidden_dropout > 0) s.activations_bytes += tokens * h / sp * s.microbatches_in_flight;

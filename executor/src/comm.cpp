@@ -163,11 +163,6 @@ Work Group::all_gather_async(at::Tensor& flat, const at::Tensor& shard) {
   return Work(impl_->pg->allgather(out, in));
 }
 
-int64_t Group::all_gather_scratch_bytes(const at::Tensor& shard) const {
-  if (size() == 1 || impl_->backend == Backend::nccl) return 0;
-  return int64_t(size() + 1) * shard.nbytes();
-}
-
 Work Group::reduce_scatter_async(at::Tensor& flat, at::Tensor& shard) {
   if (size() == 1) {
     shard.copy_(flat);

@@ -81,9 +81,6 @@ class Group {
   // member's slice of it written to `shard`; `flat` is used as scratch. The tensors must stay
   // alive until the Work completes.
   Work all_gather_async(at::Tensor& flat, const at::Tensor& shard);
-  // Bytes the backend allocates for itself while such an all-gather runs (Gloo stages input and
-  // output through flat copies; NCCL gathers in place).
-  int64_t all_gather_scratch_bytes(const at::Tensor& shard) const;
   Work reduce_scatter_async(at::Tensor& flat, at::Tensor& shard);
   void broadcast(at::Tensor& tensor, int root);
   // Point-to-point with group ranks; the tensor must stay alive until the Work completes.

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <thread>
 
 #include "memory_meter.h"
 #include "phase_clock.h"
@@ -16,6 +17,12 @@ namespace {
 // ZeRO-3 frees a unit's full parameters by taking the storage's memory away and gives it back
 // before the next use; the parameters stay views of that storage (shapes, strides and autograd
 // identity unchanged), which is how FSDP frees and refills its flat parameters.
+// A backend's worker thread lets go of a tensor just after it marks the work complete; the
+// buffers' count drops only once the memory is really gone (bounded: a few ms at most).
+void await_sole_owner(const at::Tensor& t) {
+  for (int i = 0; i < 100000 && t.use_count() > 1; ++i) std::this_thread::yield();
+}
+
 void free_storage(const at::Tensor& flat) {
   c10::StorageImpl* s = flat.storage().unsafeGetStorageImpl();
   s->set_data_ptr_noswap(at::DataPtr(nullptr, flat.device()));
@@ -200,6 +207,7 @@ void GradSync::complete_reductions() {
   for (int i : reducing_) {
     Bucket& b = buckets_[i];
     b.work.wait();
+    await_sole_owner(b.grads);
     b.grad_shard.add_(b.grads_reduced);
     const int64_t bytes = b.grads.nbytes() + b.grads_reduced.nbytes();
     b.grads = at::Tensor();
@@ -329,12 +337,9 @@ void GradSync::finish_step() {
   }
   if (!shard_optimizer_ || zero_stage_ >= 3 || ctx_.dp.size() == 1) return;
   PhaseScope scope(Phase::dp_comm);  // every rank's updated slice to every rank
-  for (auto& b : buckets_) {
-    const int64_t scratch = ctx_.dp.all_gather_scratch_bytes(b.param_shard);
-    MemoryMeter::note_buffer_bytes(scratch);
-    ctx_.dp.all_gather_async(b.params, b.param_shard).wait();
-    MemoryMeter::note_buffer_bytes(-scratch);
-  }
+  std::vector<Work> works;
+  for (auto& b : buckets_) works.push_back(ctx_.dp.all_gather_async(b.params, b.param_shard));
+  for (auto& w : works) w.wait();
 }
 
 void GradSync::zero() {
@@ -347,8 +352,7 @@ void GradSync::gather(int unit, bool wait) {
   if (u.state == Unit::State::released) {
     for (int i : u.buckets) {
       Bucket& b = buckets_[i];
-      // Noted first, so that the allocations count as buffers.
-      MemoryMeter::note_buffer_bytes(b.params.nbytes() + ctx_.dp.all_gather_scratch_bytes(b.param_shard));
+      MemoryMeter::note_buffer_bytes(b.params.nbytes());  // first, so that the allocation counts as a buffer
       allocate_storage(b.params);
       u.gathers.push_back(ctx_.dp.all_gather_async(b.params, b.param_shard));
     }
@@ -358,7 +362,6 @@ void GradSync::gather(int unit, bool wait) {
     PhaseScope scope(Phase::dp_comm);
     for (auto& w : u.gathers) w.wait();
     u.gathers.clear();
-    for (int i : u.buckets) MemoryMeter::note_buffer_bytes(-ctx_.dp.all_gather_scratch_bytes(buckets_[i].param_shard));
     u.state = Unit::State::gathered;
   }
 }

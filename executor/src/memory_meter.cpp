@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include <c10/core/Allocator.h>
+#include <ATen/Parallel.h>
 #include <c10/core/CPUAllocator.h>
 #include <torch/version.h>
 #ifdef DPLAN_WITH_CUDA
@@ -25,6 +27,12 @@ void raise_to(std::atomic<int64_t>& peak, int64_t now) {
 // high-water mark since the last reset.
 std::atomic<int64_t> g_buffers{0}, g_buffers_peak{0};
 bool cpu_counter_installed = false;
+std::thread::id g_training_thread;
+
+// Tensors a communication backend allocates on its own threads (Gloo stages gathers through flat
+// copies there) are buffers too. Intra-op worker threads (inside a parallel region) work for the
+// training thread, so theirs are not.
+bool backend_thread() { return std::this_thread::get_id() != g_training_thread && !at::in_parallel_region(); }
 
 // Wraps the default CPU allocator. Some LibTorch code calls raw_allocate(), which requires the
 // DataPtr's context to equal its data pointer, so each block's inner DataPtr lives in a table
@@ -55,6 +63,7 @@ class CountingCpuAllocator final : public c10::Allocator {
   struct Block {
     c10::DataPtr inner;
     size_t bytes;
+    bool buffer;  // allocated by a backend thread
   };
   static void release(void* data) {
     if (!data) return;
@@ -67,6 +76,7 @@ class CountingCpuAllocator final : public c10::Allocator {
       self_->blocks_.erase(it);
     }
     self_->current_ -= int64_t(block.bytes);
+    if (block.buffer) g_buffers -= int64_t(block.bytes);
     self_->buffers_changed();
   }  // the inner DataPtr frees the memory through the default allocator here
   c10::DataPtr wrap(size_t n) const {
@@ -74,10 +84,12 @@ class CountingCpuAllocator final : public c10::Allocator {
     void* data = inner.get();
     c10::Device device = inner.device();
     if (!data) return inner;  // zero bytes
+    const bool buffer = backend_thread();
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      blocks_[data] = Block{std::move(inner), n};
+      blocks_[data] = Block{std::move(inner), n, buffer};
     }
+    if (buffer) raise_to(g_buffers_peak, g_buffers += int64_t(n));
     int64_t now = (current_ += int64_t(n));
     raise_to(peak_, now);
     raise_to(peak_other_, now - g_buffers.load());
@@ -103,6 +115,7 @@ CountingCpuAllocator* cpu_counter() {
 }  // namespace
 
 MemoryMeter::MemoryMeter(int cuda_device) : cuda_device_(cuda_device) {
+  g_training_thread = std::this_thread::get_id();
   if (cuda_device < 0) cpu_counter();
 }
 

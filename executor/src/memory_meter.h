@@ -16,9 +16,11 @@ class MemoryMeter {
   int64_t current_bytes() const;
   int64_t peak_bytes() const;   // since the last reset_peak()
   void reset_peak();
-  // Communication buffers (ZeRO's gathered parameters, unsharded gradient buckets) are counted
-  // apart: their owner reports each allocation (+) and release (-) here, and the meter keeps the
+  // Communication buffers (ZeRO's gathered parameters, unsharded gradient buckets, pipeline
+  // send/receive tensors) are counted apart: their owner reports each allocation (+) and release
+  // (-) here, and on CPU whatever a backend's own threads allocate counts too; the meter keeps the
   // buffers' high-water mark and, on CPU exactly, that of everything else (activations).
+  // Construct the meter on the training thread.
   static void note_buffer_bytes(int64_t delta);
   int64_t peak_buffer_bytes() const;            // since the last reset_peak()
   int64_t peak_excluding_buffers_bytes() const;  // since the last reset_peak()

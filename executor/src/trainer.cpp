@@ -47,9 +47,8 @@ StepResult Trainer::step(const std::vector<Batch>& batches) {
       const int64_t bytes = it->buffer.nbytes();
       if (it->output >= 0 && outputs[it->output].defined())
         outputs[it->output].set_data(at::empty({0}, outputs[it->output].options()));
-      it->buffer = at::Tensor();
-      MemoryMeter::note_buffer_bytes(-bytes);
-      it = sends.erase(it);
+      it = sends.erase(it);  // the buffer goes with the send's own reference to it ...
+      MemoryMeter::note_buffer_bytes(-bytes);  // ... before it leaves the buffers' count
     }
   };
   auto send = [&](const at::Tensor& t, int peer, int tag, int output) {

@@ -17,9 +17,11 @@ namespace {
 // ZeRO-3 frees a unit's full parameters by taking the storage's memory away and gives it back
 // before the next use; the parameters stay views of that storage (shapes, strides and autograd
 // identity unchanged), which is how FSDP frees and refills its flat parameters.
-// A backend's worker thread lets go of a tensor just after it marks the work complete; the
-// buffers' count drops only once the memory is really gone (bounded: a few ms at most).
+// Gloo's worker thread lets go of a tensor just after it marks the work complete; on CPU, where
+// memory is counted exactly, the buffers' count drops only once the memory is really gone
+// (bounded: a few ms at most).
 void await_sole_owner(const at::Tensor& t) {
+  if (t.is_cuda()) return;
   for (int i = 0; i < 100000 && t.use_count() > 1; ++i) std::this_thread::yield();
 }
 

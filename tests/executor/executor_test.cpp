@@ -199,6 +199,11 @@ TEST_CASE("parity: ZeRO-2 and ZeRO-3 shard gradients, then parameters, over dp",
   // Accumulation of 4 micro-batches on one rank, with ZeRO-3's gather and release around each.
   json run = run_plan(write_plan(dir, "gpt-tiny", {1, 1, 2}, 8, {"--zero", "3"}));
   require_parity(run, ref, "tp 1 pp 1 dp 2, 4 micro-batches, ZeRO-3");
+  // Everything at once: tp, pp, dp, sequence parallel and full recompute, on both models.
+  run = run_plan(write_plan(dir, "gpt-tiny", {2, 2, 2, "1f1b", true, 1, "full"}, 8, {"--zero", "2"}));
+  require_parity(run, ref, "tp 2 pp 2 dp 2 sp full ZeRO-2");
+  run = run_plan(write_plan(dir, kLlamaTiny, {2, 2, 2, "1f1b", true, 1, "full"}, 8, {"--zero", "3"}));
+  require_parity(run, reference(kLlamaTiny, 8), "llama-tiny tp 2 pp 2 dp 2 sp full ZeRO-3");
 }
 
 TEST_CASE("memory: measured weights, gradients and optimizer states match the prediction within 1 %, "
@@ -469,6 +474,13 @@ TEST_CASE("dplan run: bad input gives one error line naming the problem, and exi
   CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", plan, "--data", dir.write("small.txt", "too short")})),
              Contains("fewer than the global batch"));
   CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", plan, "--device", "tpu"})), Contains("auto, cpu, cuda"));
+  CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", plan, "--precision", "fp8"})), Contains("auto, fp32, bf16"));
+  // The executor's flash attention has no dropout: a model with attention dropout needs standard attention.
+  std::string dropout_model = dir.write("gpt-dropout.json", R"({"model_type": "gpt2", "n_embd": 64, "n_layer": 2,
+      "n_head": 4, "n_inner": 256, "vocab_size": 256, "n_positions": 128, "attn_pdrop": 0.1, "resid_pdrop": 0.0,
+      "embd_pdrop": 0.0, "tie_word_embeddings": true})");
+  std::string flash = write_plan(dir, dropout_model, {1, 1, 2}, 8);
+  CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", flash, "--steps", "2"})), Contains("--attention standard"));
   CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", plan, "--steps", "0"})), Contains("--steps"));
   CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", plan, "-o", (dir.path() / "no/such/dir/run.json").string()})),
              Contains("does not exist"));

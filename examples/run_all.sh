@@ -62,7 +62,14 @@ if [[ -x $worker || -n ${DPLAN_WORKER:-} ]]; then
       --precision fp32 -o "$work/plan.json"
   run run "$work/plan.json" --steps 10 -o "$work/run.json"
   run compare "$work/plan.json" "$work/run.json"
+
+  # 7. When the model does not fit: ZeRO-3 (parameters, gradients and optimizer states sharded
+  #    over data parallel) with full recompute, on 4 local ranks; then what each stage holds.
+  run estimate --model gpt-tiny --cluster local-cpu --gpus 4 --dp 4 --zero 3 --recompute full --mbs 1 \
+      --global-batch 8 --precision fp32 -o "$work/zero3.json"
+  run run "$work/zero3.json" --steps 5 -o "$work/zero3-run.json"
+  run compare "$work/zero3.json" "$work/zero3-run.json"
 else
-  echo "(example 6 skipped: no dplan-worker beside $dplan; this build has no executor)"
+  echo "(examples 6 and 7 skipped: no dplan-worker beside $dplan; this build has no executor)"
 fi
 echo "run_all: all examples ran"

@@ -293,9 +293,11 @@ TEST_CASE("gradient clipping by the global norm: the same norm and losses on eve
   CHECK(norms.front() > 0.05);
   // Clipping engaged: the trajectory leaves the unclipped one.
   CHECK(std::abs(losses(single).back() - losses(unclipped).back()) > 1e-6 * losses(unclipped).back());
-  for (Layout l : std::vector<Layout>{{2, 2, 2, "1f1b", true}, {1, 2, 2, "gpipe"}, {2, 1, 2}}) {
-    json run = run_plan(write_plan(dir, "gpt-tiny", l, 8), clip);
-    require_parity(run, losses(single), "clipped " + l.describe());
+  // ZeRO-2 and 3 sum the norm over the dp shards of the gradient as well.
+  for (auto [l, zero] : std::vector<std::pair<Layout, std::string>>{
+           {{2, 2, 2, "1f1b", true}, "0"}, {{1, 2, 2, "gpipe"}, "0"}, {{2, 1, 2}, "0"}, {{1, 1, 4}, "2"}, {{2, 2, 2}, "3"}}) {
+    json run = run_plan(write_plan(dir, "gpt-tiny", l, 8, {"--zero", zero}), clip);
+    require_parity(run, losses(single), "clipped " + l.describe() + " ZeRO-" + zero);
     for (size_t i = 0; i < norms.size(); ++i) {
       INFO(l.describe() << " step " << i);
       CHECK(run["steps"][i]["grad_norm"].get<double>() == Approx(norms[i]).epsilon(kParityTolerance));

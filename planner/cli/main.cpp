@@ -22,6 +22,7 @@
 #include "dplan/planner/search.h"
 
 #include "compare_command.h"
+#include "probe_command.h"
 #include "run_command.h"
 
 namespace {
@@ -349,16 +350,21 @@ int main(int argc, char** argv) {
   CLI::App* compare = app.add_subcommand("compare", "a plan's prediction next to a run's measurement");
   cli::add_compare_options(*compare, compare_args);
 
+  cli::ProbeArgs probe_args;
+  CLI::App* probe = app.add_subcommand("probe", "a cluster profile fitted to measurements (nccl-tests output)");
+  cli::add_probe_options(*probe, probe_args);
+
   try {
     app.parse(argc, argv);
     ProfileStore store(find_profiles_dir(o.profiles, "/proc/self/exe", DPLAN_PROFILES_DIR));
     if (*list) return run_list(store);
     if (*run) return cli::run_run(run_args);
     if (*compare) return cli::run_compare(compare_args);
+    if (*probe) return cli::run_probe(probe_args, store);
     if (*estimate) return run_estimate(o, store);
     if (o.model.empty() || top_gpus->count() == 0) {
       std::cerr << "dplan: error: give --model and --gpus (e.g. dplan --model 70B --gpus 64), or a subcommand: "
-                   "estimate, list, run, compare; see dplan --help\n";
+                   "estimate, list, run, compare, probe; see dplan --help\n";
       return 2;
     }
     if (o.top_k < 1) throw InputError("--top must be a positive integer, got " + std::to_string(o.top_k));

@@ -81,17 +81,16 @@ GpuSpec ProfileStore::load_gpu(const std::string& name) const {
   return costmodel::gpu_from_json(read_json_file(path), path);
 }
 
+std::string ProfileStore::cluster_path(const std::string& spec) const {
+  if (looks_like_path(spec)) return spec;
+  for (const auto& name : cluster_names())
+    if (lower(name) == lower(spec)) return root_ + "/clusters/" + name + ".json";
+  throw InputError("unknown cluster \"" + spec + "\"; choose " + join_choices(cluster_names()) +
+                   " or a path to a cluster JSON file");
+}
+
 ClusterSpec ProfileStore::load_cluster(const std::string& spec) const {
-  std::string path;
-  if (looks_like_path(spec)) {
-    path = spec;
-  } else {
-    for (const auto& name : cluster_names())
-      if (lower(name) == lower(spec)) path = root_ + "/clusters/" + name + ".json";
-    if (path.empty())
-      throw InputError("unknown cluster \"" + spec + "\"; choose " + join_choices(cluster_names()) +
-                       " or a path to a cluster JSON file");
-  }
+  const std::string path = cluster_path(spec);
   return costmodel::cluster_from_json(read_json_file(path), path,
                                       [this](const std::string& gpu) { return load_gpu(gpu); });
 }

@@ -24,6 +24,8 @@ class ProfileStore {
   costmodel::ModelSpec load_model(const std::string& spec) const;
   // `spec` is a cluster name under clusters/ or a path to a cluster JSON file.
   costmodel::ClusterSpec load_cluster(const std::string& spec) const;
+  // The file `spec` names (a cluster name under clusters/ or the path itself).
+  std::string cluster_path(const std::string& spec) const;
   costmodel::GpuSpec load_gpu(const std::string& name) const;
 
   std::vector<std::string> model_names() const;

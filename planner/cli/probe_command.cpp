@@ -2,17 +2,22 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/json_io.h"
+#include "dplan/planner/gpu_probe.h"
 #include "dplan/planner/nccl_tests.h"
 
 namespace dplan::cli {
 namespace {
+namespace fs = std::filesystem;
 using costmodel::ClusterSpec;
 using costmodel::Collective;
+using costmodel::GpuSpec;
 using nlohmann::json;
 
 constexpr double kMiB = 1024.0 * 1024.0;
@@ -41,6 +46,11 @@ std::string size_text(double bytes) {
   return buf;
 }
 
+void print_changes(const json& before, const json& after) {
+  for (const auto& [key, value] : after.items())
+    std::printf("  %-24s %12.4g -> %.4g\n", key.c_str(), before[key].get<double>(), value.get<double>());
+}
+
 // The fitted figures as they appear in a cluster file, by tier.
 json tier_figures(const ClusterSpec& c, const std::string& tier) {
   if (tier == "inter_node")
@@ -57,46 +67,36 @@ json tier_figures(const ClusterSpec& c, const std::string& tier) {
   return j;
 }
 
-}  // namespace
-
-void add_probe_options(CLI::App& command, ProbeArgs& a) {
-  command.add_option("--import-nccl-tests", a.nccl_tests_path,
-                     "output of NVIDIA nccl-tests (all_reduce_perf, all_gather_perf, reduce_scatter_perf, alltoall_perf, "
-                     "sendrecv_perf) to fit the cluster's link tier to")
-      ->required();
-  command.add_option("--cluster", a.cluster, "the cluster profile the run was measured on (name or path)")->required();
-  command.add_option("--collective", a.collective, "the test's collective, if the file does not name it");
-  command.add_option("--min-size-mib", a.min_size_mib,
-                     "fit sizes from this many MiB up: NCCL runs smaller messages with its LL protocols, which the cost "
-                     "model does not have")
-      ->capture_default_str();
-  command.add_option("--name", a.name, "name of the written profile (default: <cluster>-measured)");
-  command.add_option("-o,--output", a.output, "write the fitted cluster profile here (JSON, for --cluster)");
+// The fitted figures as they appear in a GPU file.
+json gpu_figures(const GpuSpec& g) {
+  return {{"matmul.max_efficiency", g.matmul_max_efficiency},
+          {"matmul.sm_count", g.sm_count},
+          {"matmul.kernel_overhead_us", g.kernel_overhead_s * 1e6},
+          {"memory_efficiency", g.memory_efficiency}};
 }
 
-int run_probe(const ProbeArgs& a, const planner::ProfileStore& store) {
-  const std::string base_path = store.cluster_path(a.cluster);
-  const ClusterSpec base = store.load_cluster(a.cluster);
+// Fits the tier an nccl-tests file exercised, prints the fit, and puts it into `cluster` (a cluster
+// file's "cluster" object) with its source.
+void import_nccl_tests(const std::string& path, const ProbeArgs& a, const ClusterSpec& base, json& cluster) {
   std::optional<Collective> op;
   if (!a.collective.empty()) op = collective_from(a.collective);
-  if (!(a.min_size_mib >= 0)) throw InputError("--min-size-mib must be 0 or more");
-  planner::NcclTestsRun run = planner::parse_nccl_tests(read_text(a.nccl_tests_path), a.nccl_tests_path, op);
+  planner::NcclTestsRun run = planner::parse_nccl_tests(read_text(path), path, op);
   const size_t all_rows = run.rows.size();
   std::erase_if(run.rows, [&](const planner::NcclTestsRow& r) { return r.bytes < a.min_size_mib * kMiB; });
   if (run.rows.empty())
-    throw InputError(a.nccl_tests_path + ": no sizes of " + std::to_string(a.min_size_mib) +
-                     " MiB or more; lower --min-size-mib");
+    throw InputError(path + ": no sizes of " + std::to_string(a.min_size_mib) + " MiB or more; lower --min-size-mib");
   const planner::TierFit fit = planner::fit_link_tier(base, run);
 
-  std::printf("%s: %s, %d ranks on %d node%s, %zu sizes %s..%s%s\n", a.nccl_tests_path.c_str(),
-              costmodel::to_string(run.collective), run.ranks, run.nodes, run.nodes == 1 ? "" : "s", run.rows.size(),
-              size_text(run.rows.front().bytes).c_str(), size_text(run.rows.back().bytes).c_str(),
-              all_rows > run.rows.size() ? (" (" + std::to_string(all_rows - run.rows.size()) + " below --min-size-mib left out)").c_str() : "");
+  std::printf("%s: %s, %d ranks on %d node%s, %zu sizes %s..%s%s\n", path.c_str(), costmodel::to_string(run.collective),
+              run.ranks, run.nodes, run.nodes == 1 ? "" : "s", run.rows.size(), size_text(run.rows.front().bytes).c_str(),
+              size_text(run.rows.back().bytes).c_str(),
+              all_rows > run.rows.size()
+                  ? (" (" + std::to_string(all_rows - run.rows.size()) + " below --min-size-mib left out)").c_str()
+                  : "");
   if (run.skipped_rows) std::printf("%d rows skipped: size 0 or wrong values\n", run.skipped_rows);
   std::printf("fitted %s of %s by least squares on log time:\n", fit.tier.c_str(), base.name.c_str());
-  const json before = tier_figures(base, fit.tier), after = tier_figures(fit.cluster, fit.tier);
-  for (const auto& [key, value] : after.items())
-    std::printf("  %-24s %12.4g -> %.4g\n", key.c_str(), before[key].get<double>(), value.get<double>());
+  const json after = tier_figures(fit.cluster, fit.tier);
+  print_changes(tier_figures(base, fit.tier), after);
   std::printf("\n%10s %14s %14s %8s %14s %8s\n", "size", "measured (us)", "before (us)", "error", "after (us)", "error");
   for (const auto& r : fit.rows)
     std::printf("%10s %14.1f %14.1f %+7.1f%% %14.1f %+7.1f%%\n", size_text(r.bytes).c_str(), r.measured_s * 1e6,
@@ -104,27 +104,126 @@ int run_probe(const ProbeArgs& a, const planner::ProfileStore& store) {
                 100 * (r.after_s / r.measured_s - 1));
   std::printf("rms log error: %.3f before, %.3f after\n", fit.rms_log_error_before, fit.rms_log_error_after);
 
-  if (a.output.empty()) {
-    std::printf("(no -o: the fitted profile is not written)\n");
-    return 0;
-  }
-  // The base file with the fitted figures and their source, so everything else keeps its own.
-  json profile = read_json_file(base_path);
-  json& cluster = profile.at("cluster");
-  cluster["name"] = a.name.empty() ? base.name + "-measured" : a.name;
   json& tier = cluster.at(fit.tier);
   for (const auto& [key, value] : after.items()) tier[key] = value;
   char source[512];
   std::snprintf(source, sizeof source,
-                "fitted by dplan probe --import-nccl-tests to %s (%s, %d ranks, %d nodes, %zu sizes; rms log error of "
-                "the time %.3f before, %.3f after); the rest: ",
-                a.nccl_tests_path.c_str(), costmodel::to_string(run.collective), run.ranks, run.nodes, run.rows.size(),
+                "fitted by dplan probe to %s (%s, %d ranks, %d nodes, %zu sizes; rms log error of the time %.3f "
+                "before, %.3f after); the rest: ",
+                path.c_str(), costmodel::to_string(run.collective), run.ranks, run.nodes, run.rows.size(),
                 fit.rms_log_error_before, fit.rms_log_error_after);
   tier["source"] = std::string(source) + tier.value("source", std::string());
-  costmodel::cluster_from_json(profile, a.output, [&](const std::string& gpu) { return store.load_gpu(gpu); });
+}
+
+// Fits the GPU to a dplan-gpu-probe result, prints the fit, and returns the GPU file (the base's
+// with the fitted figures and their sources).
+json import_gpu_probe(const planner::GpuProbe& probe, const GpuSpec& base, const planner::ProfileStore& store,
+                      const std::string& name) {
+  const planner::GpuFit fit = planner::fit_gpu(base, probe);
+  std::printf("%s: %s x %d, %d SMs, %zu GEMMs, device-to-device copy %.0f GB/s\n", probe.file.c_str(),
+              probe.device_name.c_str(), probe.device_count, probe.sm_count, probe.gemms.size(),
+              probe.copy_bytes_per_s / 1e9);
+  std::printf("fitted GPU %s by least squares on log time (isolated GEMMs: sustained_fraction held at 1):\n",
+              base.name.c_str());
+  print_changes(gpu_figures(base), gpu_figures(fit.gpu));
+  // Per precision: how far the model's GEMM times were and are from the measured ones.
+  std::map<int, std::array<double, 3>> by_precision;  // count, sum sq before, sum sq after
+  for (const auto& r : fit.rows) {
+    auto& acc = by_precision[static_cast<int>(r.sample.precision)];
+    acc[0] += 1;
+    acc[1] += std::pow(std::log(r.before_s / r.sample.time_s), 2);
+    acc[2] += std::pow(std::log(r.after_s / r.sample.time_s), 2);
+  }
+  for (const auto& [p, acc] : by_precision)
+    std::printf("  %-5s %3.0f GEMMs: rms log error %.3f before, %.3f after\n",
+                costmodel::to_string(static_cast<costmodel::Precision>(p)), acc[0], std::sqrt(acc[1] / acc[0]),
+                std::sqrt(acc[2] / acc[0]));
+  std::printf("rms log error: %.3f before, %.3f after\n", fit.rms_log_error_before, fit.rms_log_error_after);
+
+  json file = read_json_file(store.gpu_path(base.name));
+  json& gpu = file.at("gpu");
+  gpu["name"] = name;
+  gpu["matmul"]["max_efficiency"] = fit.gpu.matmul_max_efficiency;
+  gpu["matmul"]["sm_count"] = fit.gpu.sm_count;
+  gpu["matmul"]["kernel_overhead_us"] = fit.gpu.kernel_overhead_s * 1e6;
+  gpu["memory_efficiency"] = fit.gpu.memory_efficiency;
+  char source[512];
+  std::snprintf(source, sizeof source,
+                "fitted by dplan probe to %s (%s, %zu GEMMs; rms log error of the time %.3f before, %.3f after); the "
+                "rest: ",
+                probe.file.c_str(), probe.device_name.c_str(), probe.gemms.size(), fit.rms_log_error_before,
+                fit.rms_log_error_after);
+  json& sources = gpu["sources"];
+  sources["matmul"] = std::string(source) + sources.value("matmul", std::string());
+  std::snprintf(source, sizeof source, "measured by dplan-gpu-probe (%s): device-to-device copy %.0f GB/s / datasheet; ",
+                probe.file.c_str(), probe.copy_bytes_per_s / 1e9);
+  sources["memory_efficiency"] = std::string(source) + sources.value("memory_efficiency", std::string());
+  return file;
+}
+
+}  // namespace
+
+void add_probe_options(CLI::App& command, ProbeArgs& a) {
+  command.add_option("--import-nccl-tests", a.nccl_tests_path,
+                     "output of NVIDIA nccl-tests (all_reduce_perf, all_gather_perf, reduce_scatter_perf, alltoall_perf, "
+                     "sendrecv_perf) to fit the cluster's link tier to");
+  command.add_option("--import-gpu-probe", a.gpu_probe_path,
+                     "the JSON dplan-gpu-probe wrote, to fit the GPU's matmul efficiency and memory bandwidth (and the "
+                     "intra-node tier to its NCCL sweep)");
+  command.add_option("--cluster", a.cluster, "the cluster profile the measurements were taken on (name or path)")
+      ->required();
+  command.add_option("--collective", a.collective, "the nccl-tests file's collective, if the file does not name it");
+  command.add_option("--min-size-mib", a.min_size_mib,
+                     "fit collective sizes from this many MiB up: NCCL runs smaller messages with its LL protocols, "
+                     "which the cost model does not have")
+      ->capture_default_str();
+  command.add_option("--name", a.name, "name of the written cluster profile (default: <cluster>-measured)");
+  command.add_option("-o,--output", a.output, "write the fitted cluster profile here (JSON, for --cluster)");
+}
+
+int run_probe(const ProbeArgs& a, const planner::ProfileStore& store) {
+  if (a.nccl_tests_path.empty() == a.gpu_probe_path.empty())
+    throw InputError("give one of --import-nccl-tests FILE (nccl-tests output) or --import-gpu-probe FILE (what "
+                     "dplan-gpu-probe wrote); measuring this machine directly is not supported yet");
+  if (!(a.min_size_mib >= 0)) throw InputError("--min-size-mib must be 0 or more");
+  const ClusterSpec base = store.load_cluster(a.cluster);
+  json profile = read_json_file(store.cluster_path(a.cluster));
+  json& cluster = profile.at("cluster");
+  const std::string name = a.name.empty() ? base.name + "-measured" : a.name;
+  cluster["name"] = name;
+
+  json gpu_file;
+  std::string gpu_path;
+  if (!a.nccl_tests_path.empty()) {
+    import_nccl_tests(a.nccl_tests_path, a, base, cluster);
+  } else {
+    const planner::GpuProbe probe = planner::parse_gpu_probe(read_json_file(a.gpu_probe_path), a.gpu_probe_path);
+    gpu_file = import_gpu_probe(probe, base.gpu, store, name + "-gpu");
+    if (!a.output.empty()) {
+      gpu_path = (fs::path(a.output).parent_path() / (fs::path(a.output).stem().string() + "-gpu.json")).string();
+      cluster["gpu"] = fs::path(gpu_path).filename().string();  // beside the cluster file
+    }
+    for (const std::string& f : probe.nccl_tests_files) {
+      if (f.find("all_reduce") == std::string::npos || probe.device_count < 2) continue;
+      const fs::path p = fs::path(f).is_relative() ? fs::path(a.gpu_probe_path).parent_path() / f : fs::path(f);
+      std::printf("\n");
+      import_nccl_tests(p.string(), a, base, cluster);
+    }
+  }
+  if (a.output.empty()) {
+    std::printf("(no -o: the fitted profile is not written)\n");
+    return 0;
+  }
+  if (!gpu_file.is_null()) {
+    costmodel::gpu_from_json(gpu_file, gpu_path);  // refuse to write what would not load
+    write_file_atomically(gpu_path, gpu_file.dump(2) + "\n");
+    std::printf("wrote %s (GPU \"%s\")\n", gpu_path.c_str(), gpu_file["gpu"]["name"].get<std::string>().c_str());
+  }
+  costmodel::cluster_from_json(profile, a.output, [&](const std::string& gpu) {
+    return gpu_path.empty() ? store.load_gpu(gpu) : store.load_gpu(gpu_path);
+  });
   write_file_atomically(a.output, profile.dump(2) + "\n");
-  std::printf("wrote %s (cluster \"%s\"; use --cluster %s)\n", a.output.c_str(), cluster["name"].get<std::string>().c_str(),
-              a.output.c_str());
+  std::printf("wrote %s (cluster \"%s\"; use --cluster %s)\n", a.output.c_str(), name.c_str(), a.output.c_str());
   return 0;
 }
 

@@ -1,6 +1,11 @@
-// `dplan probe --import-nccl-tests FILE --cluster BASE [-o profile.json]`: the link tier an
-// nccl-tests run exercised, fitted to its measured times (planner/nccl_tests.h), printed against
-// the base profile's prediction and written as a cluster profile that --cluster accepts.
+// `dplan probe`: a profile fitted to measurements.
+//   --import-nccl-tests FILE --cluster BASE [-o cluster.json]: the link tier an nccl-tests run
+//     exercised (planner/nccl_tests.h), written as BASE's cluster profile with those figures.
+//   --import-gpu-probe FILE --cluster BASE [-o cluster.json]: dplan-gpu-probe's GEMMs and copy
+//     bandwidth fitted into BASE's GPU profile (planner/gpu_probe.h), written beside the cluster
+//     as <cluster>-gpu.json, and its NCCL all-reduce sweep (if it ran on 2+ GPUs) fitted into
+//     the intra-node tier.
+// Each prints the measurements against the base profile's prediction and the fitted one.
 #pragma once
 
 #include <string>
@@ -13,6 +18,7 @@ namespace dplan::cli {
 
 struct ProbeArgs {
   std::string nccl_tests_path;
+  std::string gpu_probe_path;
   std::string cluster;
   std::string collective;  // empty: from the file
   std::string name;        // of the written profile; empty: BASE-measured

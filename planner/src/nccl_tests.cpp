@@ -9,9 +9,8 @@
 #include <set>
 #include <sstream>
 
-#include <boost/math/tools/minima.hpp>
-
 #include "dplan/costmodel/errors.h"
+#include "fit.h"
 
 namespace dplan::planner {
 namespace {
@@ -163,35 +162,21 @@ TierFit fit_link_tier(const ClusterSpec& base, const NcclTestsRun& run) {
   fit.tier = run.nodes > 1 ? "inter_node" : "intra_node";
   ClusterSpec c = base;
   const std::vector<double> before = model_times(c, run);
-  // Start from the base, clamped into the search box, then coordinate descent: each parameter in
-  // turn to its best value (Brent's method on its log) with the others held, until a sweep no
-  // longer improves the error.
-  std::vector<double> x;
-  for (const auto& p : params) x.push_back(std::log(std::clamp(p.ref(c), p.lo, p.hi)));
-  auto error = [&](const std::vector<double>& v) {
-    ClusterSpec trial = base;
-    for (size_t i = 0; i < params.size(); ++i) params[i].ref(trial) = std::exp(v[i]);
-    return rms_log_error(model_times(trial, run), run);
-  };
-  double best = error(x);
-  for (int sweep = 0; sweep < 30; ++sweep) {
-    const double start = best;
-    for (size_t i = 0; i < params.size(); ++i) {
-      auto along = [&](double value) {
-        std::vector<double> v = x;
-        v[i] = value;
-        return error(v);
-      };
-      auto [value, err] = boost::math::tools::brent_find_minima(along, std::log(params[i].lo), std::log(params[i].hi), 40);
-      if (err < best) {
-        best = err;
-        x[i] = value;
-      }
-    }
-    if (start - best < 1e-9) break;
+  std::vector<double> start;
+  std::vector<detail::Bounds> bounds;
+  for (const auto& p : params) {
+    start.push_back(p.ref(c));
+    bounds.push_back({p.lo, p.hi});
   }
+  const std::vector<double> x = detail::minimize_in_box(
+      [&](const std::vector<double>& v) {
+        ClusterSpec trial = base;
+        for (size_t i = 0; i < params.size(); ++i) params[i].ref(trial) = v[i];
+        return rms_log_error(model_times(trial, run), run);
+      },
+      start, bounds);
   for (size_t i = 0; i < params.size(); ++i) {
-    params[i].ref(c) = std::exp(x[i]);
+    params[i].ref(c) = x[i];
     fit.parameters.push_back(params[i].name);
   }
   const std::vector<double> after = model_times(c, run);

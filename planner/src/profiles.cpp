@@ -74,10 +74,16 @@ ModelSpec ProfileStore::load_model(const std::string& spec) const {
                    "), a size (" + join_choices(shorthands) + ") or a path to a config.json");
 }
 
-GpuSpec ProfileStore::load_gpu(const std::string& name) const {
-  std::string path = root_ + "/gpus/" + name + ".json";
+std::string ProfileStore::gpu_path(const std::string& spec) const {
+  if (looks_like_path(spec)) return spec;
+  std::string path = root_ + "/gpus/" + spec + ".json";
   if (!fs::exists(path))
-    throw InputError("unknown GPU \"" + name + "\"; choose " + join_choices(gpu_names()));
+    throw InputError("unknown GPU \"" + spec + "\"; choose " + join_choices(gpu_names()) + " or a path to a GPU JSON file");
+  return path;
+}
+
+GpuSpec ProfileStore::load_gpu(const std::string& spec) const {
+  const std::string path = gpu_path(spec);
   return costmodel::gpu_from_json(read_json_file(path), path);
 }
 
@@ -91,8 +97,13 @@ std::string ProfileStore::cluster_path(const std::string& spec) const {
 
 ClusterSpec ProfileStore::load_cluster(const std::string& spec) const {
   const std::string path = cluster_path(spec);
-  return costmodel::cluster_from_json(read_json_file(path), path,
-                                      [this](const std::string& gpu) { return load_gpu(gpu); });
+  // A cluster file may name its GPU by a path, relative to the cluster file's folder (what
+  // dplan probe writes: a measured cluster beside its measured GPU).
+  return costmodel::cluster_from_json(read_json_file(path), path, [&](const std::string& gpu) {
+    if (looks_like_path(gpu) && fs::path(gpu).is_relative())
+      return load_gpu((fs::path(path).parent_path() / gpu).string());
+    return load_gpu(gpu);
+  });
 }
 
 std::string find_profiles_dir(const std::string& flag, const std::string& exe_path,

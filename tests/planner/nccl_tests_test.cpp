@@ -8,6 +8,8 @@
 
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/network.h"
+#include "dplan/costmodel/compute.h"
+#include "dplan/planner/gpu_probe.h"
 #include "dplan/planner/nccl_tests.h"
 #include "dplan/planner/profiles.h"
 #include "process.h"
@@ -43,6 +45,21 @@ std::string synthetic_output(const ClusterSpec& c, Collective op, int ranks, int
   }
   out << "# Out of bounds values : 0 OK\n";
   return out.str();
+}
+
+// What dplan-gpu-probe would write for a GPU that behaves exactly as `g` (isolated GEMMs: the
+// sustained fraction is 1), over transformer-like shapes and squares in bf16 and fp32.
+nlohmann::json synthetic_probe(costmodel::GpuSpec g, double copy_bytes_per_s, int devices) {
+  g.sustained_fraction = 1;
+  nlohmann::json gemms = nlohmann::json::array();
+  for (auto [p, name] : {std::pair{costmodel::Precision::bf16, "bf16"}, {costmodel::Precision::fp32, "fp32"}})
+    for (double h : {1024.0, 4096.0, 8192.0})
+      for (auto [m, n, k] : {std::array{2048.0, 3 * h, h}, {8192.0, h, 4 * h}, {h, h, h}, {256.0, h, h}})
+        gemms.push_back({{"precision", name}, {"m", m}, {"n", n}, {"k", k},
+                         {"time_s", costmodel::gemm_time_s(g, p, m, n, k)}});
+  return {{"format_version", 1}, {"generator", "dplan-gpu-probe"},
+          {"device", {{"name", "NVIDIA H100 80GB HBM3"}, {"sm_count", g.sm_count}, {"memory_bytes", 85e9}, {"count", devices}}},
+          {"gemm", gemms}, {"memory", {{"copy_bytes", 1 << 30}, {"time_s", 1.0}, {"bytes_per_s", copy_bytes_per_s}}}};
 }
 
 }  // namespace
@@ -128,7 +145,7 @@ TEST_CASE("dplan probe --import-nccl-tests prints the fit and writes a profile t
   CHECK_THAT(r.out, Catch::Contains("all_reduce, 8 ranks on 1 node, 6 sizes 1 MiB..16 GiB"));
   CHECK_THAT(r.out, Catch::Contains("rms log error"));
   const std::string written = read_file(out);
-  CHECK_THAT(written, Catch::Contains("fitted by dplan probe --import-nccl-tests"));
+  CHECK_THAT(written, Catch::Contains("fitted by dplan probe to"));
   CHECK_THAT(written, Catch::Contains("dgx-a100-80g-measured"));
   r = run_program(DPLAN_BINARY, {"estimate", "--model", "7B", "--cluster", out, "--gpus", "8", "--tp", "8"});
   INFO(r.err);
@@ -139,4 +156,56 @@ TEST_CASE("dplan probe --import-nccl-tests prints the fit and writes a profile t
                                  "dgx-a100-80g"});
   CHECK(r.status == 2);
   CHECK_THAT(r.err, Catch::Contains("none.txt"));
+}
+
+TEST_CASE("fitting a GPU to dplan-gpu-probe's GEMMs recovers the efficiency and overhead it was generated with",
+          "[gpu-probe]") {
+  const costmodel::GpuSpec base = dplan::testing::store().load_gpu("h100-sxm5-80gb");
+  costmodel::GpuSpec truth = base;
+  truth.matmul_max_efficiency = 0.66;
+  truth.kernel_overhead_s = 9e-6;
+  truth.sm_count = 114;  // a part with fewer SMs than the profile's
+  GpuProbe probe = parse_gpu_probe(synthetic_probe(truth, 0.8 * base.hbm_bandwidth_bytes_per_s, 1), "probe.json");
+  CHECK(probe.gemms.size() == 24);
+  GpuFit fit = fit_gpu(base, probe);
+  CHECK(fit.gpu.sm_count == 114);
+  CHECK(fit.gpu.memory_efficiency == Approx(0.8));
+  CHECK(fit.gpu.matmul_max_efficiency == Approx(0.66).epsilon(0.02));
+  CHECK(fit.gpu.kernel_overhead_s == Approx(9e-6).epsilon(0.1));
+  CHECK(fit.gpu.sustained_fraction == base.sustained_fraction);  // a whole step's factor is not what GEMMs measure
+  CHECK(fit.rms_log_error_before > 0.05);
+  CHECK(fit.rms_log_error_after < 0.01);
+  // Malformed or too little.
+  CHECK_THROWS_WITH(parse_gpu_probe(nlohmann::json::object(), "x.json"), Catch::Contains("dplan-gpu-probe"));
+  probe.gemms.resize(1);
+  CHECK_THROWS_WITH(fit_gpu(base, probe), Catch::Contains("cannot determine 2 parameters"));
+}
+
+TEST_CASE("dplan probe --import-gpu-probe writes a GPU and a cluster profile that --cluster reads", "[gpu-probe][cli]") {
+  TempDir dir;
+  ClusterSpec truth = dplan::testing::store().load_cluster("dgx-h100");
+  truth.gpu.matmul_max_efficiency = 0.7;
+  truth.nvls_efficiency_fraction = 0.55;  // NVLS carries the all-reduce on this node at every size
+  nlohmann::json probe = synthetic_probe(truth.gpu, 2.9e12, 8);
+  dir.write("probe-all_reduce_perf.txt", synthetic_output(truth, Collective::all_reduce, 8, 1, "all_reduce_perf"));
+  probe["nccl_tests_files"] = {"probe-all_reduce_perf.txt"};  // relative: beside the probe file
+  const std::string probe_path = dir.write("gpu-probe.json", probe.dump());
+  const std::string out = (dir.path() / "my-node.json").string();
+  auto r = run_program(DPLAN_BINARY, {"probe", "--import-gpu-probe", probe_path, "--cluster", "dgx-h100", "-o", out});
+  INFO(r.out << r.err);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.out, Catch::Contains("fitted GPU h100-sxm5-80gb"));
+  CHECK_THAT(r.out, Catch::Contains("fitted intra_node of dgx-h100"));
+  const ClusterSpec measured = dplan::testing::store().load_cluster(out);
+  CHECK(measured.name == "dgx-h100-measured");
+  CHECK(measured.gpu.name == "dgx-h100-measured-gpu");
+  CHECK(measured.gpu.matmul_max_efficiency == Approx(0.7).epsilon(0.02));
+  CHECK(measured.nvls_efficiency_fraction == Approx(0.55).epsilon(0.05));
+  r = run_program(DPLAN_BINARY, {"estimate", "--model", "8B", "--cluster", out, "--gpus", "8", "--tp", "8"});
+  INFO(r.err);
+  CHECK(r.status == 0);
+  // Neither or both imports: one clear line.
+  r = run_program(DPLAN_BINARY, {"probe", "--cluster", "dgx-h100"});
+  CHECK(r.status == 2);
+  CHECK_THAT(r.err, Catch::Contains("--import-nccl-tests") && Catch::Contains("--import-gpu-probe"));
 }

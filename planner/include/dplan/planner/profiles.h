@@ -22,11 +22,14 @@ class ProfileStore {
   // `spec` is a preset name (case-insensitive), a size shorthand, or a path to a config.json.
   // Throws InputError naming the valid presets and shorthands when nothing matches.
   costmodel::ModelSpec load_model(const std::string& spec) const;
-  // `spec` is a cluster name under clusters/ or a path to a cluster JSON file.
+  // `spec` is a cluster name under clusters/ or a path to a cluster JSON file; the cluster's
+  // "gpu" is a GPU name or a path (relative paths from the cluster file's folder).
   costmodel::ClusterSpec load_cluster(const std::string& spec) const;
   // The file `spec` names (a cluster name under clusters/ or the path itself).
   std::string cluster_path(const std::string& spec) const;
-  costmodel::GpuSpec load_gpu(const std::string& name) const;
+  // `spec` is a GPU name under gpus/ or a path to a GPU JSON file.
+  costmodel::GpuSpec load_gpu(const std::string& spec) const;
+  std::string gpu_path(const std::string& spec) const;
 
   std::vector<std::string> model_names() const;
   std::vector<std::string> cluster_names() const;

@@ -1,0 +1,54 @@
+// What dplan-gpu-probe measured (probe/gpu_probe.cpp writes it), read into a GPU profile:
+// `dplan probe --import-gpu-probe gpu-probe.json --cluster BASE -o my-node.json` fits the GPU's
+// matmul efficiency and per-kernel overhead to the measured GEMMs through the cost model's own
+// GEMM time (costmodel/src/compute.cpp: wave quantization over the measured SM count, roofline
+// against HBM, overhead), and sets the achieved HBM fraction from the measured copy bandwidth.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "dplan/costmodel/hardware.h"
+#include "dplan/costmodel/json_io.h"
+
+namespace dplan::planner {
+
+struct GemmSample {
+  costmodel::Precision precision = costmodel::Precision::bf16;
+  double m = 0, n = 0, k = 0;  // (m x k) * (k x n)
+  double time_s = 0;
+};
+
+struct GpuProbe {
+  std::string file;
+  std::string device_name;
+  int sm_count = 0;
+  int device_count = 0;
+  double copy_bytes_per_s = 0;  // read + written per second, device to device
+  std::vector<GemmSample> gemms;
+  std::vector<std::string> nccl_tests_files;  // as written by the probe
+};
+
+// Throws InputError naming the file and key for anything malformed.
+GpuProbe parse_gpu_probe(const json& j, const std::string& file);
+
+struct GemmFitRow {
+  GemmSample sample;
+  double before_s = 0, after_s = 0;
+};
+
+struct GpuFit {
+  costmodel::GpuSpec gpu;  // the base with the measured SM count, memory efficiency and fitted matmul figures
+  std::vector<GemmFitRow> rows;
+  double rms_log_error_before = 0, rms_log_error_after = 0;
+};
+
+// Least squares on log time over every GEMM (all precisions together, each against its own peak):
+// matmul max_efficiency and kernel_overhead; sm_count is the measured one and memory_efficiency is
+// copy bandwidth / datasheet HBM bandwidth (at most 1). The isolated GEMMs measure the maximum
+// achievable matmul rate (MAMF), so the fit holds the profile's sustained_fraction at 1 and the
+// written profile keeps its own. Throws InputError with fewer than 2 GEMMs, or a GEMM in a
+// precision the base GPU has no peak for.
+GpuFit fit_gpu(const costmodel::GpuSpec& base, const GpuProbe& probe);
+
+}  // namespace dplan::planner

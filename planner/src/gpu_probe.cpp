@@ -1,0 +1,96 @@
+#include "dplan/planner/gpu_probe.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "dplan/costmodel/compute.h"
+#include "dplan/costmodel/errors.h"
+#include "fit.h"
+
+namespace dplan::planner {
+namespace {
+using costmodel::GpuSpec;
+using costmodel::Precision;
+
+Precision precision_from(const std::string& name, const std::string& where) {
+  if (name == "bf16") return Precision::bf16;
+  if (name == "fp16") return Precision::fp16;
+  if (name == "fp32") return Precision::fp32;
+  if (name == "fp8") return Precision::fp8;
+  throw InputError(where + ": precision \"" + name + "\" is not one of: bf16, fp16, fp32, fp8");
+}
+
+std::vector<double> gemm_times(const GpuSpec& g, const GpuProbe& probe) {
+  std::vector<double> t;
+  for (const auto& s : probe.gemms) t.push_back(costmodel::gemm_time_s(g, s.precision, s.m, s.n, s.k));
+  return t;
+}
+
+double rms_log_error(const std::vector<double>& model, const GpuProbe& probe) {
+  double sum = 0;
+  for (size_t i = 0; i < model.size(); ++i) sum += std::pow(std::log(model[i] / probe.gemms[i].time_s), 2);
+  return std::sqrt(sum / model.size());
+}
+
+}  // namespace
+
+GpuProbe parse_gpu_probe(const json& j, const std::string& file) {
+  auto fail = [&](const std::string& what) -> InputError {
+    return InputError(file + ": " + what + " (expected the JSON dplan-gpu-probe writes)");
+  };
+  if (!j.is_object() || j.value("generator", "") != "dplan-gpu-probe") throw fail("not a dplan-gpu-probe result");
+  GpuProbe p;
+  p.file = file;
+  try {
+    const json& device = j.at("device");
+    p.device_name = device.at("name").get<std::string>();
+    p.sm_count = device.at("sm_count").get<int>();
+    p.device_count = device.at("count").get<int>();
+    p.copy_bytes_per_s = j.at("memory").at("bytes_per_s").get<double>();
+    for (const auto& g : j.at("gemm")) {
+      GemmSample s{precision_from(g.at("precision").get<std::string>(), file + ": /gemm"), g.at("m").get<double>(),
+                   g.at("n").get<double>(), g.at("k").get<double>(), g.at("time_s").get<double>()};
+      if (!(s.m > 0 && s.n > 0 && s.k > 0 && s.time_s > 0)) throw fail("/gemm: a non-positive shape or time");
+      p.gemms.push_back(s);
+    }
+    if (j.contains("nccl_tests_files"))
+      for (const auto& f : j.at("nccl_tests_files")) p.nccl_tests_files.push_back(f.get<std::string>());
+  } catch (const json::exception& e) {
+    throw fail(std::string("malformed: ") + e.what());
+  }
+  if (p.sm_count < 1 || !(p.copy_bytes_per_s > 0)) throw fail("/device/sm_count and /memory/bytes_per_s must be positive");
+  return p;
+}
+
+GpuFit fit_gpu(const GpuSpec& base, const GpuProbe& probe) {
+  if (probe.gemms.size() < 2)
+    throw InputError(probe.file + ": " + std::to_string(probe.gemms.size()) +
+                     " GEMMs cannot determine 2 parameters (max_efficiency, kernel_overhead)");
+  for (const auto& s : probe.gemms) costmodel::peak_flops_per_s(base, s.precision);  // throws for a missing unit
+  GpuFit fit;
+  GpuSpec isolated = base;
+  isolated.sustained_fraction = 1;  // isolated GEMMs: the maximum achievable rate
+  const std::vector<double> before = gemm_times(isolated, probe);
+  GpuSpec g = isolated;
+  g.sm_count = probe.sm_count;
+  g.memory_efficiency = std::min(1.0, probe.copy_bytes_per_s / base.hbm_bandwidth_bytes_per_s);
+  const std::vector<double> x = detail::minimize_in_box(
+      [&](const std::vector<double>& v) {
+        GpuSpec trial = g;
+        trial.matmul_max_efficiency = v[0];
+        trial.kernel_overhead_s = v[1];
+        return rms_log_error(gemm_times(trial, probe), probe);
+      },
+      {base.matmul_max_efficiency, std::max(base.kernel_overhead_s, 1e-7)}, {{0.02, 1.0}, {1e-7, 1e-3}});
+  g.matmul_max_efficiency = x[0];
+  g.kernel_overhead_s = x[1];
+  const std::vector<double> after = gemm_times(g, probe);
+  g.sustained_fraction = base.sustained_fraction;
+  for (size_t i = 0; i < probe.gemms.size(); ++i) fit.rows.push_back({probe.gemms[i], before[i], after[i]});
+  fit.rms_log_error_before = rms_log_error(before, probe);
+  fit.rms_log_error_after = rms_log_error(after, probe);
+  fit.gpu = g;
+  return fit;
+}
+
+}  // namespace dplan::planner

@@ -31,6 +31,7 @@
 #include "dplan/costmodel/errors.h"
 #include "gpt.h"
 #include "grad_sync.h"
+#include "machine_probe.h"
 #include "memory_meter.h"
 #include "phase_clock.h"
 #include "plan_file.h"
@@ -47,6 +48,7 @@ struct Args {
   uint64_t seed = 1234;
   double timeout_s = 60, lr = 1e-3, max_grad_norm = 1.0;
   bool quiet = false;
+  bool probe = false;
 };
 
 // Where this process sits, from the launcher's environment.
@@ -528,12 +530,33 @@ int train(const Args& args, const Place& place) {
   }
 }
 
+// --probe: every rank measures at once, with a training rank's threads, over a Gloo world group.
+int probe_machine(const Args& args, const Place& place) {
+  if (args.output.empty()) throw InputError("--probe needs -o FILE for the measurements");
+  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  torch::set_num_threads(std::max(1, cores / std::max(1, place.local_world)));
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(args.timeout_s * 1000));
+  auto store = connect_store(place, !place.agent_store && place.rank == 0, timeout);
+  GroupOptions go;
+  go.backend = Backend::gloo;
+  go.timeout = timeout;
+  if (place.local_world == place.world) go.gloo_address = "127.0.0.1";
+  std::vector<int> all(place.world);
+  for (int r = 0; r < place.world; ++r) all[r] = r;
+  Group world = Group::create(store, "world", all, place.rank, go);
+  run_machine_probe({args.output}, world);
+  if (place.rank == 0 && !args.quiet) std::fprintf(stderr, "wrote %s\n", args.output.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Args args;
   CLI::App app{"dplan-worker: one rank of dplan's executor (started by dplan run, torchrun or srun)", "dplan-worker"};
-  app.add_option("plan", args.plan_path, "plan.json written by dplan -o")->required();
+  app.add_option("plan", args.plan_path, "plan.json written by dplan -o (not with --probe)");
+  app.add_flag("--probe", args.probe,
+               "measure this machine instead (GEMMs, memory bandwidth, Gloo collectives over the ranks) into -o FILE");
   app.add_option("--steps", args.steps, "optimizer steps")->capture_default_str();
   app.add_option("--warmup", args.warmup, "first steps marked warm-up, left out of the statistics")->capture_default_str();
   app.add_option("--data", args.data_path, "byte-level text file (default: a seeded synthetic stream)");
@@ -551,6 +574,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
     place = read_place();
+    if (args.probe) return probe_machine(args, place) == 0 ? (exit_now(0), 0) : 1;
+    if (args.plan_path.empty()) throw InputError("give plan.json (written by dplan -o), or --probe -o FILE");
     return train(args, place) == 0 ? (exit_now(0), 0) : 1;
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);

@@ -6,11 +6,13 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/json_io.h"
 #include "dplan/planner/gpu_probe.h"
 #include "dplan/planner/nccl_tests.h"
+#include "run_command.h"
 
 namespace dplan::cli {
 namespace {
@@ -120,7 +122,7 @@ void import_nccl_tests(const std::string& path, const ProbeArgs& a, const Cluste
 json import_gpu_probe(const planner::GpuProbe& probe, const GpuSpec& base, const planner::ProfileStore& store,
                       const std::string& name) {
   const planner::GpuFit fit = planner::fit_gpu(base, probe);
-  std::printf("%s: %s x %d, %d SMs, %zu GEMMs, device-to-device copy %.0f GB/s\n", probe.file.c_str(),
+  std::printf("%s: %s x %d, %d SMs, %zu GEMMs, device-to-device copy %.1f GB/s\n", probe.file.c_str(),
               probe.device_name.c_str(), probe.device_count, probe.sm_count, probe.gemms.size(),
               probe.copy_bytes_per_s / 1e9);
   std::printf("fitted GPU %s by least squares on log time (isolated GEMMs: sustained_fraction held at 1):\n",
@@ -178,13 +180,33 @@ void add_probe_options(CLI::App& command, ProbeArgs& a) {
                      "which the cost model does not have")
       ->capture_default_str();
   command.add_option("--name", a.name, "name of the written cluster profile (default: <cluster>-measured)");
+  command.add_option("--ranks", a.ranks,
+                     "measuring this machine (no import): local ranks to measure with (default: the cores, at least 2)");
+  command.add_option("--timeout-s", a.timeout_s, "measuring this machine: collective timeout")->capture_default_str();
   command.add_option("-o,--output", a.output, "write the fitted cluster profile here (JSON, for --cluster)");
 }
 
 int run_probe(const ProbeArgs& a, const planner::ProfileStore& store) {
-  if (a.nccl_tests_path.empty() == a.gpu_probe_path.empty())
-    throw InputError("give one of --import-nccl-tests FILE (nccl-tests output) or --import-gpu-probe FILE (what "
-                     "dplan-gpu-probe wrote); measuring this machine directly is not supported yet");
+  if (!a.nccl_tests_path.empty() && !a.gpu_probe_path.empty())
+    throw InputError("give one of --import-nccl-tests FILE or --import-gpu-probe FILE, not both");
+  std::string probe_path = a.gpu_probe_path;
+  if (a.nccl_tests_path.empty() && probe_path.empty()) {
+    // Measure this machine with local ranks of dplan-worker --probe, then import that.
+    if (a.output.empty())
+      throw InputError("measuring this machine needs -o cluster.json (the measurements go beside it); or import "
+                       "--import-nccl-tests FILE or --import-gpu-probe FILE");
+    if (!fs::is_directory(fs::absolute(a.output).parent_path()))
+      throw InputError("-o " + a.output + ": folder " + fs::absolute(a.output).parent_path().string() + " does not exist");
+    const int ranks = a.ranks > 0 ? a.ranks : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
+    probe_path = (fs::path(a.output).parent_path() / (fs::path(a.output).stem().string() + "-probe.json")).string();
+    std::printf("measuring this machine with %d local ranks (dplan-worker --probe -o %s)\n", ranks, probe_path.c_str());
+    std::fflush(stdout);
+    const int status = launch_local_ranks({find_worker(), "--probe", "-o", probe_path, "--timeout-s",
+                                           std::to_string(a.timeout_s), "--quiet"},
+                                          ranks, a.timeout_s);
+    if (status != 0) return status;
+    std::printf("\n");
+  }
   if (!(a.min_size_mib >= 0)) throw InputError("--min-size-mib must be 0 or more");
   const ClusterSpec base = store.load_cluster(a.cluster);
   json profile = read_json_file(store.cluster_path(a.cluster));
@@ -197,7 +219,7 @@ int run_probe(const ProbeArgs& a, const planner::ProfileStore& store) {
   if (!a.nccl_tests_path.empty()) {
     import_nccl_tests(a.nccl_tests_path, a, base, cluster);
   } else {
-    const planner::GpuProbe probe = planner::parse_gpu_probe(read_json_file(a.gpu_probe_path), a.gpu_probe_path);
+    const planner::GpuProbe probe = planner::parse_gpu_probe(read_json_file(probe_path), probe_path);
     gpu_file = import_gpu_probe(probe, base.gpu, store, name + "-gpu");
     if (!a.output.empty()) {
       gpu_path = (fs::path(a.output).parent_path() / (fs::path(a.output).stem().string() + "-gpu.json")).string();
@@ -205,7 +227,7 @@ int run_probe(const ProbeArgs& a, const planner::ProfileStore& store) {
     }
     for (const std::string& f : probe.nccl_tests_files) {
       if (f.find("all_reduce") == std::string::npos || probe.device_count < 2) continue;
-      const fs::path p = fs::path(f).is_relative() ? fs::path(a.gpu_probe_path).parent_path() / f : fs::path(f);
+      const fs::path p = fs::path(f).is_relative() ? fs::path(probe_path).parent_path() / f : fs::path(f);
       std::printf("\n");
       import_nccl_tests(p.string(), a, base, cluster);
     }

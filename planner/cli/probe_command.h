@@ -5,6 +5,9 @@
 //     bandwidth fitted into BASE's GPU profile (planner/gpu_probe.h), written beside the cluster
 //     as <cluster>-gpu.json, and its NCCL all-reduce sweep (if it ran on 2+ GPUs) fitted into
 //     the intra-node tier.
+//   neither, --cluster BASE [--ranks N] -o cluster.json: measures this machine first with N local
+//     ranks of `dplan-worker --probe` (LibTorch GEMMs, copy bandwidth, Gloo collectives; written as
+//     <cluster>-probe.json beside the output), then imports that as a probe file.
 // Each prints the measurements against the base profile's prediction and the fitted one.
 #pragma once
 
@@ -24,6 +27,8 @@ struct ProbeArgs {
   std::string name;        // of the written profile; empty: BASE-measured
   std::string output;
   double min_size_mib = 1;  // smaller messages run NCCL's LL protocols, which the model lacks
+  int ranks = 0;            // measuring this machine: local ranks (0: the number of cores, at least 2)
+  double timeout_s = 120;
 };
 
 void add_probe_options(CLI::App& command, ProbeArgs& args);

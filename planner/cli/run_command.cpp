@@ -45,8 +45,6 @@ void add_run_options(CLI::App& command, RunArgs& a) {
   command.add_flag("--quiet", a.quiet, "no progress lines");
 }
 
-namespace {
-
 // dplan-worker beside this binary, or $DPLAN_WORKER.
 std::string find_worker() {
   if (const char* w = std::getenv("DPLAN_WORKER"); w && *w) return w;
@@ -54,9 +52,11 @@ std::string find_worker() {
   fs::path self = fs::read_symlink("/proc/self/exe", ec);
   fs::path worker = self.parent_path() / "dplan-worker";
   if (!ec && fs::exists(worker)) return worker.string();
-  throw InputError("dplan run needs the executor (dplan-worker), which this build of dplan lacks: it is built "
+  throw InputError("this needs the executor (dplan-worker), which this build of dplan lacks: it is built "
                    "when LibTorch is found; install libtorch-dev and libgloo-dev and rebuild (./setup.sh)");
 }
+
+namespace {
 
 // A free TCP port on loopback for the rendezvous store (the kernel picks one; we let it go and
 // rank 0 binds it a moment later).
@@ -119,6 +119,11 @@ int run_run(const RunArgs& a) {
   if (!a.data_path.empty()) args.insert(args.end(), {"--data", a.data_path});
   if (!a.output.empty()) args.insert(args.end(), {"-o", a.output});
   if (a.quiet) args.push_back("--quiet");
+  return launch_local_ranks(args, world, a.timeout_s);
+}
+
+int launch_local_ranks(std::vector<std::string> args, int world, double timeout_s) {
+  const std::string worker = args.at(0);
   std::vector<char*> argv;
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
@@ -179,7 +184,7 @@ int run_run(const RunArgs& a) {
         failed_status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
         failure = "rank " + std::to_string(r) + " (pid " + std::to_string(pid) + ") " + describe_exit(wstatus);
         deadline = std::chrono::steady_clock::now() +
-                   std::chrono::milliseconds(static_cast<int64_t>((a.timeout_s + 10) * 1000));
+                   std::chrono::milliseconds(static_cast<int64_t>((timeout_s + 10) * 1000));
       }
       continue;
     }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -21,5 +22,13 @@ struct RunArgs {
 
 void add_run_options(CLI::App& command, RunArgs& args);
 int run_run(const RunArgs& args);
+
+// dplan-worker beside this binary, or $DPLAN_WORKER; InputError if this build has none.
+std::string find_worker();
+// Starts `world` local ranks of args[0] with args[1..] and the rendezvous environment (RANK,
+// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT on a free loopback port), watches
+// them, names the first that fails, and kills the rest timeout_s + 10 s later. Returns 0, 2 when a
+// rank exited 2 (bad input, which rank 0 has reported), else 1.
+int launch_local_ranks(std::vector<std::string> args, int world, double timeout_s);
 
 }  // namespace dplan::cli

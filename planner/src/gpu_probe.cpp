@@ -36,9 +36,10 @@ double rms_log_error(const std::vector<double>& model, const GpuProbe& probe) {
 
 GpuProbe parse_gpu_probe(const json& j, const std::string& file) {
   auto fail = [&](const std::string& what) -> InputError {
-    return InputError(file + ": " + what + " (expected the JSON dplan-gpu-probe writes)");
+    return InputError(file + ": " + what + " (expected the JSON dplan-gpu-probe or dplan-worker --probe writes)");
   };
-  if (!j.is_object() || j.value("generator", "") != "dplan-gpu-probe") throw fail("not a dplan-gpu-probe result");
+  const std::string generator = j.is_object() ? j.value("generator", "") : "";
+  if (generator != "dplan-gpu-probe" && generator != "dplan-cpu-probe") throw fail("not a dplan-gpu-probe result");
   GpuProbe p;
   p.file = file;
   try {

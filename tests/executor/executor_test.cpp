@@ -456,6 +456,38 @@ TEST_CASE("a rank killed mid-run stops the others within the timeout, and the er
   CHECK_THAT(err, Contains("rank 1 stopped (no heartbeat"));
 }
 
+TEST_CASE("dplan probe measures this machine with local ranks and writes profiles that --cluster reads",
+          "[executor][probe]") {
+  TempDir dir;
+  const std::string out = (dir.path() / "machine.json").string();
+  Result r = run_program(DPLAN_BINARY, {"probe", "--cluster", "local-cpu", "--ranks", "2", "-o", out});
+  INFO(r.out << r.err);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.out, Contains("measuring this machine with 2 local ranks"));
+  CHECK_THAT(r.out, Contains("fitted GPU cpu-core"));
+  CHECK_THAT(r.out, Contains("fitted intra_node of local-cpu"));
+  // The measurements: LibTorch GEMMs over a layer's shapes, the copy bandwidth, Gloo collectives.
+  json probe = json::parse(read_file((dir.path() / "machine-probe.json").string()));
+  CHECK(probe["generator"] == "dplan-cpu-probe");
+  CHECK(probe["device"]["count"] == 2);
+  CHECK(probe["gemm"].size() >= 30);
+  for (const auto& g : probe["gemm"]) CHECK(g["flops_per_s"].get<double>() > 1e6);
+  CHECK(probe["memory"]["bytes_per_s"].get<double>() > 1e8);
+  REQUIRE(probe["nccl_tests_files"].size() == 2);
+  CHECK_THAT(read_file((dir.path() / "machine-probe-all_reduce_perf.txt").string()), Contains("#  Rank 1 Group"));
+  // The written cluster names its measured GPU and plans with it.
+  CHECK_THAT(read_file(out), Contains("machine-gpu.json"));
+  r = run_program(DPLAN_BINARY, {"estimate", "--model", "gpt-tiny", "--cluster", out, "--gpus", "2", "--dp", "2",
+                                 "--global-batch", "8", "--precision", "fp32"});
+  INFO(r.err);
+  CHECK(r.status == 0);
+  CHECK_THAT(r.out, Contains("local-cpu-measured"));
+  // Without -o there is nowhere to put the measurements.
+  r = run_program(DPLAN_BINARY, {"probe", "--cluster", "local-cpu"});
+  CHECK(r.status == 2);
+  CHECK_THAT(r.err, Contains("-o"));
+}
+
 TEST_CASE("dplan run: bad input gives one error line naming the problem, and exit status 2", "[executor][errors]") {
   TempDir dir;
   auto one_line = [](const Result& r) {

@@ -1,4 +1,5 @@
-// What dplan-gpu-probe measured (probe/gpu_probe.cpp writes it), read into a GPU profile:
+// What dplan-gpu-probe measured (probe/gpu_probe.cpp writes it; `dplan-worker --probe` writes the
+// same for a CPU machine, executor/src/machine_probe.cpp), read into a GPU profile:
 // `dplan probe --import-gpu-probe gpu-probe.json --cluster BASE -o my-node.json` fits the GPU's
 // matmul efficiency and per-kernel overhead to the measured GEMMs through the cost model's own
 // GEMM time (costmodel/src/compute.cpp: wave quantization over the measured SM count, roofline

@@ -145,6 +145,7 @@ ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuL
   fabric.finish();
 
   c.host_memory_bytes = r.positive_number("host_memory_gib") * kGiB;
+  if (r.has("cores_per_node")) c.cores_per_node = static_cast<int>(r.positive_int("cores_per_node"));
   c.sources["cluster"] = r.string("source");
   r.finish();
   top.finish();
@@ -190,7 +191,8 @@ json to_json(const ClusterSpec& c) {
                 {"efficiency", c.nic_efficiency_fraction},
                 {"half_bandwidth_mib", c.inter_node_half_bandwidth_bytes / kMiB}}},
               {"fabric", {{"kind", "fat-tree"}, {"nodes_per_leaf", c.nodes_per_leaf}, {"oversubscription", c.oversubscription}}},
-              {"host_memory_gib", c.host_memory_bytes / kGiB}};
+              {"host_memory_gib", c.host_memory_bytes / kGiB},
+              {"cores_per_node", c.cores_per_node}};
 }
 
 }  // namespace dplan::costmodel

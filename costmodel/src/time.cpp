@@ -37,7 +37,16 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
 TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const TrainingSpec& t, const ParallelConfig& p,
                             const MemoryEstimate& mem, const OverlapOptions& overlap) {
   const ClusterSpec& cluster = net.cluster();
-  const GpuSpec& gpu = cluster.gpu;
+  // Ranks that share one machine's cores each get min(1, cores / ranks) of a core: more ranks
+  // than cores time-share them, and fewer do not speed a rank up, since LibTorch's CPU GEMMs on the
+  // reference BLAS run on one thread (the local-cpu cluster; dedicated devices are unaffected).
+  GpuSpec gpu = cluster.gpu;
+  if (cluster.cores_per_node > 0) {
+    const int ranks = std::min(p.world_size(), cluster.gpus_per_node);
+    const double share = std::min(1.0, double(cluster.cores_per_node) / ranks);
+    for (auto& [precision, flops] : gpu.peak_flops_per_s) flops *= share;
+    gpu.hbm_bandwidth_bytes_per_s *= share;
+  }
   const double B = activation_bytes(t.precision);
   const double T = double(p.micro_batch) * t.seq_len / p.cp;  // tokens per micro-batch on one GPU
   const double h = m.hidden_size;
@@ -187,7 +196,7 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
   r.step_time_s = r.forward_s + r.backward_s + r.recompute_s + r.exposed_comm_s() + r.pp_bubble_s + r.optimizer_s;
   r.tokens_per_s = double(t.global_batch) * t.seq_len / r.step_time_s;
   r.bubble_fraction = r.pp_bubble_s / r.step_time_s;
-  const double peak = peak_flops_per_s(gpu, t.precision) * p.world_size();
+  const double peak = peak_flops_per_s(cluster.gpu, t.precision) * p.world_size();
   const double model_flops = model_flops_per_step(m, t);
   double tokens = double(t.global_batch) * t.seq_len;
   LayerFlops lf = layer_forward_flops(m, tokens, t.seq_len);

@@ -21,6 +21,7 @@
 #include "dplan/planner/report.h"
 #include "dplan/planner/search.h"
 
+#include "calibrate_command.h"
 #include "compare_command.h"
 #include "probe_command.h"
 #include "run_command.h"
@@ -350,6 +351,10 @@ int main(int argc, char** argv) {
   CLI::App* compare = app.add_subcommand("compare", "a plan's prediction next to a run's measurement");
   cli::add_compare_options(*compare, compare_args);
 
+  cli::CalibrateArgs calibrate_args;
+  CLI::App* calibrate = app.add_subcommand("calibrate", "a profile's efficiency figures fitted to measured runs");
+  cli::add_calibrate_options(*calibrate, calibrate_args);
+
   cli::ProbeArgs probe_args;
   CLI::App* probe = app.add_subcommand("probe", "a cluster profile fitted to measurements (nccl-tests output)");
   cli::add_probe_options(*probe, probe_args);
@@ -361,10 +366,11 @@ int main(int argc, char** argv) {
     if (*run) return cli::run_run(run_args);
     if (*compare) return cli::run_compare(compare_args);
     if (*probe) return cli::run_probe(probe_args, store);
+    if (*calibrate) return cli::run_calibrate(calibrate_args, store);
     if (*estimate) return run_estimate(o, store);
     if (o.model.empty() || top_gpus->count() == 0) {
       std::cerr << "dplan: error: give --model and --gpus (e.g. dplan --model 70B --gpus 64), or a subcommand: "
-                   "estimate, list, run, compare, probe; see dplan --help\n";
+                   "estimate, list, run, compare, probe, calibrate; see dplan --help\n";
       return 2;
     }
     if (o.top_k < 1) throw InputError("--top must be a positive integer, got " + std::to_string(o.top_k));

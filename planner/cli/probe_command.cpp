@@ -12,6 +12,7 @@
 #include "dplan/costmodel/json_io.h"
 #include "dplan/planner/gpu_probe.h"
 #include "dplan/planner/nccl_tests.h"
+#include "profile_files.h"
 #include "run_command.h"
 
 namespace dplan::cli {
@@ -119,7 +120,7 @@ void import_nccl_tests(const std::string& path, const ProbeArgs& a, const Cluste
 
 // Fits the GPU to a dplan-gpu-probe result, prints the fit, and returns the GPU file (the base's
 // with the fitted figures and their sources).
-json import_gpu_probe(const planner::GpuProbe& probe, const GpuSpec& base, const planner::ProfileStore& store,
+json import_gpu_probe(const planner::GpuProbe& probe, const GpuSpec& base, const std::string& base_gpu_file,
                       const std::string& name) {
   const planner::GpuFit fit = planner::fit_gpu(base, probe);
   std::printf("%s: %s x %d, %d SMs, %zu GEMMs, device-to-device copy %.1f GB/s\n", probe.file.c_str(),
@@ -142,7 +143,7 @@ json import_gpu_probe(const planner::GpuProbe& probe, const GpuSpec& base, const
                 std::sqrt(acc[2] / acc[0]));
   std::printf("rms log error: %.3f before, %.3f after\n", fit.rms_log_error_before, fit.rms_log_error_after);
 
-  json file = read_json_file(store.gpu_path(base.name));
+  json file = read_json_file(base_gpu_file);
   json& gpu = file.at("gpu");
   gpu["name"] = name;
   gpu["matmul"]["max_efficiency"] = fit.gpu.matmul_max_efficiency;
@@ -215,16 +216,12 @@ int run_probe(const ProbeArgs& a, const planner::ProfileStore& store) {
   cluster["name"] = name;
 
   json gpu_file;
-  std::string gpu_path;
   if (!a.nccl_tests_path.empty()) {
     import_nccl_tests(a.nccl_tests_path, a, base, cluster);
   } else {
     const planner::GpuProbe probe = planner::parse_gpu_probe(read_json_file(probe_path), probe_path);
-    gpu_file = import_gpu_probe(probe, base.gpu, store, name + "-gpu");
-    if (!a.output.empty()) {
-      gpu_path = (fs::path(a.output).parent_path() / (fs::path(a.output).stem().string() + "-gpu.json")).string();
-      cluster["gpu"] = fs::path(gpu_path).filename().string();  // beside the cluster file
-    }
+    gpu_file = import_gpu_probe(probe, base.gpu, gpu_file_of(store.cluster_path(a.cluster), store), name + "-gpu");
+    if (probe.cores > 0) cluster["cores_per_node"] = probe.cores;  // the ranks share this machine's cores
     for (const std::string& f : probe.nccl_tests_files) {
       if (f.find("all_reduce") == std::string::npos || probe.device_count < 2) continue;
       const fs::path p = fs::path(f).is_relative() ? fs::path(probe_path).parent_path() / f : fs::path(f);
@@ -236,16 +233,7 @@ int run_probe(const ProbeArgs& a, const planner::ProfileStore& store) {
     std::printf("(no -o: the fitted profile is not written)\n");
     return 0;
   }
-  if (!gpu_file.is_null()) {
-    costmodel::gpu_from_json(gpu_file, gpu_path);  // refuse to write what would not load
-    write_file_atomically(gpu_path, gpu_file.dump(2) + "\n");
-    std::printf("wrote %s (GPU \"%s\")\n", gpu_path.c_str(), gpu_file["gpu"]["name"].get<std::string>().c_str());
-  }
-  costmodel::cluster_from_json(profile, a.output, [&](const std::string& gpu) {
-    return gpu_path.empty() ? store.load_gpu(gpu) : store.load_gpu(gpu_path);
-  });
-  write_file_atomically(a.output, profile.dump(2) + "\n");
-  std::printf("wrote %s (cluster \"%s\"; use --cluster %s)\n", a.output.c_str(), name.c_str(), a.output.c_str());
+  write_profiles(profile, gpu_file, a.output, store);
   return 0;
 }
 

@@ -47,6 +47,7 @@ GpuProbe parse_gpu_probe(const json& j, const std::string& file) {
     p.device_name = device.at("name").get<std::string>();
     p.sm_count = device.at("sm_count").get<int>();
     p.device_count = device.at("count").get<int>();
+    p.cores = device.value("cores", 0);
     p.copy_bytes_per_s = j.at("memory").at("bytes_per_s").get<double>();
     for (const auto& g : j.at("gemm")) {
       GemmSample s{precision_from(g.at("precision").get<std::string>(), file + ": /gemm"), g.at("m").get<double>(),

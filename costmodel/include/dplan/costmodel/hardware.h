@@ -60,6 +60,9 @@ struct ClusterSpec {
   int nodes_per_leaf = 0;              // nodes under one leaf switch
   double oversubscription = 1.0;       // leaf uplink over-subscription (1 = non-blocking)
   double host_memory_bytes = 0;        // per node
+  // Devices that are the cores of one shared machine (local-cpu): the cores its ranks share; 0
+  // when every device is its own. The time model gives each rank min(1, cores / ranks) of one.
+  int cores_per_node = 0;
   json sources;
   bool operator==(const ClusterSpec&) const = default;
 };

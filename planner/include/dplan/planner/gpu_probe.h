@@ -25,6 +25,7 @@ struct GpuProbe {
   std::string device_name;
   int sm_count = 0;
   int device_count = 0;
+  int cores = 0;  // dplan-worker --probe: the machine's cores, which its ranks share (0: GPUs)
   double copy_bytes_per_s = 0;  // read + written per second, device to device
   std::vector<GemmSample> gemms;
   std::vector<std::string> nccl_tests_files;  // as written by the probe

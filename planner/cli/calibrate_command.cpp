@@ -1,0 +1,99 @@
+#include "calibrate_command.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "dplan/costmodel/errors.h"
+#include "dplan/planner/calibrate.h"
+#include "profile_files.h"
+
+namespace dplan::cli {
+namespace {
+using costmodel::ClusterSpec;
+
+std::string layout_text(const costmodel::ParallelConfig& p) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "tp %d pp %d dp %d%s", p.tp, p.pp, p.dp,
+                p.zero_stage ? (" zero " + std::to_string(p.zero_stage)).c_str() : "");
+  return buf;
+}
+
+double figure(const ClusterSpec& c, const std::string& name) {
+  if (name == "gpu.sustained_fraction") return c.gpu.sustained_fraction;
+  if (name == "gpu.memory_efficiency") return c.gpu.memory_efficiency;
+  if (name == "intra_node.efficiency") return c.intra_node.efficiency_fraction;
+  if (name == "intra_node.latency") return c.intra_node.latency_s * 1e6;
+  if (name == "inter_node.efficiency") return c.nic_efficiency_fraction;
+  return c.inter_node_latency_s * 1e6;  // inter_node.latency
+}
+
+}  // namespace
+
+void add_calibrate_options(CLI::App& command, CalibrateArgs& a) {
+  command.add_option("runs", a.runs, "run.json files written by dplan run (each names the plan it ran)")->required();
+  command.add_option("--profile", a.profile, "the cluster profile to start from (name or path)")->required();
+  command.add_option("--name", a.name, "name of the written profile (default: <profile>-calibrated)");
+  command.add_option("-o,--output", a.output, "write the calibrated cluster profile here (JSON, for --cluster)");
+}
+
+int run_calibrate(const CalibrateArgs& a, const planner::ProfileStore& store) {
+  const ClusterSpec base = store.load_cluster(a.profile);
+  std::vector<planner::CalibrationRun> runs;
+  for (const auto& f : a.runs) runs.push_back(planner::read_calibration_run(f));
+  const planner::Calibration cal = planner::calibrate(base, runs);
+
+  std::printf("calibrated %s on %zu runs by least squares on log step time:\n", base.name.c_str(), runs.size());
+  for (const auto& p : cal.parameters)
+    std::printf("  %-24s %12.4g -> %.4g%s\n", p.c_str(), figure(base, p), figure(cal.cluster, p),
+                p.ends_with("latency") ? " us" : "");
+  std::printf("\n%-28s %-18s %13s %13s %8s %13s %8s\n", "run", "layout", "measured (ms)", "before (ms)", "error",
+              "after (ms)", "error");
+  for (size_t i = 0; i < runs.size(); ++i)
+    std::printf("%-28s %-18s %13.2f %13.2f %+7.1f%% %13.2f %+7.1f%%\n", runs[i].file.c_str(),
+                layout_text(runs[i].parallel).c_str(), runs[i].measured_step_s * 1e3, cal.before_s[i] * 1e3,
+                100 * (cal.before_s[i] / runs[i].measured_step_s - 1), cal.after_s[i] * 1e3,
+                100 * (cal.after_s[i] / runs[i].measured_step_s - 1));
+  std::printf("rms log error: %.3f before, %.3f after\n", cal.rms_log_error_before, cal.rms_log_error_after);
+  if (a.output.empty()) {
+    std::printf("(no -o: the calibrated profile is not written)\n");
+    return 0;
+  }
+
+  std::string fitted_on;
+  for (const auto& r : runs) fitted_on += (fitted_on.empty() ? "" : ", ") + r.file;
+  char summary[160];
+  std::snprintf(summary, sizeof summary, " (rms log error of the step time %.3f before, %.3f after); the rest: ",
+                cal.rms_log_error_before, cal.rms_log_error_after);
+  const std::string source = "calibrated by dplan calibrate on " + fitted_on + summary;
+
+  const std::string cluster_path = store.cluster_path(a.profile);
+  json profile = read_json_file(cluster_path);
+  json& cluster = profile.at("cluster");
+  cluster["name"] = a.name.empty() ? base.name + "-calibrated" : a.name;
+  const ClusterSpec& c = cal.cluster;
+  for (const auto& p : cal.parameters) {
+    if (p.starts_with("intra_node")) {
+      cluster["intra_node"]["efficiency"] = c.intra_node.efficiency_fraction;
+      cluster["intra_node"]["latency_us"] = c.intra_node.latency_s * 1e6;
+    } else if (p.starts_with("inter_node")) {
+      cluster["inter_node"]["efficiency"] = c.nic_efficiency_fraction;
+      cluster["inter_node"]["latency_us"] = c.inter_node_latency_s * 1e6;
+    }
+  }
+  for (const char* tier : {"intra_node", "inter_node"}) {
+    bool fitted = false;
+    for (const auto& p : cal.parameters) fitted = fitted || p.starts_with(tier);
+    if (fitted) cluster[tier]["source"] = source + cluster[tier].value("source", std::string());
+  }
+  json gpu_file = read_json_file(gpu_file_of(cluster_path, store));
+  json& gpu = gpu_file.at("gpu");
+  gpu["name"] = cluster["name"].get<std::string>() + "-gpu";
+  gpu["sustained_fraction"] = c.gpu.sustained_fraction;
+  gpu["memory_efficiency"] = c.gpu.memory_efficiency;
+  for (const char* key : {"sustained_fraction", "memory_efficiency"})
+    gpu["sources"][key] = source + gpu["sources"].value(key, std::string());
+  write_profiles(profile, gpu_file, a.output, store);
+  return 0;
+}
+
+}  // namespace dplan::cli

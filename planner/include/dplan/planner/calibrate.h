@@ -1,0 +1,46 @@
+// `dplan calibrate RUN.json... --profile CLUSTER -o CLUSTER2`: the profile's efficiency figures
+// fitted to measured step times. Each run.json (written by dplan run) names the plan it ran; the
+// plan gives the model, training spec, layout and overlap switches, and the cost model predicts
+// that layout's step time on the candidate profile. Least squares on log step time over the runs
+// fits, by coordinate descent (planner/src/fit.h):
+//   - compute: the GPU's sustained_fraction (its matmul rate over a whole step) and its
+//     memory_efficiency (element-wise kernels);
+//   - each link tier some run communicates over: its efficiency and per-hop latency (intra-node;
+//     the NICs when a run spans nodes).
+// Fewer runs than parameters is refused: the fit would be underdetermined.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "dplan/costmodel/time.h"
+
+namespace dplan::planner {
+
+struct CalibrationRun {
+  std::string file;         // the run.json
+  std::string plan_file;    // the plan it ran
+  costmodel::ModelSpec model;
+  costmodel::TrainingSpec training;
+  costmodel::ParallelConfig parallel;
+  costmodel::OverlapOptions overlap;
+  double measured_step_s = 0;  // the run's median step time
+};
+
+// Reads run.json and the plan it names ("plan": as given to dplan run; a relative path that does
+// not exist from here is looked for beside the run.json). Throws InputError naming what is wrong.
+CalibrationRun read_calibration_run(const std::string& run_file);
+
+// The cost model's step time for a run on `cluster`.
+double predicted_step_s(const costmodel::ClusterSpec& cluster, const CalibrationRun& run);
+
+struct Calibration {
+  costmodel::ClusterSpec cluster;       // the fitted profile
+  std::vector<std::string> parameters;  // e.g. "gpu.sustained_fraction", "intra_node.latency"
+  std::vector<double> before_s, after_s;  // per run
+  double rms_log_error_before = 0, rms_log_error_after = 0;
+};
+
+Calibration calibrate(const costmodel::ClusterSpec& base, const std::vector<CalibrationRun>& runs);
+
+}  // namespace dplan::planner

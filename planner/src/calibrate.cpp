@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <filesystem>
-#include <functional>
 
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/json_io.h"
@@ -13,16 +12,10 @@ namespace {
 namespace fs = std::filesystem;
 using costmodel::ClusterSpec;
 
-struct Param {
-  std::string name;
-  std::function<double&(ClusterSpec&)> ref;
-  detail::Bounds bounds;
-};
-
-double rms_log_error(const std::vector<double>& predicted, const std::vector<CalibrationRun>& runs) {
-  double sum = 0;
-  for (size_t i = 0; i < runs.size(); ++i) sum += std::pow(std::log(predicted[i] / runs[i].measured_step_s), 2);
-  return std::sqrt(sum / runs.size());
+std::vector<double> measured_steps(const std::vector<CalibrationRun>& runs) {
+  std::vector<double> out;
+  for (const auto& r : runs) out.push_back(r.measured_step_s);
+  return out;
 }
 
 std::vector<double> predictions(const ClusterSpec& c, const std::vector<CalibrationRun>& runs) {
@@ -69,7 +62,7 @@ double predicted_step_s(const ClusterSpec& cluster, const CalibrationRun& run) {
 }
 
 Calibration calibrate(const ClusterSpec& base, const std::vector<CalibrationRun>& runs) {
-  std::vector<Param> params = {
+  std::vector<detail::ClusterParameter> params = {
       {"gpu.sustained_fraction", [](ClusterSpec& c) -> double& { return c.gpu.sustained_fraction; }, {1e-3, 1.0}},
       {"gpu.memory_efficiency", [](ClusterSpec& c) -> double& { return c.gpu.memory_efficiency; }, {1e-3, 1.0}}};
   bool intra = false, inter = false;
@@ -97,26 +90,14 @@ Calibration calibrate(const ClusterSpec& base, const std::vector<CalibrationRun>
                      std::to_string(params.size()) + " runs of different layouts");
   }
   Calibration cal;
+  const std::vector<double> measured = measured_steps(runs);
   cal.before_s = predictions(base, runs);
-  std::vector<double> start;
-  std::vector<detail::Bounds> bounds;
-  ClusterSpec c = base;
-  for (const auto& p : params) {
-    start.push_back(p.ref(c));
-    bounds.push_back(p.bounds);
-    cal.parameters.push_back(p.name);
-  }
-  const std::vector<double> x = detail::minimize_in_box(
-      [&](const std::vector<double>& v) {
-        ClusterSpec trial = base;
-        for (size_t i = 0; i < params.size(); ++i) params[i].ref(trial) = v[i];
-        return rms_log_error(predictions(trial, runs), runs);
-      },
-      start, bounds);
-  for (size_t i = 0; i < params.size(); ++i) params[i].ref(c) = x[i];
+  const ClusterSpec c = detail::fit_cluster(
+      base, params, [&](const ClusterSpec& trial) { return detail::rms_log_error(predictions(trial, runs), measured); });
+  for (const auto& p : params) cal.parameters.push_back(p.name);
   cal.after_s = predictions(c, runs);
-  cal.rms_log_error_before = rms_log_error(cal.before_s, runs);
-  cal.rms_log_error_after = rms_log_error(cal.after_s, runs);
+  cal.rms_log_error_before = detail::rms_log_error(cal.before_s, measured);
+  cal.rms_log_error_after = detail::rms_log_error(cal.after_s, measured);
   cal.cluster = c;
   return cal;
 }

@@ -51,4 +51,27 @@ std::vector<double> minimize_in_box(const std::function<double(const std::vector
   return x;
 }
 
+double rms_log_error(const std::vector<double>& model, const std::vector<double>& measured) {
+  double sum = 0;
+  for (size_t i = 0; i < model.size(); ++i) sum += std::pow(std::log(model[i] / measured[i]), 2);
+  return std::sqrt(sum / model.size());
+}
+
+costmodel::ClusterSpec fit_cluster(const costmodel::ClusterSpec& base, const std::vector<ClusterParameter>& params,
+                                   const std::function<double(const costmodel::ClusterSpec&)>& error) {
+  costmodel::ClusterSpec c = base;
+  std::vector<double> start;
+  std::vector<Bounds> bounds;
+  for (const auto& p : params) {
+    start.push_back(p.ref(c));
+    bounds.push_back(p.bounds);
+  }
+  auto with = [&](const std::vector<double>& v) {
+    costmodel::ClusterSpec trial = base;
+    for (size_t i = 0; i < params.size(); ++i) params[i].ref(trial) = v[i];
+    return trial;
+  };
+  return with(minimize_in_box([&](const std::vector<double>& v) { return error(with(v)); }, start, bounds));
+}
+
 }  // namespace dplan::planner::detail

@@ -5,7 +5,10 @@
 #pragma once
 
 #include <functional>
+#include <string>
 #include <vector>
+
+#include "dplan/costmodel/hardware.h"
 
 namespace dplan::planner::detail {
 
@@ -17,5 +20,20 @@ struct Bounds {
 // Returns the best parameters found.
 std::vector<double> minimize_in_box(const std::function<double(const std::vector<double>&)>& error,
                                     std::vector<double> start, const std::vector<Bounds>& bounds);
+
+// sqrt(mean(ln(model / measured)^2)): the error every probe fit and calibration minimises.
+double rms_log_error(const std::vector<double>& model, const std::vector<double>& measured);
+
+// One figure of a cluster profile to fit.
+struct ClusterParameter {
+  std::string name;
+  std::function<double&(costmodel::ClusterSpec&)> ref;
+  Bounds bounds;
+};
+
+// `base` with the values of `params` that minimise `error` (of a candidate cluster), searched from
+// base's own values.
+costmodel::ClusterSpec fit_cluster(const costmodel::ClusterSpec& base, const std::vector<ClusterParameter>& params,
+                                   const std::function<double(const costmodel::ClusterSpec&)>& error);
 
 }  // namespace dplan::planner::detail

@@ -26,10 +26,10 @@ std::vector<double> gemm_times(const GpuSpec& g, const GpuProbe& probe) {
   return t;
 }
 
-double rms_log_error(const std::vector<double>& model, const GpuProbe& probe) {
-  double sum = 0;
-  for (size_t i = 0; i < model.size(); ++i) sum += std::pow(std::log(model[i] / probe.gemms[i].time_s), 2);
-  return std::sqrt(sum / model.size());
+std::vector<double> measured_times(const GpuProbe& probe) {
+  std::vector<double> t;
+  for (const auto& s : probe.gemms) t.push_back(s.time_s);
+  return t;
 }
 
 }  // namespace
@@ -70,6 +70,7 @@ GpuFit fit_gpu(const GpuSpec& base, const GpuProbe& probe) {
                      " GEMMs cannot determine 2 parameters (max_efficiency, kernel_overhead)");
   for (const auto& s : probe.gemms) costmodel::peak_flops_per_s(base, s.precision);  // throws for a missing unit
   GpuFit fit;
+  const std::vector<double> measured = measured_times(probe);
   GpuSpec isolated = base;
   isolated.sustained_fraction = 1;  // isolated GEMMs: the maximum achievable rate
   const std::vector<double> before = gemm_times(isolated, probe);
@@ -81,7 +82,7 @@ GpuFit fit_gpu(const GpuSpec& base, const GpuProbe& probe) {
         GpuSpec trial = g;
         trial.matmul_max_efficiency = v[0];
         trial.kernel_overhead_s = v[1];
-        return rms_log_error(gemm_times(trial, probe), probe);
+        return detail::rms_log_error(gemm_times(trial, probe), measured);
       },
       {base.matmul_max_efficiency, std::max(base.kernel_overhead_s, 1e-7)}, {{0.02, 1.0}, {1e-7, 1e-3}});
   g.matmul_max_efficiency = x[0];
@@ -89,8 +90,8 @@ GpuFit fit_gpu(const GpuSpec& base, const GpuProbe& probe) {
   const std::vector<double> after = gemm_times(g, probe);
   g.sustained_fraction = base.sustained_fraction;
   for (size_t i = 0; i < probe.gemms.size(); ++i) fit.rows.push_back({probe.gemms[i], before[i], after[i]});
-  fit.rms_log_error_before = rms_log_error(before, probe);
-  fit.rms_log_error_after = rms_log_error(after, probe);
+  fit.rms_log_error_before = detail::rms_log_error(before, measured);
+  fit.rms_log_error_after = detail::rms_log_error(after, measured);
   fit.gpu = g;
   return fit;
 }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <iterator>
 #include <map>
 #include <regex>
@@ -43,30 +42,23 @@ bool parse_number(const std::string& token, double& value) {
   }
 }
 
-// One fitted figure of the cluster, searched between lo and hi on a log scale.
-struct Param {
-  std::string name;
-  std::function<double&(ClusterSpec&)> ref;
-  double lo, hi;
-};
-
-std::vector<Param> parameters_for(const ClusterSpec& base, const NcclTestsRun& run) {
-  std::vector<Param> p;
+std::vector<detail::ClusterParameter> parameters_for(const ClusterSpec& base, const NcclTestsRun& run) {
+  std::vector<detail::ClusterParameter> p;
   if (run.nodes > 1) {
-    p.push_back({"inter_node.efficiency", [](ClusterSpec& c) -> double& { return c.nic_efficiency_fraction; }, 0.02, 2.0});
+    p.push_back({"inter_node.efficiency", [](ClusterSpec& c) -> double& { return c.nic_efficiency_fraction; }, {0.02, 2.0}});
     p.push_back({"inter_node.half_bandwidth", [](ClusterSpec& c) -> double& { return c.inter_node_half_bandwidth_bytes; },
-                 1e3, 1e10});
-    p.push_back({"inter_node.latency", [](ClusterSpec& c) -> double& { return c.inter_node_latency_s; }, 1e-8, 1e-3});
+                 {1e3, 1e10}});
+    p.push_back({"inter_node.latency", [](ClusterSpec& c) -> double& { return c.inter_node_latency_s; }, {1e-8, 1e-3}});
     return p;
   }
-  p.push_back({"intra_node.efficiency", [](ClusterSpec& c) -> double& { return c.intra_node.efficiency_fraction; }, 0.02, 2.0});
+  p.push_back({"intra_node.efficiency", [](ClusterSpec& c) -> double& { return c.intra_node.efficiency_fraction; }, {0.02, 2.0}});
   p.push_back({"intra_node.half_bandwidth", [](ClusterSpec& c) -> double& { return c.intra_node.half_bandwidth_bytes; },
-               1e3, 1e10});
-  p.push_back({"intra_node.latency", [](ClusterSpec& c) -> double& { return c.intra_node.latency_s; }, 1e-8, 1e-3});
+               {1e3, 1e10}});
+  p.push_back({"intra_node.latency", [](ClusterSpec& c) -> double& { return c.intra_node.latency_s; }, {1e-8, 1e-3}});
   if (base.nvls && run.collective == Collective::all_reduce) {
-    p.push_back({"intra_node.nvls_efficiency", [](ClusterSpec& c) -> double& { return c.nvls_efficiency_fraction; }, 0.02, 2.0});
+    p.push_back({"intra_node.nvls_efficiency", [](ClusterSpec& c) -> double& { return c.nvls_efficiency_fraction; }, {0.02, 2.0}});
     p.push_back({"intra_node.nvls_half_bandwidth", [](ClusterSpec& c) -> double& { return c.nvls_half_bandwidth_bytes; },
-                 1e3, 1e10});
+                 {1e3, 1e10}});
   }
   return p;
 }
@@ -78,10 +70,10 @@ std::vector<double> model_times(const ClusterSpec& c, const NcclTestsRun& run) {
   return t;
 }
 
-double rms_log_error(const std::vector<double>& model, const NcclTestsRun& run) {
-  double sum = 0;
-  for (size_t i = 0; i < model.size(); ++i) sum += std::pow(std::log(model[i] / run.rows[i].time_s), 2);
-  return std::sqrt(sum / model.size());
+std::vector<double> measured_times(const NcclTestsRun& run) {
+  std::vector<double> t;
+  for (const auto& r : run.rows) t.push_back(r.time_s);
+  return t;
 }
 
 }  // namespace
@@ -153,37 +145,23 @@ TierFit fit_link_tier(const ClusterSpec& base, const NcclTestsRun& run) {
     throw InputError(run.file + ": " + std::to_string(run.ranks) + " ranks on " + std::to_string(run.nodes) +
                      " hosts, but " + base.name + " has " + std::to_string(base.gpus_per_node) +
                      " GPUs per node; import a run that uses every GPU of each node");
-  const std::vector<Param> params = parameters_for(base, run);
+  const std::vector<detail::ClusterParameter> params = parameters_for(base, run);
   if (run.rows.size() < params.size())
     throw InputError(run.file + ": " + std::to_string(run.rows.size()) + " sizes cannot determine " +
                      std::to_string(params.size()) + " parameters; run nccl-tests over a range of sizes (-b 1M -e 8G -f 2)");
 
   TierFit fit;
   fit.tier = run.nodes > 1 ? "inter_node" : "intra_node";
-  ClusterSpec c = base;
-  const std::vector<double> before = model_times(c, run);
-  std::vector<double> start;
-  std::vector<detail::Bounds> bounds;
-  for (const auto& p : params) {
-    start.push_back(p.ref(c));
-    bounds.push_back({p.lo, p.hi});
-  }
-  const std::vector<double> x = detail::minimize_in_box(
-      [&](const std::vector<double>& v) {
-        ClusterSpec trial = base;
-        for (size_t i = 0; i < params.size(); ++i) params[i].ref(trial) = v[i];
-        return rms_log_error(model_times(trial, run), run);
-      },
-      start, bounds);
-  for (size_t i = 0; i < params.size(); ++i) {
-    params[i].ref(c) = x[i];
-    fit.parameters.push_back(params[i].name);
-  }
+  const std::vector<double> measured = measured_times(run);
+  const std::vector<double> before = model_times(base, run);
+  const ClusterSpec c = detail::fit_cluster(
+      base, params, [&](const ClusterSpec& trial) { return detail::rms_log_error(model_times(trial, run), measured); });
+  for (const auto& p : params) fit.parameters.push_back(p.name);
   const std::vector<double> after = model_times(c, run);
   for (size_t i = 0; i < run.rows.size(); ++i)
     fit.rows.push_back({run.rows[i].bytes, run.rows[i].time_s, before[i], after[i]});
-  fit.rms_log_error_before = rms_log_error(before, run);
-  fit.rms_log_error_after = rms_log_error(after, run);
+  fit.rms_log_error_before = detail::rms_log_error(before, measured);
+  fit.rms_log_error_after = detail::rms_log_error(after, measured);
   fit.cluster = c;
   return fit;
 }

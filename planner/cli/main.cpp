@@ -7,6 +7,7 @@
 // Errors in input print "dplan: error: ..." on stderr and exit 2.
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <cmath>
 #include <iostream>
 #include <iomanip>
@@ -19,6 +20,7 @@
 #include "dplan/planner/plan.h"
 #include "dplan/planner/profiles.h"
 #include "dplan/planner/report.h"
+#include "dplan/planner/scaling_chart.h"
 #include "dplan/planner/search.h"
 
 #include "calibrate_command.h"
@@ -27,6 +29,7 @@
 #include "run_command.h"
 
 namespace {
+namespace fs = std::filesystem;
 using namespace dplan;
 using namespace dplan::costmodel;
 using namespace dplan::planner;
@@ -192,8 +195,20 @@ std::string tricks(const ParallelConfig& p) {
   return s;
 }
 
-int run_plan(const Options& o, const ProfileStore& store) {
-  Inputs in = load_inputs(o, store);
+// The search's best layout for o.gpus; nullopt (after saying why) when none fits in memory.
+struct Planned {
+  Inputs in;
+  SearchResult result;
+  ParallelConfig best;
+  MemoryEstimate mem;
+  TimeBreakdown time;
+  double search_s = 0;
+};
+
+std::optional<Planned> plan_best(const Options& o, const ProfileStore& store) {
+  Planned pl;
+  Inputs& in = pl.in;
+  in = load_inputs(o, store);
   in.training.global_batch = o.global_batch.value_or(global_batch_for_tokens(kDefaultBatchTokens, in.training.seq_len));
   Network net(in.cluster, o.gpus);
   SearchSpace space = o.runnable ? SearchSpace::runnable_by_executor(o.gpus) : SearchSpace{};
@@ -204,19 +219,32 @@ int run_plan(const Options& o, const ProfileStore& store) {
     throw InputError("no parallel layout of " + std::to_string(o.gpus) + " GPUs divides global batch " +
                      std::to_string(in.training.global_batch) + " of " + in.model.name +
                      "; choose a --global-batch with more factors of 2 or another --gpus");
-  SearchResult result = search(layouts, dplan_cost_function(in.model, net, in.training, in.overlap), o.top_k);
-  double search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (result.ranked.empty()) {
+  pl.result = search(layouts, dplan_cost_function(in.model, net, in.training, in.overlap), o.top_k);
+  pl.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (pl.result.ranked.empty()) {
     std::string reasons;
-    for (const auto& [why, n] : result.rejected) reasons += "; " + std::to_string(n) + " " + why;
-    std::cerr << "dplan: error: none of the " << result.evaluated << " layouts of " << in.model.name << " on "
+    for (const auto& [why, n] : pl.result.rejected) reasons += "; " + std::to_string(n) + " " + why;
+    std::cerr << "dplan: error: none of the " << pl.result.evaluated << " layouts of " << in.model.name << " on "
               << o.gpus << " x " << in.cluster.gpu.name << " fits in memory" << reasons
               << "; add GPUs or pick a GPU with more memory\n";
-    return 1;
+    return std::nullopt;
   }
-  const ParallelConfig& best = result.ranked[0].parallel;
-  MemoryEstimate mem = estimate_memory(in.model, in.cluster, in.training, best);
-  TimeBreakdown time = estimate_time(in.model, net, in.training, best, mem, in.overlap);
+  pl.best = pl.result.ranked[0].parallel;
+  pl.mem = estimate_memory(in.model, in.cluster, in.training, pl.best);
+  pl.time = estimate_time(in.model, net, in.training, pl.best, pl.mem, in.overlap);
+  return pl;
+}
+
+int run_plan(const Options& o, const ProfileStore& store) {
+  std::optional<Planned> planned = plan_best(o, store);
+  if (!planned) return 1;
+  const Inputs& in = planned->in;
+  const SearchResult& result = planned->result;
+  const ParallelConfig& best = planned->best;
+  const MemoryEstimate& mem = planned->mem;
+  const TimeBreakdown& time = planned->time;
+  const double search_s = planned->search_s;
+  Network net(in.cluster, o.gpus);
   if (o.json) {
     PlanInputs plan{in.model, in.cluster, in.training, best, in.overlap};
     json out = plan_to_json(plan, mem, time);
@@ -289,6 +317,69 @@ int run_list(const ProfileStore& store) {
 }
 
 // Options shared by the top level and `estimate`.
+// dplan scale: for each size, the search's best runnable layout, trained with dplan run; then
+// predicted and measured throughput and scaling efficiency side by side, and scaling.svg.
+struct ScaleOptions {
+  std::vector<int> gpus;
+  int steps = 10;
+  std::string dir;
+  double timeout_s = 120;
+};
+
+int run_scale(Options o, const ScaleOptions& so, const ProfileStore& store) {
+  if (o.model.empty()) throw InputError("dplan scale needs --model");
+  if (so.gpus.empty()) throw InputError("dplan scale needs --gpus, e.g. --gpus 1,2,4");
+  for (size_t i = 0; i < so.gpus.size(); ++i)
+    if (so.gpus[i] < 1 || (i > 0 && so.gpus[i] <= so.gpus[i - 1]))
+      throw InputError("--gpus must be positive sizes in increasing order, e.g. 1,2,4");
+  if (so.steps < 3) throw InputError("--steps must be at least 3 (the first two are warm-up)");
+  const std::string dir = so.dir.empty() ? "scale-" + o.model : so.dir;
+  fs::create_directories(dir);
+  std::vector<ScalingPoint> points;
+  std::vector<std::string> layouts;
+  o.runnable = true;
+  o.json = false;
+  for (size_t i = 0; i < so.gpus.size(); ++i) {
+    const int n = so.gpus[i];
+    o.gpus = n;
+    o.output = (fs::path(dir) / ("plan-" + std::to_string(n) + ".json")).string();
+    std::optional<Planned> planned = plan_best(o, store);
+    if (!planned) return 1;
+    write_file_atomically(o.output, plan_to_json({planned->in.model, planned->in.cluster, planned->in.training,
+                                                  planned->best, planned->in.overlap},
+                                                 planned->mem, planned->time)
+                                        .dump(1) +
+                                        "\n");
+    std::cerr << "scale: run " << i + 1 << "/" << so.gpus.size() << ": " << n << " rank" << (n == 1 ? "" : "s") << ", "
+              << short_layout(planned->best) << " (" << tricks(planned->best) << "), " << so.steps << " steps\n";
+    cli::RunArgs ra;
+    ra.plan_path = o.output;
+    ra.steps = so.steps;
+    ra.warmup = 2;
+    ra.output = (fs::path(dir) / ("run-" + std::to_string(n) + ".json")).string();
+    ra.quiet = true;
+    ra.timeout_s = so.timeout_s;
+    if (int status = cli::run_run(ra); status != 0) return status;
+    const json run = read_json_file(ra.output);
+    points.push_back({n, planned->time.tokens_per_s, run.at("tokens_per_s").get<double>()});
+    layouts.push_back(short_layout(planned->best) + ", " + tricks(planned->best));
+  }
+  fill_efficiencies(points);
+  std::printf("\n%5s  %-34s %14s %14s %8s %10s %10s\n", "gpus", "layout", "predicted tok/s", "measured tok/s",
+              "error", "pred eff", "meas eff");
+  for (size_t i = 0; i < points.size(); ++i) {
+    const auto& p = points[i];
+    std::printf("%5d  %-34s %14.0f %14.0f %+7.1f%% %9.1f%% %9.1f%%\n", p.gpus, layouts[i].c_str(),
+                p.predicted_tokens_per_s, p.measured_tokens_per_s,
+                100 * (p.predicted_tokens_per_s / p.measured_tokens_per_s - 1), 100 * p.predicted_efficiency,
+                100 * p.measured_efficiency);
+  }
+  const std::string svg = (fs::path(dir) / "scaling.svg").string();
+  write_file_atomically(svg, scaling_svg(points, o.model + " on " + o.cluster));
+  std::printf("wrote %s (plans and runs beside it)\n", svg.c_str());
+  return 0;
+}
+
 CLI::Option* add_common(CLI::App& app, Options& o) {
   app.add_option("--model", o.model, "preset, size shorthand (70B) or path to a config.json");
   CLI::Option* gpus = app.add_option("--gpus", o.gpus, "number of GPUs");
@@ -351,6 +442,18 @@ int main(int argc, char** argv) {
   CLI::App* compare = app.add_subcommand("compare", "a plan's prediction next to a run's measurement");
   cli::add_compare_options(*compare, compare_args);
 
+  ScaleOptions scale_opts;
+  CLI::App* scale = app.add_subcommand("scale", "plan and run each size, predicted against measured scaling, and an SVG");
+  scale->add_option("--model", o.model, "preset, size shorthand or path to a config.json")->required();
+  scale->add_option("--cluster", o.cluster, "cluster profile name or path")->capture_default_str();
+  scale->add_option("--gpus", scale_opts.gpus, "sizes to plan and run, e.g. 1,2,4")->delimiter(',')->required();
+  scale->add_option("--global-batch", o.global_batch, "sequences per optimizer step");
+  scale->add_option("--seq", o.seq, "sequence length");
+  scale->add_option("--precision", o.precision, "bf16, fp16, fp8 or fp32")->capture_default_str();
+  scale->add_option("--steps", scale_opts.steps, "steps per run (the first two are warm-up)")->capture_default_str();
+  scale->add_option("--timeout-s", scale_opts.timeout_s, "collective timeout of each run")->capture_default_str();
+  scale->add_option("-o,--output", scale_opts.dir, "folder for the plans, runs and scaling.svg (default scale-<model>)");
+
   cli::CalibrateArgs calibrate_args;
   CLI::App* calibrate = app.add_subcommand("calibrate", "a profile's efficiency figures fitted to measured runs");
   cli::add_calibrate_options(*calibrate, calibrate_args);
@@ -367,10 +470,11 @@ int main(int argc, char** argv) {
     if (*compare) return cli::run_compare(compare_args);
     if (*probe) return cli::run_probe(probe_args, store);
     if (*calibrate) return cli::run_calibrate(calibrate_args, store);
+    if (*scale) return run_scale(o, scale_opts, store);
     if (*estimate) return run_estimate(o, store);
     if (o.model.empty() || top_gpus->count() == 0) {
       std::cerr << "dplan: error: give --model and --gpus (e.g. dplan --model 70B --gpus 64), or a subcommand: "
-                   "estimate, list, run, compare, probe, calibrate; see dplan --help\n";
+                   "estimate, list, run, compare, probe, calibrate, scale; see dplan --help\n";
       return 2;
     }
     if (o.top_k < 1) throw InputError("--top must be a positive integer, got " + std::to_string(o.top_k));

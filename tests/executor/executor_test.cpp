@@ -488,6 +488,40 @@ TEST_CASE("dplan probe measures this machine with local ranks and writes profile
   CHECK_THAT(r.err, Contains("-o"));
 }
 
+TEST_CASE("dplan scale plans and runs each size and prints and draws predicted against measured scaling",
+          "[executor][scale]") {
+  TempDir dir;
+  const std::string out = (dir.path() / "scale").string();
+  Result r = run_program(DPLAN_BINARY, {"scale", "--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "1,2",
+                                        "--global-batch", "8", "--precision", "fp32", "--steps", "3", "-o", out});
+  INFO(r.out << r.err);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.err, Contains("scale: run 1/2: 1 rank"));  // progress
+  CHECK_THAT(r.err, Contains("scale: run 2/2: 2 ranks"));
+  CHECK_THAT(r.out, Contains("predicted tok/s"));
+  CHECK_THAT(r.out, Contains("100.0%"));  // the first size is the efficiency's reference
+  for (const char* f : {"plan-1.json", "plan-2.json", "run-1.json", "run-2.json"})
+    CHECK(fs::exists(fs::path(out) / f));
+  const std::string svg = read_file((fs::path(out) / "scaling.svg").string());
+  CHECK_THAT(svg, StartsWith("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+  // Two panels (throughput, efficiency), each with a dashed predicted and a solid measured line.
+  size_t predicted = 0, measured = 0;
+  auto tag_at = [&](size_t at) { return svg.substr(at, svg.find('>', at) - at); };
+  for (size_t at = 0; (at = svg.find("<polyline class=\"predicted\"", at)) != std::string::npos; ++at) {
+    ++predicted;
+    CHECK_THAT(tag_at(at), Contains("stroke-dasharray"));
+  }
+  for (size_t at = 0; (at = svg.find("<polyline class=\"measured\"", at)) != std::string::npos; ++at) {
+    ++measured;
+    CHECK_FALSE(tag_at(at).find("stroke-dasharray") != std::string::npos);
+  }
+  CHECK(predicted == 2);
+  CHECK(measured == 2);
+  r = run_program(DPLAN_BINARY, {"scale", "--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "2,1", "-o", out});
+  CHECK(r.status == 2);
+  CHECK_THAT(r.err, Contains("increasing order"));
+}
+
 TEST_CASE("dplan run: bad input gives one error line naming the problem, and exit status 2", "[executor][errors]") {
   TempDir dir;
   auto one_line = [](const Result& r) {

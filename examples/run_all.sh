@@ -69,7 +69,23 @@ if [[ -x $worker || -n ${DPLAN_WORKER:-} ]]; then
       --global-batch 8 --precision fp32 -o "$work/zero3.json"
   run run "$work/zero3.json" --steps 5 -o "$work/zero3-run.json"
   run compare "$work/zero3.json" "$work/zero3-run.json"
+
+  # 8. Close the loop on this machine: probe it, run four layouts, calibrate the profile on
+  #    them, and compare predicted with measured scaling on the calibrated profile.
+  run probe --cluster local-cpu --ranks 2 -o "$work/machine.json"
+  runs=()
+  for layout in "--tp 1 --pp 1 --dp 1" "--tp 1 --pp 1 --dp 2" "--tp 2 --pp 1 --dp 1" "--tp 1 --pp 2 --dp 1"; do
+    name=$(echo "$layout" | tr -d ' -')
+    # shellcheck disable=SC2086
+    run estimate --model gpt-tiny --cluster "$work/machine.json" --gpus $(( $(echo $layout | awk '{print $2*$4*$6}') )) \
+        $layout --mbs 1 --global-batch 8 --precision fp32 -o "$work/$name.json" >/dev/null
+    run run "$work/$name.json" --steps 5 --quiet -o "$work/run-$name.json"
+    runs+=("$work/run-$name.json")
+  done
+  run calibrate "${runs[@]}" --profile "$work/machine.json" -o "$work/calibrated.json"
+  run scale --model gpt-tiny --cluster "$work/calibrated.json" --gpus 1,2,4 --global-batch 8 --precision fp32 \
+      --steps 4 -o "$work/scale"
 else
-  echo "(examples 6 and 7 skipped: no dplan-worker beside $dplan; this build has no executor)"
+  echo "(examples 6 to 8 skipped: no dplan-worker beside $dplan; this build has no executor)"
 fi
 echo "run_all: all examples ran"

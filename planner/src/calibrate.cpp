@@ -73,12 +73,12 @@ Calibration calibrate(const ClusterSpec& base, const std::vector<CalibrationRun>
   }
   if (intra) {
     params.push_back({"intra_node.efficiency", [](ClusterSpec& c) -> double& { return c.intra_node.efficiency_fraction; },
-                      {1e-3, 2.0}});
+                      {1e-3, 1.0}});
     params.push_back({"intra_node.latency", [](ClusterSpec& c) -> double& { return c.intra_node.latency_s; }, {1e-8, 1e-2}});
   }
   if (inter) {
     params.push_back({"inter_node.efficiency", [](ClusterSpec& c) -> double& { return c.nic_efficiency_fraction; },
-                      {1e-3, 2.0}});
+                      {1e-3, 1.0}});
     params.push_back({"inter_node.latency", [](ClusterSpec& c) -> double& { return c.inter_node_latency_s; }, {1e-8, 1e-2}});
   }
   if (runs.size() < params.size()) {

@@ -45,18 +45,18 @@ bool parse_number(const std::string& token, double& value) {
 std::vector<detail::ClusterParameter> parameters_for(const ClusterSpec& base, const NcclTestsRun& run) {
   std::vector<detail::ClusterParameter> p;
   if (run.nodes > 1) {
-    p.push_back({"inter_node.efficiency", [](ClusterSpec& c) -> double& { return c.nic_efficiency_fraction; }, {0.02, 2.0}});
+    p.push_back({"inter_node.efficiency", [](ClusterSpec& c) -> double& { return c.nic_efficiency_fraction; }, {0.02, 1.0}});
     p.push_back({"inter_node.half_bandwidth", [](ClusterSpec& c) -> double& { return c.inter_node_half_bandwidth_bytes; },
                  {1e3, 1e10}});
     p.push_back({"inter_node.latency", [](ClusterSpec& c) -> double& { return c.inter_node_latency_s; }, {1e-8, 1e-3}});
     return p;
   }
-  p.push_back({"intra_node.efficiency", [](ClusterSpec& c) -> double& { return c.intra_node.efficiency_fraction; }, {0.02, 2.0}});
+  p.push_back({"intra_node.efficiency", [](ClusterSpec& c) -> double& { return c.intra_node.efficiency_fraction; }, {0.02, 1.0}});
   p.push_back({"intra_node.half_bandwidth", [](ClusterSpec& c) -> double& { return c.intra_node.half_bandwidth_bytes; },
                {1e3, 1e10}});
   p.push_back({"intra_node.latency", [](ClusterSpec& c) -> double& { return c.intra_node.latency_s; }, {1e-8, 1e-3}});
   if (base.nvls && run.collective == Collective::all_reduce) {
-    p.push_back({"intra_node.nvls_efficiency", [](ClusterSpec& c) -> double& { return c.nvls_efficiency_fraction; }, {0.02, 2.0}});
+    p.push_back({"intra_node.nvls_efficiency", [](ClusterSpec& c) -> double& { return c.nvls_efficiency_fraction; }, {0.02, 1.0}});
     p.push_back({"intra_node.nvls_half_bandwidth", [](ClusterSpec& c) -> double& { return c.nvls_half_bandwidth_bytes; },
                  {1e3, 1e10}});
   }

@@ -120,6 +120,26 @@ c10::intrusive_ptr<c10d::Store> connect_store(const Place& place, bool server, s
   return store;
 }
 
+// A CPU rank's intra-op threads: the machine's cores split among its local ranks.
+void set_rank_threads(const Place& place) {
+  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  torch::set_num_threads(std::max(1, cores / std::max(1, place.local_world)));
+}
+
+GroupOptions group_options(const Place& place, Backend backend, std::chrono::milliseconds timeout) {
+  GroupOptions go;
+  go.backend = backend;
+  go.timeout = timeout;
+  if (place.local_world == place.world) go.gloo_address = "127.0.0.1";  // one machine
+  return go;
+}
+
+Group world_group(const c10::intrusive_ptr<c10d::Store>& store, const Place& place, const GroupOptions& go) {
+  std::vector<int> all(place.world);
+  for (int r = 0; r < place.world; ++r) all[r] = r;
+  return Group::create(store, "world", all, place.rank, go);
+}
+
 // Each rank bumps its counter every kBeat over its own store connection; a rank whose counter
 // stands still for several beats is gone. That is how a survivor names the rank that died.
 constexpr auto kBeat = std::chrono::milliseconds(250);
@@ -353,8 +373,7 @@ int train(const Args& args, const Place& place) {
   MemoryMeter meter(cuda ? place.local_rank : -1);  // before the first tensor
   at::Device device = cuda ? at::Device(at::kCUDA, place.local_rank) : at::Device(at::kCPU);
   if (!cuda) {
-    const int cores = std::max(1u, std::thread::hardware_concurrency());
-    torch::set_num_threads(std::max(1, cores / std::max(1, place.local_world)));
+    set_rank_threads(place);
   }
   DataSource data(args.data_path, plan.training.seq_len, plan.model.vocab_size, plan.training.global_batch, p.dp,
                   plan.ranks[place.rank].dp, args.seed);
@@ -366,10 +385,7 @@ int train(const Args& args, const Place& place) {
   Heartbeat heartbeat(beat_store, place.rank);
 
   try {
-    GroupOptions go;
-    go.backend = cuda ? Backend::nccl : Backend::gloo;
-    go.timeout = timeout;
-    if (place.local_world == place.world) go.gloo_address = "127.0.0.1";  // one machine
+    const GroupOptions go = group_options(place, cuda ? Backend::nccl : Backend::gloo, timeout);
     const RankPlace me = plan.ranks[place.rank];
     // The ranks that share my other coordinates, in order along one axis: the plan's rank layout
     // decides who they are (Megatron's order, tp fastest).
@@ -397,9 +413,7 @@ int train(const Args& args, const Place& place) {
     // Megatron accumulates and reduces 16-bit training's gradients in fp32 (main_grad) when the
     // plan says fp32_grads (its default for bf16); the cost model counts them the same way.
     const at::ScalarType grad_dtype = !bf16 || plan.training.fp32_grads ? at::kFloat : at::kBFloat16;
-    std::vector<int> all(place.world);
-    for (int r = 0; r < place.world; ++r) all[r] = r;
-    ctx.world = Group::create(store, "world", all, place.rank, go);
+    ctx.world = world_group(store, place, go);
     ctx.tp = Group::create(store, "tp" + coords({me.cp, me.dp, me.pp}),
                            along(p.tp, [&](int i) { return plan.rank_at(i, me.cp, me.dp, me.pp); }), place.rank, go);
     ctx.dp = Group::create(store, "dp" + coords({me.tp, me.cp, me.pp}),
@@ -533,17 +547,10 @@ int train(const Args& args, const Place& place) {
 // --probe: every rank measures at once, with a training rank's threads, over a Gloo world group.
 int probe_machine(const Args& args, const Place& place) {
   if (args.output.empty()) throw InputError("--probe needs -o FILE for the measurements");
-  const int cores = std::max(1u, std::thread::hardware_concurrency());
-  torch::set_num_threads(std::max(1, cores / std::max(1, place.local_world)));
+  set_rank_threads(place);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(args.timeout_s * 1000));
   auto store = connect_store(place, !place.agent_store && place.rank == 0, timeout);
-  GroupOptions go;
-  go.backend = Backend::gloo;
-  go.timeout = timeout;
-  if (place.local_world == place.world) go.gloo_address = "127.0.0.1";
-  std::vector<int> all(place.world);
-  for (int r = 0; r < place.world; ++r) all[r] = r;
-  Group world = Group::create(store, "world", all, place.rank, go);
+  Group world = world_group(store, place, group_options(place, Backend::gloo, timeout));
   run_machine_probe({args.output}, world);
   if (place.rank == 0 && !args.quiet) std::fprintf(stderr, "wrote %s\n", args.output.c_str());
   return 0;

@@ -345,11 +345,7 @@ int run_scale(Options o, const ScaleOptions& so, const ProfileStore& store) {
     o.output = (fs::path(dir) / ("plan-" + std::to_string(n) + ".json")).string();
     std::optional<Planned> planned = plan_best(o, store);
     if (!planned) return 1;
-    write_file_atomically(o.output, plan_to_json({planned->in.model, planned->in.cluster, planned->in.training,
-                                                  planned->best, planned->in.overlap},
-                                                 planned->mem, planned->time)
-                                        .dump(1) +
-                                        "\n");
+    write_plan(o, planned->in, planned->best, planned->mem, planned->time);
     std::cerr << "scale: run " << i + 1 << "/" << so.gpus.size() << ": " << n << " rank" << (n == 1 ? "" : "s") << ", "
               << short_layout(planned->best) << " (" << tricks(planned->best) << "), " << so.steps << " steps\n";
     cli::RunArgs ra;

@@ -5,6 +5,7 @@
 
 #include "dplan/costmodel/compute.h"
 #include "dplan/costmodel/errors.h"
+#include "dplan/costmodel/training.h"
 #include "fit.h"
 
 namespace dplan::planner {
@@ -12,13 +13,6 @@ namespace {
 using costmodel::GpuSpec;
 using costmodel::Precision;
 
-Precision precision_from(const std::string& name, const std::string& where) {
-  if (name == "bf16") return Precision::bf16;
-  if (name == "fp16") return Precision::fp16;
-  if (name == "fp32") return Precision::fp32;
-  if (name == "fp8") return Precision::fp8;
-  throw InputError(where + ": precision \"" + name + "\" is not one of: bf16, fp16, fp32, fp8");
-}
 
 std::vector<double> gemm_times(const GpuSpec& g, const GpuProbe& probe) {
   std::vector<double> t;
@@ -50,7 +44,7 @@ GpuProbe parse_gpu_probe(const json& j, const std::string& file) {
     p.cores = device.value("cores", 0);
     p.copy_bytes_per_s = j.at("memory").at("bytes_per_s").get<double>();
     for (const auto& g : j.at("gemm")) {
-      GemmSample s{precision_from(g.at("precision").get<std::string>(), file + ": /gemm"), g.at("m").get<double>(),
+      GemmSample s{costmodel::precision_from_string(g.at("precision").get<std::string>()), g.at("m").get<double>(),
                    g.at("n").get<double>(), g.at("k").get<double>(), g.at("time_s").get<double>()};
       if (!(s.m > 0 && s.n > 0 && s.k > 0 && s.time_s > 0)) throw fail("/gemm: a non-positive shape or time");
       p.gemms.push_back(s);
@@ -59,6 +53,8 @@ GpuProbe parse_gpu_probe(const json& j, const std::string& file) {
       for (const auto& f : j.at("nccl_tests_files")) p.nccl_tests_files.push_back(f.get<std::string>());
   } catch (const json::exception& e) {
     throw fail(std::string("malformed: ") + e.what());
+  } catch (const InputError& e) {
+    throw fail(std::string("/gemm: ") + e.what());
   }
   if (p.sm_count < 1 || !(p.copy_bytes_per_s > 0)) throw fail("/device/sm_count and /memory/bytes_per_s must be positive");
   return p;

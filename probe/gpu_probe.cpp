@@ -1,21 +1,44 @@
-// dplan-gpu-probe: what this node's GPUs achieve, measured with the CUDA toolkit alone (CUDA
-// runtime, cuBLAS, NCCL; no LibTorch), for `dplan probe` to turn into a profile.
-//   - GEMM throughput over the shapes a transformer layer produces (QKV, output projection, fc1,
-//     fc2 for a range of hidden sizes and token counts) and a square sweep, in bf16 and fp16 with
-//     fp32 accumulation and in fp32 with TF32 tensor cores (what PyTorch's allow_tf32 uses); CUDA
-//     events around `iters` back-to-back calls after a warm-up, FLOPs = 2mnk (Narayanan et al.
-//     2021, Eq. 3's per-GEMM count).
-//   - HBM bandwidth: a device-to-device copy (bytes read + bytes written per second).
-//   - NCCL all-reduce, all-gather and reduce-scatter across all visible GPUs from one process
-//     (ncclCommInitAll), by message size, written in nccl-tests' text format (rank lines, then
-//     size count type redop root time algbw busbw #wrong per row, busbw with nccl-tests' factors
-//     of doc/PERFORMANCE.md) so that `dplan probe --import-nccl-tests` fits the intra-node tier.
-// Usage: dplan-gpu-probe [-o probe.json] [--nccl-prefix DIR/name] [--iters N] [--max-mib M]
+// dplan-gpu-probe: what this node's GPUs achieve, measured with the CUDA
+// toolkit alone (CUDA runtime, cuBLAS, NCCL; no LibTorch), for `dplan probe` to
+// turn into a profile.
+//   - GEMM throughput over the shapes a transformer layer produces (QKV, output
+//   projection, fc1,
+//     fc2 for a range of hidden sizes and token counts), each in the three
+//     roles training runs per linear layer: op "forward" Y = X W^T, "dgrad" dX
+//     = dY W (rows m, k, n) and "wgrad" dW = dY^T X (rows n, k, m: contraction
+//     over tokens); plus a square sweep (forward) and, op "batched", the
+//     attention core per head (32 heads as the batch, causal so s/2 keys): S =
+//     Q K^T and O = P V for seq 1k-8k and head dim 64, 128 (bf16, fp16 only).
+//     In bf16 and fp16 with fp32 accumulation and in fp32 with TF32 tensor
+//     cores (what PyTorch's allow_tf32 uses); CUDA events around `iters`
+//     back-to-back calls after a warm-up, FLOPs = 2mnk * batch (Narayanan et
+//     al. 2021, Eq. 3's per-GEMM count). Rows: precision, op, m, n, k, batch,
+//     time_s, flops_per_s.
+//   - HBM bandwidth: a device-to-device copy (bytes read + bytes written per
+//   second).
+//   - NCCL all-reduce, all-gather and reduce-scatter across all visible GPUs
+//   from one process
+//     (ncclCommInitAll), by message size, written in nccl-tests' text format
+//     (rank lines, then size count type redop root time algbw busbw #wrong per
+//     row, busbw with nccl-tests' factors of doc/PERFORMANCE.md) so that `dplan
+//     probe --import-nccl-tests` fits the intra-node tier.
+//   - Overlap (2+ GPUs, JSON "overlap", the cluster's comm_overlap): how much
+//   of a bf16 all-reduce
+//     (512 MiB, ~2 ms on 8 NVLink H100s) hides under bf16 8192^3 GEMMs on the
+//     same GPUs, as a gradient bucket's reduction runs under backward: the
+//     all-reduce alone on a communication stream per device, a GEMM loop of
+//     about its length alone on a compute stream per device, then both at once;
+//     slowest device, median of 5 rounds.
+// Usage: dplan-gpu-probe [-o probe.json] [--nccl-prefix DIR/name] [--iters N]
+// [--max-mib M]
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -74,39 +97,115 @@ json probe_gemms(const Options& o) {
   const Precision precisions[] = {{"bf16", CUDA_R_16BF, CUBLAS_COMPUTE_32F, 2},
                                   {"fp16", CUDA_R_16F, CUBLAS_COMPUTE_32F, 2},
                                   {"fp32", CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, 4}};
-  // (m tokens, n outputs, k inputs): a layer's GEMMs for hidden h, gated MLP f = 3.5h rounded to
-  // 256, at 2k and 8k tokens; then squares.
-  std::vector<std::array<long, 3>> shapes;
+  // (m tokens, n outputs, k inputs): a layer's GEMMs for hidden h, gated MLP f
+  // = 3.5h rounded to 256, at 2k and 8k tokens; each timed as forward, dgrad
+  // and wgrad. Squares: forward only.
+  std::vector<std::array<long, 3>> layers, squares;
   for (long h : {1024L, 2048L, 4096L, 8192L}) {
     const long f = (h * 7 / 2 + 255) / 256 * 256;
     for (long t : {2048L, 8192L})
-      for (auto s : {std::array<long, 3>{t, 3 * h, h}, {t, h, h}, {t, 2 * f, h}, {t, h, f}}) shapes.push_back(s);
+      for (auto s : {std::array<long, 3>{t, 3 * h, h}, {t, h, h}, {t, 2 * f, h}, {t, h, f}}) layers.push_back(s);
   }
-  for (long n = 256; n <= 16384; n *= 2) shapes.push_back({n, n, n});
-  size_t max_elems = 0;
-  for (auto& s : shapes) max_elems = std::max({max_elems, size_t(s[0] * s[2]), size_t(s[1] * s[2]), size_t(s[0] * s[1])});
+  for (long n = 256; n <= 16384; n *= 2) squares.push_back({n, n, n});
+  // Attention core (seq s, head dim d), one batch entry per head; causal, so
+  // s/2 keys per query.
+  const long heads = 32;
+  std::vector<std::array<long, 2>> attention;
+  for (long s : {1024L, 2048L, 4096L, 8192L})
+    for (long d : {64L, 128L}) attention.push_back({s, d});
+  auto batched_precision = [](const Precision& p) { return p.data != CUDA_R_32F; };  // bf16, fp16 only
+  // Each of the three buffers holds the largest operand of any GEMM below.
+  size_t max_bytes = 0;
+  auto fit = [&](long elems, size_t elem_bytes) { max_bytes = std::max(max_bytes, size_t(elems) * elem_bytes); };
+  for (const Precision& p : precisions) {
+    for (const auto* list : {&layers, &squares})
+      for (auto [m, n, k] : *list) {
+        fit(m * k, p.bytes);
+        fit(n * k, p.bytes);
+        fit(m * n, p.bytes);
+      }
+    if (batched_precision(p))
+      for (auto [s, d] : attention) {
+        fit(heads * s * d, p.bytes);        // Q, O
+        fit(heads * (s / 2) * d, p.bytes);  // K, V
+        fit(heads * s * (s / 2), p.bytes);  // S, P
+      }
+  }
   void *a, *b, *c;
-  check(cudaMalloc(&a, max_elems * 4), "cudaMalloc");
-  check(cudaMalloc(&b, max_elems * 4), "cudaMalloc");
-  check(cudaMalloc(&c, max_elems * 4), "cudaMalloc");
-  check(cudaMemset(a, 0, max_elems * 4), "cudaMemset");
-  check(cudaMemset(b, 0, max_elems * 4), "cudaMemset");
+  check(cudaMalloc(&a, max_bytes), "cudaMalloc");
+  check(cudaMalloc(&b, max_bytes), "cudaMalloc");
+  check(cudaMalloc(&c, max_bytes), "cudaMalloc");
+  check(cudaMemset(a, 0, max_bytes), "cudaMemset");
+  check(cudaMemset(b, 0, max_bytes), "cudaMemset");
   cublasHandle_t handle;
   check(cublasCreate(&handle), "cublasCreate");
   json rows = json::array();
   const float alpha = 1, beta = 0;
+  // Times `launch` and records it as the GEMM (m, n, k) x batch.
+  auto record = [&](const Precision& p, const char* op, long m, long n, long k, long batch, auto &&launch) {
+    const double t = time_per_call_s(launch, o.iters, nullptr);
+    const double flops_per_s = 2.0 * m * n * k * batch / t;
+    rows.push_back({{"precision", p.name},
+                    {"op", op},
+                    {"m", m},
+                    {"n", n},
+                    {"k", k},
+                    {"batch", batch},
+                    {"time_s", t},
+                    {"flops_per_s", flops_per_s}});
+    std::fprintf(stderr, "gemm %s %s %ld x %ld x %ld x %ld: %.1f TFLOP/s\n", p.name, op, batch, m, n, k,
+                 flops_per_s / 1e12);
+  };
+  // cuBLAS is column-major: a row-major [r, c] matrix with leading dimension c
+  // is its transpose to cuBLAS, so row-major C = A B runs as column-major C^T =
+  // B^T A^T (the operands swap).
   for (const Precision& p : precisions) {
-    for (auto [m, n, k] : shapes) {
-      // Row-major Y[m, n] = X[m, k] W[n, k]^T is column-major Y^T = W X^T: cuBLAS (n, m, k), op(W) = T.
-      auto launch = [&] {
-        check(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &alpha, b, p.data, int(k), a, p.data,
-                           int(k), &beta, c, p.data, int(n), p.compute, CUBLAS_GEMM_DEFAULT),
+    // Row-major Y[m, n] = X[m, k] W[n, k]^T is column-major Y^T = W X^T: cuBLAS
+    // (n, m, k), op(W) = T. X in a, W in b, Y in c.
+    auto forward = [&](long m, long n, long k) {
+      check(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &alpha, b, p.data, int(k), a, p.data,
+                         int(k), &beta, c, p.data, int(n), p.compute, CUBLAS_GEMM_DEFAULT),
+            "cublasGemmEx");
+    };
+    for (auto [m, n, k] : layers) {
+      record(p, "forward", m, n, k, 1, [&] { forward(m, n, k); });
+      // Row-major dX[m, k] = dY[m, n] W[n, k] is column-major dX^T = W^T dY^T:
+      // cuBLAS (k, m, n), no transposes; W (b) ld k, dY (a) ld n, dX (c) ld k.
+      record(p, "dgrad", m, k, n, 1, [&] {
+        check(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, int(k), int(m), int(n), &alpha, b, p.data, int(k), a,
+                           p.data, int(n), &beta, c, p.data, int(k), p.compute, CUBLAS_GEMM_DEFAULT),
               "cublasGemmEx");
-      };
-      const double t = time_per_call_s(launch, o.iters, nullptr);
-      rows.push_back({{"precision", p.name}, {"m", m}, {"n", n}, {"k", k}, {"time_s", t},
-                      {"flops_per_s", 2.0 * m * n * k / t}});
-      std::fprintf(stderr, "gemm %s %ld x %ld x %ld: %.1f TFLOP/s\n", p.name, m, n, k, 2.0 * m * n * k / t / 1e12);
+      });
+      // Row-major dW[n, k] = dY[m, n]^T X[m, k] is column-major dW^T = X^T dY:
+      // cuBLAS (k, n, m), op(dY) = T; X (a) ld k, dY (b) ld n, dW (c) ld k.
+      record(p, "wgrad", n, k, m, 1, [&] {
+        check(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_T, int(k), int(n), int(m), &alpha, a, p.data, int(k), b,
+                           p.data, int(n), &beta, c, p.data, int(k), p.compute, CUBLAS_GEMM_DEFAULT),
+              "cublasGemmEx");
+      });
+    }
+    for (auto [m, n, k] : squares) record(p, "forward", m, n, k, 1, [&] { forward(m, n, k); });
+    if (!batched_precision(p)) continue;
+    for (auto [s, d] : attention) {
+      const long kv = s / 2;  // keys a query attends to, causal average
+      // Per head, row-major S[s, kv] = Q[s, d] K[kv, d]^T is column-major S^T =
+      // K Q^T: cuBLAS (kv, s, d), op(K) = T; Q (a) ld d, K (b) ld d, S (c) ld
+      // kv.
+      record(p, "batched", s, kv, d, heads, [&] {
+        check(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(kv), int(s), int(d), &alpha, b, p.data,
+                                         int(d), kv * d, a, p.data, int(d), s * d, &beta, c, p.data, int(kv), s * kv,
+                                         int(heads), p.compute, CUBLAS_GEMM_DEFAULT),
+              "cublasGemmStridedBatchedEx");
+      });
+      // Per head, row-major O[s, d] = P[s, kv] V[kv, d] is column-major O^T =
+      // V^T P^T: cuBLAS (d, s, kv), no transposes; P (a) ld kv, V (b) ld d, O
+      // (c) ld d.
+      record(p, "batched", s, d, kv, heads, [&] {
+        check(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, int(d), int(s), int(kv), &alpha, b, p.data,
+                                         int(d), kv * d, a, p.data, int(kv), s * kv, &beta, c, p.data, int(d), s * d,
+                                         int(heads), p.compute, CUBLAS_GEMM_DEFAULT),
+              "cublasGemmStridedBatchedEx");
+      });
     }
   }
   cublasDestroy(handle);
@@ -196,6 +295,128 @@ void probe_collective(const Options& o, const std::string& test, int ndev, const
   std::fprintf(stderr, "wrote %s\n", path.c_str());
 }
 
+// How much of an all-reduce hides under GEMMs running at the same time on every
+// GPU, as a gradient bucket's reduction runs under backward: the all-reduce
+// alone on a communication stream per device, a bf16 GEMM loop of about the
+// same length alone on a compute stream per device, then both at once. Each is
+// the slowest device's time, from a common start event to both streams done,
+// median of `reps` rounds after a warm-up round. fraction = (gemm + all-reduce
+// - both) / min(gemm, all-reduce), in [0, 1]: 1 = the all-reduce hid completely
+// under the GEMMs, 0 = they serialised (e.g. NCCL's kernels waited for SMs).
+json probe_overlap(const Options& o, int ndev, const std::vector<ncclComm_t>& comms) {
+  // 512 MiB of bf16 (--max-mib caps it): ~2 ms on 8 NVLink H100s at ~450 GB/s
+  // busbw, long beside the launch skew between devices.
+  const size_t bytes = std::min(size_t(512) << 20, size_t(o.max_mib * 1024 * 1024)) / 2 * 2;
+  const size_t count = bytes / 2;
+  const long n = 8192;  // square GEMM, ~1.6 ms in bf16 on an H100
+  const size_t gemm_bytes = size_t(n) * n * 2;
+  const int reps = 5;
+  struct Device {
+    cudaStream_t comm, compute;
+    cublasHandle_t handle;
+    void* send, *recv, *a, *b, *c;
+    cudaEvent_t start, compute_done, stop;
+  };
+  std::vector<Device> devs(ndev);
+  for (int d = 0; d < ndev; ++d) {
+    Device& v = devs[d];
+    check(cudaSetDevice(d), "cudaSetDevice");
+    check(cudaStreamCreateWithFlags(&v.comm, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaStreamCreateWithFlags(&v.compute, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cublasCreate(&v.handle), "cublasCreate");
+    check(cublasSetStream(v.handle, v.compute), "cublasSetStream");
+    for (void **p : {&v.send, &v.recv}) {
+      check(cudaMalloc(p, bytes), "cudaMalloc");
+      check(cudaMemset(*p, 0, bytes), "cudaMemset");
+    }
+    for (void **p : {&v.a, &v.b, &v.c}) {
+      check(cudaMalloc(p, gemm_bytes), "cudaMalloc");
+      check(cudaMemset(*p, 0, gemm_bytes), "cudaMemset");
+    }
+    for (cudaEvent_t* e : {&v.start, &v.compute_done, &v.stop}) check(cudaEventCreate(e), "cudaEventCreate");
+    check(cudaDeviceSynchronize(),
+          "cudaDeviceSynchronize");  // the memsets, which non-blocking streams
+                                     // skip
+  }
+  const float alpha = 1, beta = 0;
+  auto gemm = [&](int d) {
+    check(cublasGemmEx(devs[d].handle, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(n), int(n), &alpha, devs[d].b, CUDA_R_16BF,
+                       int(n), devs[d].a, CUDA_R_16BF, int(n), &beta, devs[d].c, CUDA_R_16BF, int(n),
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx");
+  };
+  int gemms = 0;
+  // One round: every compute stream starts at its comm stream's start event,
+  // the comm stream waits for the compute stream's end; seconds start to stop
+  // on the slowest device.
+  auto round_s = [&](bool collective, bool compute) {
+    for (int d = 0; d < ndev; ++d) {
+      check(cudaSetDevice(d), "cudaSetDevice");
+      check(cudaEventRecord(devs[d].start, devs[d].comm), "cudaEventRecord");
+      check(cudaStreamWaitEvent(devs[d].compute, devs[d].start, 0), "cudaStreamWaitEvent");
+    }
+    if (collective) {
+      check(ncclGroupStart(), "ncclGroupStart");
+      for (int d = 0; d < ndev; ++d)
+        check(ncclAllReduce(devs[d].send, devs[d].recv, count, ncclBfloat16, ncclSum, comms[d], devs[d].comm),
+              "ncclAllReduce");
+      check(ncclGroupEnd(), "ncclGroupEnd");
+    }
+    if (compute)
+      for (int i = 0; i < gemms; ++i)  // devices interleaved so that every loop starts at once
+        for (int d = 0; d < ndev; ++d) {
+          check(cudaSetDevice(d), "cudaSetDevice");
+          gemm(d);
+        }
+    for (int d = 0; d < ndev; ++d) {
+      check(cudaSetDevice(d), "cudaSetDevice");
+      check(cudaEventRecord(devs[d].compute_done, devs[d].compute), "cudaEventRecord");
+      check(cudaStreamWaitEvent(devs[d].comm, devs[d].compute_done, 0), "cudaStreamWaitEvent");
+      check(cudaEventRecord(devs[d].stop, devs[d].comm), "cudaEventRecord");
+    }
+    double slowest_s = 0;
+    for (int d = 0; d < ndev; ++d) {
+      check(cudaEventSynchronize(devs[d].stop), "cudaEventSynchronize");
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, devs[d].start, devs[d].stop), "cudaEventElapsedTime");
+      slowest_s = std::max(slowest_s, ms * 1e-3);
+    }
+    return slowest_s;
+  };
+  auto median_s = [&](bool collective, bool compute) {
+    round_s(collective, compute);  // warm-up
+    std::vector<double> t(reps);
+    for (double& x : t) x = round_s(collective, compute);
+    std::sort(t.begin(), t.end());
+    return t[reps / 2];
+  };
+  const double collective_s = median_s(true, false);
+  // Size the loop to the all-reduce from one GEMM's time on device 0.
+  check(cudaSetDevice(0), "cudaSetDevice");
+  const double one_gemm_s = time_per_call_s([&] { gemm(0); }, o.iters, devs[0].compute);
+  gemms = std::max(1, int(std::lround(collective_s / one_gemm_s)));
+  const double gemm_s = median_s(false, true);
+  const double both_s = median_s(true, true);
+  const double fraction = std::clamp((gemm_s + collective_s - both_s) / std::min(gemm_s, collective_s), 0.0, 1.0);
+  for (int d = 0; d < ndev; ++d) {
+    Device& v = devs[d];
+    cudaSetDevice(d);
+    for (cudaEvent_t e : {v.start, v.compute_done, v.stop}) cudaEventDestroy(e);
+    for (void* p : {v.send, v.recv, v.a, v.b, v.c}) cudaFree(p);
+    cublasDestroy(v.handle);
+    cudaStreamDestroy(v.comm);
+    cudaStreamDestroy(v.compute);
+  }
+  check(cudaSetDevice(0), "cudaSetDevice");
+  std::fprintf(stderr,
+               "overlap of a %zu MiB bf16 all-reduce (%.2f ms) with %d bf16 "
+               "%ld^3 GEMMs (%.2f ms): both %.2f ms, "
+               "fraction %.2f\n",
+               bytes >> 20, collective_s * 1e3, gemms, n, gemm_s * 1e3, both_s * 1e3, fraction);
+  return {{"collective", "all_reduce"},   {"bytes", bytes},   {"gemm_s", gemm_s},
+          {"collective_s", collective_s}, {"both_s", both_s}, {"fraction", fraction}};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -249,6 +470,7 @@ int main(int argc, char** argv) {
         files.push_back(o.nccl_prefix + "-" + test + ".txt");
       }
       result["nccl_tests_files"] = files;
+      result["overlap"] = probe_overlap(o, ndev, comms);
       for (auto& c : comms) ncclCommDestroy(c);
     }
     const std::string tmp = o.output + ".tmp";

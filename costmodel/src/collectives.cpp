@@ -105,6 +105,22 @@ PathBandwidth Network::path_bandwidth(Collective op, GroupShape shape) const {
   return impl_->cached_route(pattern_of(op), shape).bandwidth;
 }
 
+double measured_collective_s(const LinkTier& tier, Collective op, int ranks, double bytes) {
+  std::vector<std::pair<double, double>> curve;  // (bytes, seconds)
+  for (const MeasuredCollective& x : tier.measured)
+    if (x.op == op && x.ranks == ranks) curve.emplace_back(x.bytes, x.time_s);
+  if (curve.empty()) return 0.0;
+  std::sort(curve.begin(), curve.end());
+  // Below the smallest size: its time (latency-bound); above the largest:
+  // bandwidth-bound, linear.
+  if (bytes <= curve.front().first) return curve.front().second;
+  if (bytes >= curve.back().first) return curve.back().second * bytes / curve.back().first;
+  auto hi = std::lower_bound(curve.begin(), curve.end(), std::pair{bytes, 0.0});
+  auto lo = std::prev(hi);
+  const double f = std::log(bytes / lo->first) / std::log(hi->first / lo->first);
+  return std::exp(std::log(lo->second) + f * std::log(hi->second / lo->second));
+}
+
 CollectiveCost Network::cost(Collective op, double bytes, GroupShape shape) const {
   if (!std::isfinite(bytes) || bytes < 0)
     throw InputError("collective " + std::string(to_string(op)) + ": bytes must be a finite number >= 0, got " +
@@ -116,7 +132,19 @@ CollectiveCost Network::cost(Collective op, double bytes, GroupShape shape) cons
   if (n < 2 || bytes == 0) return result;
 
   const ClusterSpec& c = impl_->cluster;
+  // Gloo (the shared-memory tier of one CPU machine) has no reduce-scatter: the
+  // executor runs an all-reduce and keeps its slice (executor/src/comm.cpp),
+  // which costs the all-reduce.
+  if (op == Collective::reduce_scatter && c.intra_node_kind == IntraNodeKind::shared_memory && !route.crosses_nodes)
+    op = Collective::all_reduce;
   const PathBandwidth& bw = route.bandwidth;
+  if (!route.crosses_nodes) {
+    if (const double measured_s = measured_collective_s(c.intra_node, op, n, bytes); measured_s > 0) {
+      result.time_s = measured_s / core_share(c, impl_->world_size);
+      result.bus_bandwidth_bytes_per_s = bytes * busbw_factor(op, n) / result.time_s;
+      return result;
+    }
+  }
   const int N = bw.max_nodes_spanned;
   const double intra_hop_s = c.intra_node.latency_s;
   const double net_hop_s = c.inter_node_latency_s;
@@ -144,20 +172,12 @@ CollectiveCost Network::cost(Collective op, double bytes, GroupShape shape) cons
       time_s = std::min(time_s, nvls_s);
     }
   }
-  result.time_s = time_s;
-  result.bus_bandwidth_bytes_per_s = bytes * factor / time_s;
+  // Ranks time-sharing a machine's cores run their collectives' work (Gloo's
+  // threads, the copies and sums) at that share of a core, as they do their
+  // compute (time.cpp).
+  result.time_s = time_s / core_share(c, impl_->world_size);
+  result.bus_bandwidth_bytes_per_s = bytes * busbw_factor(op, n) / result.time_s;
   return result;
-}
-
-const char* to_string(Collective op) {
-  switch (op) {
-    case Collective::all_reduce: return "all_reduce";
-    case Collective::all_gather: return "all_gather";
-    case Collective::reduce_scatter: return "reduce_scatter";
-    case Collective::all_to_all: return "all_to_all";
-    case Collective::send_recv: return "send_recv";
-  }
-  return "?";
 }
 
 const char* to_string(Dim dim) {

@@ -1,7 +1,10 @@
 #include "dplan/costmodel/compute.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <limits>
+#include <utility>
 
 namespace dplan::costmodel {
 
@@ -30,10 +33,45 @@ double model_flops_per_step(const ModelSpec& m, const TrainingSpec& t) {
   return 3 * forward;
 }
 
-double gemm_time_s(const GpuSpec& gpu, Precision precision, double m, double n, double k, double batch) {
+double measured_gemm_flops_per_s(const GpuSpec& gpu, Precision precision, double m, double n, double k, double batch,
+                                 GemmOp op) {
+  constexpr int kNearest = 4;
+  std::array<std::pair<double, double>, kNearest> best;  // (squared distance, log rate), nearest first
+  best.fill({std::numeric_limits<double>::infinity(), 0.0});
+  const double q[4] = {std::log2(m), std::log2(n), std::log2(k), std::log2(batch)};
+  bool any = false;
+  auto whole_attention = [](GemmOp o) { return o == GemmOp::attention_forward || o == GemmOp::attention_backward; };
+  for (const MeasuredGemm& x : gpu.matmul_measured) {
+    if (x.precision != precision) continue;
+    if ((whole_attention(op) || whole_attention(x.op)) && x.op != op) continue;
+    any = true;
+    const double p[4] = {std::log2(x.m), std::log2(x.n), std::log2(x.k), std::log2(x.batch)};
+    double d2 = x.op == op ? 0.0 : 1.0;
+    for (int i = 0; i < 4; ++i) d2 += (q[i] - p[i]) * (q[i] - p[i]);
+    if (d2 >= best[kNearest - 1].first) continue;
+    best[kNearest - 1] = {d2, std::log(2 * x.m * x.n * x.k * x.batch / x.time_s)};
+    std::sort(best.begin(), best.end());
+  }
+  if (!any) return 0.0;
+  if (best[0].first == 0) return std::exp(best[0].second);
+  double weights = 0, sum = 0;
+  for (const auto &[d2, log_rate] : best) {
+    if (!std::isfinite(d2)) break;
+    weights += 1 / d2;
+    sum += log_rate / d2;
+  }
+  return std::exp(sum / weights);
+}
+
+double gemm_time_s(const GpuSpec& gpu, Precision precision, double m, double n, double k, double batch, GemmOp op) {
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0.0;
   const double flops = 2 * m * n * k * batch;
-  // Wave quantization: output tiles of 128x128 spread over the SMs in whole waves.
+  if (!gpu.matmul_measured.empty()) {
+    const double rate = measured_gemm_flops_per_s(gpu, precision, m, n, k, batch, op);
+    if (rate > 0) return flops / (rate * gpu.sustained_fraction);
+  }
+  // Wave quantization: output tiles of 128x128 spread over the SMs in whole
+  // waves.
   const double tiles = std::ceil(m / 128) * std::ceil(n / 128) * batch;
   const double waves = std::ceil(tiles / gpu.sm_count);
   const double wave_efficiency = tiles / (waves * gpu.sm_count);
@@ -42,6 +80,12 @@ double gemm_time_s(const GpuSpec& gpu, Precision precision, double m, double n, 
   const double element = precision == Precision::fp32 ? 4.0 : precision == Precision::fp8 ? 1.0 : 2.0;
   const double bytes = element * batch * (m * k + k * n + m * n);
   return std::max(compute_s, memory_time_s(gpu, bytes)) + gpu.kernel_overhead_s;
+}
+
+LinearTimes linear_times(const GpuSpec& gpu, Precision precision, double tokens, double out, double in) {
+  return {gemm_time_s(gpu, precision, tokens, out, in, 1, GemmOp::forward),
+          gemm_time_s(gpu, precision, tokens, in, out, 1, GemmOp::dgrad) +
+              gemm_time_s(gpu, precision, out, in, tokens, 1, GemmOp::wgrad)};
 }
 
 double memory_time_s(const GpuSpec& gpu, double bytes) {
@@ -62,21 +106,40 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
   // Causal flash attention skips the masked half of the score blocks (Dao 2023, FlashAttention-2).
   const double causal = flash ? 0.5 : 1.0;
 
-  // Forward GEMMs.
-  double qkv = gemm_time_s(gpu, prec, T, q + 2 * kv, h);
-  double core = gemm_time_s(gpu, prec, s_q, s_kv * causal, d, b * heads) +
-                gemm_time_s(gpu, prec, s_q, d, s_kv * causal, b * heads);
-  double out = gemm_time_s(gpu, prec, T, h, q);
-  double mlp = 0;
+  // GEMMs: forward, and backward's input and weight gradients (linear_times).
+  const LinearTimes qkv = linear_times(gpu, prec, T, q + 2 * kv, h);
+  double core = gemm_time_s(gpu, prec, s_q, s_kv * causal, d, b * heads, GemmOp::batched) +
+                gemm_time_s(gpu, prec, s_q, d, s_kv * causal, b * heads, GemmOp::batched);
+  // Flash attention's backward does 2.5x the forward's matmul work (recomputes
+  // the scores: Dao 2023); unfused attention's backward is 2x like every GEMM.
+  // Where the profile measured the framework's own flash-attention kernel, its
+  // times replace both.
+  double core_backward = (flash ? 2.5 : 2.0) * core;
+  if (flash) {
+    const double fwd = measured_gemm_flops_per_s(gpu, prec, s_q, s_kv, d, b * heads, GemmOp::attention_forward);
+    const double bwd = measured_gemm_flops_per_s(gpu, prec, s_q, s_kv, d, b * heads, GemmOp::attention_backward);
+    if (fwd > 0 && bwd > 0) {
+      const double flops = 2 * s_q * s_kv * d * b * heads;
+      core = flops / (fwd * gpu.sustained_fraction);
+      core_backward = flops / (bwd * gpu.sustained_fraction);
+    }
+  }
+  const LinearTimes out = linear_times(gpu, prec, T, h, q);
+  LinearTimes mlp;
+  auto add = [](LinearTimes& sum, const LinearTimes& x, double times = 1.0) {
+    sum.forward_s += times * x.forward_s;
+    sum.backward_s += times * x.backward_s;
+  };
   if (m.is_moe()) {
     // E/ep experts per GPU, each seeing T*k*ep/E tokens (balanced routing); the router is a small GEMM.
     double experts_local = double(m.num_experts) / p.ep;
     double tokens_per_expert = T * m.experts_per_token * p.ep / m.num_experts;
-    mlp = experts_local * (gemm_time_s(gpu, prec, tokens_per_expert, gated * f, h) +
-                           gemm_time_s(gpu, prec, tokens_per_expert, h, f)) +
-          gemm_time_s(gpu, prec, T, m.num_experts, h);
+    add(mlp, linear_times(gpu, prec, tokens_per_expert, gated * f, h), experts_local);
+    add(mlp, linear_times(gpu, prec, tokens_per_expert, h, f), experts_local);
+    add(mlp, linear_times(gpu, prec, T, m.num_experts, h));
   } else {
-    mlp = gemm_time_s(gpu, prec, T, gated * f, h) + gemm_time_s(gpu, prec, T, h, f);
+    add(mlp, linear_times(gpu, prec, T, gated * f, h));
+    add(mlp, linear_times(gpu, prec, T, h, f));
   }
 
   // Forward element-wise traffic (bytes): two norms (read x, write y), two residual adds with
@@ -96,12 +159,10 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
   double attention_elementwise_s = memory_time_s(gpu, attention_elementwise);
 
   LayerTimes x;
-  // Flash attention's fused kernel: its backward does 2.5x the forward's matmul work (recomputes
-  // the scores: Dao 2023); unfused attention's backward is 2x like every GEMM.
-  double core_backward_factor = flash ? 2.5 : 2.0;
   x.attention_core_s = core + attention_elementwise_s;
-  x.forward_s = qkv + core + out + mlp + elementwise_s + attention_elementwise_s;
-  x.backward_s = 2 * (qkv + out + mlp) + core_backward_factor * core + 2 * (elementwise_s + attention_elementwise_s);
+  x.forward_s = qkv.forward_s + core + out.forward_s + mlp.forward_s + elementwise_s + attention_elementwise_s;
+  x.backward_s =
+      qkv.backward_s + out.backward_s + mlp.backward_s + core_backward + 2 * (elementwise_s + attention_elementwise_s);
   switch (p.recompute) {
     case Recompute::full: x.recompute_s = x.forward_s; break;
     case Recompute::selective: x.recompute_s = x.attention_core_s; break;
@@ -120,12 +181,13 @@ EdgeTimes edge_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpec&
   // Embedding: gather T rows (read + write Th); backward scatters them into the gradient.
   e.embedding_forward_s = memory_time_s(gpu, 2 * T * h * B) + gpu.kernel_overhead_s;
   e.embedding_backward_s = 2 * e.embedding_forward_s;
-  // LM head GEMM, then fp32 cross-entropy over the vocabulary shard: the logits are written,
-  // read for max / sum-exp (vocab-parallel reductions) and softmax, and written as the gradient.
-  double head = gemm_time_s(gpu, t.precision, T, vocab, h);
+  // LM head GEMM, then fp32 cross-entropy over the vocabulary shard: the logits
+  // are written, read for max / sum-exp (vocab-parallel reductions) and
+  // softmax, and written as the gradient.
+  const LinearTimes head = linear_times(gpu, t.precision, T, vocab, h);
   double loss = memory_time_s(gpu, T * vocab * (B + 4 * 3)) + 4 * gpu.kernel_overhead_s;
-  e.head_forward_s = head + loss;
-  e.head_backward_s = 2 * head + memory_time_s(gpu, T * vocab * (4 + B));
+  e.head_forward_s = head.forward_s + loss;
+  e.head_backward_s = head.backward_s + memory_time_s(gpu, T * vocab * (4 + B));
   return e;
 }
 

@@ -14,10 +14,14 @@ namespace {
 constexpr double kHostLinkBytesPerS = 25e9;
 constexpr double kHostMemoryBytesPerS = 100e9;
 
-// Exposed part of `comm_s` that overlaps `window_s` of compute, never below `floor_s` (the part
-// that cannot start before the window ends, e.g. the last gradient bucket).
-double exposed(double comm_s, double window_s, double floor_s) {
-  return std::min(comm_s, std::max(comm_s - window_s, floor_s));
+// Exposed part of `comm_s` that overlaps `window_s` of compute, never below
+// `floor_s` (the part that cannot start before the window ends, e.g. the last
+// gradient bucket). The cluster's comm_overlap is the fraction of the window
+// that actually hides communication: 1 where collectives run on their own
+// engines or SMs beside the GEMMs, near 0 where they need the same core (Gloo
+// on a CPU rank).
+double exposed(double comm_s, double window_s, double floor_s, double overlap_fraction) {
+  return std::min(comm_s, std::max(comm_s - overlap_fraction * window_s, floor_s));
 }
 
 }  // namespace
@@ -37,16 +41,19 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
 TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const TrainingSpec& t, const ParallelConfig& p,
                             const MemoryEstimate& mem, const OverlapOptions& overlap) {
   const ClusterSpec& cluster = net.cluster();
-  // Ranks that share one machine's cores each get min(1, cores / ranks) of a core: more ranks
-  // than cores time-share them, and fewer do not speed a rank up, since LibTorch's CPU GEMMs on the
-  // reference BLAS run on one thread (the local-cpu cluster; dedicated devices are unaffected).
+  // Ranks that share one machine's cores each get core_share of one: more ranks
+  // than cores time-share them, and fewer do not speed a rank up, since
+  // LibTorch's CPU GEMMs on the reference BLAS run on one thread (the local-cpu
+  // cluster; dedicated devices are unaffected). The network scales its
+  // collectives by the same share (Network::cost).
   GpuSpec gpu = cluster.gpu;
-  if (cluster.cores_per_node > 0) {
-    const int ranks = std::min(p.world_size(), cluster.gpus_per_node);
-    const double share = std::min(1.0, double(cluster.cores_per_node) / ranks);
-    for (auto& [precision, flops] : gpu.peak_flops_per_s) flops *= share;
+  if (const double share = core_share(cluster, p.world_size()); share < 1) {
+    for (auto &[precision, flops] : gpu.peak_flops_per_s) flops *= share;
+    for (MeasuredGemm& x : gpu.matmul_measured) x.time_s /= share;  // measured one rank per core
+    gpu.kernel_overhead_s /= share;
     gpu.hbm_bandwidth_bytes_per_s *= share;
   }
+  const double hide = cluster.comm_overlap_fraction;
   const double B = activation_bytes(t.precision);
   const double T = double(p.micro_batch) * t.seq_len / p.cp;  // tokens per micro-batch on one GPU
   const double h = m.hidden_size;
@@ -79,8 +86,8 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
     double chunk = 2 * T * m.kv_dim() / p.tp * B;
     double step = net.cost(Collective::send_recv, chunk, group_shape(p, Dim::cp)).time_s;
     double fwd = (p.cp - 1) * step, bwd = 2 * fwd;
-    double fwd_exposed = exposed(fwd, lt.attention_core_s, 0);
-    double bwd_exposed = exposed(bwd, 2.5 * lt.attention_core_s, 0);
+    double fwd_exposed = exposed(fwd, lt.attention_core_s, 0, hide);
+    double bwd_exposed = exposed(bwd, 2.5 * lt.attention_core_s, 0, hide);
     cp_layer = fwd_exposed + bwd_exposed + (p.recompute == Recompute::full ? fwd_exposed : 0);
     cp_hidden_layer = fwd + bwd - fwd_exposed - bwd_exposed;
   }
@@ -103,7 +110,7 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
                               : 0;
     double gather = net.cost(Collective::all_gather, layer_params * bpp.weights, dp_shape).time_s;
     double scatter = net.cost(Collective::reduce_scatter, layer_params * bpp.grads, dp_shape).time_s;
-    double fwd = exposed(gather, lt.forward_s, 0), bwd = exposed(gather + scatter, lt.backward_s, 0);
+    double fwd = exposed(gather, lt.forward_s, 0, hide), bwd = exposed(gather + scatter, lt.backward_s, 0, hide);
     zero3_layer_exposed = fwd + bwd;
     zero3_first = gather;
     zero3_hidden_layer = 2 * gather + scatter - zero3_layer_exposed;
@@ -168,13 +175,18 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
     if (p.zero_stage < 3) {
       double comm = net.cost(sharded ? Collective::reduce_scatter : Collective::all_reduce, grad_bytes, dp_shape).time_s;
       double buckets = std::max(1.0, std::ceil(grad_bytes / t.bucket_bytes));
-      double exposed_s = overlap.grad_reduce ? exposed(comm, c.bwd + c.rec, comm / buckets) : comm;
-      r.dp_comm_s = exposed_s;
-      r.hidden_comm_s += comm - exposed_s;
+      double exposed_s = overlap.grad_reduce ? exposed(comm, c.bwd + c.rec, comm / buckets, hide) : comm;
+      // ZeRO-2 keeps only its gradient shard, so every micro-batch's gradients
+      // are reduce-scattered in its backward (Rajbhandari et al. 2020,
+      // Sec. 5.2; DeepSpeed stage 2 with gradient accumulation); ZeRO 0-1 and
+      // the distributed optimizer reduce once, in the last one.
+      const double times = p.zero_stage == 2 ? microbatches : 1;
+      r.dp_comm_s = times * exposed_s;
+      r.hidden_comm_s += times * (comm - exposed_s);
     }
     if (sharded && p.zero_stage < 3) {
       double gather = net.cost(Collective::all_gather, s0.num_params * bpp.weights, dp_shape).time_s;
-      double exposed_s = overlap.param_gather ? exposed(gather, c.fwd, 0) : gather;
+      double exposed_s = overlap.param_gather ? exposed(gather, c.fwd, 0, hide) : gather;
       r.param_gather_s += exposed_s;
       r.hidden_comm_s += gather - exposed_s;
     }

@@ -1,17 +1,17 @@
 #include "machine_probe.h"
 
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-#include <torch/torch.h>
-
+#include "attention.h"
 #include "dplan/costmodel/json_io.h"
 
 namespace dplan::executor {
@@ -33,29 +33,103 @@ double time_per_call_s(F&& call, double budget_s) {
   return std::chrono::duration<double>(Clock::now() - t0).count() / reps;
 }
 
-// The GEMMs of a transformer layer (Y[t, n] = X[t, k] W[n, k]^T: QKV, output projection, fc1, fc2)
-// for hidden sizes and token counts a CPU trains, and squares.
+// The GEMMs of a transformer layer as training runs them, for hidden sizes and
+// token counts a CPU trains: each linear (QKV, output projection, fc1, fc2)
+// Y[t, n] = X[t, k] W[n, k]^T forward, its input gradient dX = dY W (the GEMM
+// (t, k, n)) and weight gradient dW = dY^T X (the GEMM (n, k, t)); squares; and
+// the attention core's batched GEMMs (scores Q K^T over half the keys, causal,
+// and P V) for sequence lengths and head sizes a CPU trains.
 json probe_gemms(const MachineProbeOptions& o) {
-  std::vector<std::array<int64_t, 3>> shapes;
-  for (int64_t h : {64, 128, 256, 512})
-    for (int64_t t : {128, 512})
-      for (auto s : {std::array<int64_t, 3>{t, 3 * h, h}, {t, h, h}, {t, 4 * h, h}, {t, h, 4 * h}}) shapes.push_back(s);
-  for (int64_t n = 64; n <= 1024; n *= 2) shapes.push_back({n, n, n});
   json rows = json::array();
-  for (auto [m, n, k] : shapes) {
-    at::Tensor x = at::randn({m, k}), w = at::randn({n, k});
-    const double t = time_per_call_s([&] { at::linear(x, w); }, o.seconds_per_point);
-    rows.push_back({{"precision", "fp32"}, {"m", m}, {"n", n}, {"k", k}, {"time_s", t},
-                    {"flops_per_s", 2.0 * m * n * k / t}});
+  auto add = [&](const char* op, int64_t m, int64_t n, int64_t k, int64_t batch, double t) {
+    rows.push_back({{"precision", "fp32"},
+                    {"op", op},
+                    {"m", m},
+                    {"n", n},
+                    {"k", k},
+                    {"batch", batch},
+                    {"time_s", t},
+                    {"flops_per_s", 2.0 * m * n * k * batch / t}});
+  };
+  constexpr double kMaxFlops = 6e8;  // larger shapes add probe time, not information, on a CPU core
+  for (int64_t h : {64, 128, 256, 512})
+    for (int64_t t : {128, 256, 512})
+      for (auto [n, k] : {std::pair<int64_t, int64_t>{3 * h, h}, {h, h}, {4 * h, h}, {h, 4 * h}}) {
+        if (2.0 * t * n * k > kMaxFlops) continue;
+        at::Tensor x = at::randn({t, k}), w = at::randn({n, k}), dy = at::randn({t, n});
+        add("forward", t, n, k, 1, time_per_call_s([&] { at::linear(x, w); }, o.seconds_per_point));
+        add("dgrad", t, k, n, 1, time_per_call_s([&] { at::mm(dy, w); }, o.seconds_per_point));
+        add("wgrad", n, k, t, 1, time_per_call_s([&] { at::mm(dy.t(), x); }, o.seconds_per_point));
+      }
+  for (int64_t n = 64; n <= 512; n *= 2) {
+    at::Tensor a = at::randn({n, n}), b = at::randn({n, n});
+    add("forward", n, n, n, 1, time_per_call_s([&] { at::mm(a, b); }, o.seconds_per_point));
   }
+  constexpr int64_t heads = 4;
+  for (int64_t s : {128, 256, 512})
+    for (int64_t d : {16, 32, 64}) {
+      at::Tensor q = at::randn({heads, s, d}), k = at::randn({heads, s / 2, d}), p = at::randn({heads, s, s / 2});
+      add("batched", s, s / 2, d, heads,
+          time_per_call_s([&] { at::matmul(q, k.transpose(1, 2)); }, o.seconds_per_point));
+      add("batched", s, d, s / 2, heads, time_per_call_s([&] { at::matmul(p, k); }, o.seconds_per_point));
+    }
+  // The whole causal flash-attention core this executor trains with
+  // (attention.cpp), forward and backward: on a CPU its blocked softmax and
+  // masking cost as much as its GEMMs.
+  for (int64_t s : {128, 256, 512})
+    for (int64_t d : {16, 32, 64}) {
+      at::Tensor q = at::randn({1, heads, s, d}).requires_grad_(), k = at::randn({1, heads, s, d}).requires_grad_(),
+                 v = at::randn({1, heads, s, d}).requires_grad_();
+      at::Tensor grad = at::randn({1, s, heads * d});  // the output is [b, s, heads * d]
+      at::AutoGradMode enable(true);                   // as training runs it: the forward saves what backward needs
+      const double forward_s = time_per_call_s([&] { flash_attention(q, k, v); }, o.seconds_per_point);
+      const double both_s = time_per_call_s([&] { flash_attention(q, k, v).backward(grad); }, o.seconds_per_point);
+      add("attention_forward", s, s, d, heads, forward_s);
+      add("attention_backward", s, s, d, heads, std::max(both_s - forward_s, 1e-9));
+    }
   return rows;
 }
 
+// Copy bandwidth, and the rate training's element-wise kernels reach on a
+// layer's tensors (GELU, layer norm, softmax, residual add): on a CPU core they
+// are bound by their arithmetic as much as by memory, so they, not the copy,
+// are what the cost model's memory-bound work runs at. Bytes are each kernel's
+// reads plus writes.
 json probe_memory(const MachineProbeOptions& o) {
   const int64_t elements = int64_t(64) << 20 >> 2;  // 64 MiB of fp32
   at::Tensor src = at::ones({elements}), dst = at::empty({elements});
   const double t = time_per_call_s([&] { dst.copy_(src); }, o.seconds_per_point * 4);
-  return {{"copy_bytes", elements * 4}, {"time_s", t}, {"bytes_per_s", 2.0 * elements * 4 / t}};
+  json kernels = json::array();
+  double bytes_sum = 0, time_sum = 0;
+  auto kernel = [&](const char* name, double bytes, auto &&call) {
+    const double s = time_per_call_s(call, o.seconds_per_point);
+    kernels.push_back({{"kernel", name}, {"bytes", bytes}, {"time_s", s}});
+    bytes_sum += bytes;
+    time_sum += s;
+  };
+  for (int64_t h : {128, 256}) {
+    const int64_t tokens = 256;
+    at::Tensor x = at::randn({tokens, h}), y = at::randn({tokens, h}), wide = at::randn({tokens, 4 * h});
+    at::Tensor gamma = at::ones({h}), beta = at::zeros({h});
+    at::Tensor scores = at::randn({4, tokens, tokens / 2});
+    kernel("gelu", 8.0 * wide.numel(), [&] { at::gelu(wide); });
+    kernel("layer_norm", 8.0 * x.numel(), [&] { at::layer_norm(x, {h}, gamma, beta); });
+    kernel("softmax", 8.0 * scores.numel(), [&] { at::softmax(scores, -1); });
+    kernel("add", 12.0 * x.numel(), [&] { at::add(x, y); });
+  }
+  return {{"copy_bytes", elements * 4},
+          {"time_s", t},
+          {"bytes_per_s", 2.0 * elements * 4 / t},
+          {"elementwise", kernels},
+          {"elementwise_bytes_per_s", bytes_sum / time_sum}};
+}
+
+// The slowest rank's value of `t`: every rank calls it with its own.
+double slowest_s(Group& world, double t) {
+  at::Tensor all = at::full({world.size()}, 0.0, at::kDouble);
+  all[world.rank()] = t;
+  world.all_reduce(all);
+  return all.max().item<double>();
 }
 
 // One collective by size over the world group, as nccl-tests prints it (busbw with nccl-tests'
@@ -68,36 +142,54 @@ std::string probe_collective(const MachineProbeOptions& o, Group& world, const s
   gethostname(host, sizeof host - 1);
   for (int r = 0; r < n; ++r)
     text += "#  Rank " + std::to_string(r) + " Group  0 Pid 0 on " + host + " device " + std::to_string(r) + " [cpu]\n";
-  text += "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n";
+  text +=
+      "#       size         count      type   redop    root     time   "
+      "algbw   busbw #wrong     time   algbw   busbw #wrong\n";
+  at::Tensor gap_x = at::randn({128, 128}), gap_w = at::randn({128, 128});
+  const double gap_gemm_s = time_per_call_s([&] { at::linear(gap_x, gap_w); }, 0.01);
+  const int gap_gemms = std::max(1, static_cast<int>(0.5e-3 / gap_gemm_s));
   for (int64_t bytes = 4096; bytes <= int64_t(o.max_collective_mib * 1024 * 1024); bytes *= 4) {
     const int64_t count = bytes / 4;
     at::Tensor buf = at::ones({count});
-    at::Tensor mine = at::ones({count / n});
+    at::Tensor mine = at::ones({count / n}), received = at::empty({count});
+    const int next = (world.rank() + 1) % n, previous = (world.rank() + n - 1) % n;
     auto call = [&] {
-      if (test == "all_reduce_perf")
+      if (test == "all_reduce_perf") {
         world.all_reduce(buf);
-      else  // all_gather_perf: the size column is the gathered output
+      } else if (test == "all_gather_perf") {  // the size column is the gathered output
         world.all_gather(mine, 0);
+      } else {  // sendrecv_perf: every rank sends `bytes` to the next and
+                // receives from the previous
+        Work sent = world.send(buf, next, 0);
+        Work got = world.recv(received, previous, 0);
+        sent.wait();
+        got.wait();
+      }
     };
-    // Every rank must make the same calls: the repetitions follow the slowest rank's first call,
-    // and the time is the slowest rank's.
-    auto slowest = [&](double t) {
-      at::Tensor all = at::full({n}, 0.0, at::kDouble);
-      all[world.rank()] = t;
-      world.all_reduce(all);
-      return all.max().item<double>();
-    };
+    // Every rank must make the same calls: the repetitions follow the slowest
+    // rank's first call, and the time is the slowest rank's.
+    auto slowest = [&](double t) { return slowest_s(world, t); };
     world.barrier();
     auto t0 = Clock::now();
     call();
     const double once = slowest(std::chrono::duration<double>(Clock::now() - t0).count());
-    const int reps = std::max(3, static_cast<int>(o.seconds_per_point / std::max(once, 1e-7)));
-    world.barrier();
-    t0 = Clock::now();
-    for (int i = 0; i < reps; ++i) call();
-    const double t = slowest(std::chrono::duration<double>(Clock::now() - t0).count() / reps);
+    const int reps = std::max(3, static_cast<int>(4 * o.seconds_per_point / std::max(once, 1e-7)));
+    // As in training, every call follows some compute (a few GEMMs, about 0.5
+    // ms, not timed): a rank arrives from work, not from the previous
+    // collective, which costs Gloo's threads a wake-up that back-to-back calls
+    // do not pay.
+    double total_s = 0;
+    for (int i = 0; i < reps; ++i) {
+      for (int g = 0; g < gap_gemms; ++g) at::linear(gap_x, gap_w);
+      t0 = Clock::now();
+      call();
+      total_s += std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    const double t = slowest(total_s / reps);
     const double algbw = bytes / t / 1e9;
-    const double factor = test == "all_reduce_perf" ? 2.0 * (n - 1) / n : double(n - 1) / n;
+    const double factor = test == "all_reduce_perf" ? 2.0 * (n - 1) / n
+                          : test == "sendrecv_perf" ? 1.0
+                                                    : double(n - 1) / n;
     char row[256];
     std::snprintf(row, sizeof row, "%12lld %12lld float %s -1 %10.2f %7.3f %7.3f 0 %10.2f %7.3f %7.3f 0\n",
                   static_cast<long long>(bytes), static_cast<long long>(count),
@@ -106,6 +198,45 @@ std::string probe_collective(const MachineProbeOptions& o, Group& world, const s
     text += row;
   }
   return text;
+}
+
+// How much of an all-reduce hides under GEMMs running at the same time, as a
+// gradient bucket's reduction runs under backward: the all-reduce alone, a GEMM
+// loop of about the same length alone, and both at once (the all-reduce in
+// flight on Gloo's threads while this thread multiplies). fraction = (gemm +
+// all-reduce - both) / min(gemm, all-reduce), in [0, 1]: 1 = it hid completely,
+// 0 = they took turns on the core.
+json probe_overlap(Group& world) {
+  const int64_t bytes = int64_t(4) << 20;  // a gradient bucket of a model a CPU trains
+  at::Tensor buf = at::ones({bytes / 4});
+  at::Tensor x = at::randn({256, 256}), w = at::randn({512, 256});
+  auto timed = [&](auto &&f) {
+    world.barrier();
+    const auto t0 = Clock::now();
+    f();
+    return slowest_s(world, std::chrono::duration<double>(Clock::now() - t0).count());
+  };
+  auto median_of_3 = [&](auto &&f) {
+    std::array<double, 3> t{timed(f), timed(f), timed(f)};
+    std::sort(t.begin(), t.end());
+    return t[1];
+  };
+  world.all_reduce(buf);  // warm the connections
+  const double collective_s = median_of_3([&] { world.all_reduce(buf); });
+  const double one_gemm_s = slowest_s(world, time_per_call_s([&] { at::linear(x, w); }, 0.02));
+  const int gemms = std::max(1, static_cast<int>(collective_s / one_gemm_s));
+  auto loop = [&] {
+    for (int i = 0; i < gemms; ++i) at::linear(x, w);
+  };
+  const double gemm_s = median_of_3(loop);
+  const double both_s = median_of_3([&] {
+    Work work = world.all_reduce_async(buf);
+    loop();
+    work.wait();
+  });
+  const double fraction = std::clamp((gemm_s + collective_s - both_s) / std::min(gemm_s, collective_s), 0.0, 1.0);
+  return {{"collective", "all_reduce"},   {"bytes", bytes},   {"gemm_s", gemm_s},
+          {"collective_s", collective_s}, {"both_s", both_s}, {"fraction", fraction}};
 }
 
 }  // namespace
@@ -123,7 +254,8 @@ void run_machine_probe(const MachineProbeOptions& o, Group& world) {
   result["memory"] = probe_memory(o);
   json files = json::array();
   if (world.size() > 1) {
-    for (const std::string test : {"all_reduce_perf", "all_gather_perf"}) {
+    result["overlap"] = probe_overlap(world);
+    for (const std::string test : {"all_reduce_perf", "all_gather_perf", "sendrecv_perf"}) {
       const std::string text = probe_collective(o, world, test);
       const fs::path out(o.output);
       const fs::path file = out.parent_path() / (out.stem().string() + "-" + test + ".txt");

@@ -1,9 +1,12 @@
-// `dplan-worker --probe`: what this machine's ranks achieve with the libraries the executor trains
-// with (LibTorch's CPU GEMMs, its memory bandwidth, Gloo collectives), in the format
-// dplan-gpu-probe writes (probe/gpu_probe.cpp), for `dplan probe --cluster local-cpu` to fit a
-// profile to. Every rank runs the GEMM and copy measurements at once, each with the intra-op
-// threads a training rank gets (cores / local ranks), so the figures include the ranks' sharing
-// of the cores; rank 0's are recorded. The collectives run over the world group.
+// `dplan-worker --probe`: what this machine's ranks achieve with the libraries
+// the executor trains with (LibTorch's CPU GEMMs, its memory bandwidth, Gloo
+// collectives), in the format dplan-gpu-probe writes (probe/gpu_probe.cpp), for
+// `dplan probe --cluster local-cpu` to fit a profile to. Every rank runs the
+// GEMM and copy measurements at once, each with the intra-op threads a training
+// rank gets (cores / local ranks), so the figures include the ranks' sharing of
+// the cores; rank 0's are recorded. The collectives run over the world group,
+// and so does the overlap measurement (how much of an all-reduce hides under
+// GEMMs running beside it).
 #pragma once
 
 #include <string>

@@ -120,11 +120,12 @@ c10::intrusive_ptr<c10d::Store> connect_store(const Place& place, bool server, s
   return store;
 }
 
-// A CPU rank's intra-op threads: the machine's cores split among its local ranks.
-void set_rank_threads(const Place& place) {
-  const int cores = std::max(1u, std::thread::hardware_concurrency());
-  torch::set_num_threads(std::max(1, cores / std::max(1, place.local_world)));
-}
+// A CPU rank's intra-op threads: one. The plan's device is one core (the
+// local-cpu cluster's cpu-core GPU; the time model gives each rank min(1, cores
+// / ranks) of a core), so a rank must not spread over idle cores when there are
+// fewer ranks than cores; LibTorch's reference-BLAS GEMMs run on one thread
+// anyway.
+void set_rank_threads(const Place&) { torch::set_num_threads(1); }
 
 GroupOptions group_options(const Place& place, Backend backend, std::chrono::milliseconds timeout) {
   GroupOptions go;

@@ -78,16 +78,41 @@ json gpu_figures(const GpuSpec& g) {
           {"memory_efficiency", g.memory_efficiency}};
 }
 
-// Fits the tier an nccl-tests file exercised, prints the fit, and puts it into `cluster` (a cluster
-// file's "cluster" object) with its source.
-void import_nccl_tests(const std::string& path, const ProbeArgs& a, const ClusterSpec& base, json& cluster) {
+// Puts a one-node run's timings, every size, into `cluster`'s intra-node tier,
+// replacing earlier ones of the same collective and group size: a group of this
+// collective and size inside a node takes them, the fitted figures serve the
+// others.
+void keep_measured(const planner::NcclTestsRun& run, json& cluster) {
+  json& tier = cluster.at("intra_node");
+  json measured = json::array();
+  for (const json& row : tier.value("measured", json::array()))
+    if (!(row.at("collective") == costmodel::to_string(run.collective) && row.at("ranks") == run.ranks))
+      measured.push_back(row);
+  std::vector<costmodel::MeasuredCollective> rows;
+  for (const auto& r : run.rows) rows.push_back({run.collective, run.ranks, r.bytes, r.time_s});
+  for (const json& row : costmodel::to_json(rows)) measured.push_back(row);
+  tier["measured"] = measured;
+  std::printf(
+      "kept the %zu measured sizes of %s: %d-rank %s groups inside a "
+      "node take them\n",
+      rows.size(), run.file.c_str(), run.ranks, costmodel::to_string(run.collective));
+}
+
+// Fits the tier an nccl-tests file exercised, prints the fit, and puts it into
+// `cluster` (a cluster file's "cluster" object) with its source; a one-node
+// run's timings are kept as well (keep_measured). With `fit` false only the
+// timings are kept.
+void import_nccl_tests(const std::string& path, const ProbeArgs& a, double min_size_mib, const ClusterSpec& base,
+                       json& cluster, bool fit_tier = true) {
   std::optional<Collective> op;
   if (!a.collective.empty()) op = collective_from(a.collective);
   planner::NcclTestsRun run = planner::parse_nccl_tests(read_text(path), path, op);
+  if (run.nodes == 1) keep_measured(run, cluster);
+  if (!fit_tier) return;
   const size_t all_rows = run.rows.size();
-  std::erase_if(run.rows, [&](const planner::NcclTestsRow& r) { return r.bytes < a.min_size_mib * kMiB; });
+  std::erase_if(run.rows, [&](const planner::NcclTestsRow& r) { return r.bytes < min_size_mib * kMiB; });
   if (run.rows.empty())
-    throw InputError(path + ": no sizes of " + std::to_string(a.min_size_mib) + " MiB or more; lower --min-size-mib");
+    throw InputError(path + ": no sizes of " + std::to_string(min_size_mib) + " MiB or more; lower --min-size-mib");
   const planner::TierFit fit = planner::fit_link_tier(base, run);
 
   std::printf("%s: %s, %d ranks on %d node%s, %zu sizes %s..%s%s\n", path.c_str(), costmodel::to_string(run.collective),
@@ -123,11 +148,16 @@ void import_nccl_tests(const std::string& path, const ProbeArgs& a, const Cluste
 json import_gpu_probe(const planner::GpuProbe& probe, const GpuSpec& base, const std::string& base_gpu_file,
                       const std::string& name) {
   const planner::GpuFit fit = planner::fit_gpu(base, probe);
-  std::printf("%s: %s x %d, %d SMs, %zu GEMMs, device-to-device copy %.1f GB/s\n", probe.file.c_str(),
+  std::printf("%s: %s x %d, %d SMs, %zu GEMMs, device-to-device copy %.1f GB/s", probe.file.c_str(),
               probe.device_name.c_str(), probe.device_count, probe.sm_count, probe.gemms.size(),
               probe.copy_bytes_per_s / 1e9);
-  std::printf("fitted GPU %s by least squares on log time (isolated GEMMs: sustained_fraction held at 1):\n",
-              base.name.c_str());
+  if (probe.elementwise_bytes_per_s > 0)
+    std::printf(", element-wise kernels %.1f GB/s", probe.elementwise_bytes_per_s / 1e9);
+  std::printf("\n");
+  std::printf(
+      "fitted GPU %s by least squares on log time (isolated GEMMs: "
+      "sustained_fraction held at 1):\n",
+      base.name.c_str());
   print_changes(gpu_figures(base), gpu_figures(fit.gpu));
   // Per precision: how far the model's GEMM times were and are from the measured ones.
   std::map<int, std::array<double, 3>> by_precision;  // count, sum sq before, sum sq after
@@ -142,6 +172,11 @@ json import_gpu_probe(const planner::GpuProbe& probe, const GpuSpec& base, const
                 costmodel::to_string(static_cast<costmodel::Precision>(p)), acc[0], std::sqrt(acc[1] / acc[0]),
                 std::sqrt(acc[2] / acc[0]));
   std::printf("rms log error: %.3f before, %.3f after\n", fit.rms_log_error_before, fit.rms_log_error_after);
+  std::printf(
+      "the profile keeps the %zu measured GEMMs: the cost model "
+      "interpolates their rates, the fitted curve "
+      "serves precisions they do not cover\n",
+      probe.gemms.size());
 
   json file = read_json_file(base_gpu_file);
   json& gpu = file.at("gpu");
@@ -149,7 +184,9 @@ json import_gpu_probe(const planner::GpuProbe& probe, const GpuSpec& base, const
   gpu["matmul"]["max_efficiency"] = fit.gpu.matmul_max_efficiency;
   gpu["matmul"]["sm_count"] = fit.gpu.sm_count;
   gpu["matmul"]["kernel_overhead_us"] = fit.gpu.kernel_overhead_s * 1e6;
+  gpu["matmul"]["measured"] = costmodel::to_json(fit.gpu).at("matmul").at("measured");
   gpu["memory_efficiency"] = fit.gpu.memory_efficiency;
+  gpu["sustained_fraction"] = fit.gpu.sustained_fraction;
   char source[512];
   std::snprintf(source, sizeof source,
                 "fitted by dplan probe to %s (%s, %zu GEMMs; rms log error of the time %.3f before, %.3f after); the "
@@ -158,8 +195,23 @@ json import_gpu_probe(const planner::GpuProbe& probe, const GpuSpec& base, const
                 fit.rms_log_error_after);
   json& sources = gpu["sources"];
   sources["matmul"] = std::string(source) + sources.value("matmul", std::string());
-  std::snprintf(source, sizeof source, "measured by dplan-gpu-probe (%s): device-to-device copy %.0f GB/s / datasheet; ",
-                probe.file.c_str(), probe.copy_bytes_per_s / 1e9);
+  std::snprintf(source, sizeof source,
+                "1: the GEMM rates are the %zu measured in %s "
+                "(matmul.measured), taken with every rank of the node "
+                "busy; `dplan calibrate` fits it to measured runs",
+                probe.gemms.size(), probe.file.c_str());
+  sources["sustained_fraction"] = source;
+  if (probe.elementwise_bytes_per_s > 0)
+    std::snprintf(source, sizeof source,
+                  "measured by dplan probe (%s): training's element-wise kernels (GELU, "
+                  "layer norm, softmax, add) "
+                  "%.1f GB/s read + written / datasheet (a copy reaches %.1f GB/s); ",
+                  probe.file.c_str(), probe.elementwise_bytes_per_s / 1e9, probe.copy_bytes_per_s / 1e9);
+  else
+    std::snprintf(source, sizeof source,
+                  "measured by dplan-gpu-probe (%s): device-to-device copy "
+                  "%.0f GB/s / datasheet; ",
+                  probe.file.c_str(), probe.copy_bytes_per_s / 1e9);
   sources["memory_efficiency"] = std::string(source) + sources.value("memory_efficiency", std::string());
   return file;
 }
@@ -176,10 +228,12 @@ void add_probe_options(CLI::App& command, ProbeArgs& a) {
   command.add_option("--cluster", a.cluster, "the cluster profile the measurements were taken on (name or path)")
       ->required();
   command.add_option("--collective", a.collective, "the nccl-tests file's collective, if the file does not name it");
-  command.add_option("--min-size-mib", a.min_size_mib,
-                     "fit collective sizes from this many MiB up: NCCL runs smaller messages with its LL protocols, "
-                     "which the cost model does not have")
-      ->capture_default_str();
+  command
+      .add_option("--min-size-mib", a.min_size_mib,
+                  "fit collective sizes from this many MiB up: NCCL runs "
+                  "smaller messages with its LL protocols, "
+                  "which the cost model does not have")
+      ->default_str("1, or 0 for this machine's Gloo probe");
   command.add_option("--name", a.name, "name of the written cluster profile (default: <cluster>-measured)");
   command.add_option("--ranks", a.ranks,
                      "measuring this machine (no import): local ranks to measure with (default: the cores, at least 2)");
@@ -208,7 +262,8 @@ int run_probe(const ProbeArgs& a, const planner::ProfileStore& store) {
     if (status != 0) return status;
     std::printf("\n");
   }
-  if (!(a.min_size_mib >= 0)) throw InputError("--min-size-mib must be 0 or more");
+  const bool given = a.min_size_mib != ProbeArgs{}.min_size_mib;
+  if (given && !(a.min_size_mib >= 0)) throw InputError("--min-size-mib must be 0 or more");
   const ClusterSpec base = store.load_cluster(a.cluster);
   json profile = read_json_file(store.cluster_path(a.cluster));
   json& cluster = profile.at("cluster");
@@ -217,16 +272,40 @@ int run_probe(const ProbeArgs& a, const planner::ProfileStore& store) {
 
   json gpu_file;
   if (!a.nccl_tests_path.empty()) {
-    import_nccl_tests(a.nccl_tests_path, a, base, cluster);
+    import_nccl_tests(a.nccl_tests_path, a, given ? a.min_size_mib : 1.0, base, cluster);
   } else {
     const planner::GpuProbe probe = planner::parse_gpu_probe(read_json_file(probe_path), probe_path);
     gpu_file = import_gpu_probe(probe, base.gpu, gpu_file_of(store.cluster_path(a.cluster), store), name + "-gpu");
     if (probe.cores > 0) cluster["cores_per_node"] = probe.cores;  // the ranks share this machine's cores
+    if (probe.overlap_fraction >= 0) {
+      char source[512];
+      std::snprintf(source, sizeof source,
+                    "measured by dplan probe (%s): a %.0f MiB all-reduce alone "
+                    "%.2f ms, GEMMs alone %.2f ms, both at "
+                    "once %.2f ms; fraction = (gemm + all-reduce - both) / "
+                    "min(gemm, all-reduce)",
+                    probe_path.c_str(), probe.overlap_bytes / kMiB, probe.overlap_collective_s * 1e3,
+                    probe.overlap_gemm_s * 1e3, probe.overlap_both_s * 1e3);
+      cluster["comm_overlap"] = {{"fraction", probe.overlap_fraction}, {"source", source}};
+      std::printf(
+          "\ncommunication overlap: an all-reduce alone %.2f ms, GEMMs "
+          "alone %.2f ms, both %.2f ms: %.0f %% "
+          "of it hides under compute (comm_overlap %.3f)\n",
+          probe.overlap_collective_s * 1e3, probe.overlap_gemm_s * 1e3, probe.overlap_both_s * 1e3,
+          100 * probe.overlap_fraction, probe.overlap_fraction);
+    }
     for (const std::string& f : probe.nccl_tests_files) {
-      if (f.find("all_reduce") == std::string::npos || probe.device_count < 2) continue;
+      if (probe.device_count < 2) continue;
       const fs::path p = fs::path(f).is_relative() ? fs::path(probe_path).parent_path() / f : fs::path(f);
       std::printf("\n");
-      import_nccl_tests(p.string(), a, base, cluster);
+      // Gloo over loopback (a CPU probe) has one protocol at every size: fit
+      // them all. The tier's figures are fitted to the all-reduce; every
+      // collective's timings are kept.
+      import_nccl_tests(p.string(), a,
+                        given             ? a.min_size_mib
+                        : probe.cores > 0 ? 0.0
+                                          : 1.0,
+                        base, cluster, f.find("all_reduce") != std::string::npos);
     }
   }
   if (a.output.empty()) {

@@ -26,8 +26,12 @@ struct ProbeArgs {
   std::string collective;  // empty: from the file
   std::string name;        // of the written profile; empty: BASE-measured
   std::string output;
-  double min_size_mib = 1;  // smaller messages run NCCL's LL protocols, which the model lacks
-  int ranks = 0;            // measuring this machine: local ranks (0: the number of cores, at least 2)
+  // Collective sizes fitted: NCCL runs smaller messages than 1 MiB with its LL
+  // protocols, which the model lacks; Gloo (a CPU probe) has one protocol at
+  // every size. Negative: 1 for NCCL, 0 for Gloo.
+  double min_size_mib = -1;
+  int ranks = 0;  // measuring this machine: local ranks (0: the number of cores,
+                  // at least 2)
   double timeout_s = 120;
 };
 

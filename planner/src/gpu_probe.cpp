@@ -13,17 +13,25 @@ namespace {
 using costmodel::GpuSpec;
 using costmodel::Precision;
 
-
-std::vector<double> gemm_times(const GpuSpec& g, const GpuProbe& probe) {
+std::vector<double> gemm_times(const GpuSpec& g, const std::vector<GemmSample>& gemms) {
   std::vector<double> t;
-  for (const auto& s : probe.gemms) t.push_back(costmodel::gemm_time_s(g, s.precision, s.m, s.n, s.k));
+  for (const auto& s : gemms) t.push_back(costmodel::gemm_time_s(g, s.precision, s.m, s.n, s.k, s.batch, s.op));
   return t;
 }
 
-std::vector<double> measured_times(const GpuProbe& probe) {
+std::vector<double> measured_times(const std::vector<GemmSample>& gemms) {
   std::vector<double> t;
-  for (const auto& s : probe.gemms) t.push_back(s.time_s);
+  for (const auto& s : gemms) t.push_back(s.time_s);
   return t;
+}
+
+// The GEMMs the curve is fitted to: not whole attention kernels, which the
+// table alone serves.
+std::vector<GemmSample> curve_gemms(const GpuProbe& probe) {
+  std::vector<GemmSample> out;
+  for (const auto& s : probe.gemms)
+    if (s.op != costmodel::GemmOp::attention_forward && s.op != costmodel::GemmOp::attention_backward) out.push_back(s);
+  return out;
 }
 
 }  // namespace
@@ -43,11 +51,24 @@ GpuProbe parse_gpu_probe(const json& j, const std::string& file) {
     p.device_count = device.at("count").get<int>();
     p.cores = device.value("cores", 0);
     p.copy_bytes_per_s = j.at("memory").at("bytes_per_s").get<double>();
+    p.elementwise_bytes_per_s = j.at("memory").value("elementwise_bytes_per_s", 0.0);
     for (const auto& g : j.at("gemm")) {
       GemmSample s{costmodel::precision_from_string(g.at("precision").get<std::string>()), g.at("m").get<double>(),
                    g.at("n").get<double>(), g.at("k").get<double>(), g.at("time_s").get<double>()};
-      if (!(s.m > 0 && s.n > 0 && s.k > 0 && s.time_s > 0)) throw fail("/gemm: a non-positive shape or time");
+      if (g.contains("op")) s.op = costmodel::gemm_op_from_string(g.at("op").get<std::string>());
+      if (g.contains("batch")) s.batch = g.at("batch").get<double>();
+      if (!(s.m > 0 && s.n > 0 && s.k > 0 && s.batch >= 1 && s.time_s > 0))
+        throw fail("/gemm: a non-positive shape, batch or time");
       p.gemms.push_back(s);
+    }
+    if (j.contains("overlap")) {
+      const json& o = j.at("overlap");
+      p.overlap_fraction = o.at("fraction").get<double>();
+      p.overlap_bytes = o.at("bytes").get<double>();
+      p.overlap_gemm_s = o.at("gemm_s").get<double>();
+      p.overlap_collective_s = o.at("collective_s").get<double>();
+      p.overlap_both_s = o.at("both_s").get<double>();
+      if (!(p.overlap_fraction >= 0 && p.overlap_fraction <= 1)) throw fail("/overlap/fraction: not in [0, 1]");
     }
     if (j.contains("nccl_tests_files"))
       for (const auto& f : j.at("nccl_tests_files")) p.nccl_tests_files.push_back(f.get<std::string>());
@@ -61,31 +82,37 @@ GpuProbe parse_gpu_probe(const json& j, const std::string& file) {
 }
 
 GpuFit fit_gpu(const GpuSpec& base, const GpuProbe& probe) {
-  if (probe.gemms.size() < 2)
-    throw InputError(probe.file + ": " + std::to_string(probe.gemms.size()) +
-                     " GEMMs cannot determine 2 parameters (max_efficiency, kernel_overhead)");
+  const std::vector<GemmSample> gemms = curve_gemms(probe);
+  if (gemms.size() < 2)
+    throw InputError(probe.file + ": " + std::to_string(gemms.size()) +
+                     " GEMMs cannot determine 2 parameters (max_efficiency, "
+                     "kernel_overhead)");
   for (const auto& s : probe.gemms) costmodel::peak_flops_per_s(base, s.precision);  // throws for a missing unit
   GpuFit fit;
-  const std::vector<double> measured = measured_times(probe);
+  const std::vector<double> measured = measured_times(gemms);
   GpuSpec isolated = base;
-  isolated.sustained_fraction = 1;  // isolated GEMMs: the maximum achievable rate
-  const std::vector<double> before = gemm_times(isolated, probe);
+  isolated.sustained_fraction = 1;   // isolated GEMMs: the maximum achievable rate
+  isolated.matmul_measured.clear();  // the curve is fitted, not an earlier probe's table
+  const std::vector<double> before = gemm_times(isolated, gemms);
   GpuSpec g = isolated;
   g.sm_count = probe.sm_count;
-  g.memory_efficiency = std::min(1.0, probe.copy_bytes_per_s / base.hbm_bandwidth_bytes_per_s);
+  const double memory_bytes_per_s =
+      probe.elementwise_bytes_per_s > 0 ? probe.elementwise_bytes_per_s : probe.copy_bytes_per_s;
+  g.memory_efficiency = std::min(1.0, memory_bytes_per_s / base.hbm_bandwidth_bytes_per_s);
   const std::vector<double> x = detail::minimize_in_box(
       [&](const std::vector<double>& v) {
         GpuSpec trial = g;
         trial.matmul_max_efficiency = v[0];
         trial.kernel_overhead_s = v[1];
-        return detail::rms_log_error(gemm_times(trial, probe), measured);
+        return detail::rms_log_error(gemm_times(trial, gemms), measured);
       },
       {base.matmul_max_efficiency, std::max(base.kernel_overhead_s, 1e-7)}, {{0.02, 1.0}, {1e-7, 1e-3}});
   g.matmul_max_efficiency = x[0];
   g.kernel_overhead_s = x[1];
-  const std::vector<double> after = gemm_times(g, probe);
-  g.sustained_fraction = base.sustained_fraction;
-  for (size_t i = 0; i < probe.gemms.size(); ++i) fit.rows.push_back({probe.gemms[i], before[i], after[i]});
+  const std::vector<double> after = gemm_times(g, gemms);
+  for (const GemmSample& s : probe.gemms)
+    g.matmul_measured.push_back({s.precision, s.op, s.m, s.n, s.k, s.batch, s.time_s});
+  for (size_t i = 0; i < gemms.size(); ++i) fit.rows.push_back({gemms[i], before[i], after[i]});
   fit.rms_log_error_before = detail::rms_log_error(before, measured);
   fit.rms_log_error_after = detail::rms_log_error(after, measured);
   fit.gpu = g;

@@ -136,8 +136,12 @@ NcclTestsRun parse_nccl_tests(const std::string& text, const std::string& file, 
   return run;
 }
 
-TierFit fit_link_tier(const ClusterSpec& base, const NcclTestsRun& run) {
-  if (run.ranks < 2) throw InputError(run.file + ": " + std::to_string(run.ranks) + " rank: a collective needs 2 or more");
+TierFit fit_link_tier(const ClusterSpec& profile, const NcclTestsRun& run) {
+  ClusterSpec base = profile;
+  base.intra_node.measured.clear();  // the model's figures are fitted, not an
+                                     // earlier import's timings
+  if (run.ranks < 2)
+    throw InputError(run.file + ": " + std::to_string(run.ranks) + " rank: a collective needs 2 or more");
   if (run.nodes == 1 && run.ranks > base.gpus_per_node)
     throw InputError(run.file + ": " + std::to_string(run.ranks) + " ranks on one host, but " + base.name + " has " +
                      std::to_string(base.gpus_per_node) + " GPUs per node; pick the cluster profile of that node");

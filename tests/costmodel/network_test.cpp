@@ -1,5 +1,9 @@
-// The network model: group placement, bandwidth sharing on the graph, NCCL-style times, laws,
-// and the measured all-reduce tables of HARDWARE.md 4.3/4.4.
+// The network model: group placement, bandwidth sharing on the graph,
+// NCCL-style times, laws, and the measured all-reduce tables of
+// HARDWARE.md 4.3/4.4.
+#include "dplan/costmodel/network.h"
+
+#include <algorithm>
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -9,7 +13,6 @@
 #include <vector>
 
 #include "dplan/costmodel/errors.h"
-#include "dplan/costmodel/network.h"
 #include "dplan/planner/profiles.h"
 #include "test_profiles.h"
 
@@ -372,4 +375,50 @@ TEST_CASE("a 16384-GPU network costs shapes quickly (timing printed, not asserte
                                    << " distinct shapes x 2 patterns " << ms(t2 - t1) << " ms; " << kCachedCalls
                                    << " cached cost() calls " << ms(t3 - t2) << " ms");
   CHECK(sum > 0);
+}
+
+TEST_CASE(
+    "measured collectives inside a node replace the model for their "
+    "collective and group size",
+    "[network]") {
+  ClusterSpec c = store().load_cluster("local-cpu");
+  c.cores_per_node = 0;  // a rank per core for now
+  const Network model(c, 4);
+  // Gloo-like: 2 ms at small sizes, then 0.5 GB/s.
+  for (double bytes : {4096.0, 65536.0, 1048576.0, 16777216.0})
+    c.intra_node.measured.push_back({Collective::all_reduce, 2, bytes, 2e-3 + bytes / 0.5e9});
+  const Network measured(c, 4);
+  // Exactly the measurement at a measured size, log-log between sizes, flat
+  // below, linear above.
+  CHECK_THAT(measured.cost(Collective::all_reduce, 65536, {2, 1}).time_s, WithinRel(2e-3 + 65536 / 0.5e9, 1e-12));
+  const double between = measured.cost(Collective::all_reduce, 262144, {2, 1}).time_s;
+  CHECK(between > 2e-3 + 65536 / 0.5e9);
+  CHECK(between < 2e-3 + 1048576 / 0.5e9);
+  CHECK_THAT(measured.cost(Collective::all_reduce, 1024, {2, 1}).time_s, WithinRel(2e-3 + 4096 / 0.5e9, 1e-12));
+  CHECK_THAT(measured.cost(Collective::all_reduce, 2 * 16777216.0, {2, 1}).time_s,
+             WithinRel(2 * (2e-3 + 16777216 / 0.5e9), 1e-12));
+  // Another group size or collective: the model, unchanged.
+  CHECK(measured.cost(Collective::all_reduce, 65536, {4, 1}) == model.cost(Collective::all_reduce, 65536, {4, 1}));
+  CHECK(measured.cost(Collective::all_gather, 65536, {2, 1}) == model.cost(Collective::all_gather, 65536, {2, 1}));
+  // Gloo's reduce-scatter is an all-reduce and its slice on the shared-memory
+  // tier.
+  CHECK(measured.cost(Collective::reduce_scatter, 65536, {2, 1}).time_s ==
+        measured.cost(Collective::all_reduce, 65536, {2, 1}).time_s);
+  // Ranks time-sharing the cores run their collectives at that share: 4 ranks
+  // on 2 cores take twice as long.
+  ClusterSpec shared = c;
+  shared.cores_per_node = 2;
+  CHECK_THAT(Network(shared, 4).cost(Collective::all_reduce, 65536, {2, 1}).time_s,
+             WithinRel(2 * measured.cost(Collective::all_reduce, 65536, {2, 1}).time_s, 1e-12));
+  CHECK(Network(shared, 2).cost(Collective::all_reduce, 65536, {2, 1}) ==
+        measured.cost(Collective::all_reduce, 65536, {2, 1}));
+  // The table survives the profile's JSON.
+  json file = {{"format_version", 1}, {"cluster", to_json(c)}};
+  file["cluster"]["gpu"] = "cpu-core";
+  file["cluster"]["intra_node"]["source"] = file["cluster"]["inter_node"]["source"] =
+      file["cluster"]["fabric"]["source"] = file["cluster"]["source"] = "test";
+  const ClusterSpec back = cluster_from_json(file, "c.json", [&](const std::string&) { return c.gpu; });
+  REQUIRE(back.intra_node.measured.size() == 4);
+  CHECK_THAT(back.intra_node.measured[2].time_s, WithinRel(c.intra_node.measured[2].time_s, 1e-12));
+  CHECK(back.comm_overlap_fraction == 1.0);
 }

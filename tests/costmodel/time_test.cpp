@@ -1,7 +1,9 @@
 // Compute FLOPs, GEMM speed and the step-time laws.
-#include <catch2/catch.hpp>
-
 #include "dplan/costmodel/time.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+
 #include "dplan/planner/profiles.h"
 #include "test_profiles.h"
 
@@ -41,6 +43,56 @@ TEST_CASE("GEMM efficiency falls for small shards", "[compute]") {
   // A tiny GEMM is dominated by overhead and memory traffic.
   double tiny = gemm_time_s(gpu, Precision::bf16, 64, 64, 64);
   CHECK(2 * 64.0 * 64 * 64 / tiny < 0.01 * peak_flops_per_s(gpu, Precision::bf16));
+}
+
+TEST_CASE(
+    "measured GEMMs replace the curve: exact where measured, "
+    "interpolated between, by op",
+    "[compute]") {
+  GpuSpec gpu = store().load_gpu("cpu-core");
+  gpu.sustained_fraction = 1;
+  const double curve = gemm_time_s(gpu, Precision::fp32, 256, 512, 128);
+  // A CPU-like table: the rate falls with size, and the weight gradient runs at
+  // half the forward's rate.
+  auto time_at = [](double m, double n, double k, double flops_per_s) { return 2 * m * n * k / flops_per_s; };
+  for (double x : {128.0, 256.0, 512.0, 1024.0}) {
+    const double rate = 8e9 * std::pow(x / 128, -0.25);
+    gpu.matmul_measured.push_back({Precision::fp32, GemmOp::forward, x, x, x, 1, time_at(x, x, x, rate)});
+    gpu.matmul_measured.push_back({Precision::fp32, GemmOp::wgrad, x, x, x, 1, time_at(x, x, x, rate / 2)});
+  }
+  // Exactly the measurement where one was taken.
+  CHECK_THAT(gemm_time_s(gpu, Precision::fp32, 256, 256, 256),
+             WithinRel(time_at(256, 256, 256, 8e9 * std::pow(2, -0.25)), 1e-12));
+  CHECK_THAT(gemm_time_s(gpu, Precision::fp32, 256, 256, 256, 1, GemmOp::wgrad),
+             WithinRel(time_at(256, 256, 256, 4e9 * std::pow(2, -0.25)), 1e-12));
+  // Between measured shapes the rate lies between theirs, and no longer follows
+  // the curve.
+  const double mid = 2 * 256.0 * 512 * 128 / gemm_time_s(gpu, Precision::fp32, 256, 512, 128);
+  CHECK(mid < 8e9);
+  CHECK(mid > 8e9 * std::pow(8.0, -0.25));
+  CHECK(std::abs(gemm_time_s(gpu, Precision::fp32, 256, 512, 128) / curve - 1) > 0.1);
+  // An op the table covers is read from its own measurements: wgrad is about
+  // half as fast.
+  const double wgrad = gemm_time_s(gpu, Precision::fp32, 300, 300, 300, 1, GemmOp::wgrad);
+  const double forward = gemm_time_s(gpu, Precision::fp32, 300, 300, 300, 1, GemmOp::forward);
+  CHECK(wgrad / forward > 1.6);
+  CHECK(wgrad / forward < 2.1);
+  // The sustained fraction still scales it; a precision the table lacks uses
+  // the curve.
+  GpuSpec slower = gpu;
+  slower.sustained_fraction = 0.5;
+  CHECK_THAT(gemm_time_s(slower, Precision::fp32, 300, 300, 300), WithinRel(2 * forward, 1e-12));
+  GpuSpec curve_only = gpu;
+  curve_only.matmul_measured.clear();
+  CHECK(gemm_time_s(gpu, Precision::bf16, 300, 300, 300) == gemm_time_s(curve_only, Precision::bf16, 300, 300, 300));
+  // The table survives the profile's JSON.
+  const GpuSpec reloaded = gpu_from_json({{"format_version", 1}, {"gpu", to_json(gpu)}}, "g.json");
+  REQUIRE(reloaded.matmul_measured.size() == gpu.matmul_measured.size());
+  for (size_t i = 0; i < gpu.matmul_measured.size(); ++i) {
+    const MeasuredGemm& a = reloaded.matmul_measured[i], &b = gpu.matmul_measured[i];
+    CHECK((a.precision == b.precision && a.op == b.op && a.m == b.m && a.n == b.n && a.k == b.k && a.batch == b.batch));
+    CHECK_THAT(a.time_s, WithinRel(b.time_s, 1e-12));
+  }
 }
 
 TEST_CASE("the phases add up to the step time and MFU follows from it", "[time]") {
@@ -114,4 +166,30 @@ TEST_CASE("a tensor-parallel group that leaves the NVLink domain visibly slows d
   few.nics_per_node = 2;
   TimeBreakdown d = estimate_time(m, Network(few, 256), t, across);
   CHECK(d.tp_comm_s / (256 / 2) > 3 * per_mb_inside);
+}
+
+TEST_CASE(
+    "comm_overlap scales how much gradient reduction hides under "
+    "backward; ZeRO-2 reduces every micro-batch",
+    "[time]") {
+  ModelSpec m = store().load_model("llama-2-7b");
+  ClusterSpec c = store().load_cluster("dgx-h100");
+  TrainingSpec t{.seq_len = 4096, .global_batch = 256};
+  ParallelConfig p{.tp = 1, .pp = 1, .dp = 64, .micro_batch = 1, .zero_stage = 1};
+  const Network net(c, 64);
+  const TimeBreakdown full = estimate_time(m, net, t, p);
+  ClusterSpec none = c;
+  none.comm_overlap_fraction = 0;
+  const TimeBreakdown serial = estimate_time(m, Network(none, 64), t, p);
+  // Nothing hides: the whole reduce-scatter shows.
+  CHECK(serial.dp_comm_s > full.dp_comm_s);
+  CHECK_THAT(serial.dp_comm_s + serial.param_gather_s,
+             WithinRel(full.dp_comm_s + full.param_gather_s + full.hidden_comm_s, 1e-9));
+  CHECK(serial.hidden_comm_s == 0);
+  // ZeRO-2 reduce-scatters each of the 4 micro-batches' gradients (nothing
+  // hidden: 4x the traffic).
+  ParallelConfig z2 = p;
+  z2.zero_stage = 2;
+  const TimeBreakdown zero2 = estimate_time(m, Network(none, 64), t, z2);
+  CHECK_THAT(zero2.dp_comm_s, WithinRel(4 * serial.dp_comm_s, 1e-9));
 }

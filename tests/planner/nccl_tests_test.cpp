@@ -1,4 +1,8 @@
-// dplan probe --import-nccl-tests: reading nccl-tests output, and fitting a link tier to it.
+// dplan probe --import-nccl-tests: reading nccl-tests output, and fitting a
+// link tier to it.
+#include "dplan/planner/nccl_tests.h"
+
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -10,7 +14,6 @@
 #include "dplan/costmodel/network.h"
 #include "dplan/costmodel/compute.h"
 #include "dplan/planner/gpu_probe.h"
-#include "dplan/planner/nccl_tests.h"
 #include "dplan/planner/profiles.h"
 #include "process.h"
 #include "test_profiles.h"
@@ -172,9 +175,15 @@ TEST_CASE("fitting a GPU to dplan-gpu-probe's GEMMs recovers the efficiency and 
   CHECK(fit.gpu.memory_efficiency == Approx(0.8));
   CHECK(fit.gpu.matmul_max_efficiency == Approx(0.66).epsilon(0.02));
   CHECK(fit.gpu.kernel_overhead_s == Approx(9e-6).epsilon(0.1));
-  CHECK(fit.gpu.sustained_fraction == base.sustained_fraction);  // a whole step's factor is not what GEMMs measure
   CHECK(fit.rms_log_error_before > 0.05);
   CHECK(fit.rms_log_error_after < 0.01);
+  // The profile keeps every measured GEMM: the cost model gives back each
+  // measured time exactly (sustained_fraction 1: the table is the rate).
+  CHECK(fit.gpu.sustained_fraction == 1);
+  REQUIRE(fit.gpu.matmul_measured.size() == probe.gemms.size());
+  for (const GemmSample& s : probe.gemms)
+    CHECK(costmodel::gemm_time_s(fit.gpu, s.precision, s.m, s.n, s.k, s.batch, s.op) ==
+          Approx(s.time_s).epsilon(1e-12));
   // Malformed or too little.
   CHECK_THROWS_WITH(parse_gpu_probe(nlohmann::json::object(), "x.json"), Catch::Contains("dplan-gpu-probe"));
   probe.gemms.resize(1);
@@ -188,7 +197,10 @@ TEST_CASE("dplan probe --import-gpu-probe writes a GPU and a cluster profile tha
   truth.nvls_efficiency_fraction = 0.55;  // NVLS carries the all-reduce on this node at every size
   nlohmann::json probe = synthetic_probe(truth.gpu, 2.9e12, 8);
   dir.write("probe-all_reduce_perf.txt", synthetic_output(truth, Collective::all_reduce, 8, 1, "all_reduce_perf"));
-  probe["nccl_tests_files"] = {"probe-all_reduce_perf.txt"};  // relative: beside the probe file
+  dir.write("probe-all_gather_perf.txt", synthetic_output(truth, Collective::all_gather, 8, 1, "all_gather_perf"));
+  probe["nccl_tests_files"] = {"probe-all_reduce_perf.txt", "probe-all_gather_perf.txt"};  // beside the probe file
+  probe["overlap"] = {{"collective", "all_reduce"}, {"bytes", 1 << 29}, {"gemm_s", 2e-3},
+                      {"collective_s", 2e-3},       {"both_s", 2.5e-3}, {"fraction", 0.75}};
   const std::string probe_path = dir.write("gpu-probe.json", probe.dump());
   const std::string out = (dir.path() / "my-node.json").string();
   auto r = run_program(DPLAN_BINARY, {"probe", "--import-gpu-probe", probe_path, "--cluster", "dgx-h100", "-o", out});
@@ -201,6 +213,25 @@ TEST_CASE("dplan probe --import-gpu-probe writes a GPU and a cluster profile tha
   CHECK(measured.gpu.name == "dgx-h100-measured-gpu");
   CHECK(measured.gpu.matmul_max_efficiency == Approx(0.7).epsilon(0.02));
   CHECK(measured.nvls_efficiency_fraction == Approx(0.55).epsilon(0.05));
+  // The profile keeps what was measured: every GEMM, both collectives' sizes on
+  // 8 ranks, the overlap.
+  CHECK(measured.gpu.matmul_measured.size() == probe["gemm"].size());
+  CHECK(measured.gpu.sustained_fraction == 1);
+  CHECK(measured.comm_overlap_fraction == 0.75);
+  CHECK_THAT(r.out, Catch::Contains("75 % of it hides under compute"));
+  size_t all_reduce_rows = 0, all_gather_rows = 0;
+  for (const auto& x : measured.intra_node.measured) {
+    CHECK(x.ranks == 8);
+    all_reduce_rows += x.op == Collective::all_reduce;
+    all_gather_rows += x.op == Collective::all_gather;
+  }
+  CHECK(all_reduce_rows > 5);
+  CHECK(all_gather_rows == all_reduce_rows);
+  // A tp-8 group's all-gather takes the measured time (the synthetic sweep's
+  // own); the tier's figures were fitted to the all-reduce alone.
+  const auto& row = measured.intra_node.measured.back();
+  CHECK(costmodel::Network(measured, 8).cost(Collective::all_gather, row.bytes, {8, 1}).time_s ==
+        Approx(row.time_s).epsilon(1e-9));
   r = run_program(DPLAN_BINARY, {"estimate", "--model", "8B", "--cluster", out, "--gpus", "8", "--tp", "8"});
   INFO(r.err);
   CHECK(r.status == 0);

@@ -27,11 +27,31 @@ double head_forward_flops(const ModelSpec& model, double tokens, double vocab);
 // numerator (Chowdhery et al. 2022, App. B; Narayanan et al. 2021 Eq. 3 without the recompute pass).
 double model_flops_per_step(const ModelSpec& model, const TrainingSpec& training);
 
-// Time of one GEMM (m x k) * (k x n), `batch` of them, on `gpu` at `precision`: the larger of the
-// compute time at max efficiency scaled by wave quantization (128x128 output tiles over sm_count
-// SMs; NVIDIA "Matrix Multiplication Background", tile/wave quantization) and the time to move its
-// operands through HBM, plus the kernel overhead.
-double gemm_time_s(const GpuSpec& gpu, Precision precision, double m, double n, double k, double batch = 1);
+// Time of one GEMM (m x k) * (k x n), `batch` of them, on `gpu` at `precision`,
+// as `op` of training. From the curve: the larger of the compute time at max
+// efficiency scaled by wave quantization (128x128 output tiles over sm_count
+// SMs; NVIDIA "Matrix Multiplication Background", tile/wave quantization) and
+// the time to move its operands through HBM, plus the kernel overhead. When the
+// GPU profile holds measured GEMMs of this precision (dplan probe), the
+// achieved rate is interpolated from them instead (measured_gemm_flops_per_s);
+// both are scaled by sustained_fraction.
+double gemm_time_s(const GpuSpec& gpu, Precision precision, double m, double n, double k, double batch = 1,
+                   GemmOp op = GemmOp::forward);
+
+// Achieved FLOP/s of the GEMM from the profile's measured ones of the same
+// precision: log rate weighted by inverse squared distance over the 4 nearest
+// in (log2 m, log2 n, log2 k, log2 batch), another op counting as one doubling
+// of distance (an exact match is its measurement). 0 when the profile has none
+// of this precision.
+double measured_gemm_flops_per_s(const GpuSpec& gpu, Precision precision, double m, double n, double k, double batch,
+                                 GemmOp op);
+
+// A linear layer Y[T, out] = X[T, in] W[out, in]^T: its forward GEMM, and
+// backward's input and weight gradients (GemmOp).
+struct LinearTimes {
+  double forward_s = 0, backward_s = 0;
+};
+LinearTimes linear_times(const GpuSpec& gpu, Precision precision, double tokens, double out, double in);
 
 // Time to stream `bytes` through HBM at the achieved bandwidth (memory-bound kernels).
 double memory_time_s(const GpuSpec& gpu, double bytes);

@@ -6,12 +6,35 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "dplan/costmodel/json_io.h"
 
 namespace dplan::costmodel {
 
 enum class Precision { fp32, bf16, fp16, fp8 };
+
+// Which of training's GEMMs a measured time is for. A linear layer Y[T, out] =
+// X[T, in] W[out, in]^T runs three: its forward, the input gradient dX = dY W
+// (the GEMM (T, in, out)) and the weight gradient dW = dY^T X (the GEMM (out,
+// in, T), contracting over the tokens). The same shape runs at different speeds
+// in the three operand layouts. `batched` is the attention core's batched
+// GEMMs. attention_forward and attention_backward are a whole causal
+// flash-attention core (m = query length, n = key length, k = head size, batch
+// = sequences x heads; 2mnk x batch counted as its FLOPs), measured where the
+// probe can run the framework's own kernel: they stand only for themselves,
+// never for a GEMM.
+enum class GemmOp { forward, dgrad, wgrad, batched, attention_forward, attention_backward };
+
+// One GEMM a probe timed: (m x k) * (k x n), `batch` of them, in `time_s`
+// (dplan probe writes them).
+struct MeasuredGemm {
+  Precision precision = Precision::bf16;
+  GemmOp op = GemmOp::forward;
+  double m = 0, n = 0, k = 0, batch = 1;
+  double time_s = 0;
+  bool operator==(const MeasuredGemm&) const = default;
+};
 
 struct GpuSpec {
   std::string name;
@@ -26,19 +49,39 @@ struct GpuSpec {
   double matmul_max_efficiency = 0;
   int sm_count = 0;
   double kernel_overhead_s = 0;
-  double memory_efficiency = 0;                  // achieved / datasheet HBM bandwidth, element-wise kernels
-  double sustained_fraction = 1;                 // of the matmul maximum, sustained over a training step
-  json sources;                                  // free-form: figure -> source text
+  // A probe's GEMM timings (optional). For a precision they cover, a GEMM's
+  // rate is interpolated from them instead of the curve above (compute.h:
+  // gemm_time_s).
+  std::vector<MeasuredGemm> matmul_measured;
+  double memory_efficiency = 0;   // achieved / datasheet HBM bandwidth, element-wise kernels
+  double sustained_fraction = 1;  // of the matmul maximum, sustained over a training step
+  json sources;                   // free-form: figure -> source text
   bool operator==(const GpuSpec&) const = default;
 };
 
 enum class IntraNodeKind { nvswitch, pcie, xgmi, shared_memory };
+
+enum class Collective { all_reduce, all_gather, reduce_scatter, all_to_all, send_recv };
+
+// One collective a probe timed (nccl-tests' out-of-place time): `ranks` ranks,
+// `bytes` as nccl-tests' size column counts them.
+struct MeasuredCollective {
+  Collective op = Collective::all_reduce;
+  int ranks = 0;
+  double bytes = 0, time_s = 0;
+  bool operator==(const MeasuredCollective&) const = default;
+};
 
 struct LinkTier {
   double bandwidth_bytes_per_s = 0;  // per GPU, one direction, line rate
   double latency_s = 0;              // per hop (NCCL Ring/Simple hardware latency)
   double efficiency_fraction = 1.0;  // large-message ring bus bandwidth / line rate (measured)
   double half_bandwidth_bytes = 0;   // message size at which a collective reaches half that busbw
+  // Timings of this tier's collectives by size (optional; `dplan probe` imports
+  // them). A group of a measured collective and size inside one node takes the
+  // measured time, interpolated log-log between sizes (collectives.cpp); other
+  // groups use the model above.
+  std::vector<MeasuredCollective> measured;
   bool operator==(const LinkTier&) const = default;
 };
 
@@ -63,6 +106,12 @@ struct ClusterSpec {
   // Devices that are the cores of one shared machine (local-cpu): the cores its ranks share; 0
   // when every device is its own. The time model gives each rank min(1, cores / ranks) of one.
   int cores_per_node = 0;
+  // Of the compute a collective could hide under (gradient buckets under
+  // backward, ZeRO gathers under forward), the fraction that does hide it: 1
+  // for GPUs, whose collectives run on their own SMs and copy engines; measured
+  // by `dplan probe` (a GEMM loop with an all-reduce in flight) and fitted by
+  // `dplan calibrate`. Optional in the file ("comm_overlap"), default 1.
+  double comm_overlap_fraction = 1.0;
   json sources;
   bool operator==(const ClusterSpec&) const = default;
 };
@@ -72,17 +121,30 @@ struct ClusterSpec {
 // GPU has no such unit (fp8 on an A100).
 double peak_flops_per_s(const GpuSpec& gpu, Precision precision);
 
-// Profile files: {"format_version": 1, "gpu": {...}} and {"format_version": 1, "cluster": {...}}.
-// A cluster names its GPU; `load_gpu` resolves that name to a GpuSpec. Strict: unknown keys,
-// missing keys and out-of-range values throw InputError naming file and key.
+// The fraction of one core each rank gets when the devices are the cores of one
+// shared machine (cores_per_node > 0, the local-cpu cluster): min(1, cores /
+// ranks on the node). Ranks beyond the cores time-share them, computing and
+// communicating (Gloo's threads need a core too); fewer ranks than cores do not
+// speed a rank up. 1 for dedicated devices.
+double core_share(const ClusterSpec& cluster, int world_size);
+
+// Profile files: {"format_version": 1, "gpu": {...}} and {"format_version": 1,
+// "cluster": {...}}. A cluster names its GPU; `load_gpu` resolves that name to
+// a GpuSpec. Strict: unknown keys, missing keys and out-of-range values throw
+// InputError naming file and key.
 using GpuLoader = std::function<GpuSpec(const std::string& gpu_name)>;
 GpuSpec gpu_from_json(const json& j, const std::string& file);
 ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuLoader& load_gpu);
 
 json to_json(const GpuSpec& gpu);
 json to_json(const ClusterSpec& cluster);
+json to_json(const std::vector<MeasuredCollective>& rows);  // a tier's "measured" array
 
 const char* to_string(Precision precision);
+const char* to_string(GemmOp op);
+const char* to_string(Collective op);
+Collective collective_from_string(const std::string& s);  // throws InputError listing the choices
+GemmOp gemm_op_from_string(const std::string& s);         // throws InputError listing the choices
 const char* to_string(IntraNodeKind kind);
 
 }  // namespace dplan::costmodel

@@ -12,7 +12,6 @@
 
 namespace dplan::costmodel {
 
-enum class Collective { all_reduce, all_gather, reduce_scatter, all_to_all, send_recv };
 enum class Dim { tp, cp, ep, dp, pp };
 
 // `size` ranks spaced `stride` apart in the global rank order (group 0 starts at rank 0; the other
@@ -27,6 +26,12 @@ struct GroupShape {
 // tp:{tp,1} cp:{cp,tp} ep:{ep,tp*cp} (ep consecutive data-parallel members) dp:{dp,tp*cp}
 // pp:{pp,tp*cp*dp}.
 GroupShape group_shape(const ParallelConfig& parallel, Dim dim);
+
+// A tier's measured time for `op` over `ranks` ranks at `bytes`: log-log
+// interpolation between the measured sizes, the smallest's time below them and
+// linear in bytes above them; 0 when the tier has no measurement of that
+// collective and group size.
+double measured_collective_s(const LinkTier& tier, Collective op, int ranks, double bytes);
 
 struct CollectiveCost {
   double time_s = 0;

@@ -1,9 +1,12 @@
-// What dplan-gpu-probe measured (probe/gpu_probe.cpp writes it; `dplan-worker --probe` writes the
-// same for a CPU machine, executor/src/machine_probe.cpp), read into a GPU profile:
-// `dplan probe --import-gpu-probe gpu-probe.json --cluster BASE -o my-node.json` fits the GPU's
-// matmul efficiency and per-kernel overhead to the measured GEMMs through the cost model's own
-// GEMM time (costmodel/src/compute.cpp: wave quantization over the measured SM count, roofline
-// against HBM, overhead), and sets the achieved HBM fraction from the measured copy bandwidth.
+// What dplan-gpu-probe measured (probe/gpu_probe.cpp writes it; `dplan-worker
+// --probe` writes the same for a CPU machine, executor/src/machine_probe.cpp),
+// read into a GPU profile: `dplan probe --import-gpu-probe gpu-probe.json
+// --cluster BASE -o my-node.json` fits the GPU's matmul efficiency and
+// per-kernel overhead to the measured GEMMs through the cost model's own GEMM
+// time (costmodel/src/compute.cpp: wave quantization over the measured SM
+// count, roofline against HBM, overhead), keeps the GEMMs as the profile's
+// measured table, and sets the achieved HBM fraction from the measured
+// element-wise kernels (or, without them, the copy bandwidth).
 #pragma once
 
 #include <string>
@@ -18,6 +21,9 @@ struct GemmSample {
   costmodel::Precision precision = costmodel::Precision::bf16;
   double m = 0, n = 0, k = 0;  // (m x k) * (k x n)
   double time_s = 0;
+  costmodel::GemmOp op = costmodel::GemmOp::forward;  // which of training's GEMMs ("op"; default
+                                                      // forward)
+  double batch = 1;                                   // batched GEMMs ("batch"; default 1)
 };
 
 struct GpuProbe {
@@ -27,8 +33,17 @@ struct GpuProbe {
   int device_count = 0;
   int cores = 0;  // dplan-worker --probe: the machine's cores, which its ranks share (0: GPUs)
   double copy_bytes_per_s = 0;  // read + written per second, device to device
+  // Training's element-wise kernels (GELU, norms, softmax, adds), read +
+  // written per second (0: not measured); when measured, the memory-bound
+  // work's rate is this, not the copy's.
+  double elementwise_bytes_per_s = 0;
   std::vector<GemmSample> gemms;
   std::vector<std::string> nccl_tests_files;  // as written by the probe
+  // An all-reduce alone, a GEMM loop alone and both at once ("overlap"; absent
+  // with one device): the fraction of the all-reduce that hid under the GEMMs,
+  // in [0, 1]; negative when not measured.
+  double overlap_fraction = -1;
+  double overlap_bytes = 0, overlap_gemm_s = 0, overlap_collective_s = 0, overlap_both_s = 0;
 };
 
 // Throws InputError naming the file and key for anything malformed.
@@ -45,12 +60,15 @@ struct GpuFit {
   double rms_log_error_before = 0, rms_log_error_after = 0;
 };
 
-// Least squares on log time over every GEMM (all precisions together, each against its own peak):
-// matmul max_efficiency and kernel_overhead; sm_count is the measured one and memory_efficiency is
-// copy bandwidth / datasheet HBM bandwidth (at most 1). The isolated GEMMs measure the maximum
-// achievable matmul rate (MAMF), so the fit holds the profile's sustained_fraction at 1 and the
-// written profile keeps its own. Throws InputError with fewer than 2 GEMMs, or a GEMM in a
-// precision the base GPU has no peak for.
+// Least squares on log time over every GEMM (all precisions together, each
+// against its own peak): matmul max_efficiency and kernel_overhead; sm_count is
+// the measured one and memory_efficiency is element-wise (else copy) bandwidth
+// / datasheet HBM bandwidth (at most 1). The isolated GEMMs measure the maximum
+// achievable matmul rate (MAMF), so the fit holds sustained_fraction at 1. The
+// returned GPU also keeps every GEMM as matmul_measured (the cost model
+// interpolates their rates) with sustained_fraction 1: the probe measured them
+// with every rank of the node busy. Throws InputError with fewer than 2 GEMMs,
+// or a GEMM in a precision the base GPU has no peak for.
 GpuFit fit_gpu(const costmodel::GpuSpec& base, const GpuProbe& probe);
 
 }  // namespace dplan::planner

@@ -1,6 +1,7 @@
 #include "dplan/costmodel/hardware.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/training.h"
@@ -122,7 +123,8 @@ double peak_flops_per_s(const GpuSpec& gpu, Precision precision) {
 double core_share(const ClusterSpec& c, int world_size) {
   if (c.cores_per_node <= 0) return 1.0;
   const int ranks = std::max(1, std::min(world_size, c.gpus_per_node));
-  return std::min(1.0, double(c.cores_per_node) / ranks);
+  if (ranks >= c.cores_per_node) return double(c.cores_per_node) / ranks;
+  return std::pow(c.lone_rank_speedup, double(c.cores_per_node - ranks) / (c.cores_per_node - 1));
 }
 
 GpuSpec gpu_from_json(const json& j, const std::string& file) {
@@ -170,8 +172,10 @@ GpuSpec gpu_from_json(const json& j, const std::string& file) {
   matmul.finish();
   g.memory_efficiency = r.fraction("memory_efficiency");
   if (g.memory_efficiency <= 0) r.fail("memory_efficiency", "a fraction in (0, 1]");
-  g.sustained_fraction = r.fraction("sustained_fraction");
-  if (g.sustained_fraction <= 0) r.fail("sustained_fraction", "a fraction in (0, 1]");
+  // Of the GEMM rate; above 1 only where `dplan calibrate` found measured runs outpacing a probe's
+  // table (a probe taken while the machine was slower).
+  g.sustained_fraction = r.positive_number("sustained_fraction");
+  if (g.sustained_fraction > 2) r.fail("sustained_fraction", "a number in (0, 2]");
   g.sources = r.raw("sources");
   if (!g.sources.is_object()) r.fail("sources", "an object of source strings");
   r.finish();
@@ -221,6 +225,7 @@ ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuL
       row.finish();
       c.intra_node.measured.push_back(x);
     }
+    if (intra.has("measured_scale")) c.intra_node.measured_scale = intra.positive_number("measured_scale");
   }
   c.sources["intra_node"] = intra.string("source");
   intra.finish();
@@ -244,6 +249,12 @@ ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuL
 
   c.host_memory_bytes = r.positive_number("host_memory_gib") * kGiB;
   if (r.has("cores_per_node")) c.cores_per_node = static_cast<int>(r.positive_int("cores_per_node"));
+  if (r.has("lone_rank_speedup")) {
+    ObjectReader lone = r.object("lone_rank_speedup");
+    c.lone_rank_speedup = lone.positive_number("factor");
+    c.sources["lone_rank_speedup"] = lone.string("source");
+    lone.finish();
+  }
   if (r.has("comm_overlap")) {
     ObjectReader overlap = r.object("comm_overlap");
     c.comm_overlap_fraction = overlap.fraction("fraction");
@@ -305,7 +316,10 @@ json to_json(const ClusterSpec& c) {
     intra["nvls_efficiency"] = c.nvls_efficiency_fraction;
     intra["nvls_half_bandwidth_mib"] = c.nvls_half_bandwidth_bytes / kMiB;
   }
-  if (!c.intra_node.measured.empty()) intra["measured"] = to_json(c.intra_node.measured);
+  if (!c.intra_node.measured.empty()) {
+    intra["measured"] = to_json(c.intra_node.measured);
+    intra["measured_scale"] = c.intra_node.measured_scale;
+  }
   json out{{"name", c.name},
            {"description", c.description},
            {"gpu", to_json(c.gpu)},
@@ -325,6 +339,10 @@ json to_json(const ClusterSpec& c) {
              {"source", c.sources.is_object() ? c.sources.value("comm_overlap", std::string("default: full overlap"))
                                               : std::string("default: full overlap")}}}};
   if (c.cores_per_node > 0) out["cores_per_node"] = c.cores_per_node;  // absent: dedicated devices
+  if (c.lone_rank_speedup != 1.0)
+    out["lone_rank_speedup"] = {{"factor", c.lone_rank_speedup},
+                                {"source", c.sources.is_object() ? c.sources.value("lone_rank_speedup", std::string())
+                                                                 : std::string()}};
   return out;
 }
 

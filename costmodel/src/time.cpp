@@ -41,15 +41,13 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
 TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const TrainingSpec& t, const ParallelConfig& p,
                             const MemoryEstimate& mem, const OverlapOptions& overlap) {
   const ClusterSpec& cluster = net.cluster();
-  // Ranks that share one machine's cores each get core_share of one: more ranks
-  // than cores time-share them, and fewer do not speed a rank up, since
-  // LibTorch's CPU GEMMs on the reference BLAS run on one thread (the local-cpu
-  // cluster; dedicated devices are unaffected). The network scales its
-  // collectives by the same share (Network::cost).
+  // Ranks that share one machine's cores run at core_share of the probe's pace (every core busy):
+  // more ranks than cores time-share them, fewer contend less (the local-cpu cluster; dedicated
+  // devices are unaffected). The network scales its collectives by the same share (Network::cost).
   GpuSpec gpu = cluster.gpu;
-  if (const double share = core_share(cluster, p.world_size()); share < 1) {
-    for (auto &[precision, flops] : gpu.peak_flops_per_s) flops *= share;
-    for (MeasuredGemm& x : gpu.matmul_measured) x.time_s /= share;  // measured one rank per core
+  if (const double share = core_share(cluster, p.world_size()); share != 1) {
+    for (auto& [precision, flops] : gpu.peak_flops_per_s) flops *= share;
+    for (MeasuredGemm& x : gpu.matmul_measured) x.time_s /= share;
     gpu.kernel_overhead_s /= share;
     gpu.hbm_bandwidth_bytes_per_s *= share;
   }

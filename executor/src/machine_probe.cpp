@@ -239,6 +239,42 @@ json probe_overlap(Group& world) {
           {"collective_s", collective_s}, {"both_s", both_s}, {"fraction", fraction}};
 }
 
+// One rank computing alone against every rank at once, over a layer's GEMMs and attention: how
+// much the ranks slow each other on this machine's shared caches and memory. The others wait in a
+// barrier (blocked, not spinning) while rank 0 runs alone.
+json probe_lone_rank(const MachineProbeOptions& o, Group& world) {
+  at::AutoGradMode enable(true);
+  at::Tensor x = at::randn({256, 128}), w = at::randn({512, 128}), dy = at::randn({256, 512});
+  at::Tensor q = at::randn({1, 4, 256, 32}).requires_grad_(), k = at::randn({1, 4, 256, 32}).requires_grad_(),
+             v = at::randn({1, 4, 256, 32}).requires_grad_(), grad = at::randn({1, 256, 128});
+  auto mix = [&] {
+    at::NoGradGuard no_grad;
+    at::linear(x, w);
+    at::mm(dy, w);
+    at::mm(dy.t(), x);
+  };
+  auto with_attention = [&] {
+    mix();
+    flash_attention(q, k, v).backward(grad);
+  };
+  // Alternated five times, the medians kept: the machine's pace drifts while it is measured.
+  const double budget_s = 2 * o.seconds_per_point;
+  std::vector<double> busy, alone;
+  for (int round = 0; round < 5; ++round) {
+    world.barrier();
+    busy.push_back(slowest_s(world, time_per_call_s(with_attention, budget_s)));
+    world.barrier();
+    double t = 0;
+    if (world.rank() == 0) t = time_per_call_s(with_attention, budget_s);
+    world.barrier();
+    alone.push_back(slowest_s(world, t));  // rank 0's, shared with every rank
+  }
+  std::sort(busy.begin(), busy.end());
+  std::sort(alone.begin(), alone.end());
+  const double busy_s = busy[2], alone_s = alone[2];
+  return {{"alone_s", alone_s}, {"all_busy_s", busy_s}, {"speedup", busy_s / alone_s}};
+}
+
 }  // namespace
 
 void run_machine_probe(const MachineProbeOptions& o, Group& world) {
@@ -249,7 +285,20 @@ void run_machine_probe(const MachineProbeOptions& o, Group& world) {
                              {"threads_per_rank", torch::get_num_threads()},
                              {"cores", std::max(1u, std::thread::hardware_concurrency())}}}};
   world.barrier();  // every rank measures at the same time, sharing the cores as training ranks do
-  result["gemm"] = probe_gemms(o);
+  // Each GEMM's time is the slowest rank's, as a training step waits for its slowest rank.
+  json gemms = probe_gemms(o);
+  at::Tensor times = at::zeros({world.size(), static_cast<int64_t>(gemms.size())}, at::kDouble);
+  for (size_t i = 0; i < gemms.size(); ++i) times[world.rank()][static_cast<int64_t>(i)] = gemms[i]["time_s"].get<double>();
+  world.all_reduce(times);
+  const at::Tensor slowest = std::get<0>(times.max(0));
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    json& g = gemms[i];
+    g["time_s"] = slowest[static_cast<int64_t>(i)].item<double>();
+    g["flops_per_s"] = 2.0 * g["m"].get<double>() * g["n"].get<double>() * g["k"].get<double>() *
+                       g["batch"].get<double>() / g["time_s"].get<double>();
+  }
+  result["gemm"] = gemms;
+  if (world.size() > 1) result["lone_rank"] = probe_lone_rank(o, world);
   world.barrier();
   result["memory"] = probe_memory(o);
   json files = json::array();

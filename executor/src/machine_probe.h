@@ -1,12 +1,12 @@
-// `dplan-worker --probe`: what this machine's ranks achieve with the libraries
-// the executor trains with (LibTorch's CPU GEMMs, its memory bandwidth, Gloo
+// `dplan-worker --probe`: what this machine's ranks achieve with the libraries the executor trains
+// with (LibTorch's CPU GEMMs and its flash attention, element-wise kernels and copies, Gloo
 // collectives), in the format dplan-gpu-probe writes (probe/gpu_probe.cpp), for
-// `dplan probe --cluster local-cpu` to fit a profile to. Every rank runs the
-// GEMM and copy measurements at once, each with the intra-op threads a training
-// rank gets (cores / local ranks), so the figures include the ranks' sharing of
-// the cores; rank 0's are recorded. The collectives run over the world group,
-// and so does the overlap measurement (how much of an all-reduce hides under
-// GEMMs running beside it).
+// `dplan probe --cluster local-cpu` to fit a profile to. Every rank runs the GEMM and memory
+// measurements at once, each with the one intra-op thread a training rank gets, so the figures
+// include the ranks' sharing of the machine; each GEMM's time is the slowest rank's (a training
+// step waits for it), the memory figures rank 0's. The collectives run over the world group, each
+// call after some compute as in training, and so does the overlap measurement (how much of an
+// all-reduce hides under GEMMs running beside it).
 #pragma once
 
 #include <string>

@@ -23,7 +23,9 @@ double figure(const ClusterSpec& c, const std::string& name) {
   if (name == "gpu.memory_efficiency") return c.gpu.memory_efficiency;
   if (name == "intra_node.efficiency") return c.intra_node.efficiency_fraction;
   if (name == "intra_node.latency") return c.intra_node.latency_s * 1e6;
+  if (name == "intra_node.measured_scale") return c.intra_node.measured_scale;
   if (name == "inter_node.efficiency") return c.nic_efficiency_fraction;
+  if (name == "comm_overlap") return c.comm_overlap_fraction;
   return c.inter_node_latency_s * 1e6;  // inter_node.latency
 }
 
@@ -42,7 +44,10 @@ int run_calibrate(const CalibrateArgs& a, const planner::ProfileStore& store) {
   for (const auto& f : a.runs) runs.push_back(planner::read_calibration_run(f));
   const planner::Calibration cal = planner::calibrate(base, runs);
 
-  std::printf("calibrated %s on %zu runs by least squares on log step time:\n", base.name.c_str(), runs.size());
+  bool phases = false;
+  for (const auto& r : runs) phases = phases || r.measured_compute_s > 0;
+  std::printf("calibrated %s on %zu runs by least squares on log step time%s:\n", base.name.c_str(), runs.size(),
+              phases ? " and log compute time (forward + backward + optimizer)" : "");
   for (const auto& p : cal.parameters)
     std::printf("  %-24s %12.4g -> %.4g%s\n", p.c_str(), figure(base, p), figure(cal.cluster, p),
                 p.ends_with("latency") ? " us" : "");
@@ -72,9 +77,16 @@ int run_calibrate(const CalibrateArgs& a, const planner::ProfileStore& store) {
   cluster["name"] = a.name.empty() ? base.name + "-calibrated" : a.name;
   const ClusterSpec& c = cal.cluster;
   for (const auto& p : cal.parameters) {
-    if (p.starts_with("intra_node")) {
+    if (p == "intra_node.measured_scale") {
+      cluster["intra_node"]["measured_scale"] = c.intra_node.measured_scale;
+    } else if (p.starts_with("intra_node")) {
       cluster["intra_node"]["efficiency"] = c.intra_node.efficiency_fraction;
       cluster["intra_node"]["latency_us"] = c.intra_node.latency_s * 1e6;
+    } else if (p == "comm_overlap") {
+      cluster["comm_overlap"] = {{"fraction", c.comm_overlap_fraction},
+                                 {"source", source + (cluster.contains("comm_overlap")
+                                                          ? cluster["comm_overlap"].value("source", std::string())
+                                                          : std::string("default: full overlap"))}};
     } else if (p.starts_with("inter_node")) {
       cluster["inter_node"]["efficiency"] = c.nic_efficiency_fraction;
       cluster["inter_node"]["latency_us"] = c.inter_node_latency_s * 1e6;
@@ -90,8 +102,8 @@ int run_calibrate(const CalibrateArgs& a, const planner::ProfileStore& store) {
   gpu["name"] = cluster["name"].get<std::string>() + "-gpu";
   gpu["sustained_fraction"] = c.gpu.sustained_fraction;
   gpu["memory_efficiency"] = c.gpu.memory_efficiency;
-  for (const char* key : {"sustained_fraction", "memory_efficiency"})
-    gpu["sources"][key] = source + gpu["sources"].value(key, std::string());
+  for (const auto& p : cal.parameters)
+    if (p.starts_with("gpu.")) gpu["sources"][p.substr(4)] = source + gpu["sources"].value(p.substr(4), std::string());
   write_profiles(profile, gpu_file, a.output, store);
   return 0;
 }

@@ -407,7 +407,7 @@ int main(int argc, char** argv) {
   CLI::Option* top_gpus = add_common(app, o);
   app.add_option("--top", o.top_k, "how many ranked layouts to show")->capture_default_str();
   app.add_flag("--runnable", o.runnable,
-               "search only layouts dplan run executes (tp, pp, dp, sp, recompute, ZeRO 1, dist-opt; no ZeRO 2/3, offload, "
+               "search only layouts dplan run executes (tp, pp, dp, sp, recompute, ZeRO 0-3, dist-opt; no offload, "
                "cp, ep, interleaving)");
 
   CLI::App* estimate = app.add_subcommand("estimate", "evaluate one layout: memory per stage, step time by phase");

@@ -277,6 +277,17 @@ int run_probe(const ProbeArgs& a, const planner::ProfileStore& store) {
     const planner::GpuProbe probe = planner::parse_gpu_probe(read_json_file(probe_path), probe_path);
     gpu_file = import_gpu_probe(probe, base.gpu, gpu_file_of(store.cluster_path(a.cluster), store), name + "-gpu");
     if (probe.cores > 0) cluster["cores_per_node"] = probe.cores;  // the ranks share this machine's cores
+    if (probe.cores > 0 && probe.lone_rank_speedup > 0) {
+      char source[512];
+      std::snprintf(source, sizeof source,
+                    "measured by dplan probe (%s): a layer's GEMMs and attention take %.2f ms on one rank alone, "
+                    "%.2f ms with every core running a rank",
+                    probe_path.c_str(), probe.lone_rank_alone_s * 1e3, probe.lone_rank_busy_s * 1e3);
+      cluster["lone_rank_speedup"] = {{"factor", probe.lone_rank_speedup}, {"source", source}};
+      std::printf("\nsharing the machine: a layer's GEMMs and attention take %.2f ms on one rank alone, %.2f ms with "
+                  "every core busy (lone_rank_speedup %.3f)\n",
+                  probe.lone_rank_alone_s * 1e3, probe.lone_rank_busy_s * 1e3, probe.lone_rank_speedup);
+    }
     if (probe.overlap_fraction >= 0) {
       char source[512];
       std::snprintf(source, sizeof source,

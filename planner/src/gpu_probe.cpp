@@ -70,6 +70,13 @@ GpuProbe parse_gpu_probe(const json& j, const std::string& file) {
       p.overlap_both_s = o.at("both_s").get<double>();
       if (!(p.overlap_fraction >= 0 && p.overlap_fraction <= 1)) throw fail("/overlap/fraction: not in [0, 1]");
     }
+    if (j.contains("lone_rank")) {
+      const json& l = j.at("lone_rank");
+      p.lone_rank_speedup = l.at("speedup").get<double>();
+      p.lone_rank_alone_s = l.at("alone_s").get<double>();
+      p.lone_rank_busy_s = l.at("all_busy_s").get<double>();
+      if (!(p.lone_rank_speedup > 0)) throw fail("/lone_rank/speedup: not a positive number");
+    }
     if (j.contains("nccl_tests_files"))
       for (const auto& f : j.at("nccl_tests_files")) p.nccl_tests_files.push_back(f.get<std::string>());
   } catch (const json::exception& e) {

@@ -82,6 +82,7 @@ struct LinkTier {
   // measured time, interpolated log-log between sizes (collectives.cpp); other
   // groups use the model above.
   std::vector<MeasuredCollective> measured;
+  double measured_scale = 1.0;  // training's time over the measured one (`dplan calibrate` fits it)
   bool operator==(const LinkTier&) const = default;
 };
 
@@ -106,6 +107,9 @@ struct ClusterSpec {
   // Devices that are the cores of one shared machine (local-cpu): the cores its ranks share; 0
   // when every device is its own. The time model gives each rank min(1, cores / ranks) of one.
   int cores_per_node = 0;
+  // With cores_per_node: how much faster one rank alone computes than with every core busy
+  // (measured by `dplan probe`; optional "lone_rank_speedup", default 1).
+  double lone_rank_speedup = 1.0;
   // Of the compute a collective could hide under (gradient buckets under
   // backward, ZeRO gathers under forward), the fraction that does hide it: 1
   // for GPUs, whose collectives run on their own SMs and copy engines; measured
@@ -121,11 +125,12 @@ struct ClusterSpec {
 // GPU has no such unit (fp8 on an A100).
 double peak_flops_per_s(const GpuSpec& gpu, Precision precision);
 
-// The fraction of one core each rank gets when the devices are the cores of one
-// shared machine (cores_per_node > 0, the local-cpu cluster): min(1, cores /
-// ranks on the node). Ranks beyond the cores time-share them, computing and
-// communicating (Gloo's threads need a core too); fewer ranks than cores do not
-// speed a rank up. 1 for dedicated devices.
+// How fast each rank runs when the devices are the cores of one shared machine (cores_per_node > 0,
+// the local-cpu cluster), relative to every core running one rank (how `dplan probe` measures):
+// ranks beyond the cores time-share them, computing and communicating (Gloo's threads need a core
+// too), so each gets cores / ranks; fewer ranks than cores contend less for the machine's caches
+// and memory, up to lone_rank_speedup for a rank alone (geometric in between). 1 for dedicated
+// devices.
 double core_share(const ClusterSpec& cluster, int world_size);
 
 // Profile files: {"format_version": 1, "gpu": {...}} and {"format_version": 1,

@@ -25,6 +25,9 @@ struct CalibrationRun {
   costmodel::ParallelConfig parallel;
   costmodel::OverlapOptions overlap;
   double measured_step_s = 0;  // the run's median step time
+  // Forward + backward (with recompute) + optimizer, the slowest rank's mean ("phases_s"); 0 when
+  // the run.json has no phases. Fitted beside the step time: it tells compute from communication.
+  double measured_compute_s = 0;
 };
 
 // Reads run.json and the plan it names ("plan": as given to dplan run; a relative path that does

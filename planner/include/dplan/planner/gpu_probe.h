@@ -43,6 +43,8 @@ struct GpuProbe {
   // with one device): the fraction of the all-reduce that hid under the GEMMs,
   // in [0, 1]; negative when not measured.
   double overlap_fraction = -1;
+  // A CPU probe: one rank computing alone against every rank at once ("lone_rank"; 0: not measured).
+  double lone_rank_speedup = 0, lone_rank_alone_s = 0, lone_rank_busy_s = 0;
   double overlap_bytes = 0, overlap_gemm_s = 0, overlap_collective_s = 0, overlap_both_s = 0;
 };
 

@@ -48,6 +48,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gemm_row.h"
+
 namespace {
 using nlohmann::json;
 
@@ -145,14 +147,7 @@ json probe_gemms(const Options& o) {
   auto record = [&](const Precision& p, const char* op, long m, long n, long k, long batch, auto &&launch) {
     const double t = time_per_call_s(launch, o.iters, nullptr);
     const double flops_per_s = 2.0 * m * n * k * batch / t;
-    rows.push_back({{"precision", p.name},
-                    {"op", op},
-                    {"m", m},
-                    {"n", n},
-                    {"k", k},
-                    {"batch", batch},
-                    {"time_s", t},
-                    {"flops_per_s", flops_per_s}});
+    rows.push_back(dplan::probe::gemm_row(p.name, op, m, n, k, batch, t));
     std::fprintf(stderr, "gemm %s %s %ld x %ld x %ld x %ld: %.1f TFLOP/s\n", p.name, op, batch, m, n, k,
                  flops_per_s / 1e12);
   };

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "attention.h"
+#include "gemm_row.h"
 #include "dplan/costmodel/json_io.h"
 
 namespace dplan::executor {
@@ -42,14 +43,7 @@ double time_per_call_s(F&& call, double budget_s) {
 json probe_gemms(const MachineProbeOptions& o) {
   json rows = json::array();
   auto add = [&](const char* op, int64_t m, int64_t n, int64_t k, int64_t batch, double t) {
-    rows.push_back({{"precision", "fp32"},
-                    {"op", op},
-                    {"m", m},
-                    {"n", n},
-                    {"k", k},
-                    {"batch", batch},
-                    {"time_s", t},
-                    {"flops_per_s", 2.0 * m * n * k * batch / t}});
+    rows.push_back(probe::gemm_row("fp32", op, m, n, k, batch, t));
   };
   constexpr double kMaxFlops = 6e8;  // larger shapes add probe time, not information, on a CPU core
   for (int64_t h : {64, 128, 256, 512})

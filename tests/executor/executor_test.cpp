@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -473,10 +474,27 @@ TEST_CASE("dplan probe measures this machine with local ranks and writes profile
   CHECK(probe["gemm"].size() >= 30);
   for (const auto& g : probe["gemm"]) CHECK(g["flops_per_s"].get<double>() > 1e6);
   CHECK(probe["memory"]["bytes_per_s"].get<double>() > 1e8);
-  REQUIRE(probe["nccl_tests_files"].size() == 2);
+  REQUIRE(probe["nccl_tests_files"].size() == 3);  // all-reduce, all-gather, send/recv
   CHECK_THAT(read_file((dir.path() / "machine-probe-all_reduce_perf.txt").string()), Contains("#  Rank 1 Group"));
-  // The written cluster names its measured GPU and plans with it.
-  CHECK_THAT(read_file(out), Contains("machine-gpu.json"));
+  CHECK_THAT(read_file((dir.path() / "machine-probe-sendrecv_perf.txt").string()), Contains("#  Rank 1 Group"));
+  // Training's GEMMs in all three roles and the executor's own attention, the element-wise
+  // kernels, a lone rank against both, and the overlap.
+  std::set<std::string> ops;
+  for (const auto& g : probe["gemm"]) ops.insert(g["op"].get<std::string>());
+  CHECK(ops == std::set<std::string>{"forward", "dgrad", "wgrad", "batched", "attention_forward", "attention_backward"});
+  CHECK(probe["memory"]["elementwise_bytes_per_s"].get<double>() > 1e8);
+  CHECK(probe["lone_rank"]["speedup"].get<double>() > 0);
+  CHECK(probe["overlap"]["fraction"].get<double>() >= 0);
+  CHECK(probe["overlap"]["fraction"].get<double>() <= 1);
+  // The written cluster names its measured GPU, keeps the measurements, and plans with them.
+  const std::string text = read_file(out);
+  CHECK_THAT(text, Contains("machine-gpu.json"));
+  const json cluster = json::parse(text)["cluster"];
+  CHECK(cluster["intra_node"]["measured"].size() == 3 * 8);  // 4 KiB .. 64 MiB, every collective
+  CHECK(cluster.contains("comm_overlap"));
+  CHECK(cluster.contains("lone_rank_speedup"));
+  CHECK(json::parse(read_file((dir.path() / "machine-gpu.json").string()))["gpu"]["matmul"]["measured"].size() ==
+        probe["gemm"].size());
   r = run_program(DPLAN_BINARY, {"estimate", "--model", "gpt-tiny", "--cluster", out, "--gpus", "2", "--dp", "2",
                                  "--global-batch", "8", "--precision", "fp32"});
   INFO(r.err);

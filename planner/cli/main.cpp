@@ -345,7 +345,9 @@ int run_scale(Options o, const ScaleOptions& so, const ProfileStore& store) {
     o.output = (fs::path(dir) / ("plan-" + std::to_string(n) + ".json")).string();
     std::optional<Planned> planned = plan_best(o, store);
     if (!planned) return 1;
-    write_plan(o, planned->in, planned->best, planned->mem, planned->time);
+    Options quiet = o;
+    quiet.json = true;  // the progress line below names the plan's layout; the table names the folder
+    write_plan(quiet, planned->in, planned->best, planned->mem, planned->time);
     std::cerr << "scale: run " << i + 1 << "/" << so.gpus.size() << ": " << n << " rank" << (n == 1 ? "" : "s") << ", "
               << short_layout(planned->best) << " (" << tricks(planned->best) << "), " << so.steps << " steps\n";
     cli::RunArgs ra;

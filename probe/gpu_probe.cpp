@@ -144,7 +144,7 @@ json probe_gemms(const Options& o) {
   json rows = json::array();
   const float alpha = 1, beta = 0;
   // Times `launch` and records it as the GEMM (m, n, k) x batch.
-  auto record = [&](const Precision& p, const char* op, long m, long n, long k, long batch, auto &&launch) {
+  auto record = [&](const Precision& p, const char* op, long m, long n, long k, long batch, auto&& launch) {
     const double t = time_per_call_s(launch, o.iters, nullptr);
     const double flops_per_s = 2.0 * m * n * k * batch / t;
     rows.push_back(dplan::probe::gemm_row(p.name, op, m, n, k, batch, t));

@@ -140,7 +140,10 @@ CollectiveCost Network::cost(Collective op, double bytes, GroupShape shape) cons
   const PathBandwidth& bw = route.bandwidth;
   if (!route.crosses_nodes) {
     if (const double measured_s = measured_collective_s(c.intra_node, op, n, bytes); measured_s > 0) {
-      result.time_s = c.intra_node.measured_scale * measured_s / core_share(c, impl_->world_size);
+      // Training's collectives wait longer than the probe's (wake-ups, partners arriving late:
+      // measured_scale), and ranks time-sharing the cores wait for their partner's time slice
+      // (1 / core_share); both are waits, and the longer hides the shorter.
+      result.time_s = measured_s * std::max(c.intra_node.measured_scale, 1 / core_share(c, impl_->world_size));
       result.bus_bandwidth_bytes_per_s = bytes * busbw_factor(op, n) / result.time_s;
       return result;
     }

@@ -55,7 +55,7 @@ double measured_gemm_flops_per_s(const GpuSpec& gpu, Precision precision, double
   if (!any) return 0.0;
   if (best[0].first == 0) return std::exp(best[0].second);
   double weights = 0, sum = 0;
-  for (const auto &[d2, log_rate] : best) {
+  for (const auto& [d2, log_rate] : best) {
     if (!std::isfinite(d2)) break;
     weights += 1 / d2;
     sum += log_rate / d2;
@@ -70,8 +70,7 @@ double gemm_time_s(const GpuSpec& gpu, Precision precision, double m, double n, 
     const double rate = measured_gemm_flops_per_s(gpu, precision, m, n, k, batch, op);
     if (rate > 0) return flops / (rate * gpu.sustained_fraction);
   }
-  // Wave quantization: output tiles of 128x128 spread over the SMs in whole
-  // waves.
+  // Wave quantization: output tiles of 128x128 spread over the SMs in whole waves.
   const double tiles = std::ceil(m / 128) * std::ceil(n / 128) * batch;
   const double waves = std::ceil(tiles / gpu.sm_count);
   const double wave_efficiency = tiles / (waves * gpu.sm_count);
@@ -110,10 +109,9 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
   const LinearTimes qkv = linear_times(gpu, prec, T, q + 2 * kv, h);
   double core = gemm_time_s(gpu, prec, s_q, s_kv * causal, d, b * heads, GemmOp::batched) +
                 gemm_time_s(gpu, prec, s_q, d, s_kv * causal, b * heads, GemmOp::batched);
-  // Flash attention's backward does 2.5x the forward's matmul work (recomputes
-  // the scores: Dao 2023); unfused attention's backward is 2x like every GEMM.
-  // Where the profile measured the framework's own flash-attention kernel, its
-  // times replace both.
+  // Flash attention's backward does 2.5x the forward's matmul work (recomputes the scores: Dao
+  // 2023); unfused attention's backward is 2x like every GEMM. Where the profile measured the
+  // framework's own flash-attention kernel, its times replace both.
   double core_backward = (flash ? 2.5 : 2.0) * core;
   if (flash) {
     const double fwd = measured_gemm_flops_per_s(gpu, prec, s_q, s_kv, d, b * heads, GemmOp::attention_forward);

@@ -269,7 +269,7 @@ ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuL
 
 json to_json(const GpuSpec& g) {
   json peaks = json::object();
-  for (const auto &[k, v] : g.peak_flops_per_s) peaks[k] = v / 1e12;
+  for (const auto& [k, v] : g.peak_flops_per_s) peaks[k] = v / 1e12;
   json matmul = {{"max_efficiency", g.matmul_max_efficiency},
                  {"sm_count", g.sm_count},
                  {"kernel_overhead_us", g.kernel_overhead_s * 1e6}};

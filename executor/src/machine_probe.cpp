@@ -95,7 +95,7 @@ json probe_memory(const MachineProbeOptions& o) {
   const double t = time_per_call_s([&] { dst.copy_(src); }, o.seconds_per_point * 4);
   json kernels = json::array();
   double bytes_sum = 0, time_sum = 0;
-  auto kernel = [&](const char* name, double bytes, auto &&call) {
+  auto kernel = [&](const char* name, double bytes, auto&& call) {
     const double s = time_per_call_s(call, o.seconds_per_point);
     kernels.push_back({{"kernel", name}, {"bytes", bytes}, {"time_s", s}});
     bytes_sum += bytes;
@@ -204,13 +204,13 @@ json probe_overlap(Group& world) {
   const int64_t bytes = int64_t(4) << 20;  // a gradient bucket of a model a CPU trains
   at::Tensor buf = at::ones({bytes / 4});
   at::Tensor x = at::randn({256, 256}), w = at::randn({512, 256});
-  auto timed = [&](auto &&f) {
+  auto timed = [&](auto&& f) {
     world.barrier();
     const auto t0 = Clock::now();
     f();
     return slowest_s(world, std::chrono::duration<double>(Clock::now() - t0).count());
   };
-  auto median_of_3 = [&](auto &&f) {
+  auto median_of_3 = [&](auto&& f) {
     std::array<double, 3> t{timed(f), timed(f), timed(f)};
     std::sort(t.begin(), t.end());
     return t[1];

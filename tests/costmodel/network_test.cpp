@@ -412,6 +412,13 @@ TEST_CASE(
              WithinRel(2 * measured.cost(Collective::all_reduce, 65536, {2, 1}).time_s, 1e-12));
   CHECK(Network(shared, 2).cost(Collective::all_reduce, 65536, {2, 1}) ==
         measured.cost(Collective::all_reduce, 65536, {2, 1}));
+  // A calibrated scale on the measured times; time-shared ranks take the larger of it and 1 / share.
+  shared.intra_node.measured_scale = 1.5;
+  const double one = measured.cost(Collective::all_reduce, 65536, {2, 1}).time_s;
+  CHECK_THAT(Network(shared, 2).cost(Collective::all_reduce, 65536, {2, 1}).time_s, WithinRel(1.5 * one, 1e-12));
+  CHECK_THAT(Network(shared, 4).cost(Collective::all_reduce, 65536, {2, 1}).time_s, WithinRel(2 * one, 1e-12));
+  shared.intra_node.measured_scale = 3;
+  CHECK_THAT(Network(shared, 4).cost(Collective::all_reduce, 65536, {2, 1}).time_s, WithinRel(3 * one, 1e-12));
   // The table survives the profile's JSON.
   json file = {{"format_version", 1}, {"cluster", to_json(c)}};
   file["cluster"]["gpu"] = "cpu-core";

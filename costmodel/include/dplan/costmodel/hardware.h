@@ -82,7 +82,9 @@ struct LinkTier {
   // measured time, interpolated log-log between sizes (collectives.cpp); other
   // groups use the model above.
   std::vector<MeasuredCollective> measured;
-  double measured_scale = 1.0;  // training's time over the measured one (`dplan calibrate` fits it)
+  // Training's time over the measured one (`dplan calibrate` fits it); ranks time-sharing cores
+  // take the larger of it and 1 / core_share (collectives.cpp).
+  double measured_scale = 1.0;
   bool operator==(const LinkTier&) const = default;
 };
 

@@ -40,10 +40,9 @@ double measured_gemm_flops_per_s(const GpuSpec& gpu, Precision precision, double
   best.fill({std::numeric_limits<double>::infinity(), 0.0});
   const double q[4] = {std::log2(m), std::log2(n), std::log2(k), std::log2(batch)};
   bool any = false;
-  auto whole_attention = [](GemmOp o) { return o == GemmOp::attention_forward || o == GemmOp::attention_backward; };
   for (const MeasuredGemm& x : gpu.matmul_measured) {
     if (x.precision != precision) continue;
-    if ((whole_attention(op) || whole_attention(x.op)) && x.op != op) continue;
+    if ((is_whole_attention(op) || is_whole_attention(x.op)) && x.op != op) continue;
     any = true;
     const double p[4] = {std::log2(x.m), std::log2(x.n), std::log2(x.k), std::log2(x.batch)};
     double d2 = x.op == op ? 0.0 : 1.0;

@@ -162,11 +162,10 @@ std::string probe_collective(const MachineProbeOptions& o, Group& world, const s
     };
     // Every rank must make the same calls: the repetitions follow the slowest
     // rank's first call, and the time is the slowest rank's.
-    auto slowest = [&](double t) { return slowest_s(world, t); };
     world.barrier();
     auto t0 = Clock::now();
     call();
-    const double once = slowest(std::chrono::duration<double>(Clock::now() - t0).count());
+    const double once = slowest_s(world, std::chrono::duration<double>(Clock::now() - t0).count());
     const int reps = std::max(3, static_cast<int>(4 * o.seconds_per_point / std::max(once, 1e-7)));
     // As in training, every call follows some compute (a few GEMMs, about 0.5
     // ms, not timed): a rank arrives from work, not from the previous
@@ -179,7 +178,7 @@ std::string probe_collective(const MachineProbeOptions& o, Group& world, const s
       call();
       total_s += std::chrono::duration<double>(Clock::now() - t0).count();
     }
-    const double t = slowest(total_s / reps);
+    const double t = slowest_s(world, total_s / reps);
     const double algbw = bytes / t / 1e9;
     const double factor = test == "all_reduce_perf" ? 2.0 * (n - 1) / n
                           : test == "sendrecv_perf" ? 1.0

@@ -30,7 +30,7 @@ std::vector<double> measured_times(const std::vector<GemmSample>& gemms) {
 std::vector<GemmSample> curve_gemms(const GpuProbe& probe) {
   std::vector<GemmSample> out;
   for (const auto& s : probe.gemms)
-    if (s.op != costmodel::GemmOp::attention_forward && s.op != costmodel::GemmOp::attention_backward) out.push_back(s);
+    if (!costmodel::is_whole_attention(s.op)) out.push_back(s);
   return out;
 }
 

@@ -25,6 +25,7 @@ enum class Precision { fp32, bf16, fp16, fp8 };
 // probe can run the framework's own kernel: they stand only for themselves,
 // never for a GEMM.
 enum class GemmOp { forward, dgrad, wgrad, batched, attention_forward, attention_backward };
+inline bool is_whole_attention(GemmOp op) { return op == GemmOp::attention_forward || op == GemmOp::attention_backward; }
 
 // One GEMM a probe timed: (m x k) * (k x n), `batch` of them, in `time_s`
 // (dplan probe writes them).

@@ -156,6 +156,14 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
     // Bubble: (p-1) micro-batch slots for GPipe and 1F1B, (p-1)/v with v model chunks
     // (Narayanan et al. 2021, Sec. 2.2: bubble fraction (p-1)/m, and (p-1)/(v m) interleaved).
     r.pp_bubble_s = (p.pp - 1) * c.total() / v;
+    // Ranks that share cores: in the k-th slot of the fill (and of the drain) only k of the p stages
+    // work, so world * k / p ranks share the cores and each runs at their share, not the whole
+    // world's: the bubble's slots run faster than the steady state's (1 on every other machine).
+    if (const double share = core_share(cluster, p.world_size()); cluster.cores_per_node > 0) {
+      double slots = 0;
+      for (int k = 1; k < p.pp; ++k) slots += share / core_share(cluster, std::max(1, p.world_size() * k / p.pp));
+      r.pp_bubble_s *= slots / (p.pp - 1);
+    }
     // Send/recv of one activation per micro-batch each way, per model chunk; with tp > 1 each
     // rank sends its 1/tp slice (Megatron's scatter/gather optimisation, Sec. 4.1).
     double message = T * h * B / p.tp;

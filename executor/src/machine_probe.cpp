@@ -126,6 +126,34 @@ double slowest_s(Group& world, double t) {
   return all.max().item<double>();
 }
 
+// One pass over the GEMMs on every rank at once; each GEMM's time is the slowest rank's, as a
+// training step waits for its slowest rank.
+json slowest_gemms(const MachineProbeOptions& o, Group& world) {
+  json gemms = probe_gemms(o);
+  at::Tensor times = at::zeros({world.size(), static_cast<int64_t>(gemms.size())}, at::kDouble);
+  for (size_t i = 0; i < gemms.size(); ++i) times[world.rank()][static_cast<int64_t>(i)] = gemms[i]["time_s"].get<double>();
+  world.all_reduce(times);
+  const at::Tensor slowest = std::get<0>(times.max(0));
+  for (size_t i = 0; i < gemms.size(); ++i) gemms[i]["time_s"] = slowest[static_cast<int64_t>(i)].item<double>();
+  return gemms;
+}
+
+// Each GEMM's median time over the rounds (the mean of the middle two for an even count), with its rate.
+json median_of_rounds(const std::vector<json>& rounds) {
+  json gemms = rounds.at(0);
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    std::vector<double> t;
+    for (const json& r : rounds) t.push_back(r[i]["time_s"].get<double>());
+    std::sort(t.begin(), t.end());
+    const size_t n = t.size();
+    json& g = gemms[i];
+    g["time_s"] = n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+    g["flops_per_s"] = 2.0 * g["m"].get<double>() * g["n"].get<double>() * g["k"].get<double>() *
+                       g["batch"].get<double>() / g["time_s"].get<double>();
+  }
+  return gemms;
+}
+
 // One collective by size over the world group, as nccl-tests prints it (busbw with nccl-tests'
 // factors, doc/PERFORMANCE.md). Every rank runs it; rank 0 writes the file.
 std::string probe_collective(const MachineProbeOptions& o, Group& world, const std::string& test) {
@@ -277,21 +305,19 @@ void run_machine_probe(const MachineProbeOptions& o, Group& world) {
                  {"device", {{"name", "cpu"}, {"sm_count", 1}, {"count", world.size()},
                              {"threads_per_rank", torch::get_num_threads()},
                              {"cores", std::max(1u, std::thread::hardware_concurrency())}}}};
-  world.barrier();  // every rank measures at the same time, sharing the cores as training ranks do
-  // Each GEMM's time is the slowest rank's, as a training step waits for its slowest rank.
-  json gemms = probe_gemms(o);
-  at::Tensor times = at::zeros({world.size(), static_cast<int64_t>(gemms.size())}, at::kDouble);
-  for (size_t i = 0; i < gemms.size(); ++i) times[world.rank()][static_cast<int64_t>(i)] = gemms[i]["time_s"].get<double>();
-  world.all_reduce(times);
-  const at::Tensor slowest = std::get<0>(times.max(0));
-  for (size_t i = 0; i < gemms.size(); ++i) {
-    json& g = gemms[i];
-    g["time_s"] = slowest[static_cast<int64_t>(i)].item<double>();
-    g["flops_per_s"] = 2.0 * g["m"].get<double>() * g["n"].get<double>() * g["k"].get<double>() *
-                       g["batch"].get<double>() / g["time_s"].get<double>();
-  }
-  result["gemm"] = gemms;
+  // A shared machine's pace drifts by tens of percent over seconds (another tenant of the host, a
+  // clock change), so one pass over the GEMMs measures a moment, not the machine. The pass runs
+  // o.gemm_rounds times, spread over the probe between its other measurements, and each shape keeps
+  // the median of its rounds: the typical pace, which a training run's median step also sees (the
+  // usual remedy for a noisy benchmark host: repeat, spread in time, take a robust statistic).
+  std::vector<json> rounds;
+  auto gemm_round = [&] {
+    world.barrier();  // every rank measures at the same time, sharing the cores as training ranks do
+    rounds.push_back(slowest_gemms(o, world));
+  };
+  gemm_round();
   if (world.size() > 1) result["lone_rank"] = probe_lone_rank(o, world);
+  if (int(rounds.size()) < o.gemm_rounds) gemm_round();
   world.barrier();
   result["memory"] = probe_memory(o);
   json files = json::array();
@@ -305,6 +331,9 @@ void run_machine_probe(const MachineProbeOptions& o, Group& world) {
       files.push_back(file.filename().string());  // beside the probe file
     }
   }
+  while (int(rounds.size()) < o.gemm_rounds) gemm_round();
+  result["gemm"] = median_of_rounds(rounds);
+  result["gemm_rounds"] = rounds.size();
   result["nccl_tests_files"] = files;
   if (world.rank() == 0) write_file_atomically(o.output, result.dump(1) + "\n");
   world.barrier();

@@ -4,7 +4,8 @@
 // `dplan probe --cluster local-cpu` to fit a profile to. Every rank runs the GEMM and memory
 // measurements at once, each with the one intra-op thread a training rank gets, so the figures
 // include the ranks' sharing of the machine; each GEMM's time is the slowest rank's (a training
-// step waits for it), the memory figures rank 0's. The collectives run over the world group, each
+// step waits for it), in gemm_rounds passes spread over the probe whose median each GEMM keeps (a
+// shared machine's pace drifts); the memory figures are rank 0's. The collectives run over the world group, each
 // call after some compute as in training, and so does the overlap measurement (how much of an
 // all-reduce hides under GEMMs running beside it).
 #pragma once
@@ -19,6 +20,7 @@ struct MachineProbeOptions {
   std::string output;                // rank 0 writes this JSON; the collectives as <stem>-<test>.txt beside it
   double max_collective_mib = 64;    // largest collective message
   double seconds_per_point = 0.05;   // each measurement repeats its call for about this long
+  int gemm_rounds = 3;               // passes over the GEMMs, spread over the probe; each keeps its median
 };
 
 void run_machine_probe(const MachineProbeOptions& options, Group& world);

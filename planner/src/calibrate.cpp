@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <set>
 
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/json_io.h"
@@ -78,6 +79,7 @@ CalibrationRun read_calibration_run(const std::string& run_file) {
   r.model = costmodel::model_from_json(plan["model"], r.plan_file, "/model");
   r.training = costmodel::training_from_json(plan["training"], r.plan_file, "/training");
   r.parallel = costmodel::parallel_from_json(plan["parallel"], r.plan_file, "/parallel");
+  r.layout = plan["model"].dump() + plan["training"].dump() + plan["parallel"].dump();
   if (plan.contains("overlap")) {
     const json& o = plan["overlap"];
     r.overlap.grad_reduce = o.value("grad_reduce", r.overlap.grad_reduce);
@@ -129,10 +131,15 @@ Calibration calibrate(const ClusterSpec& base, const std::vector<CalibrationRun>
   // Overlap, when some run has communication that could hide under compute.
   if (overlappable)
     params.push_back({"comm_overlap", [](ClusterSpec& c) -> double& { return c.comm_overlap_fraction; }, {1e-3, 1.0}});
-  if (runs.size() < params.size()) {
+  // Repeats of one layout measure it more precisely but determine nothing more: count layouts.
+  std::set<std::string> layouts;
+  for (const auto& r : runs) layouts.insert(r.layout.empty() ? "file:" + r.file : r.layout);
+  if (layouts.size() < params.size()) {
     std::string names;
     for (const auto& p : params) names += (names.empty() ? "" : ", ") + p.name;
-    throw InputError(std::to_string(runs.size()) + " run" + (runs.size() == 1 ? "" : "s") + " cannot determine " +
+    throw InputError(std::to_string(layouts.size()) + " layout" + (layouts.size() == 1 ? "" : "s") +
+                     (layouts.size() < runs.size() ? " (in " + std::to_string(runs.size()) + " runs)" : "") +
+                     " cannot determine " +
                      std::to_string(params.size()) + " parameters (" + names +
                      "): a fit with fewer measurements than unknowns matches any data and predicts nothing; give at least " +
                      std::to_string(params.size()) + " runs of different layouts");

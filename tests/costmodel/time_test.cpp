@@ -147,6 +147,29 @@ TEST_CASE("more micro-batches never grow the 1F1B bubble fraction", "[time][law]
   }
 }
 
+TEST_CASE("ranks that share cores fill the pipeline's bubble faster than its steady state", "[time]") {
+  ModelSpec m = store().load_model("gpt-small");
+  ClusterSpec c = store().load_cluster("local-cpu");
+  c.gpus_per_node = 4;
+  c.cores_per_node = 2;
+  c.lone_rank_speedup = 1.5;
+  TrainingSpec t{.seq_len = 256, .global_batch = 8, .precision = Precision::fp32};
+  auto slot_s = [](const TimeBreakdown& r, int microbatches) { return (r.forward_s + r.backward_s) / microbatches; };
+  // pp 2 x dp 2 on 2 cores: the steady state runs 4 ranks on 2 cores (share 1/2); in the bubble one
+  // stage's 2 ranks have the 2 cores (share 1), so its slot takes half the steady state's.
+  ParallelConfig four{.tp = 1, .pp = 2, .dp = 2};
+  TimeBreakdown r = estimate_time(m, Network(c, 4), t, four);
+  CHECK_THAT(r.pp_bubble_s, WithinRel(0.5 * slot_s(r, 4), 1e-9));
+  // pp 2 on 2 cores: each rank has a core; in the bubble one rank runs alone, lone_rank_speedup faster.
+  ParallelConfig two{.tp = 1, .pp = 2, .dp = 1};
+  r = estimate_time(m, Network(c, 2), t, two);
+  CHECK_THAT(r.pp_bubble_s, WithinRel(slot_s(r, 8) / 1.5, 1e-9));
+  // A node whose cores are not shared (cores_per_node 0, every GPU cluster): the whole slot.
+  c.cores_per_node = 0;
+  r = estimate_time(m, Network(c, 4), t, four);
+  CHECK_THAT(r.pp_bubble_s, WithinRel(slot_s(r, 4), 1e-9));
+}
+
 TEST_CASE("a tensor-parallel group that leaves the NVLink domain visibly slows down", "[time]") {
   ModelSpec m = store().load_model("llama-3.1-405b");
   ClusterSpec c = store().load_cluster("dgx-h100");

@@ -1,18 +1,18 @@
 // The closed loop on this machine, through the real binaries: `dplan probe` measures it, the cost
 // model predicts nine layouts of gpt-small (dp, tp, pp, sequence parallel, ZeRO 1-3, on 1, 2 and
 // 4 ranks of a 2-core machine) from that profile alone, `dplan run` measures them, and
-// `dplan calibrate` fits the profile to three runs and predicts the other layouts.
+// `dplan calibrate` fits the profile to three layouts' runs and predicts three others.
 //  - Probe alone: at least six of the nine within 20 % of the measured step time.
 //  - Calibrated on dp 2, tp 2 and pp 2 x dp 2 ZeRO-3: tp 2 x dp 2, dp 4 ZeRO-2 and tp 2 x pp 2 with
 //    sequence parallel within 10 %.
-// Run times on a shared machine are only ever slowed by what else runs on it, so a layout outside
-// its bound is run once more and the faster median kept (the usual minimum-of-repeats estimate of
-// a benchmark's time); the bounds themselves are the issue's. A prediction from a probe can only
-// be as good as the machine is steady: the probe runs again at the end, and when its GEMMs' pace
-// moved by more than 10 % in between, or the runs' own step times spread by more than 10 %
-// (another tenant of a shared machine came or went), the bounds are reported, not asserted; every
-// prediction from the probe alone is always held within a factor of 2.5. The tables are printed
-// either way.
+// This machine's pace moves by tens of percent over seconds (a single-thread loop alone ran at
+// 3,200 to 4,960 iterations/s within 20 s), so the measurement is interleaved: every layout runs
+// once in each of three rounds and its step time is the median of its 9 measured steps, and the
+// probe's GEMMs are the medians of three passes of their own. The bounds are the issue's. A
+// prediction can only be as good as the machine is steady: the probe runs again at the end, and
+// when its GEMMs' pace moved by more than 10 % in between, or the layouts' steps spread by more
+// than 20 % (see below), the bounds are reported, not asserted; every prediction from the probe
+// alone is always held within a factor of 2.5. The tables are printed either way.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -32,14 +32,22 @@ using dplan::testing::run_program;
 using dplan::testing::TempDir;
 using nlohmann::json;
 
-constexpr int kSteps = 6;  // the first is warm-up; the median of the rest is the run's step time
+// The machine's pace moves by tens of percent over seconds to minutes, so each layout is measured
+// in kRounds short runs, one per round, every round running every layout in turn: each layout's
+// steps are spread over the whole measurement and see the same mix of fast and slow moments as the
+// others (interleaving, the standard defence of a benchmark against drift).
+constexpr int kRounds = 3;
+constexpr int kSteps = 5;   // per run; the first kWarmup are left out
+constexpr int kWarmup = 2;  // so each layout's step time is the median of 9 steps from 3 runs
 
 struct Case {
   std::string name;
   std::vector<std::string> flags;  // dplan estimate's layout flags
   int gpus = 1;
-  std::string plan, run;
-  double measured_s = 0;
+  std::string plan = {};
+  std::vector<std::string> runs = {};  // one run.json per round
+  double measured_s = 0;               // the median of the measured steps of all its runs
+  double spread = 0;                   // (p90 - p10) / median of those steps
 };
 
 std::vector<Case> layouts() {
@@ -66,11 +74,33 @@ double predict(const Case& c, const std::string& profile, const std::string& pla
   return json::parse(read_file(plan)).at("prediction").at("step_time_s").get<double>();
 }
 
-double measure(const Case& c) {
-  Result r = run_program(DPLAN_BINARY, {"run", c.plan, "--steps", std::to_string(kSteps), "--quiet", "-o", c.run});
+void run_once(Case& c, const fs::path& dir) {
+  const std::string run = (dir / ("run-" + c.name + "-" + std::to_string(c.runs.size() + 1) + ".json")).string();
+  Result r = run_program(DPLAN_BINARY, {"run", c.plan, "--steps", std::to_string(kSteps), "--warmup",
+                                        std::to_string(kWarmup), "--quiet", "-o", run});
   INFO(c.name << ": " << r.err);
   REQUIRE(r.status == 0);
-  return json::parse(read_file(c.run)).at("step_time_s").at("median").get<double>();
+  c.runs.push_back(run);
+}
+
+double quantile(std::vector<double> v, double q) {  // linear between order statistics
+  std::sort(v.begin(), v.end());
+  const double x = q * (v.size() - 1);
+  const size_t i = static_cast<size_t>(x);
+  return i + 1 < v.size() ? v[i] + (x - i) * (v[i + 1] - v[i]) : v.back();
+}
+
+// The measured steps of all the layout's runs, pooled.
+void summarize(Case& c) {
+  std::vector<double> steps;
+  for (const std::string& run : c.runs) {
+    const json measured = json::parse(read_file(run));
+    for (const json& s : measured.at("steps"))
+      if (!s.at("warmup").get<bool>()) steps.push_back(s.at("time_s").get<double>());
+  }
+  REQUIRE(steps.size() == size_t(kRounds * (kSteps - kWarmup)));
+  c.measured_s = quantile(steps, 0.5);
+  c.spread = (quantile(steps, 0.9) - quantile(steps, 0.1)) / c.measured_s;
 }
 
 double error(double predicted_s, double measured_s) { return predicted_s / measured_s - 1; }
@@ -87,28 +117,34 @@ TEST_CASE("probe, predict, run, calibrate: the cost model against measured step 
 
   std::vector<Case> cases = layouts();
   std::vector<double> predicted;
-  int within_20 = 0;
-  std::printf("%-16s %10s %10s %8s   (probe alone)\n", "layout", "pred (ms)", "meas (ms)", "error");
   for (Case& c : cases) {
     c.plan = (dir.path() / ("plan-" + c.name + ".json")).string();
-    c.run = (dir.path() / ("run-" + c.name + ".json")).string();
     predicted.push_back(predict(c, profile, c.plan));
-    c.measured_s = measure(c);
-    if (std::abs(error(predicted.back(), c.measured_s)) > 0.20) c.measured_s = std::min(c.measured_s, measure(c));
-    const double e = error(predicted.back(), c.measured_s);
+  }
+  for (int round = 0; round < kRounds; ++round)
+    for (Case& c : cases) run_once(c, dir.path());
+  int within_20 = 0;
+  std::printf("%-16s %10s %10s %8s %8s   (probe alone)\n", "layout", "pred (ms)", "meas (ms)", "error", "spread");
+  for (size_t i = 0; i < cases.size(); ++i) {
+    Case& c = cases[i];
+    summarize(c);
+    const double e = error(predicted[i], c.measured_s);
     within_20 += std::abs(e) <= 0.20;
-    std::printf("%-16s %10.1f %10.1f %+7.1f%%\n", c.name.c_str(), predicted.back() * 1e3, c.measured_s * 1e3, 100 * e);
+    std::printf("%-16s %10.1f %10.1f %+7.1f%% %7.1f%%\n", c.name.c_str(), predicted[i] * 1e3, c.measured_s * 1e3, 100 * e,
+                100 * c.spread);
   }
   std::fflush(stdout);
 
-  // Calibrate on three runs whose communication differs in kind, predict three others. The run
-  // kept for each is its latest run.json; its median is the one the fit reads.
+  // Calibrate on three layouts whose communication differs in kind (all their runs), predict three others.
   auto by_name = [&](const std::string& name) -> Case& {
     return *std::find_if(cases.begin(), cases.end(), [&](const Case& c) { return c.name == name; });
   };
   const std::string calibrated = (dir.path() / "calibrated.json").string();
-  r = run_program(DPLAN_BINARY, {"calibrate", by_name("dp2").run, by_name("tp2").run, by_name("pp2-dp2-zero3").run,
-                                 "--profile", profile, "-o", calibrated});
+  std::vector<std::string> args = {"calibrate"};
+  for (const std::string name : {"dp2", "tp2", "pp2-dp2-zero3"})
+    args.insert(args.end(), by_name(name).runs.begin(), by_name(name).runs.end());
+  args.insert(args.end(), {"--profile", profile, "-o", calibrated});
+  r = run_program(DPLAN_BINARY, args);
   INFO(r.out << r.err);
   REQUIRE(r.status == 0);
   std::printf("%-16s %10s %10s %8s   (calibrated on dp2, tp2, pp2-dp2-zero3)\n", "layout", "pred (ms)", "meas (ms)",
@@ -116,15 +152,14 @@ TEST_CASE("probe, predict, run, calibrate: the cost model against measured step 
   int calibrated_within_10 = 0;
   std::string misses;
   for (const std::string name : {"tp2-dp2", "dp4-zero2", "tp2-pp2-sp"}) {
-    Case& c = by_name(name);
+    const Case& c = by_name(name);
     const double p = predict(c, calibrated, (dir.path() / ("calibrated-" + name + ".json")).string());
-    if (std::abs(error(p, c.measured_s)) > 0.10) c.measured_s = std::min(c.measured_s, measure(c));
     const double e = error(p, c.measured_s);
     std::printf("%-16s %10.1f %10.1f %+7.1f%%\n", name.c_str(), p * 1e3, c.measured_s * 1e3, 100 * e);
-    std::fflush(stdout);
     if (std::abs(e) <= 0.10) ++calibrated_within_10;
     else misses += " " + name;
   }
+  std::fflush(stdout);
 
   // Did the machine hold its pace? The median ratio of the GEMM times of a second probe to the first.
   const std::string again = (dir.path() / "again.json").string();
@@ -136,18 +171,14 @@ TEST_CASE("probe, predict, run, calibrate: the cost model against measured step 
   std::vector<double> ratios;
   for (size_t i = 0; i < first.size(); ++i)
     ratios.push_back(second[i].at("time_s").get<double>() / first[i].at("time_s").get<double>());
-  std::nth_element(ratios.begin(), ratios.begin() + ratios.size() / 2, ratios.end());
-  const double drift = ratios[ratios.size() / 2] - 1;
+  const double drift = quantile(ratios, 0.5) - 1;
   std::printf("machine pace: the GEMMs of a second probe took %+.1f %% of the first's time\n", 100 * drift);
-  std::fflush(stdout);
-  // And did the runs? The median over the layouts of each run's step-time spread (p90 - p10) / median.
+  // And the runs? The median over the layouts of their steps' spread. The median of n = 9 steps has
+  // a standard error of about 1.25 sigma / sqrt(n), and p90 - p10 spans 2.56 sigma of a normal, so
+  // a spread of 20 % leaves each measured step time about 3 % uncertain: a third of the tighter bound.
   std::vector<double> spreads;
-  for (const Case& c : cases) {
-    const json st = json::parse(read_file(c.run)).at("step_time_s");
-    spreads.push_back((st.at("p90").get<double>() - st.at("p10").get<double>()) / st.at("median").get<double>());
-  }
-  std::nth_element(spreads.begin(), spreads.begin() + spreads.size() / 2, spreads.end());
-  const double spread = spreads[spreads.size() / 2];
+  for (const Case& c : cases) spreads.push_back(c.spread);
+  const double spread = quantile(spreads, 0.5);
   std::printf("run steadiness: median step-time spread (p90 - p10) / median %.1f %%\n", 100 * spread);
   std::fflush(stdout);
   // Always: probe alone, every prediction within a factor of 2.5 of its measurement (the shipped
@@ -156,8 +187,8 @@ TEST_CASE("probe, predict, run, calibrate: the cost model against measured step 
     INFO(cases[i].name << ": predicted " << predicted[i] << " s from the probe, measured " << cases[i].measured_s << " s");
     CHECK(std::abs(std::log(predicted[i] / cases[i].measured_s)) <= std::log(2.5));
   }
-  if (std::abs(drift) > 0.10 || spread > 0.10) {
-    WARN("this machine did not hold its pace (probe drift " << 100 * drift << " %, run spread " << 100 * spread
+  if (std::abs(drift) > 0.10 || spread > 0.20) {
+    WARN("this machine did not hold its pace (probe drift " << 100 * drift << " %, step spread " << 100 * spread
                                                             << " %): " << within_20
                                          << " of 9 layouts within 20 % from the probe alone, " << calibrated_within_10
                                          << " of 3 within 10 % after calibration; bounds not asserted");

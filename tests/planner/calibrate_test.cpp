@@ -99,10 +99,16 @@ TEST_CASE("calibration refuses fewer runs than parameters, and runs it cannot re
   three.resize(3);
   std::vector<CalibrationRun> runs;
   for (const auto& f : synthetic_runs(dir, base, three)) runs.push_back(read_calibration_run(f));
-  CHECK_THROWS_WITH(calibrate(base, runs), Catch::Contains("3 runs cannot determine 4 parameters"));
+  CHECK_THROWS_WITH(calibrate(base, runs), Catch::Contains("3 layouts cannot determine 4 parameters"));
+  // Repeats of one layout are more measurements of it, not more layouts: four runs of three layouts
+  // still cannot determine four parameters.
+  runs.push_back(runs[1]);
+  runs.back().file += ".again";
+  CHECK_THROWS_WITH(calibrate(base, runs), Catch::Contains("3 layouts (in 4 runs) cannot determine 4 parameters"));
+  runs.pop_back();
   // A single-rank run only: no communication to fit, so compute alone (2 parameters) needs 2 runs.
   runs.resize(1);
-  CHECK_THROWS_WITH(calibrate(base, runs), Catch::Contains("1 run cannot determine 2 parameters"));
+  CHECK_THROWS_WITH(calibrate(base, runs), Catch::Contains("1 layout cannot determine 2 parameters"));
   CHECK_THROWS_WITH(read_calibration_run(dir.write("x.json", "{}")), Catch::Contains("not a run.json"));
   CHECK_THROWS_WITH(read_calibration_run(dir.write("y.json", R"({"plan": "gone.json", "step_time_s": {"median": 1}})")),
                     Catch::Contains("gone.json"));

@@ -20,6 +20,7 @@ namespace dplan::planner {
 struct CalibrationRun {
   std::string file;         // the run.json
   std::string plan_file;    // the plan it ran
+  std::string layout;       // the plan's model, training and parallel layout; repeats of one share it
   costmodel::ModelSpec model;
   costmodel::TrainingSpec training;
   costmodel::ParallelConfig parallel;

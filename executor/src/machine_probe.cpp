@@ -154,6 +154,15 @@ json median_of_rounds(const std::vector<json>& rounds) {
   return gemms;
 }
 
+// How long each rank computes before each collective call. Training's blocking collectives follow
+// milliseconds of compute on a CPU core (a layer's GEMMs between two tensor-parallel all-reduces,
+// a whole backward before the gradients'), by when Gloo's threads have gone to sleep and the ranks'
+// arrivals have drifted apart; both cost time that back-to-back calls do not pay. Measured here, a
+// 4-64 KiB all-reduce over 2 ranks took 1.6-2.3 ms after 0.5 ms of compute and 2.1-3.1 ms after
+// 5 ms; the tensor-parallel phase of a tp 2 training run had come to about twice what the 0.5 ms
+// figures predicted.
+constexpr double kComputeBeforeCall_s = 5e-3;
+
 // One collective by size over the world group, as nccl-tests prints it (busbw with nccl-tests'
 // factors, doc/PERFORMANCE.md). Every rank runs it; rank 0 writes the file.
 std::string probe_collective(const MachineProbeOptions& o, Group& world, const std::string& test) {
@@ -169,7 +178,7 @@ std::string probe_collective(const MachineProbeOptions& o, Group& world, const s
       "algbw   busbw #wrong     time   algbw   busbw #wrong\n";
   at::Tensor gap_x = at::randn({128, 128}), gap_w = at::randn({128, 128});
   const double gap_gemm_s = time_per_call_s([&] { at::linear(gap_x, gap_w); }, 0.01);
-  const int gap_gemms = std::max(1, static_cast<int>(0.5e-3 / gap_gemm_s));
+  const int gap_gemms = std::max(1, static_cast<int>(kComputeBeforeCall_s / gap_gemm_s));
   for (int64_t bytes = 4096; bytes <= int64_t(o.max_collective_mib * 1024 * 1024); bytes *= 4) {
     const int64_t count = bytes / 4;
     at::Tensor buf = at::ones({count});
@@ -195,10 +204,8 @@ std::string probe_collective(const MachineProbeOptions& o, Group& world, const s
     call();
     const double once = slowest_s(world, std::chrono::duration<double>(Clock::now() - t0).count());
     const int reps = std::max(3, static_cast<int>(4 * o.seconds_per_point / std::max(once, 1e-7)));
-    // As in training, every call follows some compute (a few GEMMs, about 0.5
-    // ms, not timed): a rank arrives from work, not from the previous
-    // collective, which costs Gloo's threads a wake-up that back-to-back calls
-    // do not pay.
+    // As in training, every call follows some compute (kComputeBeforeCall_s of GEMMs, not timed):
+    // a rank arrives from work, not from the previous collective.
     double total_s = 0;
     for (int i = 0; i < reps; ++i) {
       for (int g = 0; g < gap_gemms; ++g) at::linear(gap_x, gap_w);

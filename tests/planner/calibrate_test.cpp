@@ -92,7 +92,7 @@ TEST_CASE("calibration on synthetic runs recovers their step times, the matmul r
   }
 }
 
-TEST_CASE("calibration refuses fewer runs than parameters, and runs it cannot read", "[calibrate]") {
+TEST_CASE("calibration refuses fewer layouts than parameters, and runs it cannot read", "[calibrate]") {
   const ClusterSpec base = dplan::testing::store().load_cluster("local-cpu");
   TempDir dir;
   std::vector<ParallelConfig> three = six_layouts();

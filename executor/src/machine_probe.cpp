@@ -126,6 +126,13 @@ double slowest_s(Group& world, double t) {
   return all.max().item<double>();
 }
 
+// The median (the mean of the middle two for an even count).
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 // One pass over the GEMMs on every rank at once; each GEMM's time is the slowest rank's, as a
 // training step waits for its slowest rank.
 json slowest_gemms(const MachineProbeOptions& o, Group& world) {
@@ -138,16 +145,14 @@ json slowest_gemms(const MachineProbeOptions& o, Group& world) {
   return gemms;
 }
 
-// Each GEMM's median time over the rounds (the mean of the middle two for an even count), with its rate.
+// Each GEMM's median time over the rounds, with its rate.
 json median_of_rounds(const std::vector<json>& rounds) {
   json gemms = rounds.at(0);
   for (size_t i = 0; i < gemms.size(); ++i) {
     std::vector<double> t;
     for (const json& r : rounds) t.push_back(r[i]["time_s"].get<double>());
-    std::sort(t.begin(), t.end());
-    const size_t n = t.size();
     json& g = gemms[i];
-    g["time_s"] = n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+    g["time_s"] = median(t);
     g["flops_per_s"] = 2.0 * g["m"].get<double>() * g["n"].get<double>() * g["k"].get<double>() *
                        g["batch"].get<double>() / g["time_s"].get<double>();
   }
@@ -269,8 +274,9 @@ json probe_overlap(Group& world) {
 
 // One rank computing alone against every rank at once, over a layer's GEMMs and attention: how
 // much the ranks slow each other on this machine's shared caches and memory. The others wait in a
-// barrier (blocked, not spinning) while rank 0 runs alone.
-json probe_lone_rank(const MachineProbeOptions& o, Group& world) {
+// barrier (blocked, not spinning) while rank 0 runs alone. Appends five alternated pairs of
+// timings (every rank busy, rank 0 alone) to `busy` and `alone`.
+void probe_lone_rank(const MachineProbeOptions& o, Group& world, std::vector<double>& busy, std::vector<double>& alone) {
   at::AutoGradMode enable(true);
   at::Tensor x = at::randn({256, 128}), w = at::randn({512, 128}), dy = at::randn({256, 512});
   at::Tensor q = at::randn({1, 4, 256, 32}).requires_grad_(), k = at::randn({1, 4, 256, 32}).requires_grad_(),
@@ -285,9 +291,8 @@ json probe_lone_rank(const MachineProbeOptions& o, Group& world) {
     mix();
     flash_attention(q, k, v).backward(grad);
   };
-  // Alternated five times, the medians kept: the machine's pace drifts while it is measured.
+  // Alternated, so that each pair sees the same moment of a drifting machine.
   const double budget_s = 2 * o.seconds_per_point;
-  std::vector<double> busy, alone;
   for (int round = 0; round < 5; ++round) {
     world.barrier();
     busy.push_back(slowest_s(world, time_per_call_s(with_attention, budget_s)));
@@ -297,11 +302,8 @@ json probe_lone_rank(const MachineProbeOptions& o, Group& world) {
     world.barrier();
     alone.push_back(slowest_s(world, t));  // rank 0's, shared with every rank
   }
-  std::sort(busy.begin(), busy.end());
-  std::sort(alone.begin(), alone.end());
-  const double busy_s = busy[2], alone_s = alone[2];
-  return {{"alone_s", alone_s}, {"all_busy_s", busy_s}, {"speedup", busy_s / alone_s}};
 }
+
 
 }  // namespace
 
@@ -317,13 +319,15 @@ void run_machine_probe(const MachineProbeOptions& o, Group& world) {
   // o.gemm_rounds times, spread over the probe between its other measurements, and each shape keeps
   // the median of its rounds: the typical pace, which a training run's median step also sees (the
   // usual remedy for a noisy benchmark host: repeat, spread in time, take a robust statistic).
+  // The lone-rank pairs run in every round too: whether the ranks slow each other drifts as well.
   std::vector<json> rounds;
+  std::vector<double> busy_s, alone_s;
   auto gemm_round = [&] {
     world.barrier();  // every rank measures at the same time, sharing the cores as training ranks do
     rounds.push_back(slowest_gemms(o, world));
+    if (world.size() > 1) probe_lone_rank(o, world, busy_s, alone_s);
   };
   gemm_round();
-  if (world.size() > 1) result["lone_rank"] = probe_lone_rank(o, world);
   if (int(rounds.size()) < o.gemm_rounds) gemm_round();
   world.barrier();
   result["memory"] = probe_memory(o);
@@ -341,6 +345,10 @@ void run_machine_probe(const MachineProbeOptions& o, Group& world) {
   while (int(rounds.size()) < o.gemm_rounds) gemm_round();
   result["gemm"] = median_of_rounds(rounds);
   result["gemm_rounds"] = rounds.size();
+  if (world.size() > 1) {
+    const double busy = median(busy_s), alone = median(alone_s);
+    result["lone_rank"] = {{"alone_s", alone}, {"all_busy_s", busy}, {"speedup", busy / alone}, {"pairs", busy_s.size()}};
+  }
   result["nccl_tests_files"] = files;
   if (world.rank() == 0) write_file_atomically(o.output, result.dump(1) + "\n");
   world.barrier();

@@ -484,6 +484,9 @@ TEST_CASE("dplan probe measures this machine with local ranks and writes profile
   CHECK(ops == std::set<std::string>{"forward", "dgrad", "wgrad", "batched", "attention_forward", "attention_backward"});
   CHECK(probe["memory"]["elementwise_bytes_per_s"].get<double>() > 1e8);
   CHECK(probe["lone_rank"]["speedup"].get<double>() > 0);
+  // Spread over the probe: three GEMM passes, each with five lone-rank pairs.
+  CHECK(probe["gemm_rounds"].get<int>() == 3);
+  CHECK(probe["lone_rank"]["pairs"].get<int>() == 15);
   CHECK(probe["overlap"]["fraction"].get<double>() >= 0);
   CHECK(probe["overlap"]["fraction"].get<double>() <= 1);
   // The written cluster names its measured GPU, keeps the measurements, and plans with them.

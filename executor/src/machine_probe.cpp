@@ -304,7 +304,6 @@ void probe_lone_rank(const MachineProbeOptions& o, Group& world, std::vector<dou
   }
 }
 
-
 }  // namespace
 
 void run_machine_probe(const MachineProbeOptions& o, Group& world) {
@@ -328,7 +327,6 @@ void run_machine_probe(const MachineProbeOptions& o, Group& world) {
     if (world.size() > 1) probe_lone_rank(o, world, busy_s, alone_s);
   };
   gemm_round();
-  if (int(rounds.size()) < o.gemm_rounds) gemm_round();
   world.barrier();
   result["memory"] = probe_memory(o);
   json files = json::array();
@@ -340,6 +338,7 @@ void run_machine_probe(const MachineProbeOptions& o, Group& world) {
       const fs::path file = out.parent_path() / (out.stem().string() + "-" + test + ".txt");
       if (world.rank() == 0) write_file_atomically(file.string(), text);
       files.push_back(file.filename().string());  // beside the probe file
+      if (test != "sendrecv_perf" && int(rounds.size()) < o.gemm_rounds) gemm_round();  // between the sweeps
     }
   }
   while (int(rounds.size()) < o.gemm_rounds) gemm_round();

@@ -159,7 +159,8 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
     // Ranks that share cores: in the k-th slot of the fill (and of the drain) only k of the p stages
     // work, so world * k / p ranks share the cores and each runs at their share, not the whole
     // world's: the bubble's slots run faster than the steady state's (1 on every other machine).
-    if (const double share = core_share(cluster, p.world_size()); cluster.cores_per_node > 0) {
+    if (cluster.cores_per_node > 0) {
+      const double share = core_share(cluster, p.world_size());
       double slots = 0;
       for (int k = 1; k < p.pp; ++k) slots += share / core_share(cluster, std::max(1, p.world_size() * k / p.pp));
       r.pp_bubble_s *= slots / (p.pp - 1);

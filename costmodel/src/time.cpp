@@ -26,6 +26,14 @@ double exposed(double comm_s, double window_s, double floor_s, double overlap_fr
 
 }  // namespace
 
+GroupShape embedding_group_shape(const ParallelConfig& p) {
+  // The network prices groups that tile the world; two ranks half a pipeline apart do when pp is
+  // even, and with stages placed in order they cross the same tier as the first and last stage
+  // (both inside one node, or in different ones). Odd pp: the pipeline group's ring.
+  const GroupShape pipeline = group_shape(p, Dim::pp);
+  return p.pp % 2 == 0 ? GroupShape{2, pipeline.stride * p.pp / 2} : pipeline;
+}
+
 std::map<std::string, double> TimeBreakdown::phases() const {
   return {{"forward", forward_s},       {"backward", backward_s},   {"recompute", recompute_s},
           {"tp_comm", tp_comm_s},       {"cp_comm", cp_comm_s},     {"ep_comm", ep_comm_s},
@@ -197,6 +205,16 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
       r.param_gather_s += exposed_s;
       r.hidden_comm_s += gather - exposed_s;
     }
+  }
+
+  // A tied word embedding on separate first and last stages: the two copies' gradients are summed by
+  // an all-reduce between those two stages once per step, after the data-parallel reduction and
+  // exposed (Megatron-LM's embedding group, Narayanan et al. 2021 Sec. 4; finalize_model_grads).
+  // ZeRO-2 and -3 keep only their shard of the gradient, so they sum the shard.
+  if (p.pp > 1 && m.tied_embeddings) {
+    double bytes = double(padded_vocab(m, t, p.tp)) / p.tp * h * bpp.grads;
+    if (p.zero_stage >= 2) bytes /= p.dp * p.cp;
+    r.dp_comm_s += net.cost(Collective::all_reduce, bytes, embedding_group_shape(p)).time_s;
   }
 
   // Optimizer step over the local (possibly sharded) parameters; offloaded: on the host, after the

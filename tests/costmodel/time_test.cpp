@@ -170,6 +170,43 @@ TEST_CASE("ranks that share cores fill the pipeline's bubble faster than its ste
   CHECK_THAT(r.pp_bubble_s, WithinRel(slot_s(r, 4), 1e-9));
 }
 
+TEST_CASE("a tied embedding on separate first and last stages costs one all-reduce between them per step",
+          "[time]") {
+  ModelSpec m = store().load_model("gpt3-175b");  // tied: the LM head is the token embedding
+  REQUIRE(m.tied_embeddings);
+  ClusterSpec c = store().load_cluster("dgx-h100");
+  TrainingSpec t{.seq_len = 2048, .global_batch = 1536};
+  ParallelConfig p{.tp = 8, .pp = 8, .dp = 12, .distributed_optimizer = true};
+  Network net(c, p.world_size());
+  auto dp_comm_s = [&](const ModelSpec& model, const ParallelConfig& q) {
+    return estimate_time(model, net, t, q).dp_comm_s;
+  };
+  ModelSpec untied = m;
+  untied.tied_embeddings = false;
+  // The embedding's tp shard of gradients, between stage 0 and stage 7 (different nodes), priced as
+  // two ranks half the pipeline apart (stage 0 and stage 4: different nodes too).
+  const double bytes = double(padded_vocab(m, t, p.tp)) / p.tp * m.hidden_size * bytes_per_param(t).grads;
+  REQUIRE(embedding_group_shape(p) == GroupShape{2, p.tp * p.dp * p.pp / 2});
+  const double all_reduce_s = net.cost(Collective::all_reduce, bytes, embedding_group_shape(p)).time_s;
+  CHECK(all_reduce_s > 0);
+  CHECK_THAT(dp_comm_s(m, p) - dp_comm_s(untied, p), WithinRel(all_reduce_s, 1e-9));
+  // Without data parallelism it is the step's only gradient communication; one stage holding both
+  // ends has none.
+  Network node(c, 16);
+  ParallelConfig two_stages{.tp = 8, .pp = 2, .dp = 1};
+  CHECK_THAT(estimate_time(m, node, t, two_stages).dp_comm_s,
+             WithinRel(node.cost(Collective::all_reduce, bytes, GroupShape{2, 8}).time_s, 1e-9));
+  ParallelConfig one_stage{.tp = 8, .pp = 1, .dp = 1};
+  CHECK(estimate_time(m, Network(c, 8), t, one_stage).dp_comm_s == 0);
+  // ZeRO-2 sums only its shard of the gradient.
+  ParallelConfig zero2 = p;
+  zero2.distributed_optimizer = false;
+  zero2.zero_stage = 2;
+  const double shard_s =
+      net.cost(Collective::all_reduce, bytes / p.dp, embedding_group_shape(p)).time_s;
+  CHECK_THAT(dp_comm_s(m, zero2) - dp_comm_s(untied, zero2), WithinRel(shard_s, 1e-9));
+}
+
 TEST_CASE("a tensor-parallel group that leaves the NVLink domain visibly slows down", "[time]") {
   ModelSpec m = store().load_model("llama-3.1-405b");
   ClusterSpec c = store().load_cluster("dgx-h100");

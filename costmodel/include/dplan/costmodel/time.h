@@ -52,6 +52,10 @@ TimeBreakdown estimate_time(const ModelSpec& model, const Network& network, cons
 TimeBreakdown estimate_time(const ModelSpec& model, const Network& network, const TrainingSpec& training,
                             const ParallelConfig& parallel, const OverlapOptions& overlap = {});
 
+// The group a tied word embedding's gradients are all-reduced over when the first and last
+// pipeline stages hold its two copies, as the network can price it (see time.cpp).
+GroupShape embedding_group_shape(const ParallelConfig& parallel);
+
 json to_json(const TimeBreakdown& time);
 
 }  // namespace dplan::costmodel

@@ -238,12 +238,17 @@ std::string probe_collective(const MachineProbeOptions& o, Group& world, const s
 // How much of an all-reduce hides under GEMMs running at the same time, as a
 // gradient bucket's reduction runs under backward: the all-reduce alone, a GEMM
 // loop of about the same length alone, and both at once (the all-reduce in
-// flight on Gloo's threads while this thread multiplies). fraction = (gemm +
-// all-reduce - both) / min(gemm, all-reduce), in [0, 1]: 1 = it hid completely,
-// 0 = they took turns on the core.
-json probe_overlap(Group& world) {
-  const int64_t bytes = int64_t(4) << 20;  // a gradient bucket of a model a CPU trains
-  at::Tensor buf = at::ones({bytes / 4});
+// flight on Gloo's threads while this thread multiplies), each the median of 3.
+// One sample per GEMM pass, so that they spread over the probe like the GEMMs;
+// overlap_result combines them.
+struct OverlapSamples {
+  static constexpr int64_t kBytes = int64_t(4) << 20;  // a gradient bucket of a model a CPU trains
+  int gemms = 0;                                       // GEMMs in the loop, sized by the first sample
+  std::vector<double> gemm_s, collective_s, both_s;
+};
+
+void probe_overlap(Group& world, OverlapSamples& samples) {
+  at::Tensor buf = at::ones({OverlapSamples::kBytes / 4});
   at::Tensor x = at::randn({256, 256}), w = at::randn({512, 256});
   auto timed = [&](auto&& f) {
     world.barrier();
@@ -258,20 +263,31 @@ json probe_overlap(Group& world) {
   };
   world.all_reduce(buf);  // warm the connections
   const double collective_s = median_of_3([&] { world.all_reduce(buf); });
-  const double one_gemm_s = slowest_s(world, time_per_call_s([&] { at::linear(x, w); }, 0.02));
-  const int gemms = std::max(1, static_cast<int>(collective_s / one_gemm_s));
+  if (samples.gemms == 0) {
+    const double one_gemm_s = slowest_s(world, time_per_call_s([&] { at::linear(x, w); }, 0.02));
+    samples.gemms = std::max(1, static_cast<int>(collective_s / one_gemm_s));
+  }
   auto loop = [&] {
-    for (int i = 0; i < gemms; ++i) at::linear(x, w);
+    for (int i = 0; i < samples.gemms; ++i) at::linear(x, w);
   };
-  const double gemm_s = median_of_3(loop);
-  const double both_s = median_of_3([&] {
+  samples.collective_s.push_back(collective_s);
+  samples.gemm_s.push_back(median_of_3(loop));
+  samples.both_s.push_back(median_of_3([&] {
     Work work = world.all_reduce_async(buf);
     loop();
     work.wait();
-  });
+  }));
+}
+
+// fraction = (gemm + all-reduce - both) / min(gemm, all-reduce), in [0, 1]: 1 = it hid
+// completely, 0 = they took turns on the core; from the samples' means, not one sample's
+// (single samples here ranged from 0 to 1 between probes).
+json overlap_result(const OverlapSamples& o) {
+  const double gemm_s = mean(o.gemm_s), collective_s = mean(o.collective_s), both_s = mean(o.both_s);
   const double fraction = std::clamp((gemm_s + collective_s - both_s) / std::min(gemm_s, collective_s), 0.0, 1.0);
-  return {{"collective", "all_reduce"},   {"bytes", bytes},   {"gemm_s", gemm_s},
-          {"collective_s", collective_s}, {"both_s", both_s}, {"fraction", fraction}};
+  return {{"collective", "all_reduce"},   {"bytes", OverlapSamples::kBytes}, {"gemm_s", gemm_s},
+          {"collective_s", collective_s}, {"both_s", both_s},                {"fraction", fraction},
+          {"samples", o.gemm_s.size()}};
 }
 
 // One rank computing alone against every rank at once, over a layer's GEMMs and attention: how
@@ -350,20 +366,23 @@ void run_machine_probe(const MachineProbeOptions& o, Group& world) {
   // o.gemm_rounds times, spread over the probe between its other measurements, and each shape keeps
   // the median of its rounds: the typical pace, which a training run's median step also sees (the
   // usual remedy for a noisy benchmark host: repeat, spread in time, take a robust statistic).
-  // The lone-rank pairs run in every round too: whether the ranks slow each other drifts as well.
+  // The lone-rank pairs and the overlap samples run in every round too: they drift as well.
   std::vector<json> rounds;
   std::vector<double> busy_s, alone_s;
+  OverlapSamples overlap;
   auto gemm_round = [&] {
     world.barrier();  // every rank measures at the same time, sharing the cores as training ranks do
     rounds.push_back(slowest_gemms(o, world));
-    if (world.size() > 1) probe_lone_rank(o, world, busy_s, alone_s);
+    if (world.size() > 1) {
+      probe_lone_rank(o, world, busy_s, alone_s);
+      probe_overlap(world, overlap);
+    }
   };
   gemm_round();
   world.barrier();
   result["memory"] = probe_memory(o);
   json files = json::array();
   if (world.size() > 1) {
-    result["overlap"] = probe_overlap(world);
     for (const std::string test : {"all_reduce_perf", "all_gather_perf", "sendrecv_perf"}) {
       const std::string text = probe_collective(o, world, test);
       const fs::path out(o.output);
@@ -384,6 +403,7 @@ void run_machine_probe(const MachineProbeOptions& o, Group& world) {
     // each pace by how often it came.
     const double busy = mean(busy_s), alone = mean(alone_s);
     result["lone_rank"] = {{"alone_s", alone}, {"all_busy_s", busy}, {"speedup", busy / alone}, {"pairs", busy_s.size()}};
+    result["overlap"] = overlap_result(overlap);
   }
   result["nccl_tests_files"] = files;
   if (world.rank() == 0) write_file_atomically(o.output, result.dump(1) + "\n");

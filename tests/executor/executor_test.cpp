@@ -487,6 +487,7 @@ TEST_CASE("dplan probe measures this machine with local ranks and writes profile
   // Spread over the probe: three GEMM passes, each with five lone-rank pairs.
   CHECK(probe["gemm_rounds"].get<int>() == 3);
   CHECK(probe["lone_rank"]["pairs"].get<int>() == 15);
+  CHECK(probe["overlap"]["samples"].get<int>() == 3);  // one per GEMM pass, combined by their means
   CHECK(probe["overlap"]["fraction"].get<double>() >= 0);
   CHECK(probe["overlap"]["fraction"].get<double>() <= 1);
   // The written cluster names its measured GPU, keeps the measurements, and plans with them.

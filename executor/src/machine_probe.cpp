@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -256,11 +255,7 @@ void probe_overlap(Group& world, OverlapSamples& samples) {
     f();
     return slowest_s(world, std::chrono::duration<double>(Clock::now() - t0).count());
   };
-  auto median_of_3 = [&](auto&& f) {
-    std::array<double, 3> t{timed(f), timed(f), timed(f)};
-    std::sort(t.begin(), t.end());
-    return t[1];
-  };
+  auto median_of_3 = [&](auto&& f) { return median({timed(f), timed(f), timed(f)}); };
   world.all_reduce(buf);  // warm the connections
   const double collective_s = median_of_3([&] { world.all_reduce(buf); });
   if (samples.gemms == 0) {

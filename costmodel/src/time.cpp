@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "dplan/costmodel/memory.h"
+#include "dplan/costmodel/pipeline.h"
 
 namespace dplan::costmodel {
 namespace {
@@ -87,7 +88,7 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
 
   // Context parallel: ring attention passes each K,V chunk cp-1 times around the ring, hidden
   // behind the attention core; backward also returns dK, dV (Liu et al. 2023, Ring Attention).
-  double cp_layer = 0, cp_hidden_layer = 0;
+  double cp_layer = 0, cp_layer_fwd = 0, cp_hidden_layer = 0;
   if (p.cp > 1) {
     double chunk = 2 * T * m.kv_dim() / p.tp * B;
     double step = net.cost(Collective::send_recv, chunk, group_shape(p, Dim::cp)).time_s;
@@ -95,6 +96,7 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
     double fwd_exposed = exposed(fwd, lt.attention_core_s, 0, hide);
     double bwd_exposed = exposed(bwd, 2.5 * lt.attention_core_s, 0, hide);
     cp_layer = fwd_exposed + bwd_exposed + (p.recompute == Recompute::full ? fwd_exposed : 0);
+    cp_layer_fwd = fwd_exposed;
     cp_hidden_layer = fwd + bwd - fwd_exposed - bwd_exposed;
   }
 
@@ -108,7 +110,7 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
   // ZeRO-3: every layer's parameters are gathered before its forward and its backward, and its
   // gradients reduce-scattered after backward; the next layer's gather is prefetched under the
   // current layer's compute (FSDP / DeepSpeed), so only the excess and the first gather show.
-  double zero3_layer_exposed = 0, zero3_first = 0, zero3_hidden_layer = 0;
+  double zero3_layer_exposed = 0, zero3_layer_fwd = 0, zero3_first = 0, zero3_hidden_layer = 0;
   GroupShape dp_shape{p.dp * p.cp, p.tp};
   if (p.zero_stage >= 3 && dp_shape.size > 1) {
     double layer_params = mem.stages[0].num_layers > 0
@@ -118,6 +120,7 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
     double scatter = net.cost(Collective::reduce_scatter, layer_params * bpp.grads, dp_shape).time_s;
     double fwd = exposed(gather, lt.forward_s, 0, hide), bwd = exposed(gather + scatter, lt.backward_s, 0, hide);
     zero3_layer_exposed = fwd + bwd;
+    zero3_layer_fwd = fwd;
     zero3_first = gather;
     zero3_hidden_layer = 2 * gather + scatter - zero3_layer_exposed;
   }
@@ -125,6 +128,7 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
   // Per stage, per micro-batch: compute and the communication inside it.
   struct StageTime {
     double fwd = 0, bwd = 0, rec = 0, tp = 0, cp = 0, ep = 0, zero3 = 0, hidden = 0;
+    double fwd_comm = 0;  // the part of tp + cp + ep + zero3 in the forward pass
     double total() const { return fwd + bwd + rec + tp + cp + ep + zero3; }
   };
   std::vector<StageTime> st(p.pp);
@@ -141,10 +145,12 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
       s.hidden += tp;  // collective-GEMM overlap (Megatron --tp-comm-overlap)
     } else {
       s.tp = tp;
+      s.fwd_comm += n * tp_layer_fwd + (first ? tp_edge : 0) + (last ? tp_edge : 0);
     }
     s.cp = n * cp_layer;
     s.ep = n * ep_layer;
     s.zero3 = n * zero3_layer_exposed + zero3_first;
+    s.fwd_comm += n * (cp_layer_fwd + ep_layer / 2 + zero3_layer_fwd) + zero3_first;
     s.hidden += n * (cp_hidden_layer + zero3_hidden_layer);
     if (s.total() > st[critical].total()) critical = i;
   }
@@ -161,17 +167,27 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
   r.hidden_comm_s = microbatches * c.hidden;
 
   if (p.pp > 1) {
-    // Bubble: (p-1) micro-batch slots for GPipe and 1F1B, (p-1)/v with v model chunks
-    // (Narayanan et al. 2021, Sec. 2.2: bubble fraction (p-1)/m, and (p-1)/(v m) interleaved).
-    r.pp_bubble_s = (p.pp - 1) * c.total() / v;
-    // Ranks that share cores: in the k-th slot of the fill (and of the drain) only k of the p stages
-    // work, so world * k / p ranks share the cores and each runs at their share, not the whole
-    // world's: the bubble's slots run faster than the steady state's (1 on every other machine).
-    if (cluster.cores_per_node > 0) {
-      const double share = core_share(cluster, p.world_size());
-      double slots = 0;
-      for (int k = 1; k < p.pp; ++k) slots += share / core_share(cluster, std::max(1, p.world_size() * k / p.pp));
-      r.pp_bubble_s *= slots / (p.pp - 1);
+    if (cluster.cores_per_node > 0 && p.schedule != Schedule::interleaved) {
+      // Ranks that share cores: a stage that waits hands its cores to the stages that work, so the
+      // fill, the drain and the waits inside 1F1B's steady state run faster than the steady state
+      // (every other machine: the closed form below). Played out (pipeline.h); the critical stage's
+      // phases take the pace it ran at, and its waits are the bubble.
+      std::vector<PipelineStage> stages;
+      for (const StageTime& s : st) stages.push_back({s.fwd + s.fwd_comm, s.total() - s.fwd - s.fwd_comm});
+      const double all = core_share(cluster, p.world_size());
+      const PipelineTimeline run = play_pipeline(stages, microbatches, p.schedule, [&](int running) {
+        return core_share(cluster, std::max(1, p.world_size() * running / p.pp)) / all;
+      });
+      const double busy_s = run.busy_s[critical];
+      const double pace = c.total() > 0 ? busy_s / (microbatches * c.total()) : 1;
+      for (double* phase : {&r.forward_s, &r.backward_s, &r.recompute_s, &r.tp_comm_s, &r.cp_comm_s, &r.ep_comm_s,
+                            &r.param_gather_s})
+        *phase *= pace;
+      r.pp_bubble_s = run.makespan_s - busy_s;
+    } else {
+      // Bubble: (p-1) micro-batch slots for GPipe and 1F1B, (p-1)/v with v model chunks
+      // (Narayanan et al. 2021, Sec. 2.2: bubble fraction (p-1)/m, and (p-1)/(v m) interleaved).
+      r.pp_bubble_s = (p.pp - 1) * c.total() / v;
     }
     // Send/recv of one activation per micro-batch each way, per model chunk; with tp > 1 each
     // rank sends its 1/tp slice (Megatron's scatter/gather optimisation, Sec. 4.1).

@@ -1,0 +1,35 @@
+// One step of a pipeline schedule played out in time, for ranks that share a machine's cores.
+//
+// On dedicated devices a stage that waits leaves its device idle, and the closed forms of
+// Narayanan et al. 2021 (Sec. 2.2) give the step. Where ranks outnumber cores (local CPU ranks), a
+// waiting stage hands its cores to the stages that work, so they run faster: 1F1B's fill, drain and
+// the waits inside its steady state are partly filled, and no closed form says by how much. This
+// plays the schedule out as processor sharing: every stage whose next operation's input has arrived
+// runs, at the speed that number of running stages gets.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "dplan/costmodel/training.h"
+
+namespace dplan::costmodel {
+
+struct PipelineStage {
+  double forward_s = 0;   // one micro-batch's forward, at the pace of every stage running
+  double backward_s = 0;  // and its backward (with recompute)
+};
+
+struct PipelineTimeline {
+  double makespan_s = 0;       // first forward starts to last backward ends
+  std::vector<double> busy_s;  // per stage: the wall time it computed (the rest of makespan_s it waited)
+};
+
+// `speed(k)`: how much faster than the all-stages pace each stage runs while k of them run
+// (speed(stages) = 1). Schedules: GPipe (all forwards, then all backwards) and 1F1B
+// (pp - i - 1 warm-up forwards on stage i, then alternating, as Megatron-LM and the executor run it).
+// REQUIRES: stages non-empty, microbatches >= 1, schedule is not interleaved, speed(k) > 0.
+PipelineTimeline play_pipeline(const std::vector<PipelineStage>& stages, int microbatches, Schedule schedule,
+                               const std::function<double(int)>& speed);
+
+}  // namespace dplan::costmodel

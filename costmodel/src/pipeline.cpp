@@ -9,36 +9,69 @@ namespace {
 
 struct Op {
   bool backward;
+  int chunk;  // model chunk (virtual stage) of the stage; 0 unless interleaved
   int microbatch;
 };
 
-std::vector<Op> stage_order(int stage, int stages, int microbatches, Schedule schedule) {
+// The order a stage runs its forwards and backwards in.
+std::vector<Op> stage_order(int stage, int stages, int microbatches, int chunks, Schedule schedule) {
   std::vector<Op> ops;
   if (schedule == Schedule::gpipe) {
-    for (int j = 0; j < microbatches; ++j) ops.push_back({false, j});
-    for (int j = 0; j < microbatches; ++j) ops.push_back({true, j});
+    for (int j = 0; j < microbatches; ++j) ops.push_back({false, 0, j});
+    for (int j = 0; j < microbatches; ++j) ops.push_back({true, 0, j});
     return ops;
   }
-  const int warmup = std::min(stages - stage - 1, microbatches);
-  for (int j = 0; j < warmup; ++j) ops.push_back({false, j});
-  for (int j = 0; j < microbatches - warmup; ++j) {
-    ops.push_back({false, warmup + j});
-    ops.push_back({true, j});
+  // Forwards run micro-batches in groups of `stages` through chunk 0, 1, ..., v-1 in turn;
+  // backwards the same groups through the chunks in reverse (Megatron-LM's interleaved 1F1B,
+  // Narayanan et al. 2021 Sec. 2.2; with one chunk, plain 1F1B).
+  std::vector<Op> forwards, backwards;
+  for (int group = 0; group * stages < microbatches; ++group) {
+    const int first = group * stages, size = std::min(stages, microbatches - first);
+    for (int c = 0; c < chunks; ++c)
+      for (int j = 0; j < size; ++j) {
+        forwards.push_back({false, c, first + j});
+        backwards.push_back({true, chunks - 1 - c, first + j});
+      }
   }
-  for (int j = microbatches - warmup; j < microbatches; ++j) ops.push_back({true, j});
+  const int total = microbatches * chunks;
+  // Warm-up forwards: pp - i - 1 for 1F1B; 2 (pp - i - 1) + (v - 1) pp interleaved, and all of
+  // them when there are only pp micro-batches (Megatron-LM's schedules.py).
+  int warmup = chunks == 1 ? stages - stage - 1 : 2 * (stages - stage - 1) + (chunks - 1) * stages;
+  if (chunks > 1 && microbatches == stages) warmup = total;
+  warmup = std::min(warmup, total);
+  for (int k = 0; k < warmup; ++k) ops.push_back(forwards[k]);
+  for (int k = 0; k < total - warmup; ++k) {
+    ops.push_back(forwards[warmup + k]);
+    ops.push_back(backwards[k]);
+  }
+  for (int k = total - warmup; k < total; ++k) ops.push_back(backwards[k]);
   return ops;
 }
 
-}  // namespace
-
-PipelineTimeline play_pipeline(const std::vector<PipelineStage>& stages, int microbatches, Schedule schedule,
-                               const std::function<double(int)>& speed) {
-  if (schedule == Schedule::interleaved) throw std::logic_error("play_pipeline: interleaved is not played out");
+// Every operation of the step, in order.
+PipelineTimeline play_all(const std::vector<PipelineStage>& stages, int microbatches, Schedule schedule, int chunks,
+                          const std::function<double(int)>& speed) {
   const int p = static_cast<int>(stages.size());
   std::vector<std::vector<Op>> order(p);
-  for (int i = 0; i < p; ++i) order[i] = stage_order(i, p, microbatches, schedule);
-  // done[i][2j] / done[i][2j+1]: stage i finished micro-batch j's forward / backward.
-  std::vector<std::vector<char>> done(p, std::vector<char>(2 * microbatches, 0));
+  for (int i = 0; i < p; ++i) order[i] = stage_order(i, p, microbatches, chunks, schedule);
+  // done[i][index(op)]: stage i finished that operation.
+  auto index = [&](bool backward, int chunk, int microbatch) {
+    return (2 * chunk + (backward ? 1 : 0)) * microbatches + microbatch;
+  };
+  std::vector<std::vector<char>> done(p, std::vector<char>(2 * chunks * microbatches, 0));
+  // Its input: a forward takes the activation of the chunk before it in the model (the previous
+  // stage's, or the last stage's previous chunk), a backward the gradient of the chunk after it
+  // (the next stage's, or stage 0's next chunk), and its own forward.
+  auto ready = [&](int i, const Op& op) {
+    const int j = op.microbatch, c = op.chunk;
+    if (!op.backward) {
+      if (i > 0) return done[i - 1][index(false, c, j)] != 0;
+      return c == 0 || done[p - 1][index(false, c - 1, j)] != 0;
+    }
+    if (!done[i][index(false, c, j)]) return false;
+    if (i < p - 1) return done[i + 1][index(true, c, j)] != 0;
+    return c == chunks - 1 || done[0][index(true, c + 1, j)] != 0;
+  };
   std::vector<size_t> next(p, 0);
   std::vector<double> left(p, -1);  // work seconds left of the running operation; < 0: not started
   PipelineTimeline out;
@@ -49,12 +82,10 @@ PipelineTimeline play_pipeline(const std::vector<PipelineStage>& stages, int mic
     for (int i = 0; i < p; ++i) {
       if (next[i] == order[i].size()) continue;
       const Op op = order[i][next[i]];
-      // A forward needs the previous stage's activation, a backward the next stage's gradient
-      // (the last stage's backward follows its own forward, earlier in its order).
-      const bool ready = op.backward ? (i == p - 1 || done[i + 1][2 * op.microbatch + 1])
-                                     : (i == 0 || done[i - 1][2 * op.microbatch]);
-      if (!ready) continue;
-      if (left[i] < 0) left[i] = op.backward ? stages[i].backward_s : stages[i].forward_s;
+      if (left[i] < 0) {
+        if (!ready(i, op)) continue;
+        left[i] = (op.backward ? stages[i].backward_s : stages[i].forward_s) / chunks;
+      }
       running.push_back(i);
     }
     if (running.empty()) break;
@@ -68,13 +99,34 @@ PipelineTimeline play_pipeline(const std::vector<PipelineStage>& stages, int mic
       left[i] -= first;
       if (left[i] <= 1e-12 * (stages[i].forward_s + stages[i].backward_s)) {
         const Op op = order[i][next[i]++];
-        done[i][2 * op.microbatch + (op.backward ? 1 : 0)] = 1;
+        done[i][index(op.backward, op.chunk, op.microbatch)] = 1;
         left[i] = -1;
       }
     }
   }
   for (int i = 0; i < p; ++i)
     if (next[i] != order[i].size()) throw std::logic_error("play_pipeline: the schedule deadlocked");
+  return out;
+}
+
+}  // namespace
+
+PipelineTimeline play_pipeline(const std::vector<PipelineStage>& stages, int microbatches, Schedule schedule,
+                               int chunks, const std::function<double(int)>& speed, bool extrapolate) {
+  if (schedule != Schedule::interleaved) chunks = 1;
+  const int p = static_cast<int>(stages.size());
+  // Past 1F1B's fill, every further group of p micro-batches adds the same time to the step (the
+  // steady state repeats), so a long step is played for two lengths that keep its last, possibly
+  // partial, group and extended linearly: the planner's cost stays that of ~4p micro-batches.
+  // (GPipe's forwards queue up in front of a slower stage, so its step is not linear in them.)
+  const int shorter = 3 * p + microbatches % p, longer = shorter + p;
+  if (!extrapolate || schedule == Schedule::gpipe || microbatches < longer + p)
+    return play_all(stages, microbatches, schedule, chunks, speed);
+  const PipelineTimeline a = play_all(stages, shorter, schedule, chunks, speed);
+  PipelineTimeline out = play_all(stages, longer, schedule, chunks, speed);
+  const double periods = double(microbatches - longer) / p;
+  out.makespan_s += periods * (out.makespan_s - a.makespan_s);
+  for (int i = 0; i < p; ++i) out.busy_s[i] += periods * (out.busy_s[i] - a.busy_s[i]);
   return out;
 }
 

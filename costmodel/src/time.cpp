@@ -167,7 +167,7 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
   r.hidden_comm_s = microbatches * c.hidden;
 
   if (p.pp > 1) {
-    if (cluster.cores_per_node > 0 && p.schedule != Schedule::interleaved) {
+    if (cluster.cores_per_node > 0) {
       // Ranks that share cores: a stage that waits hands its cores to the stages that work, so the
       // fill, the drain and the waits inside 1F1B's steady state run faster than the steady state
       // (every other machine: the closed form below). Played out (pipeline.h); the critical stage's
@@ -175,7 +175,7 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
       std::vector<PipelineStage> stages;
       for (const StageTime& s : st) stages.push_back({s.fwd + s.fwd_comm, s.total() - s.fwd - s.fwd_comm});
       const double all = core_share(cluster, p.world_size());
-      const PipelineTimeline run = play_pipeline(stages, microbatches, p.schedule, [&](int running) {
+      const PipelineTimeline run = play_pipeline(stages, microbatches, p.schedule, p.vpp, [&](int running) {
         return core_share(cluster, std::max(1, p.world_size() * running / p.pp)) / all;
       });
       const double busy_s = run.busy_s[critical];

@@ -173,6 +173,15 @@ TEST_CASE("ranks that share cores fill each other's pipeline waits", "[time]") {
   TimeBreakdown closed = estimate_time(m, Network(dedicated, 4), t, four);
   CHECK(pipeline_s(r) < 2 * pipeline_s(closed) - 0.5 * (closed.forward_s + closed.backward_s) / 4);
 
+  // The same with the interleaved schedule (2 chunks per stage): played out the same way.
+  ParallelConfig interleaved = four;
+  interleaved.vpp = 2;
+  interleaved.schedule = Schedule::interleaved;
+  r = estimate_time(m, Network(c, 4), t, interleaved);
+  TimeBreakdown closed_interleaved = estimate_time(m, Network(dedicated, 4), t, interleaved);
+  CHECK(pipeline_s(r) >= 4 * model_s * (1 - 1e-9));
+  CHECK(pipeline_s(r) < 2 * pipeline_s(closed_interleaved));
+
   // pp 2 on 2 cores: each rank has a core, and one alone runs lone_rank_speedup faster, so the waits
   // are partly filled: between perfectly packed and the closed form's (m + p - 1) slots.
   ParallelConfig two{.tp = 1, .pp = 2, .dp = 1};

@@ -26,10 +26,13 @@ struct PipelineTimeline {
 };
 
 // `speed(k)`: how much faster than the all-stages pace each stage runs while k of them run
-// (speed(stages) = 1). Schedules: GPipe (all forwards, then all backwards) and 1F1B
-// (pp - i - 1 warm-up forwards on stage i, then alternating, as Megatron-LM and the executor run it).
-// REQUIRES: stages non-empty, microbatches >= 1, schedule is not interleaved, speed(k) > 0.
+// (speed(stages) = 1). Schedules as Megatron-LM runs them: GPipe (all forwards, then all
+// backwards), 1F1B (pp - i - 1 warm-up forwards on stage i, then alternating; the executor's too)
+// and interleaved 1F1B over `chunks` model chunks per stage, each with 1/chunks of its work.
+// A 1F1B or interleaved step of more than about 5 pp micro-batches is played for about 4 pp and
+// its steady state extended (`extrapolate` = false plays every one, for tests).
+// REQUIRES: stages non-empty, microbatches >= 1 (>= stages interleaved), chunks >= 1, speed(k) > 0.
 PipelineTimeline play_pipeline(const std::vector<PipelineStage>& stages, int microbatches, Schedule schedule,
-                               const std::function<double(int)>& speed);
+                               int chunks, const std::function<double(int)>& speed, bool extrapolate = true);
 
 }  // namespace dplan::costmodel

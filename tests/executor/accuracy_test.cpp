@@ -124,14 +124,23 @@ TEST_CASE("probe, predict, run, calibrate: the cost model against measured step 
   for (int round = 0; round < kRounds; ++round)
     for (Case& c : cases) run_once(c, dir.path());
   int within_20 = 0;
-  std::printf("%-16s %10s %10s %8s %8s   (probe alone)\n", "layout", "pred (ms)", "meas (ms)", "error", "spread");
+  std::vector<double> errors;
   for (size_t i = 0; i < cases.size(); ++i) {
-    Case& c = cases[i];
-    summarize(c);
-    const double e = error(predicted[i], c.measured_s);
+    summarize(cases[i]);
+    errors.push_back(error(predicted[i], cases[i].measured_s));
+  }
+  // "vs median": the error against the layouts' median error, (1 + e) / (1 + median) - 1: what is
+  // left when the probe's pace and the runs' differ alike for every layout (the machine, not the
+  // model, moved in between).
+  const double median_error = quantile(errors, 0.5);
+  std::printf("%-16s %10s %10s %8s %8s %10s   (probe alone)\n", "layout", "pred (ms)", "meas (ms)", "error", "spread",
+              "vs median");
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const double e = errors[i];
     within_20 += std::abs(e) <= 0.20;
-    std::printf("%-16s %10.1f %10.1f %+7.1f%% %7.1f%%\n", c.name.c_str(), predicted[i] * 1e3, c.measured_s * 1e3, 100 * e,
-                100 * c.spread);
+    std::printf("%-16s %10.1f %10.1f %+7.1f%% %7.1f%% %+9.1f%%\n", c.name.c_str(), predicted[i] * 1e3, c.measured_s * 1e3,
+                100 * e, 100 * c.spread, 100 * ((1 + e) / (1 + median_error) - 1));
   }
   std::fflush(stdout);
 

@@ -196,6 +196,31 @@ TEST_CASE("ranks that share cores fill each other's pipeline waits", "[time]") {
   CHECK_THAT(closed.pp_bubble_s, WithinRel((closed.forward_s + closed.backward_s) / 4, 1e-9));
 }
 
+TEST_CASE("tensor-parallel groups beyond the cores fill each other's waits", "[time]") {
+  ModelSpec m = store().load_model("gpt-small");
+  ClusterSpec c = store().load_cluster("local-cpu");
+  c.gpus_per_node = 4;
+  c.cores_per_node = 2;
+  TrainingSpec t{.seq_len = 256, .global_batch = 8, .precision = Precision::fp32};
+  // tp 2 on 2 cores: a core per rank, nothing to fill; its 8 micro-batches' compute and tp waits.
+  TimeBreakdown two = estimate_time(m, Network(c, 2), t, ParallelConfig{.tp = 2, .pp = 1, .dp = 1});
+  const double compute_s = two.forward_s + two.backward_s, waits_s = two.tp_comm_s;
+  REQUIRE(waits_s > 0);
+  // tp 2 x dp 2 on 2 cores: two groups of 4 micro-batches each at half a core, so the ranks' work
+  // over the cores is tp 2's compute; one group alone has a core per rank, so its own path is half
+  // of tp 2's compute and half its waits. The step is the longer, the waits their own.
+  TimeBreakdown four = estimate_time(m, Network(c, 4), t, ParallelConfig{.tp = 2, .pp = 1, .dp = 2});
+  CHECK_THAT(four.forward_s + four.backward_s + four.tp_comm_s,
+             WithinRel(std::max(compute_s, compute_s / 2 + waits_s / 2), 1e-9));
+  CHECK_THAT(four.tp_comm_s, WithinRel(waits_s / 2, 1e-9));
+  // Where the cores are not shared, the groups do not meet: compute and waits as they are.
+  ClusterSpec dedicated = c;
+  dedicated.cores_per_node = 0;
+  TimeBreakdown gpu = estimate_time(m, Network(dedicated, 4), t, ParallelConfig{.tp = 2, .pp = 1, .dp = 2});
+  CHECK_THAT(gpu.tp_comm_s, WithinRel(waits_s / 2, 1e-9));
+  CHECK_THAT(gpu.forward_s + gpu.backward_s, WithinRel(compute_s / 2, 1e-9));
+}
+
 TEST_CASE("a tied embedding on separate first and last stages costs one all-reduce between them per step",
           "[time]") {
   ModelSpec m = store().load_model("gpt3-175b");  // tied: the LM head is the token embedding

@@ -197,28 +197,24 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
   }
 
   // Ranks beyond the cores in several tensor-parallel groups (pp 1): between the data-parallel
-  // syncs the groups run independently, and while one waits in its collectives (on Gloo mostly
-  // waiting: a 128 KiB all-reduce takes about 3 ms here) the others compute on the cores it leaves,
-  // the processor sharing the pipeline play-out above assumes too. A rank's step is then the longer
-  // of the ranks' work over the cores (compute at the shared pace) and its own path (compute at the
-  // pace its group has alone, plus its waits at the pace of ranks that do not share cores); its
-  // waits are those, its compute the rest. (Measured tp 2 x dp 2 over tp 2 on 2 cores: 0.61-1.05
-  // of the step over 22 runs, averaging 0.83; this gives 0.81 from a probe here, the even share 1.0.)
+  // syncs the groups run independently, and while one waits in its collectives the others compute
+  // on the cores it leaves, the processor sharing the pipeline play-out above assumes too. A rank's
+  // step is then the longer of the ranks' work over the cores (compute at the shared pace) and its
+  // own path: its compute at the pace its group has alone, plus its waits, which time-sharing
+  // stretches as before (a partner that has no core does not answer). Its waits stay, its compute
+  // is the rest. (Measured tp 2 x dp 2 over tp 2 on 2 cores, gpt-small: 0.61-1.05 of the step over
+  // 22 runs, averaging 0.83; this gives 0.81 from a probe here, the even share 1.0. gpt-tiny, whose
+  // steps are mostly tp waits: measured 1.07, this 0.87, waits at the unshared pace 0.6.)
   if (cluster.cores_per_node > 0 && p.pp == 1 && r.tp_comm_s > 0) {
     const int ranks = std::min(p.world_size(), cluster.gpus_per_node);
     if (ranks > cluster.cores_per_node && ranks / p.tp > 1) {
-      const double all = core_share(cluster, p.world_size());
       const double compute_s = r.forward_s + r.backward_s + r.recompute_s;
-      // The network scaled measured collectives by max(measured_scale, 1 / share), modelled ones by
-      // 1 / share (collectives.cpp); the waits of ranks that do not share cores are without it.
-      const double waits_s = r.tp_comm_s * std::min(1.0, all * cluster.intra_node.measured_scale);
-      const double alone_s = compute_s * all / core_share(cluster, p.tp);
-      const double step_s = std::max(compute_s, alone_s + waits_s);
-      const double pace = compute_s > 0 ? (step_s - waits_s) / compute_s : 1;
+      const double alone_s = compute_s * core_share(cluster, p.world_size()) / core_share(cluster, p.tp);
+      const double step_s = std::max(compute_s, alone_s + r.tp_comm_s);
+      const double pace = compute_s > 0 ? (step_s - r.tp_comm_s) / compute_s : 1;
       r.forward_s *= pace;
       r.backward_s *= pace;
       r.recompute_s *= pace;
-      r.tp_comm_s = waits_s;
     }
   }
 

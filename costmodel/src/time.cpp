@@ -174,10 +174,12 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
       // phases take the pace it ran at, and its waits are the bubble.
       std::vector<PipelineStage> stages;
       for (const StageTime& s : st) stages.push_back({s.fwd + s.fwd_comm, s.total() - s.fwd - s.fwd_comm});
+      // The speed with k stages running, once per layout rather than once per event.
       const double all = core_share(cluster, p.world_size());
-      const PipelineTimeline run = play_pipeline(stages, microbatches, p.schedule, p.vpp, [&](int running) {
-        return core_share(cluster, std::max(1, p.world_size() * running / p.pp)) / all;
-      });
+      std::vector<double> speed(p.pp + 1);
+      for (int k = 1; k <= p.pp; ++k) speed[k] = core_share(cluster, std::max(1, p.world_size() * k / p.pp)) / all;
+      const PipelineTimeline run =
+          play_pipeline(stages, microbatches, p.schedule, p.vpp, [&](int running) { return speed[running]; });
       const double busy_s = run.busy_s[critical];
       const double pace = c.total() > 0 ? busy_s / (microbatches * c.total()) : 1;
       for (double* phase : {&r.forward_s, &r.backward_s, &r.recompute_s, &r.tp_comm_s, &r.cp_comm_s, &r.ep_comm_s,

@@ -144,6 +144,7 @@ Group world_group(const c10::intrusive_ptr<c10d::Store>& store, const Place& pla
 // Each rank bumps its counter every kBeat over its own store connection; a rank whose counter
 // stands still for several beats is gone. That is how a survivor names the rank that died.
 constexpr auto kBeat = std::chrono::milliseconds(250);
+constexpr int kStaleBeats = 6;  // a peer is gone when it missed this many of my own beats
 
 class Heartbeat {
  public:
@@ -179,7 +180,13 @@ std::string diagnose(const c10::intrusive_ptr<c10d::Store>& store, const Place& 
     // A survivor that already named the culprit wrote it down; agree with it.
     std::vector<int64_t> before(place.world), after(place.world);
     for (int r = 0; r < place.world; ++r) before[r] = store->add(Heartbeat::key(r), 0);
-    std::this_thread::sleep_for(kBeat * 6);
+    // The window is counted in my own beats, not on the wall clock: when the machine stalls (a busy
+    // host, a paused VM), my heartbeat stalls with everyone else's, and a peer that was merely not
+    // scheduled yet is not taken for dead. If my own beat has stopped, the wall clock decides.
+    const auto cap = std::chrono::steady_clock::now() + kBeat * kStaleBeats * 4;
+    do std::this_thread::sleep_for(kBeat);
+    while (store->add(Heartbeat::key(place.rank), 0) - before[place.rank] < kStaleBeats &&
+           std::chrono::steady_clock::now() < cap);
     for (int r = 0; r < place.world; ++r) after[r] = store->add(Heartbeat::key(r), 0);
     std::vector<int> stale;
     for (int r = 0; r < place.world; ++r)
@@ -188,7 +195,7 @@ std::string diagnose(const c10::intrusive_ptr<c10d::Store>& store, const Place& 
     std::string names;
     for (int r : stale) names += (names.empty() ? "" : ", ") + std::to_string(r);
     std::string mine = (stale.size() == 1 ? "rank " : "ranks ") + names + " stopped (no heartbeat for " +
-                       std::to_string(6 * kBeat.count()) + " ms)";
+                       std::to_string(kStaleBeats * kBeat.count()) + " ms)";
     // The first survivor to name a culprit records it; later ones (whose peers exited in the
     // cascade) report that root cause instead of everyone who has left since.
     std::vector<uint8_t> expected, desired(mine.begin(), mine.end());

@@ -170,7 +170,8 @@ int launch_local_ranks(std::vector<std::string> args, int world, double timeout_
   // Watch the ranks. The first that fails is the cause; the others get the collective timeout
   // (plus a margin) to notice and stop on their own, then they are killed.
   int failed_rank = -1, failed_status = 0;
-  std::string failure;
+  std::string failure, also_crashed;
+  bool we_killed_them = false;
   auto deadline = std::chrono::steady_clock::time_point::max();
   while (!rank_of.empty()) {
     int wstatus = 0;
@@ -185,6 +186,10 @@ int launch_local_ranks(std::vector<std::string> args, int world, double timeout_
         failure = "rank " + std::to_string(r) + " (pid " + std::to_string(pid) + ") " + describe_exit(wstatus);
         deadline = std::chrono::steady_clock::now() +
                    std::chrono::milliseconds(static_cast<int64_t>((timeout_s + 10) * 1000));
+      } else if (WIFSIGNALED(wstatus) && !we_killed_them) {
+        // A survivor that crashed in the cascade (rather than stopping with its own error line) is
+        // named too: its peers will have seen its heartbeat stop as well.
+        also_crashed += "; rank " + std::to_string(r) + " then " + describe_exit(wstatus);
       }
       continue;
     }
@@ -192,10 +197,12 @@ int launch_local_ranks(std::vector<std::string> args, int world, double timeout_
       failed_rank = -2;
       failure = std::string("interrupted by ") + strsignal(g_interrupted);
       for (const auto& [p, r] : rank_of) ::kill(p, SIGTERM);
+      we_killed_them = true;
       deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     }
     if (std::chrono::steady_clock::now() > deadline) {
       for (const auto& [p, r] : rank_of) ::kill(p, SIGKILL);
+      we_killed_them = true;
       deadline = std::chrono::steady_clock::time_point::max();
       failure += "; ranks still running after the timeout were killed";
     }
@@ -203,7 +210,7 @@ int launch_local_ranks(std::vector<std::string> args, int world, double timeout_
   }
   if (failed_rank == -1) return 0;
   if (failed_status == 2) return 2;  // bad input: rank 0 has said what, as dplan's own error
-  std::cerr << "dplan: error: " << failure << "; the run stopped\n";
+  std::cerr << "dplan: error: " << failure << also_crashed << "; the run stopped\n";
   return 1;
 }
 

@@ -404,12 +404,20 @@ TEST_CASE("torchrun launches the same worker and it trains the same losses", "[e
   require_parity(run, reference("gpt-tiny", 8), "torchrun dp 2");
 }
 
-TEST_CASE("a rank killed mid-run stops the others within the timeout, and the error names it",
-          "[executor][fault]") {
-  TempDir dir;
+// Starts `dplan run` on pp 2 × dp 2 for good, waits until it trains, sends each listed rank its
+// signal (in order, `gap` apart), and waits for the launcher to stop. Returns its stderr.
+struct Killed {
+  std::string err;
+  int wstatus = 0;
+  double took_s = 0;  // from the first signal to the launcher's exit
+  std::map<int, pid_t> pid_of;
+};
+constexpr double kFaultTimeout = 20;
+
+Killed kill_ranks_mid_run(const TempDir& dir, const std::vector<std::pair<int, int>>& rank_signals,
+                          std::chrono::milliseconds gap = std::chrono::milliseconds(0)) {
   std::string plan = write_plan(dir, "gpt-tiny", {1, 2, 2}, 8);
   const std::string err_path = (dir.path() / "stderr").string();
-  constexpr double kTimeout = 20;
   pid_t launcher = ::fork();
   REQUIRE(launcher >= 0);
   if (launcher == 0) {
@@ -419,42 +427,71 @@ TEST_CASE("a rank killed mid-run stops the others within the timeout, and the er
     ::execl(DPLAN_BINARY, DPLAN_BINARY, "run", plan.c_str(), "--steps", "100000", "--timeout-s", "20", nullptr);
     ::_exit(127);
   }
-  // Wait for training to be under way, then kill rank 1 (found by its RANK in /proc/<pid>/environ).
+  // Wait for training to be under way, then find each rank by its RANK in /proc/<pid>/environ.
   auto started = std::chrono::steady_clock::now();
   while (read_file(err_path).find("step 3/") == std::string::npos) {
     REQUIRE(std::chrono::steady_clock::now() - started < std::chrono::seconds(60));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  pid_t victim = -1;
+  Killed k;
   std::string children = read_file("/proc/" + std::to_string(launcher) + "/task/" + std::to_string(launcher) + "/children");
   std::istringstream pids(children);
   for (pid_t pid; pids >> pid;) {
-    std::string environ_text = read_file("/proc/" + std::to_string(pid) + "/environ");
-    if (environ_text.find(std::string("RANK=1") + '\0') != std::string::npos &&
-        environ_text.find(std::string("LOCAL_RANK=1")) != std::string::npos)
-      victim = pid;
+    const std::string nul(1, '\0');
+    std::string environ_text = nul + read_file("/proc/" + std::to_string(pid) + "/environ");
+    for (int r = 0; r < 4; ++r)
+      if (environ_text.find(nul + "RANK=" + std::to_string(r) + nul) != std::string::npos) k.pid_of[r] = pid;
   }
-  REQUIRE(victim > 0);
+  REQUIRE(k.pid_of.size() == 4);
   auto killed_at = std::chrono::steady_clock::now();
-  REQUIRE(::kill(victim, SIGKILL) == 0);
-  int wstatus = 0;
+  for (const auto& [rank, sig] : rank_signals) {
+    REQUIRE(::kill(k.pid_of[rank], sig) == 0);
+    std::this_thread::sleep_for(gap);
+  }
   pid_t done = 0;
-  while ((done = ::waitpid(launcher, &wstatus, WNOHANG)) == 0) {
-    if (std::chrono::steady_clock::now() - killed_at > std::chrono::seconds(int(kTimeout) + 15)) {
+  while ((done = ::waitpid(launcher, &k.wstatus, WNOHANG)) == 0) {
+    if (std::chrono::steady_clock::now() - killed_at > std::chrono::seconds(int(kFaultTimeout) + 15)) {
       ::kill(launcher, SIGKILL);
-      FAIL("dplan run still running " << kTimeout + 15 << " s after rank 1 was killed");
+      FAIL("dplan run still running " << kFaultTimeout + 15 << " s after the ranks were killed");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  double took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
-  std::string err = read_file(err_path);
-  INFO(err);
-  CHECK(WIFEXITED(wstatus));
-  CHECK(WEXITSTATUS(wstatus) == 1);
-  CHECK(took_s < kTimeout);
-  CHECK_THAT(err, Contains("dplan: error: rank 1 (pid " + std::to_string(victim) + ") was killed by signal 9"));
-  // The survivors name the dead rank too, each in one line.
-  CHECK_THAT(err, Contains("rank 1 stopped (no heartbeat"));
+  k.took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  k.err = read_file(err_path);
+  return k;
+}
+
+TEST_CASE("a rank killed mid-run stops the others within the timeout, and the error names it",
+          "[executor][fault]") {
+  TempDir dir;
+  Killed k = kill_ranks_mid_run(dir, {{1, SIGKILL}});
+  INFO(k.err);
+  CHECK(WIFEXITED(k.wstatus));
+  CHECK(WEXITSTATUS(k.wstatus) == 1);
+  CHECK(k.took_s < kFaultTimeout);
+  CHECK_THAT(k.err, Contains("dplan: error: rank 1 (pid " + std::to_string(k.pid_of[1]) + ") was killed by signal 9"));
+  // The survivors name the dead rank too, each in one line: rank 1 alone, unless the launcher saw
+  // another rank crash in the cascade (then both stopped beating, and both are named).
+  if (k.err.find("; rank 2 then") == std::string::npos && k.err.find("; rank 0 then") == std::string::npos &&
+      k.err.find("; rank 3 then") == std::string::npos)
+    CHECK_THAT(k.err, Contains("rank 1 stopped (no heartbeat"));
+  else
+    CHECK_THAT(k.err, Contains("ranks 1, "));
+}
+
+TEST_CASE("a second rank that dies in the cascade is named by the launcher and by the survivors",
+          "[executor][fault]") {
+  TempDir dir;
+  // Rank 2 is frozen first (so it beats no more before the survivors look), then rank 1 dies, then
+  // rank 2: the launcher reaps them in that order.
+  Killed k = kill_ranks_mid_run(dir, {{2, SIGSTOP}, {1, SIGKILL}, {2, SIGSEGV}, {2, SIGCONT}},
+                                std::chrono::milliseconds(150));
+  INFO(k.err);
+  CHECK(WEXITSTATUS(k.wstatus) == 1);
+  CHECK(k.took_s < kFaultTimeout);
+  CHECK_THAT(k.err, Contains("dplan: error: rank 1 (pid " + std::to_string(k.pid_of[1]) +
+                             ") was killed by signal 9 (Killed); rank 2 then was killed by signal 11"));
+  CHECK_THAT(k.err, Contains("ranks 1, 2 stopped (no heartbeat"));
 }
 
 TEST_CASE("dplan probe measures this machine with local ranks and writes profiles that --cluster reads",

@@ -154,7 +154,8 @@ class Heartbeat {
         try {
           store_->add(key(rank_), 1);
         } catch (const std::exception&) {
-          return;  // the store is gone; the main thread will find out
+          // Keep trying: a beat that stopped while this rank still runs would name it as dead. If
+          // the store is gone for good, the main thread finds out in its next collective.
         }
         std::this_thread::sleep_for(kBeat);
       }
@@ -544,7 +545,7 @@ int train(const Args& args, const Place& place) {
   } catch (const InputError&) {
     throw;
   } catch (const std::exception& e) {
-    std::string culprit = diagnose(beat_store, place);
+    std::string culprit = diagnose(store, place);  // not the heartbeat thread's connection
     std::fprintf(stderr, "%srank %d: %s%s(%s)\n", prefix().c_str(), place.rank, culprit.c_str(),
                  culprit.empty() ? "" : "; stopping ", first_line(e.what()).c_str());
     if (place.rank == 0 && place.world > 1) std::this_thread::sleep_for(kBeat * 12);  // let survivors read the store

@@ -200,20 +200,42 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
 
   // Ranks beyond the cores in several tensor-parallel groups (pp 1): between the data-parallel
   // syncs the groups run independently, and while one waits in its collectives the others compute
-  // on the cores it leaves, the processor sharing the pipeline play-out above assumes too. A rank's
-  // step is then the longer of the ranks' work over the cores (compute at the shared pace) and its
-  // own path: its compute at the pace its group has alone, plus its waits, which time-sharing
-  // stretches as before (a partner that has no core does not answer). Its waits stay, its compute
-  // is the rest. (Measured tp 2 x dp 2 over tp 2 on 2 cores, gpt-small: 0.61-1.05 of the step over
-  // 22 runs, averaging 0.83; this gives 0.81 from a probe here, the even share 1.0. gpt-tiny, whose
-  // steps are mostly tp waits: measured 1.07, this 0.87, waits at the unshared pace 0.6.)
+  // on the cores it leaves (the processor sharing the pipeline play-out above assumes too). Its
+  // waits stay as they are, which time-sharing stretches (a partner that has no core does not
+  // answer); its compute C (at the pace its group has alone) takes wall time Tc, during which each
+  // of the other k - 1 groups computes at random with the probability q = Tc / (Tc + W) that it is
+  // not waiting, their phases being independent. With j of them computing beside it, the group runs
+  // at s(j) = share((1 + j) tp ranks) / share(tp ranks) of its alone pace, so
+  //     C = Tc * E[s(J)],  J ~ Binomial(k - 1, q),
+  // solved for Tc. No waits (W = 0) gives the even share (every group always computing); long waits
+  // give the group's alone pace. (Measured tp 2 x dp 2 over tp 2 on 2 cores, gpt-small: 0.61-1.05
+  // of the step over 29 runs, averaging 0.85; this gives 0.85 and 0.87 from two probes here, the
+  // even share 1.0, the group's alone pace plus its waits 0.69-0.81.)
   if (cluster.cores_per_node > 0 && p.pp == 1 && r.tp_comm_s > 0) {
     const int ranks = std::min(p.world_size(), cluster.gpus_per_node);
-    if (ranks > cluster.cores_per_node && ranks / p.tp > 1) {
+    const int groups = ranks / p.tp;
+    if (ranks > cluster.cores_per_node && groups > 1) {
       const double compute_s = r.forward_s + r.backward_s + r.recompute_s;
-      const double alone_s = compute_s * core_share(cluster, p.world_size()) / core_share(cluster, p.tp);
-      const double step_s = std::max(compute_s, alone_s + r.tp_comm_s);
-      const double pace = compute_s > 0 ? (step_s - r.tp_comm_s) / compute_s : 1;
+      const double alone = core_share(cluster, p.tp);
+      const double alone_s = compute_s * core_share(cluster, p.world_size()) / alone;
+      const double wait_s = r.tp_comm_s;
+      // E[s(J)] for a given Tc; Tc * E[s(J)] grows with Tc, from <= C at Tc = C to >= C at the
+      // even share, so bisection finds the one root.
+      auto mean_speed = [&](double tc_s) {
+        const double q = tc_s / (tc_s + wait_s);
+        double mean = 0, pick = 1;  // pick: C(k - 1, j)
+        for (int j = 0; j < groups; ++j) {
+          mean += pick * std::pow(q, j) * std::pow(1 - q, groups - 1 - j) * core_share(cluster, p.tp * (1 + j)) / alone;
+          pick = pick * (groups - 1 - j) / (j + 1);
+        }
+        return mean;
+      };
+      double lo_s = alone_s, hi_s = std::max(alone_s, compute_s);
+      for (int i = 0; i < 60 && hi_s - lo_s > 1e-9 * hi_s; ++i) {
+        const double mid_s = (lo_s + hi_s) / 2;
+        (mid_s * mean_speed(mid_s) < alone_s ? lo_s : hi_s) = mid_s;
+      }
+      const double pace = compute_s > 0 ? hi_s / compute_s : 1;
       r.forward_s *= pace;
       r.backward_s *= pace;
       r.recompute_s *= pace;

@@ -200,7 +200,7 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
 
   // Ranks beyond the cores in several tensor-parallel groups (pp 1): between the data-parallel
   // syncs the groups run independently, and while one waits in its collectives the others compute
-  // on the cores it leaves (the processor sharing the pipeline play-out above assumes too). Its
+  // on the cores it leaves (the processor sharing the pipeline play-out above assumes too). A group.s
   // waits stay as they are, which time-sharing stretches (a partner that has no core does not
   // answer); its compute C (at the pace its group has alone) takes wall time Tc, during which each
   // of the other k - 1 groups computes at random with the probability q = Tc / (Tc + W) that it is
@@ -209,7 +209,7 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
   //     C = Tc * E[s(J)],  J ~ Binomial(k - 1, q),
   // solved for Tc. No waits (W = 0) gives the even share (every group always computing); long waits
   // give the group's alone pace. (Measured tp 2 x dp 2 over tp 2 on 2 cores, gpt-small: 0.61-1.05
-  // of the step over 29 runs, averaging 0.85; this gives 0.85 and 0.87 from two probes here, the
+  // of the step over 30 runs, averaging 0.85; this gives 0.81 and 0.83 from two probes here, the
   // even share 1.0, the group's alone pace plus its waits 0.69-0.81.)
   if (cluster.cores_per_node > 0 && p.pp == 1 && r.tp_comm_s > 0) {
     const int ranks = std::min(p.world_size(), cluster.gpus_per_node);

@@ -200,7 +200,7 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
 
   // Ranks beyond the cores in several tensor-parallel groups (pp 1): between the data-parallel
   // syncs the groups run independently, and while one waits in its collectives the others compute
-  // on the cores it leaves (the processor sharing the pipeline play-out above assumes too). A group.s
+  // on the cores it leaves (the processor sharing the pipeline play-out above assumes too). A group's
   // waits stay as they are, which time-sharing stretches (a partner that has no core does not
   // answer); its compute C (at the pace its group has alone) takes wall time Tc, during which each
   // of the other k - 1 groups computes at random with the probability q = Tc / (Tc + W) that it is

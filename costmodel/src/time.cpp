@@ -219,15 +219,18 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
       const double alone = core_share(cluster, p.tp);
       const double alone_s = compute_s * core_share(cluster, p.world_size()) / alone;
       const double wait_s = r.tp_comm_s;
+      std::vector<double> weighted_speed(groups);  // C(k - 1, j) s(j), once per layout
+      double pick = 1;
+      for (int j = 0; j < groups; ++j) {
+        weighted_speed[j] = pick * core_share(cluster, p.tp * (1 + j)) / alone;
+        pick = pick * (groups - 1 - j) / (j + 1);
+      }
       // E[s(J)] for a given Tc; Tc * E[s(J)] grows with Tc, from <= C at Tc = C to >= C at the
       // even share, so bisection finds the one root.
       auto mean_speed = [&](double tc_s) {
         const double q = tc_s / (tc_s + wait_s);
-        double mean = 0, pick = 1;  // pick: C(k - 1, j)
-        for (int j = 0; j < groups; ++j) {
-          mean += pick * std::pow(q, j) * std::pow(1 - q, groups - 1 - j) * core_share(cluster, p.tp * (1 + j)) / alone;
-          pick = pick * (groups - 1 - j) / (j + 1);
-        }
+        double mean = 0;
+        for (int j = 0; j < groups; ++j) mean += weighted_speed[j] * std::pow(q, j) * std::pow(1 - q, groups - 1 - j);
         return mean;
       };
       double lo_s = alone_s, hi_s = std::max(alone_s, compute_s);

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "dplan/costmodel/errors.h"
+#include "dplan/costmodel/profile_edit.h"
 #include "dplan/planner/calibrate.h"
 #include "profile_files.h"
 
@@ -75,21 +76,20 @@ int run_calibrate(const CalibrateArgs& a, const planner::ProfileStore& store) {
   json profile = read_json_file(cluster_path);
   json& cluster = profile.at("cluster");
   cluster["name"] = a.name.empty() ? base.name + "-calibrated" : a.name;
-  const ClusterSpec& c = cal.cluster;
+  // The fitted figures in the profile's units (to_json, the one writer of profile figures).
+  const json fitted = costmodel::to_json(cal.cluster);
   for (const auto& p : cal.parameters) {
     if (p == "intra_node.measured_scale") {
-      cluster["intra_node"]["measured_scale"] = c.intra_node.measured_scale;
+      costmodel::put_figures(cluster, costmodel::pick_figures(fitted, {"intra_node.measured_scale"}));
     } else if (p.starts_with("intra_node")) {
-      cluster["intra_node"]["efficiency"] = c.intra_node.efficiency_fraction;
-      cluster["intra_node"]["latency_us"] = c.intra_node.latency_s * 1e6;
+      costmodel::put_figures(cluster, costmodel::pick_figures(fitted, {"intra_node.efficiency", "intra_node.latency_us"}));
     } else if (p == "comm_overlap") {
-      cluster["comm_overlap"] = {{"fraction", c.comm_overlap_fraction},
+      cluster["comm_overlap"] = {{"fraction", fitted.at("comm_overlap").at("fraction")},
                                  {"source", source + (cluster.contains("comm_overlap")
                                                           ? cluster["comm_overlap"].value("source", std::string())
                                                           : std::string("default: full overlap"))}};
     } else if (p.starts_with("inter_node")) {
-      cluster["inter_node"]["efficiency"] = c.nic_efficiency_fraction;
-      cluster["inter_node"]["latency_us"] = c.inter_node_latency_s * 1e6;
+      costmodel::put_figures(cluster, costmodel::pick_figures(fitted, {"inter_node.efficiency", "inter_node.latency_us"}));
     }
   }
   for (const char* tier : {"intra_node", "inter_node"}) {
@@ -100,8 +100,7 @@ int run_calibrate(const CalibrateArgs& a, const planner::ProfileStore& store) {
   json gpu_file = read_json_file(gpu_file_of(cluster_path, store));
   json& gpu = gpu_file.at("gpu");
   gpu["name"] = cluster["name"].get<std::string>() + "-gpu";
-  gpu["sustained_fraction"] = c.gpu.sustained_fraction;
-  gpu["memory_efficiency"] = c.gpu.memory_efficiency;
+  costmodel::put_figures(gpu, costmodel::pick_figures(fitted.at("gpu"), {"sustained_fraction", "memory_efficiency"}));
   for (const auto& p : cal.parameters)
     if (p.starts_with("gpu.")) gpu["sources"][p.substr(4)] = source + gpu["sources"].value(p.substr(4), std::string());
   write_profiles(profile, gpu_file, a.output, store);

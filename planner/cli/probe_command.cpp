@@ -10,6 +10,7 @@
 
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/json_io.h"
+#include "dplan/costmodel/profile_edit.h"
 #include "dplan/planner/gpu_probe.h"
 #include "dplan/planner/nccl_tests.h"
 #include "profile_files.h"
@@ -54,28 +55,17 @@ void print_changes(const json& before, const json& after) {
     std::printf("  %-24s %12.4g -> %.4g\n", key.c_str(), before[key].get<double>(), value.get<double>());
 }
 
-// The fitted figures as they appear in a cluster file, by tier.
+// The fitted figures as they appear in a cluster file, by tier (in the file's units: to_json's).
 json tier_figures(const ClusterSpec& c, const std::string& tier) {
-  if (tier == "inter_node")
-    return {{"efficiency", c.nic_efficiency_fraction},
-            {"half_bandwidth_mib", c.inter_node_half_bandwidth_bytes / kMiB},
-            {"latency_us", c.inter_node_latency_s * 1e6}};
-  json j = {{"efficiency", c.intra_node.efficiency_fraction},
-            {"half_bandwidth_mib", c.intra_node.half_bandwidth_bytes / kMiB},
-            {"latency_us", c.intra_node.latency_s * 1e6}};
-  if (c.nvls) {
-    j["nvls_efficiency"] = c.nvls_efficiency_fraction;
-    j["nvls_half_bandwidth_mib"] = c.nvls_half_bandwidth_bytes / kMiB;
-  }
-  return j;
+  std::vector<std::string> keys = {"efficiency", "half_bandwidth_mib", "latency_us"};
+  if (tier != "inter_node" && c.nvls) keys.insert(keys.end(), {"nvls_efficiency", "nvls_half_bandwidth_mib"});
+  return costmodel::pick_figures(costmodel::to_json(c).at(tier == "inter_node" ? "inter_node" : "intra_node"), keys);
 }
 
 // The fitted figures as they appear in a GPU file.
 json gpu_figures(const GpuSpec& g) {
-  return {{"matmul.max_efficiency", g.matmul_max_efficiency},
-          {"matmul.sm_count", g.sm_count},
-          {"matmul.kernel_overhead_us", g.kernel_overhead_s * 1e6},
-          {"memory_efficiency", g.memory_efficiency}};
+  return costmodel::pick_figures(
+      costmodel::to_json(g), {"matmul.max_efficiency", "matmul.sm_count", "matmul.kernel_overhead_us", "memory_efficiency"});
 }
 
 // Puts a one-node run's timings, every size, into `cluster`'s intra-node tier,
@@ -133,7 +123,7 @@ void import_nccl_tests(const std::string& path, const ProbeArgs& a, double min_s
   std::printf("rms log error: %.3f before, %.3f after\n", fit.rms_log_error_before, fit.rms_log_error_after);
 
   json& tier = cluster.at(fit.tier);
-  for (const auto& [key, value] : after.items()) tier[key] = value;
+  costmodel::put_figures(tier, after);
   char source[512];
   std::snprintf(source, sizeof source,
                 "fitted by dplan probe to %s (%s, %d ranks, %d nodes, %zu sizes; rms log error of the time %.3f "
@@ -181,12 +171,10 @@ json import_gpu_probe(const planner::GpuProbe& probe, const GpuSpec& base, const
   json file = read_json_file(base_gpu_file);
   json& gpu = file.at("gpu");
   gpu["name"] = name;
-  gpu["matmul"]["max_efficiency"] = fit.gpu.matmul_max_efficiency;
-  gpu["matmul"]["sm_count"] = fit.gpu.sm_count;
-  gpu["matmul"]["kernel_overhead_us"] = fit.gpu.kernel_overhead_s * 1e6;
-  gpu["matmul"]["measured"] = costmodel::to_json(fit.gpu).at("matmul").at("measured");
-  gpu["memory_efficiency"] = fit.gpu.memory_efficiency;
-  gpu["sustained_fraction"] = fit.gpu.sustained_fraction;
+  costmodel::put_figures(gpu, costmodel::pick_figures(costmodel::to_json(fit.gpu),
+                                                     {"matmul.max_efficiency", "matmul.sm_count",
+                                                      "matmul.kernel_overhead_us", "matmul.measured",
+                                                      "memory_efficiency", "sustained_fraction"}));
   char source[512];
   std::snprintf(source, sizeof source,
                 "fitted by dplan probe to %s (%s, %zu GEMMs; rms log error of the time %.3f before, %.3f after); the "

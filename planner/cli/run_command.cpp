@@ -17,6 +17,7 @@
 
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/json_io.h"
+#include "dplan/costmodel/plan_file.h"
 #include "dplan/costmodel/training.h"
 
 extern char** environ;
@@ -100,10 +101,7 @@ void on_signal(int sig) { g_interrupted = sig; }
 
 int run_run(const RunArgs& a) {
   // Check what can be checked before starting anything: the plan's shape and the output folder.
-  json plan = read_json_file(a.plan_path);
-  if (!plan.is_object() || !plan.contains("parallel"))
-    throw InputError(a.plan_path + ": not a plan (no \"parallel\"); write one with dplan ... -o plan.json");
-  const int world = costmodel::parallel_from_json(plan["parallel"], a.plan_path, "/parallel").world_size();
+  const int world = costmodel::read_plan(a.plan_path).parallel.world_size();
   if (!a.output.empty()) {
     fs::path dir = fs::absolute(a.output).parent_path();
     if (!fs::is_directory(dir)) throw InputError("-o " + a.output + ": folder " + dir.string() + " does not exist");

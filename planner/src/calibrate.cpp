@@ -6,6 +6,8 @@
 
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/json_io.h"
+#include "dplan/costmodel/plan_file.h"
+#include "dplan/costmodel/run_record.h"
 #include "fit.h"
 
 namespace dplan::planner {
@@ -55,37 +57,28 @@ struct Targets {
 }  // namespace
 
 CalibrationRun read_calibration_run(const std::string& run_file) {
-  const json run = read_json_file(run_file);
+  const costmodel::RunRecord run = costmodel::read_run_record(run_file);
   CalibrationRun r;
   r.file = run_file;
-  if (!run.is_object() || !run.contains("plan") || !run.contains("step_time_s"))
-    throw InputError(run_file + ": not a run.json written by dplan run (no \"plan\" or \"step_time_s\")");
-  r.measured_step_s = run["step_time_s"].value("median", 0.0);
+  r.measured_step_s = run.step_time.median_s;
   if (!(r.measured_step_s > 0)) throw InputError(run_file + ": /step_time_s/median must be a positive number");
-  if (run.contains("phases_s") && run["phases_s"].is_object()) {
-    const json& ph = run["phases_s"];
-    for (const char* key : {"forward", "backward", "optimizer"}) r.measured_compute_s += ph.value(key, 0.0);
+  for (const char* key : {"forward", "backward", "optimizer"}) {
+    auto phase = run.phases_s.find(key);
+    r.measured_compute_s += phase == run.phases_s.end() ? 0.0 : phase->second;
   }
-  r.plan_file = run["plan"].get<std::string>();
+  r.plan_file = run.plan;
   if (!fs::exists(r.plan_file)) {
     const fs::path beside = fs::path(run_file).parent_path() / fs::path(r.plan_file).filename();
     if (!fs::exists(beside))
       throw InputError(run_file + ": the plan it ran, " + r.plan_file + ", is neither there nor beside the run.json");
     r.plan_file = beside.string();
   }
-  const json plan = read_json_file(r.plan_file);
-  for (const char* key : {"model", "training", "parallel"})
-    if (!plan.contains(key)) throw InputError(r.plan_file + ": missing \"" + key + "\"; is this a plan written by dplan -o?");
-  r.model = costmodel::model_from_json(plan["model"], r.plan_file, "/model");
-  r.training = costmodel::training_from_json(plan["training"], r.plan_file, "/training");
-  r.parallel = costmodel::parallel_from_json(plan["parallel"], r.plan_file, "/parallel");
-  r.layout = plan["model"].dump() + plan["training"].dump() + plan["parallel"].dump();
-  if (plan.contains("overlap")) {
-    const json& o = plan["overlap"];
-    r.overlap.grad_reduce = o.value("grad_reduce", r.overlap.grad_reduce);
-    r.overlap.param_gather = o.value("param_gather", r.overlap.param_gather);
-    r.overlap.tp_comm = o.value("tp_comm", r.overlap.tp_comm);
-  }
+  const costmodel::Plan plan = costmodel::read_plan(r.plan_file);
+  r.model = plan.model;
+  r.training = plan.training;
+  r.parallel = plan.parallel;
+  r.overlap = plan.overlap;
+  r.layout = to_json(plan.model).dump() + to_json(plan.training).dump() + to_json(plan.parallel).dump();
   return r;
 }
 

@@ -67,46 +67,6 @@ struct Layout {
   }
 };
 
-Layout read_layout(ObjectReader layout) {
-  Layout l;
-  l.tp = layout.positive_int("tp");
-  l.pp = layout.positive_int("pp");
-  l.dp = layout.positive_int("dp");
-  l.cp = layout.has("cp") ? layout.positive_int("cp") : 1;
-  return l;
-}
-
-void check_format_version(ObjectReader& reader) {
-  long long version = reader.positive_int("format_version");
-  if (version != 1)
-    throw InputError(reader.where("format_version") + ": expected 1 (this dplan reads format 1), got " +
-                     std::to_string(version));
-}
-
-// stage_of_rank as ints, checked against the layout: world size entries, each in [0, pp), and
-// every stage holding at least one rank.
-std::vector<int> read_stage_of_rank(ObjectReader& run, const Layout& layout) {
-  const json& list = run.raw("stage_of_rank");
-  const std::string where = run.where("stage_of_rank");
-  if (!list.is_array()) throw InputError(where + ": expected a list of stages, got " + describe_json_value(list));
-  const long long world = layout.tp * layout.cp * layout.dp * layout.pp;
-  if (static_cast<long long>(list.size()) != world)
-    throw InputError(where + ": expected " + std::to_string(world) + " entries (tp*cp*dp*pp), got " +
-                     std::to_string(list.size()));
-  std::vector<int> stages;
-  for (size_t r = 0; r < list.size(); ++r) {
-    const json& s = list[r];
-    if (!s.is_number_integer() || s.get<long long>() < 0 || s.get<long long>() >= layout.pp)
-      throw InputError(where + "/" + std::to_string(r) + ": expected a stage in 0.." + std::to_string(layout.pp - 1) +
-                       ", got " + describe_json_value(s));
-    stages.push_back(s.get<int>());
-  }
-  for (int stage = 0; stage < layout.pp; ++stage)
-    if (std::find(stages.begin(), stages.end(), stage) == stages.end())
-      throw InputError(where + ": no rank runs stage " + std::to_string(stage));
-  return stages;
-}
-
 }  // namespace
 
 std::optional<double> relative_error(double predicted, double measured) {
@@ -116,14 +76,14 @@ std::optional<double> relative_error(double predicted, double measured) {
 
 Comparison compare_plan_and_run(const json& plan_json, const std::string& plan_file, const json& run_json,
                                 const std::string& run_file) {
-  // Neither reader calls finish(): both files carry much more than compare needs.
-  ObjectReader plan(plan_json, plan_file);
-  ObjectReader run(run_json, run_file);
-  check_format_version(plan);
-  check_format_version(run);
+  return compare_plan_and_run(costmodel::plan_from_json(plan_json, plan_file), plan_file,
+                              costmodel::run_record_from_json(run_json, run_file), run_file);
+}
 
-  const Layout planned = read_layout(plan.object("parallel"));
-  const Layout measured_layout = read_layout(run.object("layout"));
+Comparison compare_plan_and_run(const costmodel::Plan& plan, const std::string& plan_file,
+                                const costmodel::RunRecord& run, const std::string& run_file) {
+  const Layout planned{plan.parallel.tp, plan.parallel.pp, plan.parallel.dp, plan.parallel.cp};
+  const Layout measured_layout{run.layout.tp, run.layout.pp, run.layout.dp, run.layout.cp};
   if (!(planned == measured_layout))
     throw InputError(plan_file + " and " + run_file + " do not belong together: " + plan_file + " plans " +
                      planned.describe() + ", " + run_file + " ran " + measured_layout.describe() +
@@ -135,54 +95,54 @@ Comparison compare_plan_and_run(const json& plan_json, const std::string& plan_f
   c.dp = static_cast<int>(planned.dp);
   c.cp = static_cast<int>(planned.cp);
 
-  ObjectReader prediction = plan.object("prediction");
-  ObjectReader measured_step = run.object("step_time_s");
+  // The prediction is read key by key; it carries more than compare needs (no finish()).
+  ObjectReader prediction(plan.prediction, plan_file, "/prediction");
   // run-json.md: step_time_s.median over the steps that are not warm-up; tokens_per_s is global
   // tokens per step / that median.
-  c.step_time_s = {prediction.positive_number("step_time_s"), measured_step.positive_number("median")};
-  if (measured_step.has("count")) c.measured_steps = measured_step.non_negative_int("count");
-  c.tokens_per_s = {prediction.positive_number("tokens_per_s"), run.non_negative_number("tokens_per_s")};
+  if (!(run.step_time.median_s > 0))
+    throw InputError(run_file + ": /step_time_s/median: expected a positive number, got " +
+                     describe_json_value(run.step_time.median_s));
+  c.step_time_s = {prediction.positive_number("step_time_s"), run.step_time.median_s};
+  c.measured_steps = run.step_time.count;
+  c.tokens_per_s = {prediction.positive_number("tokens_per_s"), run.tokens_per_s};
 
   ObjectReader predicted_time = prediction.object("time");
-  ObjectReader measured_phases = run.object("phases_s");
   for (const auto& m : kPhaseMappings) {
     double predicted = 0;
     for (const char* p : m.predicted) predicted += predicted_time.non_negative_number(p);
-    c.phases.push_back({m.measured, {predicted, measured_phases.non_negative_number(m.measured)}});
+    auto measured = run.phases_s.find(m.measured);
+    if (measured == run.phases_s.end())
+      throw InputError(run_file + ": /phases_s: missing key \"" + std::string(m.measured) + "\"");
+    c.phases.push_back({m.measured, {predicted, measured->second}});
   }
 
-  // Memory per stage: run-json.md keys "memory" by rank (as a string) and maps ranks to stages
-  // with "stage_of_rank"; a stage's measurement is its worst rank, as the plan's stage figure is
-  // what each of its GPUs must hold.
-  const std::vector<int> stage_of_rank = read_stage_of_rank(run, measured_layout);
+  // Memory per stage: run-json.md keys "memory" by rank and maps ranks to stages with
+  // "stage_of_rank"; a stage's measurement is its worst rank, as the plan's stage figure is what
+  // each of its GPUs must hold.
   const json& predicted_stages = prediction.object("memory").raw("stages");
   if (!predicted_stages.is_array() || static_cast<long long>(predicted_stages.size()) != planned.pp)
     throw InputError(plan_file + ": /prediction/memory/stages: expected a list of " + std::to_string(planned.pp) +
                      " stages (pp), got " + describe_json_value(predicted_stages));
-  ObjectReader measured_memory = run.object("memory");
-  // Looked up by hand: the reader's "a misspelling?" hint would point at another rank's number.
-  auto rank_memory = [&](int rank, int stage) {
-    const std::string key = std::to_string(rank);
-    if (!measured_memory.has(key))
-      throw InputError(run_file + ": /memory: missing key \"" + key + "\" (rank " + key + ", which runs stage " +
-                       std::to_string(stage) + ")");
-    return measured_memory.object(key);
-  };
   for (int stage = 0; stage < planned.pp; ++stage) {
     ObjectReader predicted(predicted_stages[stage], plan_file, "/prediction/memory/stages/" + std::to_string(stage));
     StageMemoryComparison s;
     s.stage = stage;
     s.predicted_reserve_bytes = predicted.non_negative_number("reserve_bytes");
-    for (size_t r = 0; r < stage_of_rank.size(); ++r)
-      if (stage_of_rank[r] == stage) s.ranks.push_back(static_cast<int>(r));
+    for (size_t r = 0; r < run.stage_of_rank.size(); ++r)
+      if (run.stage_of_rank[r] == stage) s.ranks.push_back(static_cast<int>(r));
     for (const auto& m : kMemoryMappings) {
       double predicted_bytes = 0;
       for (const char* p : m.predicted) predicted_bytes += predicted.non_negative_number(p);
       if (std::string(m.measured) == "peak") predicted_bytes -= s.predicted_reserve_bytes;
       double measured_bytes = 0;
-      for (int rank : s.ranks)
-        measured_bytes =
-            std::max(measured_bytes, rank_memory(rank, stage).non_negative_number(m.measured));
+      for (int rank : s.ranks) {
+        const std::map<std::string, long long>& components = run.memory_bytes.at(rank);
+        auto it = components.find(m.measured);
+        if (it == components.end())
+          throw InputError(run_file + ": /memory/" + std::to_string(rank) + ": missing key \"" +
+                           std::string(m.measured) + "\"");
+        measured_bytes = std::max(measured_bytes, static_cast<double>(it->second));
+      }
       s.components.push_back({m.measured, {predicted_bytes, measured_bytes}});
     }
     c.memory.push_back(std::move(s));
@@ -191,9 +151,8 @@ Comparison compare_plan_and_run(const json& plan_json, const std::string& plan_f
 }
 
 Comparison compare_files(const std::string& plan_path, const std::string& run_path) {
-  json plan = read_json_file(plan_path);
-  json run = read_json_file(run_path);
-  return compare_plan_and_run(plan, plan_path, run, run_path);
+  return compare_plan_and_run(costmodel::read_plan(plan_path), plan_path, costmodel::read_run_record(run_path),
+                              run_path);
 }
 
 namespace {

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "dplan/costmodel/errors.h"
+#include "dplan/costmodel/executor_support.h"
 
 namespace dplan::planner {
 using namespace costmodel;
@@ -19,13 +20,37 @@ int layout_complexity(const ParallelConfig& p) {
          p.sequence_parallel + p.offload_optimizer + (p.schedule == Schedule::interleaved);
 }
 
+namespace {
+TrainingSpec standard_attention() {
+  TrainingSpec t;
+  t.attention = Attention::standard;
+  return t;
+}
+}  // namespace
+
+// The space restricted, as a speed-up, by what executor_refusal (costmodel/executor_support.h)
+// refuses: each feature it refuses on its own is left out of the enumeration, which leaves exactly
+// the layouts it accepts (tests/planner/search_test.cpp checks it).
 SearchSpace SearchSpace::runnable_by_executor(int gpus) {
+  return runnable_by_executor(gpus, ModelSpec{}, standard_attention());
+}
+
+SearchSpace SearchSpace::runnable_by_executor(int gpus, const ModelSpec& model, const TrainingSpec& training) {
+  if (auto why = executor_refusal(model, training, ParallelConfig{})) throw InputError(*why);
+  auto runs = [&](void (*change)(ParallelConfig&)) {
+    ParallelConfig p;
+    change(p);
+    return !executor_refusal(model, training, p);
+  };
   SearchSpace s;
   s.gpus = gpus;
-  s.max_cp = 1;
-  s.max_vpp = 1;
-  s.allow_offload = false;
-  s.allow_expert_parallel = false;
+  if (!runs([](ParallelConfig& p) { p.cp = 2; })) s.max_cp = 1;
+  if (!runs([](ParallelConfig& p) { p.vpp = 2, p.schedule = Schedule::interleaved; })) s.max_vpp = 1;
+  if (!runs([](ParallelConfig& p) { p.zero_stage = 1, p.offload_optimizer = true; })) s.allow_offload = false;
+  if (!runs([](ParallelConfig& p) { p.dp = 2, p.ep = 2; })) s.allow_expert_parallel = false;
+  if (!runs([](ParallelConfig& p) { p.recompute = Recompute::selective; }) ||
+      !runs([](ParallelConfig& p) { p.recompute = Recompute::full; }))
+    s.allow_recompute = false;
   return s;
 }
 

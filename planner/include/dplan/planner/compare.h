@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "dplan/costmodel/json_io.h"
+#include "dplan/costmodel/plan_file.h"
+#include "dplan/costmodel/run_record.h"
 
 namespace dplan::planner {
 
@@ -44,10 +46,13 @@ struct Comparison {
   std::vector<StageMemoryComparison> memory;  // one per pipeline stage, in stage order
 };
 
-// Compares a parsed plan.json with a parsed run.json (file names for error messages only).
-// Throws InputError naming the file and JSON pointer when a key compare needs is missing or has
-// the wrong type, when a format_version is not 1, when stage_of_rank does not fit the layout, or
-// when the two layouts (tp, pp, dp, cp) differ, naming both.
+// Compares a plan with a run record (file names for error messages only). Throws InputError
+// naming the file and JSON pointer when a key of the prediction compare needs is missing or has
+// the wrong type, or when the two layouts (tp, pp, dp, cp) differ, naming both.
+Comparison compare_plan_and_run(const costmodel::Plan& plan, const std::string& plan_file,
+                                const costmodel::RunRecord& run, const std::string& run_file);
+// The same on parsed plan.json and run.json, read by their strict readers first (plan_from_json,
+// run_record_from_json: a format_version other than 1, a missing key or a wrong type throws).
 Comparison compare_plan_and_run(const json& plan, const std::string& plan_file, const json& run,
                                 const std::string& run_file);
 

@@ -1,24 +1,17 @@
-// plan.json: the hand-off from planner to executor (../DESIGN.md). Versioned ("format_version": 1).
-// Holds the model, cluster, training spec, parallel config, overlap switches, the rank layout
-// (each global rank's tp/cp/ep/dp/pp coordinates, node and local rank, in Megatron's order: tp
-// fastest, then cp, dp, pp; ep a sub-group of dp), the layer -> stage (and model chunk) assignment,
-// and the prediction: memory per stage by component, step time by phase, throughput, MFU.
+// plan.json as the planner writes it: the format itself (type, writer, strict reader) is
+// costmodel's (dplan/costmodel/plan_file.h), shared with the executor; this is the planner's
+// entry point from its inputs and prediction.
 #pragma once
 
 #include <string>
 
-#include "dplan/costmodel/time.h"
+#include "dplan/costmodel/plan_file.h"
 
 namespace dplan::planner {
 
-constexpr int kPlanFormatVersion = 1;
-
-struct RankCoordinates {
-  int rank = 0, node = 0, local_rank = 0;
-  int tp = 0, cp = 0, dp = 0, pp = 0, ep = 0;
-};
-// REQUIRES: 0 <= rank < parallel.world_size().
-RankCoordinates rank_coordinates(const costmodel::ParallelConfig& parallel, int gpus_per_node, int rank);
+constexpr int kPlanFormatVersion = costmodel::kPlanFormatVersion;
+using costmodel::RankCoordinates;
+using costmodel::rank_coordinates;
 
 struct PlanInputs {
   costmodel::ModelSpec model;
@@ -28,7 +21,7 @@ struct PlanInputs {
   costmodel::OverlapOptions overlap;
 };
 
-// The plan as JSON, prediction included.
+// The plan as JSON, prediction included: to_json(costmodel::make_plan(...)).
 json plan_to_json(const PlanInputs& inputs, const costmodel::MemoryEstimate& memory,
                   const costmodel::TimeBreakdown& time);
 

@@ -33,8 +33,14 @@ struct SearchSpace {
   bool allow_recompute = true;                 // selective and full
   bool allow_expert_parallel = true;
 
-  // Only what `dplan run` executes today: tp, pp (1F1B), dp, sequence parallel, recompute, ZeRO
-  // 0-3 and the distributed optimizer; no offload, cp, ep or interleaving.
+  // Only what `dplan run` executes (costmodel::executor_refusal, the one definition): tp, pp
+  // (1F1B), dp, sequence parallel, recompute, ZeRO 0-3 and the distributed optimizer; no offload,
+  // cp, ep or interleaving; no recompute for a model with dropout. Throws InputError with the
+  // executor's reason when it runs no layout of this model and training spec (a mixture of
+  // experts; flash attention with attention dropout). The one-argument form knows no model: a
+  // dense model without dropout.
+  static SearchSpace runnable_by_executor(int gpus, const costmodel::ModelSpec& model,
+                                          const costmodel::TrainingSpec& training);
   static SearchSpace runnable_by_executor(int gpus);
 };
 

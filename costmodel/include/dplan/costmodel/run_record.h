@@ -1,0 +1,71 @@
+// run.json: what `dplan run` measured (docs/run-json.md), written by rank 0 of the executor and
+// read by `dplan compare` and `dplan calibrate`. One type, one writer, one strict reader.
+// Versioned ("format_version": 1). Times are seconds, memory bytes.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dplan/costmodel/training.h"
+
+namespace dplan::costmodel {
+
+constexpr int kRunFormatVersion = 1;
+
+// The layout that ran, as the plan gave it.
+struct RunLayout {
+  int tp = 1, pp = 1, dp = 1, cp = 1;
+  int micro_batch = 1, num_microbatches = 1, global_batch = 1, seq_len = 1;
+  Schedule schedule = Schedule::one_f_one_b;
+  int zero_stage = 0;
+  Recompute recompute = Recompute::none;
+  bool sequence_parallel = false;
+  bool operator==(const RunLayout&) const = default;
+};
+
+struct RunStep {
+  int step = 0;
+  double loss = 0;
+  std::optional<double> grad_norm;  // the global norm before clipping; absent in older files
+  double time_s = 0;                // the slowest rank's
+  bool warmup = false;
+  double tokens_per_s = 0;
+  bool operator==(const RunStep&) const = default;
+};
+
+// Over the steps that are not warm-up.
+struct StepTimeStats {
+  double median_s = 0, mean_s = 0, min_s = 0, max_s = 0, p10_s = 0, p90_s = 0, stdev_s = 0;
+  long long count = 0;
+  bool operator==(const StepTimeStats&) const = default;
+};
+
+struct RunRecord {
+  std::string plan;  // the plan.json path it ran, as given
+  RunLayout layout;
+  json config;       // free-form: how it ran (steps, seed, device, precision, ...)
+  json environment;  // free-form: torch version, host, cpu, cores, ...
+  std::vector<RunStep> steps;
+  StepTimeStats step_time;
+  double tokens_per_s = 0;                 // global tokens per step / median step time
+  std::map<std::string, double> phases_s;  // phase -> seconds, averaged over ranks
+  json phases_by_rank_s;                   // [{"rank", "stage", phase: seconds, ...}, ...]
+  std::map<int, std::map<std::string, long long>> memory_bytes;  // rank -> component -> bytes
+  std::string memory_source;
+  std::vector<int> stage_of_rank;
+  bool replicas_identical = true;
+  std::vector<std::string> weights_hash_by_rank;
+  bool operator==(const RunRecord&) const = default;
+};
+
+// Exactly the JSON the executor writes (docs/run-json.md).
+json to_json(const RunRecord& run);
+
+// Strict, as plan_from_json: errors name `file` and the JSON pointer. stage_of_rank must list
+// tp*cp*dp*pp stages in 0..pp-1, each stage held by some rank; memory must list every rank.
+RunRecord run_record_from_json(const json& j, const std::string& file);
+RunRecord read_run_record(const std::string& path);
+
+}  // namespace dplan::costmodel

@@ -1,0 +1,28 @@
+#include "dplan/costmodel/executor_support.h"
+
+namespace dplan::costmodel {
+
+std::string executor_does_not_run(const std::string& what) {
+  return "the executor does not run " + what +
+         " yet; it runs tp, pp (gpipe, 1f1b), dp, sequence parallel, ZeRO 0-3, the distributed optimizer, recompute "
+         "(dplan --runnable searches only those)";
+}
+
+std::optional<std::string> executor_refusal(const ModelSpec& model, const TrainingSpec& training,
+                                            const ParallelConfig& p) {
+  if (p.cp > 1) return executor_does_not_run("context parallel (cp " + std::to_string(p.cp) + ")");
+  if (p.ep > 1 || model.is_moe()) return executor_does_not_run("mixture-of-experts models");
+  if (p.schedule == Schedule::interleaved) return executor_does_not_run("the interleaved schedule");
+  if (p.offload_optimizer) return executor_does_not_run("optimizer offload");
+  // Recompute replays the forward; with dropout it would draw other masks than the first forward.
+  if (p.recompute != Recompute::none && (model.attention_dropout > 0 || model.hidden_dropout > 0))
+    return std::string(
+        "recompute with dropout is not run: the recomputed forward would draw other masks; "
+        "use recompute none or a model with dropout 0");
+  if (training.attention == Attention::flash && model.attention_dropout > 0)
+    return "flash attention with attention dropout " + std::to_string(model.attention_dropout) +
+           " is not run (the executor's flash attention has no dropout); plan with --attention standard";
+  return std::nullopt;
+}
+
+}  // namespace dplan::costmodel

@@ -1,0 +1,199 @@
+#include "dplan/costmodel/plan_file.h"
+
+#include "dplan/costmodel/errors.h"
+
+namespace dplan::costmodel {
+namespace {
+
+// "format_version" of plan.json and run.json: a positive integer this dplan reads (1).
+void check_format_version(ObjectReader& r, int supported) {
+  const long long version = r.positive_int("format_version");
+  if (version != supported)
+    throw InputError(r.where("format_version") + ": expected " + std::to_string(supported) + " (this dplan reads format " +
+                     std::to_string(supported) + "), got " + std::to_string(version));
+}
+
+int int_in(ObjectReader& r, const std::string& key, long long below) {
+  const long long v = r.non_negative_int(key);
+  if (v >= below) r.fail(key, "an integer in 0.." + std::to_string(below - 1));
+  return static_cast<int>(v);
+}
+
+const json& array(ObjectReader& r, const std::string& key, size_t size, const std::string& what) {
+  const json& list = r.raw(key);
+  if (!list.is_array() || list.size() != size) r.fail(key, "a list of " + std::to_string(size) + " " + what);
+  return list;
+}
+
+}  // namespace
+
+RankCoordinates rank_coordinates(const ParallelConfig& p, int gpus_per_node, int rank) {
+  RankCoordinates c;
+  c.rank = rank;
+  c.node = rank / gpus_per_node;
+  c.local_rank = rank % gpus_per_node;
+  int r = rank;
+  c.tp = r % p.tp;
+  r /= p.tp;
+  c.cp = r % p.cp;
+  r /= p.cp;
+  c.dp = r % p.dp;
+  r /= p.dp;
+  c.pp = r;
+  c.ep = c.dp % p.ep;
+  return c;
+}
+
+Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const TrainingSpec& training,
+               const ParallelConfig& p, const OverlapOptions& overlap, const MemoryEstimate& memory,
+               const TimeBreakdown& time) {
+  Plan plan;
+  plan.model = model;
+  plan.cluster = to_json(cluster);
+  plan.training = training;
+  plan.parallel = p;
+  plan.overlap = overlap;
+  plan.num_microbatches = num_microbatches(training, p);
+  for (int r = 0; r < p.world_size(); ++r) plan.ranks.push_back(rank_coordinates(p, cluster.gpus_per_node, r));
+  // Layers per stage; with v model chunks, chunk j of stage i holds the (j*pp + i)-th block of
+  // L/(pp*v) consecutive layers (Megatron's interleaved assignment).
+  std::vector<int> layers = assign_layers(model.num_layers, p);
+  const int v = p.schedule == Schedule::interleaved ? p.vpp : 1;
+  int first = 0;
+  for (int i = 0; i < p.pp; ++i) {
+    PlanStage stage;
+    stage.num_layers = layers[i];
+    stage.embedding = i == 0;
+    stage.lm_head = i == p.pp - 1;
+    if (v == 1) {
+      stage.chunks.push_back({first, layers[i]});
+    } else {
+      int per_chunk = layers[i] / v;
+      for (int j = 0; j < v; ++j) stage.chunks.push_back({(j * p.pp + i) * per_chunk, per_chunk});
+    }
+    plan.stages.push_back(stage);
+    first += layers[i];
+  }
+  plan.prediction = to_json(time);
+  plan.prediction["fits"] = memory.fits;
+  plan.prediction["memory"] = to_json(memory);
+  return plan;
+}
+
+json to_json(const Plan& plan) {
+  const ParallelConfig& p = plan.parallel;
+  json ranks = json::array();
+  for (const RankCoordinates& c : plan.ranks)
+    ranks.push_back({{"rank", c.rank}, {"node", c.node}, {"local_rank", c.local_rank}, {"tp", c.tp},
+                     {"cp", c.cp}, {"dp", c.dp}, {"pp", c.pp}, {"ep", c.ep}});
+  json stages = json::array();
+  for (size_t i = 0; i < plan.stages.size(); ++i) {
+    const PlanStage& s = plan.stages[i];
+    json chunks = json::array();
+    for (const PlanChunk& c : s.chunks) chunks.push_back({{"first_layer", c.first_layer}, {"num_layers", c.num_layers}});
+    stages.push_back({{"stage", i},
+                      {"num_layers", s.num_layers},
+                      {"embedding", s.embedding},
+                      {"lm_head", s.lm_head},
+                      {"chunks", chunks}});
+  }
+  return json{{"format_version", kPlanFormatVersion},
+              {"generator", "dplan"},
+              {"model", to_json(plan.model)},
+              {"cluster", plan.cluster},
+              {"gpus", p.world_size()},
+              {"training", to_json(plan.training)},
+              {"parallel", to_json(p)},
+              {"overlap",
+               {{"grad_reduce", plan.overlap.grad_reduce},
+                {"param_gather", plan.overlap.param_gather},
+                {"tp_comm", plan.overlap.tp_comm}}},
+              {"num_microbatches", plan.num_microbatches},
+              {"rank_layout", {{"order", "tp-cp-dp-pp"}, {"ep_within", "dp"}, {"ranks", ranks}}},
+              {"stages", stages},
+              {"prediction", plan.prediction}};
+}
+
+Plan plan_from_json(const json& j, const std::string& file) {
+  ObjectReader r(j, file);
+  check_format_version(r, kPlanFormatVersion);
+  r.string("generator");
+  Plan plan;
+  plan.model = model_from_json(r.raw("model"), file, "/model");
+  r.object("cluster");  // an object; its figures are the prediction's context, not read back
+  plan.cluster = r.raw("cluster");
+  plan.training = training_from_json(r.raw("training"), file, "/training");
+  plan.parallel = parallel_from_json(r.raw("parallel"), file, "/parallel");
+  const ParallelConfig& p = plan.parallel;
+  const int world = p.world_size();
+  if (r.positive_int("gpus") != world) r.fail("gpus", std::to_string(world) + " (tp*cp*dp*pp)");
+  ObjectReader overlap = r.object("overlap");
+  plan.overlap.grad_reduce = overlap.boolean("grad_reduce");
+  plan.overlap.param_gather = overlap.boolean("param_gather");
+  plan.overlap.tp_comm = overlap.boolean("tp_comm");
+  overlap.finish();
+  plan.num_microbatches = static_cast<int>(r.positive_int("num_microbatches"));
+  if (plan.num_microbatches != num_microbatches(plan.training, p))
+    r.fail("num_microbatches",
+           std::to_string(num_microbatches(plan.training, p)) + " (global_batch / (micro_batch * dp))");
+
+  ObjectReader layout = r.object("rank_layout");
+  layout.one_of("order", {"tp-cp-dp-pp"});
+  layout.one_of("ep_within", {"dp"});
+  const json& ranks = array(layout, "ranks", world, "ranks (tp*cp*dp*pp)");
+  plan.ranks.resize(world);
+  std::vector<bool> seen(world, false);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    ObjectReader rank(ranks[i], file, "/rank_layout/ranks/" + std::to_string(i));
+    RankCoordinates c;
+    c.rank = int_in(rank, "rank", world);
+    c.node = static_cast<int>(rank.non_negative_int("node"));
+    c.local_rank = static_cast<int>(rank.non_negative_int("local_rank"));
+    c.tp = int_in(rank, "tp", p.tp);
+    c.cp = int_in(rank, "cp", p.cp);
+    c.dp = int_in(rank, "dp", p.dp);
+    c.pp = int_in(rank, "pp", p.pp);
+    c.ep = int_in(rank, "ep", p.ep);
+    rank.finish();
+    if (seen[c.rank]) rank.fail("rank", "a rank not listed before");
+    seen[c.rank] = true;
+    plan.ranks[c.rank] = c;
+  }
+  layout.finish();
+
+  const json& stages = array(r, "stages", p.pp, "pipeline stages (pp)");
+  int layers = 0;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const std::string pointer = "/stages/" + std::to_string(i);
+    ObjectReader stage(stages[i], file, pointer);
+    if (stage.non_negative_int("stage") != static_cast<long long>(i)) stage.fail("stage", std::to_string(i));
+    PlanStage s;
+    s.num_layers = static_cast<int>(stage.non_negative_int("num_layers"));
+    s.embedding = stage.boolean("embedding");
+    s.lm_head = stage.boolean("lm_head");
+    const json& chunks = stage.raw("chunks");
+    if (!chunks.is_array() || chunks.empty()) stage.fail("chunks", "a non-empty list of model chunks");
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      ObjectReader chunk(chunks[c], file, pointer + "/chunks/" + std::to_string(c));
+      PlanChunk k;
+      k.first_layer = static_cast<int>(chunk.non_negative_int("first_layer"));
+      k.num_layers = static_cast<int>(chunk.non_negative_int("num_layers"));
+      chunk.finish();
+      s.chunks.push_back(k);
+    }
+    stage.finish();
+    layers += s.num_layers;
+    plan.stages.push_back(s);
+  }
+  if (layers != plan.model.num_layers)
+    throw InputError(file + ": /stages: hold " + std::to_string(layers) + " layers, the model has " +
+                     std::to_string(plan.model.num_layers));
+  plan.prediction = r.raw("prediction");
+  if (!plan.prediction.is_object()) r.fail("prediction", "an object");
+  r.finish();
+  return plan;
+}
+
+Plan read_plan(const std::string& path) { return plan_from_json(read_json_file(path), path); }
+
+}  // namespace dplan::costmodel

@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 
 #include "dplan/costmodel/errors.h"
+#include "dplan/costmodel/plan_file.h"
+#include "dplan/costmodel/run_record.h"
 #include "dplan/planner/calibrate.h"
 #include "process.h"
 #include "test_profiles.h"
@@ -16,6 +18,25 @@ using costmodel::ParallelConfig;
 using dplan::testing::read_file;
 using dplan::testing::run_program;
 using dplan::testing::TempDir;
+
+// A run.json of `layout` that ran `plan` with this median step time and nothing else measured.
+nlohmann::json synthetic_run(const std::string& plan, const ParallelConfig& layout, double step_s) {
+  costmodel::RunRecord run;
+  run.plan = plan;
+  run.layout.tp = layout.tp;
+  run.layout.pp = layout.pp;
+  run.layout.dp = layout.dp;
+  run.config = run.environment = nlohmann::json::object();
+  run.phases_by_rank_s = nlohmann::json::array();
+  run.step_time = {.median_s = step_s, .mean_s = step_s, .min_s = step_s, .max_s = step_s, .p10_s = step_s,
+                   .p90_s = step_s, .stdev_s = 0, .count = 1};
+  for (int r = 0; r < layout.world_size(); ++r) {
+    run.stage_of_rank.push_back(r / (layout.tp * layout.dp));  // tp fastest, then dp, then pp
+    run.memory_bytes[r] = {};
+    run.weights_hash_by_rank.push_back("0");
+  }
+  return to_json(run);
+}
 
 // Plans of gpt-small on local-cpu, and run.json files whose median step time is what `truth`
 // predicts for them: what a machine that behaves exactly as `truth` would have measured. Short
@@ -30,17 +51,14 @@ std::vector<std::string> synthetic_runs(const TempDir& dir, const ClusterSpec& t
   training.precision = costmodel::Precision::fp32;
   std::vector<std::string> files;
   for (size_t i = 0; i < layouts.size(); ++i) {
-    const std::string plan = dir.write("plan" + std::to_string(i) + ".json",
-                                       nlohmann::json{{"model", costmodel::to_json(model)},
-                                                      {"training", costmodel::to_json(training)},
-                                                      {"parallel", costmodel::to_json(layouts[i])},
-                                                      {"overlap", {{"grad_reduce", false}}}}
-                                           .dump());
-    CalibrationRun run = read_calibration_run(dir.write(
-        "probe-run.json", nlohmann::json{{"plan", plan}, {"step_time_s", {{"median", 1.0}}}}.dump()));
+    costmodel::OverlapOptions overlap;
+    overlap.grad_reduce = false;
+    const std::string plan =
+        dir.write("plan" + std::to_string(i) + ".json",
+                  to_json(costmodel::make_plan(model, truth, training, layouts[i], overlap, {}, {})).dump());
+    CalibrationRun run = read_calibration_run(dir.write("probe-run.json", synthetic_run(plan, layouts[i], 1.0).dump()));
     const double step_s = predicted_step_s(truth, run);
-    files.push_back(dir.write("run" + std::to_string(i) + ".json",
-                              nlohmann::json{{"plan", plan}, {"step_time_s", {{"median", step_s}}}}.dump()));
+    files.push_back(dir.write("run" + std::to_string(i) + ".json", synthetic_run(plan, layouts[i], step_s).dump()));
   }
   return files;
 }
@@ -109,8 +127,8 @@ TEST_CASE("calibration refuses fewer layouts than parameters, and runs it cannot
   // A single-rank run only: no communication to fit, so compute alone (2 parameters) needs 2 runs.
   runs.resize(1);
   CHECK_THROWS_WITH(calibrate(base, runs), Catch::Contains("1 layout cannot determine 2 parameters"));
-  CHECK_THROWS_WITH(read_calibration_run(dir.write("x.json", "{}")), Catch::Contains("not a run.json"));
-  CHECK_THROWS_WITH(read_calibration_run(dir.write("y.json", R"({"plan": "gone.json", "step_time_s": {"median": 1}})")),
+  CHECK_THROWS_WITH(read_calibration_run(dir.write("x.json", "{}")), Catch::Contains("x.json: /: missing key"));
+  CHECK_THROWS_WITH(read_calibration_run(dir.write("y.json", synthetic_run("gone.json", three[0], 1.0).dump())),
                     Catch::Contains("gone.json"));
 }
 

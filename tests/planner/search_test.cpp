@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include "dplan/costmodel/errors.h"
+#include "dplan/costmodel/executor_support.h"
 #include "dplan/planner/profiles.h"
 #include "test_profiles.h"
 #include "dplan/planner/search.h"
@@ -73,24 +74,43 @@ TEST_CASE("an empty search space is an input error", "[search]") {
 }
 
 TEST_CASE("the executor's search space holds only layouts dplan run executes, and all of those", "[search]") {
-  ModelSpec m = store().load_model("llama-3-8b");
+  // The one definition is costmodel::executor_refusal; the space is derived from it. For a dense
+  // model, one with dropout (no recompute) and one the executor does not run at all (a mixture of
+  // experts; flash attention with attention dropout), the runnable space is exactly the full space
+  // filtered by the rule, and a model the rule refuses outright is refused with the rule's reason,
+  // the reason the plan reader gives (executor/src/plan_file.cpp).
+  ModelSpec dense = store().load_model("llama-3-8b");
+  ModelSpec dropout = dense;
+  dropout.hidden_dropout = 0.1;
+  dropout.attention_dropout = 0.1;
   TrainingSpec t;
   t.seq_len = 4096;
   t.global_batch = 64;
-  std::vector<ParallelConfig> all = enumerate_layouts(m, t, SearchSpace{.gpus = 16});
-  std::vector<ParallelConfig> runnable = enumerate_layouts(m, t, SearchSpace::runnable_by_executor(16));
-  REQUIRE(!runnable.empty());
-  for (const auto& p : runnable) {
-    INFO(to_json(p).dump());
-    CHECK_FALSE(p.offload_optimizer);
-    CHECK(p.cp == 1);
-    CHECK(p.ep == 1);
-    CHECK(p.schedule == Schedule::one_f_one_b);
+  TrainingSpec standard = t;
+  standard.attention = Attention::standard;
+  for (auto [m, training] : {std::pair{dense, t}, std::pair{dropout, standard}}) {
+    INFO(m.name << " dropout " << m.hidden_dropout);
+    std::vector<ParallelConfig> all = enumerate_layouts(m, training, SearchSpace{.gpus = 16});
+    std::vector<ParallelConfig> runnable =
+        enumerate_layouts(m, training, SearchSpace::runnable_by_executor(16, m, training));
+    REQUIRE(!runnable.empty());
+    for (const auto& p : runnable) {
+      INFO(to_json(p).dump());
+      CHECK_FALSE(executor_refusal(m, training, p));
+    }
+    long expected =
+        std::count_if(all.begin(), all.end(), [&](const ParallelConfig& p) { return !executor_refusal(m, training, p); });
+    CHECK(long(runnable.size()) == expected);
+    CHECK(expected < long(all.size()));
   }
-  // Nothing runnable is lost: the full space, filtered the same way, is the same size.
-  long expected = std::count_if(all.begin(), all.end(), [](const ParallelConfig& p) {
-    return !p.offload_optimizer && p.cp == 1 && p.ep == 1 &&
-           p.schedule == Schedule::one_f_one_b;
-  });
-  CHECK(long(runnable.size()) == expected);
+  // Without a model: a dense one without dropout, the same space as the dense model's.
+  CHECK(enumerate_layouts(dense, t, SearchSpace::runnable_by_executor(16)).size() ==
+        enumerate_layouts(dense, t, SearchSpace::runnable_by_executor(16, dense, t)).size());
+  // Flash attention with attention dropout, and a mixture of experts: nothing runs.
+  const std::string flash = *executor_refusal(dropout, t, ParallelConfig{});
+  CHECK_THAT(flash, Catch::Contains("--attention standard"));
+  CHECK_THROWS_WITH(SearchSpace::runnable_by_executor(16, dropout, t), flash);
+  ModelSpec moe = store().load_model("mixtral-8x7b");
+  CHECK_THROWS_WITH(SearchSpace::runnable_by_executor(16, moe, t), *executor_refusal(moe, t, ParallelConfig{}));
+  CHECK_THAT(*executor_refusal(moe, t, ParallelConfig{}), Catch::Contains("mixture-of-experts"));
 }

@@ -1,0 +1,189 @@
+// The three file formats' owners (costmodel): plan.json (plan_file.h), run.json (run_record.h) and
+// the profile figures dplan probe and dplan calibrate write (profile_edit.h). Each: write, strict
+// read, write again gives the same JSON; a newer format_version, a missing key and a wrong type are
+// one error line naming the file and the JSON pointer. Fixtures: tests/data/compare (a plan
+// `dplan estimate -o` wrote), tests/data/accuracy (plans and runs dplan wrote), profiles/.
+#include <filesystem>
+
+#include <catch2/catch.hpp>
+
+#include "dplan/costmodel/errors.h"
+#include "dplan/costmodel/plan_file.h"
+#include "dplan/costmodel/profile_edit.h"
+#include "dplan/costmodel/run_record.h"
+#include "test_profiles.h"
+
+using namespace dplan;
+using namespace dplan::costmodel;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kData = DPLAN_VALIDATION_DIR;
+
+std::vector<std::string> fixtures(const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const auto& entry : fs::directory_iterator(kData + "/accuracy"))
+    if (entry.path().filename().string().starts_with(prefix)) out.push_back(entry.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The message of the InputError `read` throws; one line.
+template <typename Read>
+std::string error_of(Read read) {
+  try {
+    read();
+  } catch (const InputError& e) {
+    std::string what = e.what();
+    CHECK(what.find('\n') == std::string::npos);
+    return what;
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("plan.json: every plan dplan wrote reads strictly and writes back the same JSON, byte for byte", "[formats]") {
+  std::vector<std::string> files = fixtures("plan-");
+  files.push_back(kData + "/compare/plan.json");
+  REQUIRE(files.size() == 10);
+  for (const auto& f : files) {
+    INFO(f);
+    const json written = read_json_file(f);
+    const Plan plan = read_plan(f);
+    CHECK(to_json(plan).dump() == written.dump());
+    CHECK(plan_from_json(to_json(plan), f) == plan);
+  }
+}
+
+TEST_CASE("plan.json: the written plan of an interleaved layout round-trips with its model chunks", "[formats]") {
+  const ModelSpec model = dplan::testing::store().load_model("gpt-small");
+  const ClusterSpec cluster = dplan::testing::store().load_cluster("local-cpu");
+  TrainingSpec training;
+  training.seq_len = 128;
+  training.global_batch = 8;
+  ParallelConfig p{.tp = 1, .pp = 2, .dp = 2, .vpp = 2, .schedule = Schedule::interleaved, .layers_per_stage = {}};
+  const Plan plan = make_plan(model, cluster, training, p, {}, MemoryEstimate{}, TimeBreakdown{});
+  REQUIRE(plan.stages.size() == 2);
+  CHECK(plan.stages[1].chunks == std::vector<PlanChunk>{{3, 3}, {9, 3}});
+  CHECK(plan.ranks.size() == 4);
+  CHECK(plan_from_json(to_json(plan), "plan.json") == plan);
+}
+
+TEST_CASE("plan.json: a newer format, a missing key and a wrong type are one line naming file and pointer", "[formats]") {
+  const json good = read_json_file(kData + "/compare/plan.json");
+  json j = good;
+  j["format_version"] = 2;
+  CHECK(error_of([&] { plan_from_json(j, "plan.json"); }) ==
+        "plan.json: /format_version: expected 1 (this dplan reads format 1), got 2");
+  j = good;
+  j["parallel"]["tp"] = "x";
+  CHECK(error_of([&] { plan_from_json(j, "plan.json"); }) == "plan.json: /parallel/tp: expected a positive integer, got \"x\"");
+  j = good;
+  j["parallel"].erase("tp");
+  CHECK_THAT(error_of([&] { plan_from_json(j, "plan.json"); }), Catch::StartsWith("plan.json: /parallel: missing key \"tp\""));
+  j = good;
+  j.erase("stages");
+  CHECK(error_of([&] { plan_from_json(j, "plan.json"); }) == "plan.json: /: missing key \"stages\"");
+  j = good;
+  j["rank_layout"]["ranks"][3]["dp"] = 7;
+  CHECK(error_of([&] { plan_from_json(j, "plan.json"); }) ==
+        "plan.json: /rank_layout/ranks/3/dp: expected an integer in 0..1, got 7");
+  j = good;
+  j["stages"][1]["chunks"][0]["num_layers"] = true;
+  CHECK(error_of([&] { plan_from_json(j, "plan.json"); }) ==
+        "plan.json: /stages/1/chunks/0/num_layers: expected an integer >= 0, got true");
+  j = good;
+  j["num_microbatches"] = 3;
+  CHECK_THAT(error_of([&] { plan_from_json(j, "plan.json"); }), Catch::StartsWith("plan.json: /num_microbatches: expected 4"));
+  j = good;
+  j["overlap"]["tp_comm"] = 1;
+  CHECK(error_of([&] { plan_from_json(j, "plan.json"); }) == "plan.json: /overlap/tp_comm: expected true or false, got 1");
+}
+
+TEST_CASE("run.json: every run the executor wrote reads strictly, and the writer gives back its JSON", "[formats]") {
+  std::vector<std::string> files = fixtures("run-");
+  files.push_back(kData + "/compare/run.json");
+  REQUIRE(files.size() == 28);
+  for (const auto& f : files) {
+    INFO(f);
+    const json written = read_json_file(f);
+    const RunRecord run = read_run_record(f);
+    CHECK(to_json(run) == written);  // the executor's own output, as it wrote it
+    CHECK(run_record_from_json(to_json(run), f) == run);
+    CHECK(to_json(run_record_from_json(to_json(run), f)).dump(1) == to_json(run).dump(1));
+  }
+  const RunRecord run = read_run_record(kData + "/compare/run.json");
+  CHECK(run.layout.tp == 2);
+  CHECK(run.stage_of_rank == std::vector<int>{0, 0, 0, 0, 1, 1, 1, 1});
+  CHECK(run.step_time.median_s == 0.0148);
+  CHECK(run.memory_bytes.at(0).at("weights") == 166272);
+  CHECK_FALSE(run.steps[0].grad_norm);  // written before grad_norm was recorded
+}
+
+TEST_CASE("run.json: a newer format, a missing key and a wrong type are one line naming file and pointer", "[formats]") {
+  const json good = read_json_file(kData + "/compare/run.json");
+  json j = good;
+  j["format_version"] = 2;
+  CHECK(error_of([&] { run_record_from_json(j, "run.json"); }) ==
+        "run.json: /format_version: expected 1 (this dplan reads format 1), got 2");
+  j = good;
+  j["step_time_s"].erase("median");
+  CHECK(error_of([&] { run_record_from_json(j, "run.json"); }) == "run.json: /step_time_s: missing key \"median\"");
+  j = good;
+  j["layout"]["schedule"] = 1;
+  CHECK(error_of([&] { run_record_from_json(j, "run.json"); }) ==
+        "run.json: /layout/schedule: expected one of gpipe, 1f1b or interleaved, got 1");
+  j = good;
+  j["memory"]["3"]["peak"] = "big";
+  CHECK(error_of([&] { run_record_from_json(j, "run.json"); }) == "run.json: /memory/3/peak: expected an integer >= 0, got \"big\"");
+  j = good;
+  j["steps"][2]["loss"] = nullptr;
+  CHECK(error_of([&] { run_record_from_json(j, "run.json"); }) == "run.json: /steps/2/loss: expected a number, got null");
+}
+
+TEST_CASE("profiles: the figures probe and calibrate write go through the one writer and read back", "[formats]") {
+  const auto& store = dplan::testing::store();
+  for (const char* name : {"local-cpu", "dgx-h100", "dgx-a100-80g"}) {
+    INFO(name);
+    const std::string path = store.cluster_path(name);
+    const ClusterSpec spec = store.load_cluster(name);
+    // Write every figure a fit changes back into the file, from the spec read from it.
+    json file = read_json_file(path);
+    const std::vector<std::string> figures = {"intra_node.efficiency", "intra_node.latency_us",
+                                              "intra_node.half_bandwidth_mib", "inter_node.efficiency",
+                                              "inter_node.latency_us", "inter_node.half_bandwidth_mib"};
+    put_figures(file.at("cluster"), pick_figures(to_json(spec), figures));
+    auto load_gpu = [&](const std::string& gpu) { return store.load_gpu(gpu); };
+    const ClusterSpec again = cluster_from_json(file, path, load_gpu);
+    CHECK(again == spec);
+    json file_again = read_json_file(path);
+    put_figures(file_again.at("cluster"), pick_figures(to_json(again), figures));
+    CHECK(file_again.dump(2) == file.dump(2));
+
+    json gpu_file = read_json_file(store.gpu_path(read_json_file(path)["cluster"]["gpu"].get<std::string>()));
+    const std::vector<std::string> gpu_figures = {"matmul.max_efficiency", "matmul.sm_count",
+                                                  "matmul.kernel_overhead_us", "memory_efficiency",
+                                                  "sustained_fraction"};
+    put_figures(gpu_file.at("gpu"), pick_figures(to_json(spec.gpu), gpu_figures));
+    CHECK(gpu_from_json(gpu_file, "gpu.json") == spec.gpu);
+  }
+  CHECK(pick_figures(json{{"a", {{"b", 1}}}}, {"a.b"}) == json{{"a.b", 1}});
+}
+
+TEST_CASE("profiles: a newer format, a missing key and a wrong type are one line naming file and pointer", "[formats]") {
+  const auto& store = dplan::testing::store();
+  const std::string path = store.gpu_path("h100-sxm5-80gb");
+  const json good = read_json_file(path);
+  json j = good;
+  j["format_version"] = 2;
+  CHECK(error_of([&] { gpu_from_json(j, "gpu.json"); }) == "gpu.json: /format_version: expected 1, got 2");
+  j = good;
+  j["gpu"].erase("hbm_gb");
+  CHECK(error_of([&] { gpu_from_json(j, "gpu.json"); }) == "gpu.json: /gpu: missing key \"hbm_gb\"");
+  j = good;
+  j["gpu"]["matmul"]["sm_count"] = "many";
+  CHECK(error_of([&] { gpu_from_json(j, "gpu.json"); }) ==
+        "gpu.json: /gpu/matmul/sm_count: expected a positive integer, got \"many\"");
+}

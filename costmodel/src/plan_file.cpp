@@ -1,17 +1,10 @@
 #include "dplan/costmodel/plan_file.h"
 
 #include "dplan/costmodel/errors.h"
+#include "format_version.h"
 
 namespace dplan::costmodel {
 namespace {
-
-// "format_version" of plan.json and run.json: a positive integer this dplan reads (1).
-void check_format_version(ObjectReader& r, int supported) {
-  const long long version = r.positive_int("format_version");
-  if (version != supported)
-    throw InputError(r.where("format_version") + ": expected " + std::to_string(supported) + " (this dplan reads format " +
-                     std::to_string(supported) + "), got " + std::to_string(version));
-}
 
 int int_in(ObjectReader& r, const std::string& key, long long below) {
   const long long v = r.non_negative_int(key);

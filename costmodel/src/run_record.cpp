@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "dplan/costmodel/errors.h"
+#include "format_version.h"
 
 namespace dplan::costmodel {
 namespace {
@@ -78,10 +79,7 @@ json to_json(const RunRecord& run) {
 
 RunRecord run_record_from_json(const json& j, const std::string& file) {
   ObjectReader r(j, file);
-  const long long version = r.positive_int("format_version");
-  if (version != kRunFormatVersion)
-    throw InputError(r.where("format_version") + ": expected 1 (this dplan reads format 1), got " +
-                     std::to_string(version));
+  check_format_version(r, kRunFormatVersion);
   r.string("generator");
   RunRecord run;
   run.plan = r.string("plan");

@@ -173,12 +173,12 @@ TEST_CASE("a measured zero has no relative error: n/a in the table, null in JSON
 
 TEST_CASE("a run of another layout is rejected, naming both layouts", "[compare]") {
   json run = run_fixture();
-  run["layout"]["tp"] = 4;
-  run["layout"]["pp"] = 1;
+  run["layout"]["tp"] = 4;  // the same 8 ranks and stage_of_rank, another layout
+  run["layout"]["dp"] = 1;
   std::string msg = error_of(plan_fixture(), run);
   CHECK_THAT(msg, Contains("plan.json and run.json do not belong together"));
   CHECK_THAT(msg, Contains("plans tp 2 pp 2 dp 2 cp 1"));
-  CHECK_THAT(msg, Contains("ran tp 4 pp 1 dp 2 cp 1"));
+  CHECK_THAT(msg, Contains("ran tp 4 pp 2 dp 1 cp 1"));
 }
 
 TEST_CASE("a missing or malformed key in run.json is named with the file", "[compare]") {
@@ -277,10 +277,11 @@ TEST_CASE("dplan compare: bad files give one error line and exit status 2", "[co
   }
   SECTION("another layout") {
     json run = run_fixture();
+    run["layout"]["tp"] = 1;  // the same 8 ranks and stage_of_rank, another layout
     run["layout"]["dp"] = 4;
     std::string path = dir.write("run.json", run.dump());
     CHECK_THAT(one_error_line(run_program(DPLAN_BINARY, {"compare", kPlanPath, path})),
-               Contains("plans tp 2 pp 2 dp 2 cp 1, " + path + " ran tp 2 pp 2 dp 4 cp 1"));
+               Contains("plans tp 2 pp 2 dp 2 cp 1, " + path + " ran tp 1 pp 2 dp 4 cp 1"));
   }
   SECTION("a run file that is not a run") {
     std::string path = dir.write("run.json", "[1, 2]");

@@ -112,11 +112,12 @@ Plan plan_from_json(const json& j, const std::string& file) {
   check_format_version(r, kPlanFormatVersion);
   r.string("generator");
   Plan plan;
+  // The layout first: what every reader needs (and what tells a plan from a run.json).
+  plan.parallel = parallel_from_json(r.raw("parallel"), file, "/parallel");
   plan.model = model_from_json(r.raw("model"), file, "/model");
   r.object("cluster");  // an object; its figures are the prediction's context, not read back
   plan.cluster = r.raw("cluster");
   plan.training = training_from_json(r.raw("training"), file, "/training");
-  plan.parallel = parallel_from_json(r.raw("parallel"), file, "/parallel");
   const ParallelConfig& p = plan.parallel;
   const int world = p.world_size();
   if (r.positive_int("gpus") != world) r.fail("gpus", std::to_string(world) + " (tp*cp*dp*pp)");

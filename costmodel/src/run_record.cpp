@@ -82,8 +82,7 @@ RunRecord run_record_from_json(const json& j, const std::string& file) {
   check_format_version(r, kRunFormatVersion);
   r.string("generator");
   RunRecord run;
-  run.plan = r.string("plan");
-
+  // The layout first: what compare needs first (and what tells a run.json from a plan).
   ObjectReader layout = r.object("layout");
   RunLayout& l = run.layout;
   l.tp = positive(layout, "tp");
@@ -99,6 +98,7 @@ RunRecord run_record_from_json(const json& j, const std::string& file) {
   l.recompute = recompute_from_string(layout.one_of("recompute", {"none", "selective", "full"}));
   l.sequence_parallel = layout.boolean("sequence_parallel");
   layout.finish();
+  run.plan = r.string("plan");
 
   r.object("config");
   run.config = r.raw("config");

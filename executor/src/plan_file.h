@@ -1,6 +1,6 @@
-// What the executor takes from plan.json (../docs and planner/plan.h describe the file): the model,
-// the training spec, the parallel config, each rank's coordinates and each stage's layers. It reads
-// the file, never the planner's code.
+// What the executor takes from plan.json (the format is costmodel's: dplan/costmodel/plan_file.h,
+// read by its strict reader): the model, the training spec, the parallel config, each rank's
+// coordinates and each stage's layers. It reads the file, never the planner's code.
 #pragma once
 
 #include <string>
@@ -30,8 +30,8 @@ struct ExecPlan {
   int rank_at(int tp, int cp, int dp, int pp) const;
 };
 
-// Throws InputError naming the file and key on anything malformed, and on layouts the executor
-// does not run (listing what it does run).
+// Throws InputError naming the file and key on anything malformed, and on what the executor does
+// not run (costmodel::executor_refusal, listing what it does run).
 ExecPlan read_plan(const std::string& path);
 
 }  // namespace dplan::executor

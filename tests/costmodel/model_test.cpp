@@ -13,7 +13,7 @@ using Catch::Matchers::WithinRel;
 
 TEST_CASE("parameter counts of the presets are exact", "[model]") {
   // Standard Llama count: q,k,v,o + 3-matrix SwiGLU + 2 RMSNorm per layer + final norm + untied
-  // embedding and head (CONVENTIONS.md g.2; the 8B and 70B values match HF's num_parameters()).
+  // embedding and head (transformers' modeling_llama.py modules; the 8B and 70B values match HF's num_parameters()).
   CHECK(num_params(store().load_model("llama-3-8b")) == 8030261248.0);
   CHECK(num_params(store().load_model("llama-2-70b")) == 68976648192.0);
   CHECK(num_params(store().load_model("llama-3-70b")) == 70553706496.0);

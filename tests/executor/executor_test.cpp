@@ -327,7 +327,10 @@ TEST_CASE("run.json has the documented keys, and weights, gradients and optimize
     CHECK(run["phases_s"].contains(phase));
   CHECK(run["phases_s"]["forward"].get<double>() > 0);
   CHECK(run["phases_s"]["pp_wait"].get<double>() > 0);  // pp 2: the bubble is real
-  // Phases of a rank add up to its step time (exclusive accounting), within the spread of steps.
+  // Phases of a rank add up to its step time (exclusive accounting). Why ±50 %: phases_s averages the
+  // ranks' per-phase medians while the step is the median of the slowest rank's steps, so they differ
+  // by the steps' spread (tens of percent on a shared 2-core machine); a phase lost or counted twice
+  // (the backward is over a third of this step) still falls outside.
   double sum = 0;
   for (const auto& [k, v] : run["phases_s"].items()) sum += v.get<double>();
   CHECK(sum == Approx(run["step_time_s"]["median"].get<double>()).epsilon(0.5));
@@ -384,10 +387,9 @@ TEST_CASE("torchrun launches the same worker and it trains the same losses", "[e
   std::string torchrun;
   for (const char* dir : {"/usr/bin", "/usr/local/bin"})
     if (fs::exists(fs::path(dir) / "torchrun")) torchrun = (fs::path(dir) / "torchrun").string();
-  if (torchrun.empty()) {
-    WARN("torchrun not installed (Debian package python3-torch); skipped");
-    return;
-  }
+  // ./setup.sh --all installs it (Debian's python3-torch): missing, this test fails rather than skips.
+  INFO("torchrun is not installed in /usr/bin or /usr/local/bin (Debian package python3-torch; ./setup.sh --all)");
+  REQUIRE(!torchrun.empty());
   TempDir dir;
   std::string plan = write_plan(dir, "gpt-tiny", {1, 1, 2}, 8);
   std::string out = (dir.path() / "torchrun.run.json").string();
@@ -492,59 +494,6 @@ TEST_CASE("a second rank that dies in the cascade is named by the launcher and b
   CHECK_THAT(k.err, Contains("dplan: error: rank 1 (pid " + std::to_string(k.pid_of[1]) +
                              ") was killed by signal 9 (Killed); rank 2 then was killed by signal 11"));
   CHECK_THAT(k.err, Contains("ranks 1, 2 stopped (no heartbeat"));
-}
-
-TEST_CASE("dplan probe measures this machine with local ranks and writes profiles that --cluster reads",
-          "[executor][probe]") {
-  TempDir dir;
-  const std::string out = (dir.path() / "machine.json").string();
-  Result r = run_program(DPLAN_BINARY, {"probe", "--cluster", "local-cpu", "--ranks", "2", "-o", out});
-  INFO(r.out << r.err);
-  REQUIRE(r.status == 0);
-  CHECK_THAT(r.out, Contains("measuring this machine with 2 local ranks"));
-  CHECK_THAT(r.out, Contains("fitted GPU cpu-core"));
-  CHECK_THAT(r.out, Contains("fitted intra_node of local-cpu"));
-  // The measurements: LibTorch GEMMs over a layer's shapes, the copy bandwidth, Gloo collectives.
-  json probe = json::parse(read_file((dir.path() / "machine-probe.json").string()));
-  CHECK(probe["generator"] == "dplan-cpu-probe");
-  CHECK(probe["device"]["count"] == 2);
-  CHECK(probe["gemm"].size() >= 30);
-  for (const auto& g : probe["gemm"]) CHECK(g["flops_per_s"].get<double>() > 1e6);
-  CHECK(probe["memory"]["bytes_per_s"].get<double>() > 1e8);
-  REQUIRE(probe["nccl_tests_files"].size() == 3);  // all-reduce, all-gather, send/recv
-  CHECK_THAT(read_file((dir.path() / "machine-probe-all_reduce_perf.txt").string()), Contains("#  Rank 1 Group"));
-  CHECK_THAT(read_file((dir.path() / "machine-probe-sendrecv_perf.txt").string()), Contains("#  Rank 1 Group"));
-  // Training's GEMMs in all three roles and the executor's own attention, the element-wise
-  // kernels, a lone rank against both, and the overlap.
-  std::set<std::string> ops;
-  for (const auto& g : probe["gemm"]) ops.insert(g["op"].get<std::string>());
-  CHECK(ops == std::set<std::string>{"forward", "dgrad", "wgrad", "batched", "attention_forward", "attention_backward"});
-  CHECK(probe["memory"]["elementwise_bytes_per_s"].get<double>() > 1e8);
-  CHECK(probe["lone_rank"]["speedup"].get<double>() > 0);
-  // Spread over the probe: three GEMM passes, each with five lone-rank pairs.
-  CHECK(probe["gemm_rounds"].get<int>() == 3);
-  CHECK(probe["lone_rank"]["pairs"].get<int>() == 15);
-  CHECK(probe["overlap"]["samples"].get<int>() == 3);  // one per GEMM pass, combined by their means
-  CHECK(probe["overlap"]["fraction"].get<double>() >= 0);
-  CHECK(probe["overlap"]["fraction"].get<double>() <= 1);
-  // The written cluster names its measured GPU, keeps the measurements, and plans with them.
-  const std::string text = read_file(out);
-  CHECK_THAT(text, Contains("machine-gpu.json"));
-  const json cluster = json::parse(text)["cluster"];
-  CHECK(cluster["intra_node"]["measured"].size() == 3 * 8);  // 4 KiB .. 64 MiB, every collective
-  CHECK(cluster.contains("comm_overlap"));
-  CHECK(cluster.contains("lone_rank_speedup"));
-  CHECK(json::parse(read_file((dir.path() / "machine-gpu.json").string()))["gpu"]["matmul"]["measured"].size() ==
-        probe["gemm"].size());
-  r = run_program(DPLAN_BINARY, {"estimate", "--model", "gpt-tiny", "--cluster", out, "--gpus", "2", "--dp", "2",
-                                 "--global-batch", "8", "--precision", "fp32"});
-  INFO(r.err);
-  CHECK(r.status == 0);
-  CHECK_THAT(r.out, Contains("local-cpu-measured"));
-  // Without -o there is nowhere to put the measurements.
-  r = run_program(DPLAN_BINARY, {"probe", "--cluster", "local-cpu"});
-  CHECK(r.status == 2);
-  CHECK_THAT(r.err, Contains("-o"));
 }
 
 TEST_CASE("dplan scale plans and runs each size and prints and draws predicted against measured scaling",

@@ -1,9 +1,9 @@
 // The cost model against one recorded session of this project's 2-core CPU machine
 // (tests/data/accuracy/, whose README says how it was recorded): the profile `dplan probe` wrote,
-// and three interleaved rounds of `dplan run` over the nine layouts of gpt-small that
-// tests/executor/accuracy_test.cpp measures live. That test measures the machine afresh each time
-// and, the machine's pace being as unsteady as it is, asserts the bounds only when the
-// machine held still. This one holds the measurements fixed, so it always asserts: the probe alone
+// and three interleaved rounds of `dplan run` over the nine layouts of gpt-small that the
+// benchmark bench/machine_bench.cpp ("[accuracy]") measures live. That benchmark measures the
+// machine afresh each time and, the machine's pace being as unsteady as it is, asserts the bounds
+// only when the machine held still. This one holds the measurements fixed, so it always asserts: the probe alone
 // predicts at least six of the nine layouts within 20 %, and the profile calibrated on dp 2, tp 2
 // and pp 2 x dp 2 ZeRO-3 predicts tp 2 x dp 2, dp 4 ZeRO-2 and tp 2 x pp 2 SP within 10 %. A change
 // to the time model that moves its predictions away from what this machine did fails here.

@@ -1,21 +1,29 @@
-// The closed loop on this machine, through the real binaries: `dplan probe` measures it, the cost
-// model predicts nine layouts of gpt-small (dp, tp, pp, sequence parallel, ZeRO 1-3, on 1, 2 and
-// 4 ranks of a 2-core machine) from that profile alone, `dplan run` measures them, and
-// `dplan calibrate` fits the profile to three layouts' runs and predicts three others.
+// A benchmark, not a test: the closed loop on this machine and the probe's measurements, through
+// the real binaries. Its figures depend on how fast and how steady the machine is, so it lives
+// here and not in the test suite; bench/run.sh runs it (`build/bench/machine_bench`).
+//
+// "[accuracy]": `dplan probe` measures the machine, the cost model predicts nine layouts of
+// gpt-small (dp, tp, pp, sequence parallel, ZeRO 1-3, on 1, 2 and 4 ranks of a 2-core machine)
+// from that profile alone, `dplan run` measures them, and `dplan calibrate` fits the profile to
+// three layouts' runs and predicts three others.
 //  - Probe alone: at least six of the nine within 20 % of the measured step time.
 //  - Calibrated on dp 2, tp 2 and pp 2 x dp 2 ZeRO-3: tp 2 x dp 2, dp 4 ZeRO-2 and tp 2 x pp 2 with
 //    sequence parallel within 10 %.
 // This machine's pace moves by tens of percent over seconds (a single-thread loop alone ran at
 // 3,200 to 4,960 iterations/s within 20 s), so the measurement is interleaved: every layout runs
 // once in each of three rounds and its step time is the median of its 9 measured steps, and the
-// probe's GEMMs are the medians of three passes of their own. The bounds are the issue's. A
-// prediction can only be as good as the machine is steady: the probe runs again at the end, and
-// when its GEMMs' pace moved by more than 10 % in between, or the layouts' steps spread by more
-// than 10 % (see below), the bounds are reported, not asserted; every prediction from the probe
-// alone is always held within a factor of 2.5. The tables are printed either way.
+// probe's GEMMs are the medians of three passes of their own. A prediction can only be as good as
+// the machine is steady: the probe runs again at the end, and when its GEMMs' pace moved by more
+// than 10 % in between, or the layouts' steps spread by more than 10 % (see below), the bounds are
+// reported, not asserted; every prediction from the probe alone is always held within a factor of
+// 2.5. The tables are printed either way. tests/planner/recorded_accuracy_test.cpp checks the same
+// bounds, always, against one recorded session of this machine.
+//
+// "[probe]": `dplan probe` on local ranks writes the measurements and profiles that --cluster reads.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,6 +34,7 @@
 
 namespace {
 namespace fs = std::filesystem;
+using Catch::Matchers::Contains;
 using dplan::testing::read_file;
 using dplan::testing::Result;
 using dplan::testing::run_program;
@@ -108,7 +117,7 @@ double error(double predicted_s, double measured_s) { return predicted_s / measu
 }  // namespace
 
 TEST_CASE("probe, predict, run, calibrate: the cost model against measured step times on this machine",
-          "[executor][accuracy]") {
+          "[accuracy]") {
   TempDir dir;
   const std::string profile = (dir.path() / "machine.json").string();
   Result r = run_program(DPLAN_BINARY, {"probe", "--cluster", "local-cpu", "--ranks", "2", "-o", profile});
@@ -209,4 +218,57 @@ TEST_CASE("probe, predict, run, calibrate: the cost model against measured step 
   CHECK(within_20 >= 6);
   INFO("outside 10 % after calibration:" << misses);
   CHECK(calibrated_within_10 == 3);
+}
+
+TEST_CASE("dplan probe measures this machine with local ranks and writes profiles that --cluster reads",
+          "[probe]") {
+  TempDir dir;
+  const std::string out = (dir.path() / "machine.json").string();
+  Result r = run_program(DPLAN_BINARY, {"probe", "--cluster", "local-cpu", "--ranks", "2", "-o", out});
+  INFO(r.out << r.err);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.out, Contains("measuring this machine with 2 local ranks"));
+  CHECK_THAT(r.out, Contains("fitted GPU cpu-core"));
+  CHECK_THAT(r.out, Contains("fitted intra_node of local-cpu"));
+  // The measurements: LibTorch GEMMs over a layer's shapes, the copy bandwidth, Gloo collectives.
+  json probe = json::parse(read_file((dir.path() / "machine-probe.json").string()));
+  CHECK(probe["generator"] == "dplan-cpu-probe");
+  CHECK(probe["device"]["count"] == 2);
+  CHECK(probe["gemm"].size() >= 30);
+  for (const auto& g : probe["gemm"]) CHECK(g["flops_per_s"].get<double>() > 1e6);
+  CHECK(probe["memory"]["bytes_per_s"].get<double>() > 1e8);
+  REQUIRE(probe["nccl_tests_files"].size() == 3);  // all-reduce, all-gather, send/recv
+  CHECK_THAT(read_file((dir.path() / "machine-probe-all_reduce_perf.txt").string()), Contains("#  Rank 1 Group"));
+  CHECK_THAT(read_file((dir.path() / "machine-probe-sendrecv_perf.txt").string()), Contains("#  Rank 1 Group"));
+  // Training's GEMMs in all three roles and the executor's own attention, the element-wise
+  // kernels, a lone rank against both, and the overlap.
+  std::set<std::string> ops;
+  for (const auto& g : probe["gemm"]) ops.insert(g["op"].get<std::string>());
+  CHECK(ops == std::set<std::string>{"forward", "dgrad", "wgrad", "batched", "attention_forward", "attention_backward"});
+  CHECK(probe["memory"]["elementwise_bytes_per_s"].get<double>() > 1e8);
+  CHECK(probe["lone_rank"]["speedup"].get<double>() > 0);
+  // Spread over the probe: three GEMM passes, each with five lone-rank pairs.
+  CHECK(probe["gemm_rounds"].get<int>() == 3);
+  CHECK(probe["lone_rank"]["pairs"].get<int>() == 15);
+  CHECK(probe["overlap"]["samples"].get<int>() == 3);  // one per GEMM pass, combined by their means
+  CHECK(probe["overlap"]["fraction"].get<double>() >= 0);
+  CHECK(probe["overlap"]["fraction"].get<double>() <= 1);
+  // The written cluster names its measured GPU, keeps the measurements, and plans with them.
+  const std::string text = read_file(out);
+  CHECK_THAT(text, Contains("machine-gpu.json"));
+  const json cluster = json::parse(text)["cluster"];
+  CHECK(cluster["intra_node"]["measured"].size() == 3 * 8);  // 4 KiB .. 64 MiB, every collective
+  CHECK(cluster.contains("comm_overlap"));
+  CHECK(cluster.contains("lone_rank_speedup"));
+  CHECK(json::parse(read_file((dir.path() / "machine-gpu.json").string()))["gpu"]["matmul"]["measured"].size() ==
+        probe["gemm"].size());
+  r = run_program(DPLAN_BINARY, {"estimate", "--model", "gpt-tiny", "--cluster", out, "--gpus", "2", "--dp", "2",
+                                 "--global-batch", "8", "--precision", "fp32"});
+  INFO(r.err);
+  CHECK(r.status == 0);
+  CHECK_THAT(r.out, Contains("local-cpu-measured"));
+  // Without -o there is nowhere to put the measurements.
+  r = run_program(DPLAN_BINARY, {"probe", "--cluster", "local-cpu"});
+  CHECK(r.status == 2);
+  CHECK_THAT(r.err, Contains("-o"));
 }

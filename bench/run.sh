@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Every benchmark, one after another, each printing its figures: the checks whose numbers depend on
+# how fast and how steady this machine is, kept out of the test suite (see bench/README.md).
+#   bench/run.sh            search speed, the probe, the closed loop's accuracy, the examples walk-through
+#   bench/run.sh --ddp      also dplan's executor against PyTorch DDP (about 15 minutes more)
+# Needs the full build (./setup.sh --all). Environment: BUILD_DIR (default build).
+# Exit status: 0 when every benchmark ran and met its bounds, 1 when one did not (the others still
+# run), 2 on bad usage.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+
+ddp=0
+case "${1:-}" in
+  "") ;;
+  --ddp) ddp=1 ;;
+  *) echo "bench/run.sh: unknown option '$1'; valid: --ddp" >&2; exit 2 ;;
+esac
+build=${BUILD_DIR:-build}
+for program in "$build/dplan" "$build/dplan-worker" "$build/bench/search_bench" "$build/bench/machine_bench"; do
+  if [[ ! -x $program ]]; then
+    echo "bench/run.sh: $program is not built; run ./setup.sh --all first" >&2
+    exit 2
+  fi
+done
+
+failed=()
+bench() {  # name, command...
+  local name=$1
+  shift
+  echo "== $name: $*"
+  local start=$SECONDS
+  if "$@"; then
+    echo "== $name: done in $((SECONDS - start)) s"
+  else
+    echo "== $name: FAILED after $((SECONDS - start)) s"
+    failed+=("$name")
+  fi
+  echo
+}
+
+bench "search speed" "$build/bench/search_bench"
+bench "probe" "$build/bench/machine_bench" "[probe]"
+bench "accuracy" "$build/bench/machine_bench" "[accuracy]"
+bench "examples walk-through" env DPLAN="$build/dplan" examples/run_all.sh
+if ((ddp)); then bench "executor vs DDP" bench/ddp_vs_dplan.sh; fi
+
+if ((${#failed[@]})); then
+  echo "bench/run.sh: failed: ${failed[*]}"
+  exit 1
+fi
+echo "bench/run.sh: every benchmark ran"

@@ -1,5 +1,6 @@
 // Collective times on the routed topology: NCCL's own tuning model (NVIDIA/nccl@5067397c26,
-// src/graph/tuning.cc, HARDWARE.md section 3) on top of the bus bandwidths topology.cpp finds.
+// src/graph/tuning.cc; its constants in profiles/clusters/SOURCES.md section 3) on top of the bus
+// bandwidths topology.cpp finds.
 //
 // time = latency + busbw_factor x max over the tiers t a route uses of (bytes + half_t) / busbw_t
 // i.e. each tier's effective busbw(bytes) = busbw_t x bytes / (bytes + half_t): small messages do
@@ -24,13 +25,14 @@
 //        of n (every GPU sends its buffer to the switch once and reads the reduced result once):
 //        transfer = (bytes + nvls_half) / algbw. 8 GPUs: busbw = 1.75 x algbw = 480 GB/s on H100.
 //        NVLS is not forced above a size: it wins by the min-time rule from ~1.5 MiB up on H100,
-//        where NCCL itself switches (RING/LL <= 1 MiB, NVLS >= 2 MiB on 8x H200, HARDWARE.md 4.4).
+//        where NCCL itself switches (RING/LL <= 1 MiB, NVLS >= 2 MiB on 8x H200,
+//        profiles/clusters/SOURCES.md section 5).
 // Only the Simple protocol is modelled: LL/LL128 would lower the latency of messages below ~1 MiB.
 // Not modelled: NCCL's 2-node tree boost (intra-node bandwidth on <= 2 nodes; nccl-tests#196),
 // the ring "plateau" latency factor 1.9 and the tree correction table.
 //
 // Fits (least squares on log time; measured time = busbw_factor x bytes / measured busbw; the
-// tables are in HARDWARE.md 4.4; residual = model time / measured time - 1):
+// sweeps are in profiles/clusters/SOURCES.md section 5; residual = model time / measured time - 1):
 //  8x A100 all_reduce_perf, ring (n=8, latency 8.4 + 14 x 3.4 = 56.0 us, busbw 0.78 x 300 = 234 GB/s),
 //    fit on 1 MiB..16 GiB: half = 3.8 MiB (fill time 17 us). Residuals: 1 MiB -8%, 4 MiB +16%,
 //    64 MiB -14%, 256 MiB -14%, 1 GiB -1%, 16 GiB +0.5%; 32 KiB +97% (LL protocol, not fitted).

@@ -47,7 +47,7 @@ bool nic_on_switch(IntraNodeKind k) {
 // Ring inside one node: rank j -> j+1 with weight 1 (each GPU sends and receives one unit). On an
 // XGMI mesh RCCL runs several rings over different links, so each GPU's unit is spread evenly over
 // its k-1 links to the other members: a group of k gets (k-1) x 64 GB/s (measured 2 GPUs 47.7,
-// 8 GPUs 312.9 GB/s busbw, HARDWARE.md 4.3).
+// 8 GPUs 312.9 GB/s busbw, profiles/clusters/SOURCES.md section 4).
 //
 // Ring across nodes (hierarchical, as NCCL builds it: one ring per NIC, each entering a node at one
 // GPU, crossing the node's k members over NVLink and leaving at another GPU; the channels rotate
@@ -56,9 +56,9 @@ bool nic_on_switch(IntraNodeKind k) {
 // to the i-th member of the next (rail-aligned), each over the sender's and receiver's NIC; inside
 // the node each member forwards (k-1)/k units over NVLink. Per node this gives busbw =
 // min(k NICs x NIC rate, NVLink x k/(k-1)): 8 x 47 = 376 GB/s for DGX H100, matching the measured
-// 8 x 46-48 GB/s multi-node ring busbw (HARDWARE.md 4.3, nccl-tests#290) and 8 x 24 = 192 GB/s for
-// DGX A100 (NVIDIA/nccl#812). A data-parallel group with one member per node gets its GPU's NIC,
-// shared with the other groups whose GPUs use the same NIC.
+// 8 x 46-48 GB/s multi-node ring busbw (profiles/clusters/SOURCES.md section 4, nccl-tests#290)
+// and 8 x 24 = 192 GB/s for DGX A100 (NVIDIA/nccl#812). A data-parallel group with one member per
+// node gets its GPU's NIC, shared with the other groups whose GPUs use the same NIC.
 //
 // All-to-all: each rank sends 1 unit = (n-1)/n x bytes, 1/(n-1) to every peer. A rank with k-1
 // peers on its node and l-1 in its leaf sends (k-1)/(n-1) over NVLink, (n-k)/(n-1) through its NIC

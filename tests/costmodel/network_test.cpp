@@ -1,6 +1,6 @@
 // The network model: group placement, bandwidth sharing on the graph,
 // NCCL-style times, laws, and the measured all-reduce tables of
-// HARDWARE.md 4.3/4.4.
+// profiles/clusters/SOURCES.md sections 4 and 5.
 #include "dplan/costmodel/network.h"
 
 #include <algorithm>
@@ -25,7 +25,7 @@ namespace {
 
 constexpr double kMiB = 1048576.0;
 constexpr double kGiB = 1073741824.0;
-constexpr double kRingBase_s = 8.4e-6;  // NCCL baseLat Ring/Simple (HARDWARE.md section 3)
+constexpr double kRingBase_s = 8.4e-6;  // NCCL baseLat Ring/Simple (profiles/clusters/SOURCES.md section 3)
 
 // A cluster with round numbers: 8 GPUs per node on an NVSwitch at 300 GB/s, 8 NICs of 50 GB/s,
 // efficiencies 1, no size penalty, 1 us per NVLink hop and 10 us per network hop.
@@ -312,7 +312,7 @@ TEST_CASE("the cluster profile's link efficiencies and half-bandwidth sizes are 
   }
 }
 
-TEST_CASE("the measured all-reduce tables of HARDWARE.md 4.3/4.4 are reproduced within 25%", "[network][published]") {
+TEST_CASE("the measured all-reduce tables of profiles/clusters/SOURCES.md are reproduced within 25%", "[network][published]") {
   struct Row {
     const char* cluster;
     int gpus;

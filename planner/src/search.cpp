@@ -29,58 +29,69 @@ SearchSpace SearchSpace::runnable_by_executor(int gpus) {
   return s;
 }
 
+// Walks the space dimension by dimension, outermost first, so each rule (training.h) is checked
+// once for the layouts that share that dimension; the order of the loops is the order of the
+// layouts (exact ties in step time go to the earlier one).
 std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const TrainingSpec& t, const SearchSpace& space) {
   std::vector<ParallelConfig> out;
   const int n = space.gpus;
-  const int heads = std::gcd(m.num_heads, m.num_kv_heads);
-  for (int tp = 1; tp <= n && tp <= heads; ++tp) {
-    if (n % tp || heads % tp || m.ffn_hidden_size % tp) continue;
-    for (int cp = 1; cp <= space.max_cp && tp * cp <= n; cp *= 2) {
-      if ((n / tp) % cp || (cp > 1 && t.seq_len % (2 * cp))) continue;
-      for (int pp = 1; pp <= m.num_layers && tp * cp * pp <= n; ++pp) {
-        if ((n / (tp * cp)) % pp) continue;
-        const int dp = n / (tp * cp * pp);
+  auto ok = [](LayoutRule rule) { return rule == LayoutRule::ok; };
+  ParallelConfig p;
+  for (p.tp = 1; p.tp <= n; ++p.tp) {  // tp, cp, pp and dp: divisors of n, their product n
+    if (n % p.tp || !ok(check_tensor_parallel(m, p.tp))) continue;
+    for (p.cp = 1; p.cp <= space.max_cp && p.tp * p.cp <= n; p.cp *= 2) {
+      if ((n / p.tp) % p.cp || !ok(check_context_parallel(t, p.cp))) continue;
+      for (p.pp = 1; p.tp * p.cp * p.pp <= n; ++p.pp) {
+        if ((n / (p.tp * p.cp)) % p.pp || !ok(check_pipeline_parallel(m, p))) continue;
+        p.dp = n / (p.tp * p.cp * p.pp);
         std::vector<int> eps = {1};
         if (m.is_moe() && space.allow_expert_parallel)
-          for (int ep = 2; ep <= m.num_experts; ++ep)
-            if (m.num_experts % ep == 0 && (dp * cp) % ep == 0) eps.push_back(ep);
+          for (p.ep = 2; p.ep <= m.num_experts; ++p.ep)
+            if (ok(check_expert_parallel(m, p))) eps.push_back(p.ep);
         for (int mbs : space.micro_batches) {
-          if (t.global_batch % (mbs * dp)) continue;
-          const int microbatches = t.global_batch / (mbs * dp);
+          if (!ok(check_batch(t, mbs, p.dp))) continue;
+          p.micro_batch = mbs;
           std::vector<std::pair<Schedule, int>> schedules = {{Schedule::one_f_one_b, 1}};
-          if (pp > 1 && m.num_layers % pp == 0 && microbatches >= pp)
-            for (int vpp = 2; vpp <= space.max_vpp; ++vpp)
-              if ((m.num_layers / pp) % vpp == 0) schedules.push_back({Schedule::interleaved, vpp});
+          p.schedule = Schedule::interleaved;
+          for (p.vpp = 2; p.vpp <= space.max_vpp; ++p.vpp)
+            if (ok(check_schedule(m, t, p))) schedules.push_back({Schedule::interleaved, p.vpp});
           for (int ep : eps)
             for (auto [schedule, vpp] : schedules)
               for (int zero = 0; zero <= 4; ++zero) {  // 4 stands for the distributed optimizer
-                if (dp * cp == 1 && zero > 0) continue;
+                // Sharding over one data-parallel rank changes nothing: left out.
+                if (p.dp * p.cp == 1 && zero > 0) continue;
                 if (zero == 4 ? !space.allow_distributed_optimizer : zero > space.max_zero_stage) continue;
                 for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full})
                   for (bool sp : {false, true}) {
-                    if (sp && tp == 1) continue;
+                    p.sequence_parallel = sp;
+                    if (!ok(check_sequence_parallel(p))) continue;
                     if (rc != Recompute::none && !space.allow_recompute) continue;
                     for (bool offload : {false, true}) {
+                      // Offload is tried only with sharded optimizer states (ZeRO 1-3, distributed optimizer).
                       if (offload && (!space.allow_offload || zero == 0)) continue;
-                      ParallelConfig p;
-                      p.tp = tp;
-                      p.pp = pp;
-                      p.dp = dp;
-                      p.cp = cp;
-                      p.ep = ep;
-                      p.vpp = vpp;
-                      p.micro_batch = mbs;
-                      p.zero_stage = zero == 4 ? 0 : zero;
-                      p.distributed_optimizer = zero == 4;
-                      p.sequence_parallel = sp;
-                      p.offload_optimizer = offload;
-                      p.recompute = rc;
-                      p.schedule = schedule;
-                      out.push_back(p);
+                      ParallelConfig q;
+                      q.tp = p.tp;
+                      q.pp = p.pp;
+                      q.dp = p.dp;
+                      q.cp = p.cp;
+                      q.ep = ep;
+                      q.vpp = vpp;
+                      q.micro_batch = mbs;
+                      q.zero_stage = zero == 4 ? 0 : zero;
+                      q.distributed_optimizer = zero == 4;
+                      q.sequence_parallel = sp;
+                      q.offload_optimizer = offload;
+                      q.recompute = rc;
+                      q.schedule = schedule;
+                      out.push_back(q);
                     }
                   }
               }
         }
+        p.ep = 1;
+        p.vpp = 1;
+        p.schedule = Schedule::one_f_one_b;
+        p.sequence_parallel = false;
       }
     }
   }

@@ -59,7 +59,9 @@ int global_batch_for_tokens(double tokens, int seq_len);
 // interleaving): the users' rule is start with DDP, add sharding, then model parallelism.
 int layout_complexity(const costmodel::ParallelConfig& parallel);
 
-// All layouts of `space.gpus` GPUs that validate() accepts for this model and training spec.
+// All layouts of `space.gpus` GPUs in `space` that follow the layout rules (check_layout in
+// costmodel/training.h, which validate() enforces), in a fixed order: tp, cp, pp, ep, micro-batch,
+// schedule, ZeRO stage, recompute, sequence parallel, offload, each ascending.
 std::vector<costmodel::ParallelConfig> enumerate_layouts(const costmodel::ModelSpec& model,
                                                          const costmodel::TrainingSpec& training,
                                                          const SearchSpace& space);

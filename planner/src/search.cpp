@@ -31,7 +31,8 @@ SearchSpace SearchSpace::runnable_by_executor(int gpus) {
 
 // Walks the space dimension by dimension, outermost first, so each rule (training.h) is checked
 // once for the layouts that share that dimension; the order of the loops is the order of the
-// layouts (exact ties in step time go to the earlier one).
+// layouts (exact ties in step time go to the earlier one). `p` holds the dimensions chosen so far:
+// each check reads only those.
 std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const TrainingSpec& t, const SearchSpace& space) {
   std::vector<ParallelConfig> out;
   const int n = space.gpus;
@@ -69,29 +70,19 @@ std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const Training
                     for (bool offload : {false, true}) {
                       // Offload is tried only with sharded optimizer states (ZeRO 1-3, distributed optimizer).
                       if (offload && (!space.allow_offload || zero == 0)) continue;
-                      ParallelConfig q;
-                      q.tp = p.tp;
-                      q.pp = p.pp;
-                      q.dp = p.dp;
-                      q.cp = p.cp;
+                      ParallelConfig q = p;
                       q.ep = ep;
                       q.vpp = vpp;
-                      q.micro_batch = mbs;
+                      q.schedule = schedule;
                       q.zero_stage = zero == 4 ? 0 : zero;
                       q.distributed_optimizer = zero == 4;
-                      q.sequence_parallel = sp;
                       q.offload_optimizer = offload;
                       q.recompute = rc;
-                      q.schedule = schedule;
                       out.push_back(q);
                     }
                   }
               }
         }
-        p.ep = 1;
-        p.vpp = 1;
-        p.schedule = Schedule::one_f_one_b;
-        p.sequence_parallel = false;
       }
     }
   }
@@ -117,19 +108,25 @@ SearchResult search(const std::vector<ParallelConfig>& layouts, const CostFuncti
       ++r.rejected[e.reject_reason];
       continue;
     }
-    feasible.push_back({p, e, layout_complexity(p)});
+    feasible.push_back({p, std::move(e), layout_complexity(p)});
   }
   r.feasible = static_cast<long>(feasible.size());
-  size_t k = std::min<size_t>(std::max(top_k, 1), feasible.size());
-  std::partial_sort(feasible.begin(), feasible.begin() + k, feasible.end(), better);
-  r.ranked.assign(feasible.begin(), feasible.begin() + k);
+  // Sorted by pointer: the candidates carry their whole evaluation, and only the ranked and the
+  // Pareto ones are copied out. (The same comparisons on the same sequence as sorting the
+  // candidates themselves, so the same order, exact ties included.)
+  std::vector<const Candidate*> order(feasible.size());
+  for (size_t i = 0; i < feasible.size(); ++i) order[i] = &feasible[i];
+  auto before = [](const Candidate* a, const Candidate* b) { return better(*a, *b); };
+  size_t k = std::min<size_t>(std::max(top_k, 1), order.size());
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+  for (size_t i = 0; i < k; ++i) r.ranked.push_back(*order[i]);
   // Pareto frontier of (step time, peak memory): sweep by time, keep strictly smaller peaks.
-  std::sort(feasible.begin(), feasible.end(), better);
+  std::sort(order.begin(), order.end(), before);
   double best_peak = 1e300;
-  for (const auto& cand : feasible)
-    if (cand.evaluation.peak_bytes < best_peak) {
-      best_peak = cand.evaluation.peak_bytes;
-      r.pareto.push_back(cand);
+  for (const Candidate* cand : order)
+    if (cand->evaluation.peak_bytes < best_peak) {
+      best_peak = cand->evaluation.peak_bytes;
+      r.pareto.push_back(*cand);
     }
   return r;
 }
@@ -147,7 +144,9 @@ CostFunction dplan_cost_function(const ModelSpec& m, const Network& net, const T
       return e;
     }
     e.fits = true;
-    e.step_time_s = estimate_time(m, net, t, p, mem, overlap).step_time_s;
+    e.time = estimate_time(m, net, t, p, mem, overlap);
+    e.step_time_s = e.time.step_time_s;
+    e.memory = std::move(mem);
     return e;
   };
 }

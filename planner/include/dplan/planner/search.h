@@ -19,6 +19,10 @@ struct Evaluation {
   std::string reject_reason;      // when it does not fit: a short category ("activations exceed HBM")
   double step_time_s = 0;
   double peak_bytes = 0;
+  // The cost model's whole answer for a layout that fits (dplan_cost_function fills them; a toy
+  // cost model may leave them empty): what the report prints of the winner, never recomputed.
+  costmodel::MemoryEstimate memory;
+  costmodel::TimeBreakdown time;
 };
 using CostFunction = std::function<Evaluation(const costmodel::ParallelConfig&)>;
 

@@ -14,6 +14,7 @@ namespace dplan::costmodel {
 
 class CoreSharing {
  public:
+  // REQUIRES: `cluster` outlives this object.
   CoreSharing(const ClusterSpec& cluster, const ParallelConfig& parallel);
 
   // True where ranks share cores, so that a waiting rank's cores go to the ranks that work.
@@ -25,13 +26,12 @@ class CoreSharing {
 
   // How much faster than the all-stages pace each pipeline stage runs while `running_stages` of
   // the pp stages compute (play_pipeline's speed; 1 with every stage running).
-  // REQUIRES: fills_waits(), 1 <= running_stages <= pp.
+  // REQUIRES: fills_waits(), pp >= 2, 1 <= running_stages <= pp.
   double pipeline_speed(int running_stages) const { return pipeline_speed_[running_stages]; }
 
   // The factor on the compute of one of several tensor-parallel groups (pp 1) whose ranks
   // outnumber the cores, given its compute `compute_s` at the all-ranks pace and its waits
   // `wait_s` in its collectives (see core_sharing.cpp); 1 wherever the groups do not meet.
-  // REQUIRES: `cluster` outlives this object.
   double tensor_parallel_pace(double compute_s, double wait_s) const;
 
  private:

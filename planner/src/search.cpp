@@ -101,6 +101,9 @@ SearchResult search(const std::vector<ParallelConfig>& layouts, const CostFuncti
   if (layouts.empty()) throw InputError("no valid parallel layout exists for this GPU count, model and batch");
   SearchResult r;
   std::vector<Candidate> feasible;
+  // Only the best so far and its exact equals keep their memory estimate (the report prints the
+  // winner's); the rest give theirs back at once, so the search holds no more memory than one.
+  std::vector<size_t> leaders;
   for (const auto& p : layouts) {
     Evaluation e = cost(p);
     ++r.evaluated;
@@ -108,11 +111,20 @@ SearchResult search(const std::vector<ParallelConfig>& layouts, const CostFuncti
       ++r.rejected[e.reject_reason];
       continue;
     }
-    feasible.push_back({p, std::move(e), layout_complexity(p)});
+    Candidate c{p, std::move(e), layout_complexity(p)};
+    if (leaders.empty() || better(c, feasible[leaders[0]])) {
+      for (size_t i : leaders) feasible[i].evaluation.memory = {};
+      leaders.assign(1, feasible.size());
+    } else if (!better(feasible[leaders[0]], c)) {
+      leaders.push_back(feasible.size());
+    } else {
+      c.evaluation.memory = {};
+    }
+    feasible.push_back(std::move(c));
   }
   r.feasible = static_cast<long>(feasible.size());
-  // Sorted by pointer: the candidates carry their whole evaluation, and only the ranked and the
-  // Pareto ones are copied out. (The same comparisons on the same sequence as sorting the
+  // Sorted by pointer: the candidates carry their evaluation, and only the ranked and the Pareto
+  // ones are copied out. (The same comparisons on the same sequence as sorting the
   // candidates themselves, so the same order, exact ties included.)
   std::vector<const Candidate*> order(feasible.size());
   for (size_t i = 0; i < feasible.size(); ++i) order[i] = &feasible[i];

@@ -69,6 +69,13 @@ TEST_CASE("every enumerated layout is valid, and the chosen one is never slower 
   long rejected = 0;
   for (const auto& [why, n] : r.rejected) rejected += n;
   CHECK(rejected + r.feasible == r.evaluated);
+  // The winner carries the cost model's whole answer, as the report prints it.
+  const ParallelConfig& best = r.ranked[0].parallel;
+  const MemoryEstimate mem = estimate_memory(m, c, t, best);
+  CHECK(r.ranked[0].evaluation.memory.peak_bytes == mem.peak_bytes);
+  CHECK(r.ranked[0].evaluation.memory.stages.size() == mem.stages.size());
+  CHECK(r.ranked[0].evaluation.time.phases() == estimate_time(m, net, t, best, mem).phases());
+  CHECK(r.ranked[0].evaluation.time.step_time_s == r.ranked[0].evaluation.step_time_s);
 }
 
 namespace {

@@ -21,6 +21,7 @@ struct Evaluation {
   double peak_bytes = 0;
   // The cost model's whole answer for a layout that fits (dplan_cost_function fills them; a toy
   // cost model may leave them empty): what the report prints of the winner, never recomputed.
+  // search() keeps `memory` only for the winner (ranked[0]) and the layouts exactly tied with it.
   costmodel::MemoryEstimate memory;
   costmodel::TimeBreakdown time;
 };

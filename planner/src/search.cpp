@@ -101,6 +101,7 @@ SearchResult search(const std::vector<ParallelConfig>& layouts, const CostFuncti
   if (layouts.empty()) throw InputError("no valid parallel layout exists for this GPU count, model and batch");
   SearchResult r;
   std::vector<Candidate> feasible;
+  feasible.reserve(layouts.size());  // pages are touched only as candidates arrive
   // Only the best so far and its exact equals keep their memory estimate (the report prints the
   // winner's); the rest give theirs back at once, so the search holds no more memory than one.
   std::vector<size_t> leaders;

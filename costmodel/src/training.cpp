@@ -92,101 +92,191 @@ double microbatches_in_flight(const ParallelConfig& p, int stage, int m) {
   return m;
 }
 
-void validate(const ModelSpec& model, const ClusterSpec& cluster, const TrainingSpec& t,
-              const ParallelConfig& p, int gpus) {
-  auto positive = [](const char* name, long long v) {
-    if (v < 1) bad(std::string(name) + " must be a positive integer, got " + std::to_string(v));
-  };
-  positive("--gpus", gpus);
-  positive("--tp", p.tp);
-  positive("--pp", p.pp);
-  positive("--dp", p.dp);
-  positive("--cp", p.cp);
-  positive("--ep", p.ep);
-  positive("--vpp", p.vpp);
-  positive("--mbs (micro-batch size)", p.micro_batch);
-  positive("--global-batch", t.global_batch);
-  positive("--seq", t.seq_len);
+LayoutRule check_tensor_parallel(const ModelSpec& model, int tp) {
+  if (std::gcd(model.num_heads, model.num_kv_heads) % tp != 0) return LayoutRule::tp_divides_heads;
+  if (model.ffn_hidden_size % tp != 0) return LayoutRule::tp_divides_ffn;
+  return LayoutRule::ok;
+}
 
-  if (p.world_size() != gpus) {
-    std::string msg = "tp*pp*dp*cp = " + std::to_string(p.tp) + "*" + std::to_string(p.pp) + "*" +
-                      std::to_string(p.dp) + "*" + std::to_string(p.cp) + " = " + std::to_string(p.world_size()) +
-                      " but --gpus is " + std::to_string(gpus);
-    int model_parallel = p.tp * p.pp * p.cp;
-    if (gpus % model_parallel == 0)
-      msg += "; with these tp, pp and cp use --dp " + std::to_string(gpus / model_parallel);
-    else
-      msg += "; tp*pp*cp = " + std::to_string(model_parallel) + " must divide the GPU count";
-    bad(msg);
-  }
-  int head_gcd = std::gcd(model.num_heads, model.num_kv_heads);
-  if (head_gcd % p.tp != 0)
-    bad("tp " + std::to_string(p.tp) + " does not divide the " + std::to_string(model.num_heads) +
-        " attention heads and " + std::to_string(model.num_kv_heads) + " key/value heads of " + model.name +
-        "; valid tp: " + divisors_of(head_gcd));
-  if (model.ffn_hidden_size % p.tp != 0)
-    bad("tp " + std::to_string(p.tp) + " does not divide the FFN size " + std::to_string(model.ffn_hidden_size));
-  if (p.pp > model.num_layers)
-    bad("pp " + std::to_string(p.pp) + " exceeds the " + std::to_string(model.num_layers) + " layers of " +
-        model.name + "; pp must be at most the layer count");
-
+LayoutRule check_pipeline_parallel(const ModelSpec& model, const ParallelConfig& p) {
+  if (p.pp > model.num_layers) return LayoutRule::pp_within_layers;
   if (!p.layers_per_stage.empty()) {
-    if (int(p.layers_per_stage.size()) != p.pp)
-      bad("the layer assignment lists " + std::to_string(p.layers_per_stage.size()) + " stages but pp is " +
-          std::to_string(p.pp));
+    if (int(p.layers_per_stage.size()) != p.pp) return LayoutRule::stages_listed;
     int sum = 0;
     for (int n : p.layers_per_stage) {
-      if (n < 1) bad("every pipeline stage needs at least one layer");
+      if (n < 1) return LayoutRule::stages_hold_a_layer;
       sum += n;
     }
-    if (sum != model.num_layers)
-      bad("the layer assignment holds " + std::to_string(sum) + " layers but " + model.name + " has " +
-          std::to_string(model.num_layers));
+    if (sum != model.num_layers) return LayoutRule::stages_hold_the_model;
   }
+  return LayoutRule::ok;
+}
 
-  if (t.global_batch % (p.micro_batch * p.dp) != 0)
-    bad("global batch " + std::to_string(t.global_batch) + " is not divisible by micro-batch * dp = " +
-        std::to_string(p.micro_batch) + "*" + std::to_string(p.dp) + " = " + std::to_string(p.micro_batch * p.dp) +
-        "; choose a global batch that is a multiple of " + std::to_string(p.micro_batch * p.dp));
-  int m = num_microbatches(t, p);
+LayoutRule check_batch(const TrainingSpec& t, int micro_batch, int dp) {
+  return t.global_batch % (micro_batch * dp) != 0 ? LayoutRule::batch_divisible : LayoutRule::ok;
+}
 
+LayoutRule check_schedule(const ModelSpec& model, const TrainingSpec& t, const ParallelConfig& p) {
   if (p.schedule == Schedule::interleaved) {
-    if (p.pp < 2) bad("the interleaved schedule needs pp >= 2");
-    if (p.vpp < 2) bad("the interleaved schedule needs --vpp >= 2 (virtual stages per pipeline rank)");
+    if (p.pp < 2) return LayoutRule::interleaved_needs_pp;
+    if (p.vpp < 2) return LayoutRule::interleaved_needs_vpp;
     for (int n : assign_layers(model.num_layers, p))
-      if (n % p.vpp != 0)
-        bad("vpp " + std::to_string(p.vpp) + " does not divide the " + std::to_string(n) +
-            " layers of a pipeline stage; choose vpp among " + divisors_of(n));
-    if (m < p.pp)
-      bad("the interleaved schedule needs at least pp = " + std::to_string(p.pp) + " micro-batches, got " +
-          std::to_string(m));
+      if (n % p.vpp != 0) return LayoutRule::vpp_divides_stages;
+    if (num_microbatches(t, p) < p.pp) return LayoutRule::interleaved_needs_microbatches;
   } else if (p.vpp != 1) {
-    bad("--vpp " + std::to_string(p.vpp) + " needs --schedule interleaved");
+    return LayoutRule::vpp_needs_interleaved;
   }
+  return LayoutRule::ok;
+}
 
-  if (p.cp > 1 && t.seq_len % (2 * p.cp) != 0)
-    bad("sequence length " + std::to_string(t.seq_len) + " is not divisible by 2*cp = " + std::to_string(2 * p.cp) +
-        " (context parallel splits each sequence into 2*cp load-balanced chunks)");
-  if (model.position == PositionKind::learned && t.seq_len > model.max_seq_len)
-    bad("sequence length " + std::to_string(t.seq_len) + " exceeds the " + std::to_string(model.max_seq_len) +
-        " learned positions of " + model.name);
+LayoutRule check_context_parallel(const TrainingSpec& t, int cp) {
+  return cp > 1 && t.seq_len % (2 * cp) != 0 ? LayoutRule::cp_divides_seq : LayoutRule::ok;
+}
 
+LayoutRule check_expert_parallel(const ModelSpec& model, const ParallelConfig& p) {
   if (p.ep > 1) {
-    if (!model.is_moe()) bad("--ep " + std::to_string(p.ep) + " needs a mixture-of-experts model; " + model.name + " is dense");
-    if (model.num_experts % p.ep != 0)
-      bad("ep " + std::to_string(p.ep) + " does not divide the " + std::to_string(model.num_experts) +
-          " experts; valid ep: " + divisors_of(model.num_experts));
-    if ((p.dp * p.cp) % p.ep != 0)
-      bad("ep " + std::to_string(p.ep) + " must divide dp*cp = " + std::to_string(p.dp * p.cp) +
-          " (expert parallel ranks are carved out of the data-parallel ranks)");
+    if (!model.is_moe()) return LayoutRule::ep_needs_moe;
+    if (model.num_experts % p.ep != 0) return LayoutRule::ep_divides_experts;
+    if ((p.dp * p.cp) % p.ep != 0) return LayoutRule::ep_divides_dp_cp;
   }
-  if (p.zero_stage < 0 || p.zero_stage > 3)
-    bad("ZeRO stage " + std::to_string(p.zero_stage) + " does not exist; choose 0, 1, 2 or 3");
-  if (p.distributed_optimizer && p.zero_stage > 1)
-    bad("--dist-opt is Megatron's distributed optimizer (ZeRO-1 sharding); combine it with --zero 0 or 1, not " +
-        std::to_string(p.zero_stage));
-  if (p.sequence_parallel && p.tp < 2) bad("sequence parallel (--sp) needs tp >= 2");
-  if (t.vocab_pad_multiple < 1) bad("vocab padding multiple must be positive");
+  return LayoutRule::ok;
+}
+
+LayoutRule check_sharding(const ParallelConfig& p) {
+  if (p.zero_stage < 0 || p.zero_stage > 3) return LayoutRule::zero_stage_exists;
+  if (p.distributed_optimizer && p.zero_stage > 1) return LayoutRule::dist_opt_needs_zero_0_or_1;
+  return LayoutRule::ok;
+}
+
+LayoutRule check_sequence_parallel(const ParallelConfig& p) {
+  return p.sequence_parallel && p.tp < 2 ? LayoutRule::sp_needs_tp : LayoutRule::ok;
+}
+
+LayoutRule check_layout(const ModelSpec& model, const TrainingSpec& t, const ParallelConfig& p, int gpus) {
+  const std::pair<LayoutRule, long long> sizes[] = {
+      {LayoutRule::gpus_positive, gpus},         {LayoutRule::tp_positive, p.tp},
+      {LayoutRule::pp_positive, p.pp},           {LayoutRule::dp_positive, p.dp},
+      {LayoutRule::cp_positive, p.cp},           {LayoutRule::ep_positive, p.ep},
+      {LayoutRule::vpp_positive, p.vpp},         {LayoutRule::micro_batch_positive, p.micro_batch},
+      {LayoutRule::global_batch_positive, t.global_batch}, {LayoutRule::seq_positive, t.seq_len}};
+  for (const auto& [rule, size] : sizes)
+    if (size < 1) return rule;
+  if (p.world_size() != gpus) return LayoutRule::world_size;
+  // With positive sizes every check is defined; the first broken rule in this order is reported.
+  const LayoutRule positions = model.position == PositionKind::learned && t.seq_len > model.max_seq_len
+                                   ? LayoutRule::seq_within_positions
+                                   : LayoutRule::ok;
+  const LayoutRule vocab = t.vocab_pad_multiple < 1 ? LayoutRule::vocab_pad_positive : LayoutRule::ok;
+  for (LayoutRule rule :
+       {check_tensor_parallel(model, p.tp), check_pipeline_parallel(model, p), check_batch(t, p.micro_batch, p.dp),
+        check_schedule(model, t, p), check_context_parallel(t, p.cp), positions, check_expert_parallel(model, p),
+        check_sharding(p), check_sequence_parallel(p), vocab})
+    if (rule != LayoutRule::ok) return rule;
+  return LayoutRule::ok;
+}
+
+namespace {
+
+// validate()'s message for a broken rule, naming the valid choices.
+std::string rule_message(LayoutRule rule, const ModelSpec& model, const TrainingSpec& t, const ParallelConfig& p,
+                         int gpus) {
+  auto not_positive = [](const char* name, long long v) {
+    return std::string(name) + " must be a positive integer, got " + std::to_string(v);
+  };
+  switch (rule) {
+    case LayoutRule::ok: return "";
+    case LayoutRule::gpus_positive: return not_positive("--gpus", gpus);
+    case LayoutRule::tp_positive: return not_positive("--tp", p.tp);
+    case LayoutRule::pp_positive: return not_positive("--pp", p.pp);
+    case LayoutRule::dp_positive: return not_positive("--dp", p.dp);
+    case LayoutRule::cp_positive: return not_positive("--cp", p.cp);
+    case LayoutRule::ep_positive: return not_positive("--ep", p.ep);
+    case LayoutRule::vpp_positive: return not_positive("--vpp", p.vpp);
+    case LayoutRule::micro_batch_positive: return not_positive("--mbs (micro-batch size)", p.micro_batch);
+    case LayoutRule::global_batch_positive: return not_positive("--global-batch", t.global_batch);
+    case LayoutRule::seq_positive: return not_positive("--seq", t.seq_len);
+    case LayoutRule::world_size: {
+      std::string msg = "tp*pp*dp*cp = " + std::to_string(p.tp) + "*" + std::to_string(p.pp) + "*" +
+                        std::to_string(p.dp) + "*" + std::to_string(p.cp) + " = " + std::to_string(p.world_size()) +
+                        " but --gpus is " + std::to_string(gpus);
+      int model_parallel = p.tp * p.pp * p.cp;
+      if (gpus % model_parallel == 0)
+        msg += "; with these tp, pp and cp use --dp " + std::to_string(gpus / model_parallel);
+      else
+        msg += "; tp*pp*cp = " + std::to_string(model_parallel) + " must divide the GPU count";
+      return msg;
+    }
+    case LayoutRule::tp_divides_heads: {
+      int head_gcd = std::gcd(model.num_heads, model.num_kv_heads);
+      return "tp " + std::to_string(p.tp) + " does not divide the " + std::to_string(model.num_heads) +
+             " attention heads and " + std::to_string(model.num_kv_heads) + " key/value heads of " + model.name +
+             "; valid tp: " + divisors_of(head_gcd);
+    }
+    case LayoutRule::tp_divides_ffn:
+      return "tp " + std::to_string(p.tp) + " does not divide the FFN size " + std::to_string(model.ffn_hidden_size);
+    case LayoutRule::pp_within_layers:
+      return "pp " + std::to_string(p.pp) + " exceeds the " + std::to_string(model.num_layers) + " layers of " +
+             model.name + "; pp must be at most the layer count";
+    case LayoutRule::stages_listed:
+      return "the layer assignment lists " + std::to_string(p.layers_per_stage.size()) + " stages but pp is " +
+             std::to_string(p.pp);
+    case LayoutRule::stages_hold_a_layer: return "every pipeline stage needs at least one layer";
+    case LayoutRule::stages_hold_the_model: {
+      int sum = 0;
+      for (int n : p.layers_per_stage) sum += n;
+      return "the layer assignment holds " + std::to_string(sum) + " layers but " + model.name + " has " +
+             std::to_string(model.num_layers);
+    }
+    case LayoutRule::batch_divisible:
+      return "global batch " + std::to_string(t.global_batch) + " is not divisible by micro-batch * dp = " +
+             std::to_string(p.micro_batch) + "*" + std::to_string(p.dp) + " = " +
+             std::to_string(p.micro_batch * p.dp) + "; choose a global batch that is a multiple of " +
+             std::to_string(p.micro_batch * p.dp);
+    case LayoutRule::interleaved_needs_pp: return "the interleaved schedule needs pp >= 2";
+    case LayoutRule::interleaved_needs_vpp:
+      return "the interleaved schedule needs --vpp >= 2 (virtual stages per pipeline rank)";
+    case LayoutRule::vpp_divides_stages:
+      for (int n : assign_layers(model.num_layers, p))
+        if (n % p.vpp != 0)
+          return "vpp " + std::to_string(p.vpp) + " does not divide the " + std::to_string(n) +
+                 " layers of a pipeline stage; choose vpp among " + divisors_of(n);
+      return "";
+    case LayoutRule::interleaved_needs_microbatches:
+      return "the interleaved schedule needs at least pp = " + std::to_string(p.pp) + " micro-batches, got " +
+             std::to_string(num_microbatches(t, p));
+    case LayoutRule::vpp_needs_interleaved:
+      return "--vpp " + std::to_string(p.vpp) + " needs --schedule interleaved";
+    case LayoutRule::cp_divides_seq:
+      return "sequence length " + std::to_string(t.seq_len) + " is not divisible by 2*cp = " +
+             std::to_string(2 * p.cp) + " (context parallel splits each sequence into 2*cp load-balanced chunks)";
+    case LayoutRule::seq_within_positions:
+      return "sequence length " + std::to_string(t.seq_len) + " exceeds the " + std::to_string(model.max_seq_len) +
+             " learned positions of " + model.name;
+    case LayoutRule::ep_needs_moe:
+      return "--ep " + std::to_string(p.ep) + " needs a mixture-of-experts model; " + model.name + " is dense";
+    case LayoutRule::ep_divides_experts:
+      return "ep " + std::to_string(p.ep) + " does not divide the " + std::to_string(model.num_experts) +
+             " experts; valid ep: " + divisors_of(model.num_experts);
+    case LayoutRule::ep_divides_dp_cp:
+      return "ep " + std::to_string(p.ep) + " must divide dp*cp = " + std::to_string(p.dp * p.cp) +
+             " (expert parallel ranks are carved out of the data-parallel ranks)";
+    case LayoutRule::zero_stage_exists:
+      return "ZeRO stage " + std::to_string(p.zero_stage) + " does not exist; choose 0, 1, 2 or 3";
+    case LayoutRule::dist_opt_needs_zero_0_or_1:
+      return "--dist-opt is Megatron's distributed optimizer (ZeRO-1 sharding); combine it with --zero 0 or 1, not " +
+             std::to_string(p.zero_stage);
+    case LayoutRule::sp_needs_tp: return "sequence parallel (--sp) needs tp >= 2";
+    case LayoutRule::vocab_pad_positive: return "vocab padding multiple must be positive";
+  }
+  return "";
+}
+
+}  // namespace
+
+void validate(const ModelSpec& model, const ClusterSpec& cluster, const TrainingSpec& t, const ParallelConfig& p,
+              int gpus) {
+  if (LayoutRule rule = check_layout(model, t, p, gpus); rule != LayoutRule::ok)
+    bad(rule_message(rule, model, t, p, gpus));
   peak_flops_per_s(cluster.gpu, t.precision);  // throws if the GPU lacks this precision
 }
 

@@ -230,8 +230,8 @@ std::optional<Planned> plan_best(const Options& o, const ProfileStore& store) {
     return std::nullopt;
   }
   pl.best = pl.result.ranked[0].parallel;
-  pl.mem = estimate_memory(in.model, in.cluster, in.training, pl.best);
-  pl.time = estimate_time(in.model, net, in.training, pl.best, pl.mem, in.overlap);
+  pl.mem = pl.result.ranked[0].evaluation.memory;  // the search's evaluation, not recomputed
+  pl.time = pl.result.ranked[0].evaluation.time;
   return pl;
 }
 

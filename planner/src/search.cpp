@@ -54,54 +54,56 @@ SearchSpace SearchSpace::runnable_by_executor(int gpus, const ModelSpec& model, 
   return s;
 }
 
+// Walks the space dimension by dimension, outermost first, so each rule (training.h) is checked
+// once for the layouts that share that dimension; the order of the loops is the order of the
+// layouts (exact ties in step time go to the earlier one). `p` holds the dimensions chosen so far:
+// each check reads only those.
 std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const TrainingSpec& t, const SearchSpace& space) {
   std::vector<ParallelConfig> out;
   const int n = space.gpus;
-  const int heads = std::gcd(m.num_heads, m.num_kv_heads);
-  for (int tp = 1; tp <= n && tp <= heads; ++tp) {
-    if (n % tp || heads % tp || m.ffn_hidden_size % tp) continue;
-    for (int cp = 1; cp <= space.max_cp && tp * cp <= n; cp *= 2) {
-      if ((n / tp) % cp || (cp > 1 && t.seq_len % (2 * cp))) continue;
-      for (int pp = 1; pp <= m.num_layers && tp * cp * pp <= n; ++pp) {
-        if ((n / (tp * cp)) % pp) continue;
-        const int dp = n / (tp * cp * pp);
+  auto ok = [](LayoutRule rule) { return rule == LayoutRule::ok; };
+  ParallelConfig p;
+  for (p.tp = 1; p.tp <= n; ++p.tp) {  // tp, cp, pp and dp: divisors of n, their product n
+    if (n % p.tp || !ok(check_tensor_parallel(m, p.tp))) continue;
+    for (p.cp = 1; p.cp <= space.max_cp && p.tp * p.cp <= n; p.cp *= 2) {
+      if ((n / p.tp) % p.cp || !ok(check_context_parallel(t, p.cp))) continue;
+      for (p.pp = 1; p.tp * p.cp * p.pp <= n; ++p.pp) {
+        if ((n / (p.tp * p.cp)) % p.pp || !ok(check_pipeline_parallel(m, p))) continue;
+        p.dp = n / (p.tp * p.cp * p.pp);
         std::vector<int> eps = {1};
         if (m.is_moe() && space.allow_expert_parallel)
-          for (int ep = 2; ep <= m.num_experts; ++ep)
-            if (m.num_experts % ep == 0 && (dp * cp) % ep == 0) eps.push_back(ep);
+          for (p.ep = 2; p.ep <= m.num_experts; ++p.ep)
+            if (ok(check_expert_parallel(m, p))) eps.push_back(p.ep);
         for (int mbs : space.micro_batches) {
-          if (t.global_batch % (mbs * dp)) continue;
-          const int microbatches = t.global_batch / (mbs * dp);
+          if (!ok(check_batch(t, mbs, p.dp))) continue;
+          p.micro_batch = mbs;
           std::vector<std::pair<Schedule, int>> schedules = {{Schedule::one_f_one_b, 1}};
-          if (pp > 1 && m.num_layers % pp == 0 && microbatches >= pp)
-            for (int vpp = 2; vpp <= space.max_vpp; ++vpp)
-              if ((m.num_layers / pp) % vpp == 0) schedules.push_back({Schedule::interleaved, vpp});
+          p.schedule = Schedule::interleaved;
+          for (p.vpp = 2; p.vpp <= space.max_vpp; ++p.vpp)
+            if (ok(check_schedule(m, t, p))) schedules.push_back({Schedule::interleaved, p.vpp});
           for (int ep : eps)
             for (auto [schedule, vpp] : schedules)
               for (int zero = 0; zero <= 4; ++zero) {  // 4 stands for the distributed optimizer
-                if (dp * cp == 1 && zero > 0) continue;
+                // Sharding over one data-parallel rank changes nothing: left out.
+                if (p.dp * p.cp == 1 && zero > 0) continue;
                 if (zero == 4 ? !space.allow_distributed_optimizer : zero > space.max_zero_stage) continue;
                 for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full})
                   for (bool sp : {false, true}) {
-                    if (sp && tp == 1) continue;
+                    p.sequence_parallel = sp;
+                    if (!ok(check_sequence_parallel(p))) continue;
                     if (rc != Recompute::none && !space.allow_recompute) continue;
                     for (bool offload : {false, true}) {
+                      // Offload is tried only with sharded optimizer states (ZeRO 1-3, distributed optimizer).
                       if (offload && (!space.allow_offload || zero == 0)) continue;
-                      ParallelConfig p;
-                      p.tp = tp;
-                      p.pp = pp;
-                      p.dp = dp;
-                      p.cp = cp;
-                      p.ep = ep;
-                      p.vpp = vpp;
-                      p.micro_batch = mbs;
-                      p.zero_stage = zero == 4 ? 0 : zero;
-                      p.distributed_optimizer = zero == 4;
-                      p.sequence_parallel = sp;
-                      p.offload_optimizer = offload;
-                      p.recompute = rc;
-                      p.schedule = schedule;
-                      out.push_back(p);
+                      ParallelConfig q = p;
+                      q.ep = ep;
+                      q.vpp = vpp;
+                      q.schedule = schedule;
+                      q.zero_stage = zero == 4 ? 0 : zero;
+                      q.distributed_optimizer = zero == 4;
+                      q.offload_optimizer = offload;
+                      q.recompute = rc;
+                      out.push_back(q);
                     }
                   }
               }
@@ -124,6 +126,10 @@ SearchResult search(const std::vector<ParallelConfig>& layouts, const CostFuncti
   if (layouts.empty()) throw InputError("no valid parallel layout exists for this GPU count, model and batch");
   SearchResult r;
   std::vector<Candidate> feasible;
+  feasible.reserve(layouts.size());  // pages are touched only as candidates arrive
+  // Only the best so far and its exact equals keep their memory estimate (the report prints the
+  // winner's); the rest give theirs back at once, so the search holds no more memory than one.
+  std::vector<size_t> leaders;
   for (const auto& p : layouts) {
     Evaluation e = cost(p);
     ++r.evaluated;
@@ -131,19 +137,34 @@ SearchResult search(const std::vector<ParallelConfig>& layouts, const CostFuncti
       ++r.rejected[e.reject_reason];
       continue;
     }
-    feasible.push_back({p, e, layout_complexity(p)});
+    Candidate c{p, std::move(e), layout_complexity(p)};
+    if (leaders.empty() || better(c, feasible[leaders[0]])) {
+      for (size_t i : leaders) feasible[i].evaluation.memory = {};
+      leaders.assign(1, feasible.size());
+    } else if (!better(feasible[leaders[0]], c)) {
+      leaders.push_back(feasible.size());
+    } else {
+      c.evaluation.memory = {};
+    }
+    feasible.push_back(std::move(c));
   }
   r.feasible = static_cast<long>(feasible.size());
-  size_t k = std::min<size_t>(std::max(top_k, 1), feasible.size());
-  std::partial_sort(feasible.begin(), feasible.begin() + k, feasible.end(), better);
-  r.ranked.assign(feasible.begin(), feasible.begin() + k);
+  // Sorted by pointer: the candidates carry their evaluation, and only the ranked and the Pareto
+  // ones are copied out. (The same comparisons on the same sequence as sorting the
+  // candidates themselves, so the same order, exact ties included.)
+  std::vector<const Candidate*> order(feasible.size());
+  for (size_t i = 0; i < feasible.size(); ++i) order[i] = &feasible[i];
+  auto before = [](const Candidate* a, const Candidate* b) { return better(*a, *b); };
+  size_t k = std::min<size_t>(std::max(top_k, 1), order.size());
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+  for (size_t i = 0; i < k; ++i) r.ranked.push_back(*order[i]);
   // Pareto frontier of (step time, peak memory): sweep by time, keep strictly smaller peaks.
-  std::sort(feasible.begin(), feasible.end(), better);
+  std::sort(order.begin(), order.end(), before);
   double best_peak = 1e300;
-  for (const auto& cand : feasible)
-    if (cand.evaluation.peak_bytes < best_peak) {
-      best_peak = cand.evaluation.peak_bytes;
-      r.pareto.push_back(cand);
+  for (const Candidate* cand : order)
+    if (cand->evaluation.peak_bytes < best_peak) {
+      best_peak = cand->evaluation.peak_bytes;
+      r.pareto.push_back(*cand);
     }
   return r;
 }
@@ -161,7 +182,9 @@ CostFunction dplan_cost_function(const ModelSpec& m, const Network& net, const T
       return e;
     }
     e.fits = true;
-    e.step_time_s = estimate_time(m, net, t, p, mem, overlap).step_time_s;
+    e.time = estimate_time(m, net, t, p, mem, overlap);
+    e.step_time_s = e.time.step_time_s;
+    e.memory = std::move(mem);
     return e;
   };
 }

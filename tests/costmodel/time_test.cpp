@@ -1,6 +1,9 @@
 // Compute FLOPs, GEMM speed and the step-time laws.
 #include "dplan/costmodel/time.h"
 
+#include "dplan/costmodel/pipeline.h"
+#include "dplan/costmodel/time_phases.h"
+
 #include <catch2/catch.hpp>
 #include <cmath>
 
@@ -309,4 +312,297 @@ TEST_CASE(
   z2.zero_stage = 2;
   const TimeBreakdown zero2 = estimate_time(m, Network(none, 64), t, z2);
   CHECK_THAT(zero2.dp_comm_s, WithinRel(4 * serial.dp_comm_s, 1e-9));
+}
+
+// ---- The phases one by one (time_phases.h), each against its formula worked out here. ----
+
+namespace {
+struct Setup {
+  ModelSpec model;
+  ClusterSpec cluster;
+  TrainingSpec training;
+  ParallelConfig parallel;
+};
+Setup llama70b(ParallelConfig p) {
+  return {store().load_model("llama-3-70b"), store().load_cluster("dgx-h100"),
+          TrainingSpec{.seq_len = 8192, .global_batch = 512}, p};
+}
+}  // namespace
+
+TEST_CASE("tensor-parallel phase: two collectives forward, two backward, one per edge", "[time][phases]") {
+  Setup s = llama70b({.tp = 8, .pp = 4, .dp = 2, .sequence_parallel = true});
+  Network net(s.cluster, 64);
+  // T h B bytes per collective: one micro-batch of 8192 tokens x 8192 hidden x 2 bytes (bf16).
+  const double bytes = 8192.0 * 8192 * 2;
+  const GroupShape group{8, 1};
+  const double one = 0.5 * (net.cost(Collective::all_gather, bytes, group).time_s +
+                            net.cost(Collective::reduce_scatter, bytes, group).time_s);
+  TensorParallelComm c = tensor_parallel_comm(s.model, net, s.training, s.parallel);
+  CHECK(c.layer_forward_s == 2 * one);
+  CHECK(c.edge_s == one);
+  CHECK(c.layer_s == 4 * one);
+  // Full recompute replays the forward pair; without sequence parallel each one is an all-reduce.
+  s.parallel.recompute = Recompute::full;
+  CHECK(tensor_parallel_comm(s.model, net, s.training, s.parallel).layer_s == 6 * one);
+  s.parallel.sequence_parallel = false;
+  CHECK(tensor_parallel_comm(s.model, net, s.training, s.parallel).edge_s ==
+        net.cost(Collective::all_reduce, bytes, group).time_s);
+  // tp 1: nothing.
+  TensorParallelComm none = tensor_parallel_comm(s.model, Network(s.cluster, 8), s.training, {.tp = 1, .pp = 4, .dp = 2});
+  CHECK((none.layer_s == 0 && none.layer_forward_s == 0 && none.edge_s == 0));
+}
+
+TEST_CASE("context-parallel phase: cp - 1 ring steps forward, twice that backward, hidden under attention",
+          "[time][phases]") {
+  Setup s = llama70b({.tp = 8, .pp = 1, .dp = 4, .cp = 2});
+  Network net(s.cluster, 64);
+  // Each step passes K and V of T = 8192 / 2 tokens, kv_dim / tp wide (8 kv heads x 128 over tp 8).
+  const double chunk = 2 * 4096.0 * 1024 / 8 * 2;
+  const double step = net.cost(Collective::send_recv, chunk, group_shape(s.parallel, Dim::cp)).time_s;
+  REQUIRE(step > 0);
+  // No attention core to hide under: forward step, backward 2 steps, all exposed.
+  ContextParallelComm bare = context_parallel_comm(s.model, net, s.training, s.parallel, LayerTimes{}, 1.0);
+  CHECK(bare.layer_forward_s == step);
+  CHECK_THAT(bare.layer_s, WithinRel(3 * step, 1e-12));
+  CHECK(bare.hidden_layer_s == 0);
+  // An attention core of one step's length hiding at half efficiency: forward exposes 1 - 0.5 = 0.5
+  // steps, backward 2 - 0.5 x 2.5 = 0.75, so 1.25 steps show and 1.75 hide.
+  LayerTimes lt{.attention_core_s = step};
+  ContextParallelComm half = context_parallel_comm(s.model, net, s.training, s.parallel, lt, 0.5);
+  CHECK_THAT(half.layer_forward_s, WithinRel(0.5 * step, 1e-12));
+  CHECK_THAT(half.layer_s, WithinRel(1.25 * step, 1e-12));
+  CHECK_THAT(half.hidden_layer_s, WithinRel(1.75 * step, 1e-12));
+  // Full recompute replays the exposed forward.
+  s.parallel.recompute = Recompute::full;
+  CHECK_THAT(context_parallel_comm(s.model, net, s.training, s.parallel, lt, 0.5).layer_s,
+             WithinRel(1.75 * step, 1e-12));
+}
+
+TEST_CASE("expert-parallel phase: four all-to-alls of the routed tokens per layer", "[time][phases]") {
+  ModelSpec m = store().load_model("mixtral-8x7b");
+  ClusterSpec c = store().load_cluster("dgx-h100");
+  TrainingSpec t{.seq_len = 4096, .global_batch = 256};
+  ParallelConfig p{.tp = 1, .pp = 1, .dp = 8, .ep = 8};
+  Network net(c, 8);
+  // T x experts_per_token x h x B: 4096 tokens, top-2, hidden 4096, bf16.
+  REQUIRE(m.experts_per_token == 2);
+  const double bytes = 4096.0 * 2 * 4096 * 2;
+  CHECK(expert_parallel_comm_s(m, net, t, p) ==
+        4 * net.cost(Collective::all_to_all, bytes, group_shape(p, Dim::ep)).time_s);
+  p.ep = 1;
+  CHECK(expert_parallel_comm_s(m, net, t, p) == 0);
+}
+
+TEST_CASE("ZeRO-3 phase: a layer's gather forward, gather + reduce-scatter backward, the first never hidden",
+          "[time][phases]") {
+  ModelSpec m = store().load_model("llama-2-7b");
+  ClusterSpec c = store().load_cluster("dgx-h100");
+  TrainingSpec t{.seq_len = 4096, .global_batch = 256};
+  ParallelConfig p{.tp = 1, .pp = 1, .dp = 64, .zero_stage = 3};
+  Network net(c, 64);
+  const MemoryEstimate mem = estimate_memory(m, c, t, p);
+  const double layer_params = mem.stages[0].num_params / m.num_layers;
+  const GroupShape dp{64, 1};
+  const double gather = net.cost(Collective::all_gather, layer_params * 2, dp).time_s;    // bf16 weights
+  const double scatter = net.cost(Collective::reduce_scatter, layer_params * 2, dp).time_s;  // bf16 grads
+  // No compute to hide under: everything shows.
+  Zero3Comm bare = zero3_comm(net, t, p, mem, LayerTimes{}, 1.0);
+  CHECK(bare.layer_forward_s == gather);
+  CHECK(bare.layer_s == gather + (gather + scatter));
+  CHECK(bare.first_s == gather);
+  CHECK(bare.hidden_layer_s == 0);
+  // Compute longer than the traffic hides it all, but the first layer's gather.
+  Zero3Comm hidden = zero3_comm(net, t, p, mem, LayerTimes{.forward_s = 1, .backward_s = 2}, 1.0);
+  CHECK(hidden.layer_s == 0);
+  CHECK(hidden.first_s == gather);
+  CHECK_THAT(hidden.hidden_layer_s, WithinRel(2 * gather + scatter, 1e-12));
+  p.zero_stage = 2;
+  CHECK(zero3_comm(net, t, p, mem, LayerTimes{}, 1.0).layer_s == 0);
+}
+
+TEST_CASE("compute phase: a stage's layers, its edge, and the communication inside a micro-batch",
+          "[time][phases]") {
+  Setup s = llama70b({.tp = 8, .pp = 4, .dp = 2});
+  const GpuSpec gpu = s.cluster.gpu;
+  const LayerTimes lt{.forward_s = 1, .backward_s = 2, .recompute_s = 0.5};
+  const LayerComm comm{.tp = {.layer_forward_s = 0.01, .layer_s = 0.02, .edge_s = 0.005},
+                       .cp = {.layer_s = 0.003, .layer_forward_s = 0.001, .hidden_layer_s = 0.004},
+                       .ep_s = 0.006,
+                       .zero3 = {.layer_s = 0.007, .layer_forward_s = 0.002, .first_s = 0.1, .hidden_layer_s = 0.008}};
+  const std::vector<StageTime> st = stage_times(s.model, gpu, s.training, s.parallel, lt, comm, OverlapOptions{});
+  const EdgeTimes et = edge_times(s.model, gpu, s.training, s.parallel);
+  REQUIRE(st.size() == 4);  // 80 layers: 20 per stage
+  const double n = 20;
+  CHECK(st[0].forward_s == n * 1 + et.embedding_forward_s);
+  CHECK(st[1].forward_s == n * 1);
+  CHECK(st[3].backward_s == n * 2 + et.head_backward_s);
+  CHECK(st[2].recompute_s == n * 0.5);
+  CHECK(st[1].tp_s == n * 0.02);
+  CHECK(st[0].tp_s == n * 0.02 + 0.005);
+  CHECK(st[3].tp_s == n * 0.02 + 2 * 0.005);
+  CHECK(st[1].cp_s == n * 0.003);
+  CHECK(st[1].ep_s == n * 0.006);
+  CHECK(st[1].zero3_s == n * 0.007 + 0.1);
+  CHECK_THAT(st[1].forward_comm_s, WithinRel(n * 0.01 + n * (0.001 + 0.003 + 0.002) + 0.1, 1e-12));
+  CHECK_THAT(st[1].hidden_s, WithinRel(n * (0.004 + 0.008), 1e-12));
+  // The last stage carries the LM head: it is the critical one.
+  CHECK(critical_stage(st) == 3);
+  // Overlapped tensor-parallel collectives (sequence parallel) hide.
+  s.parallel.sequence_parallel = true;
+  const std::vector<StageTime> overlapped =
+      stage_times(s.model, gpu, s.training, s.parallel, lt, comm, OverlapOptions{.tp_comm = true});
+  CHECK(overlapped[1].tp_s == 0);
+  CHECK_THAT(overlapped[1].hidden_s, WithinRel(n * 0.02 + n * (0.004 + 0.008), 1e-12));
+}
+
+TEST_CASE("pipeline phase: (p - 1) / v slots of bubble, two hops per micro-batch and chunk", "[time][phases]") {
+  Setup s = llama70b({.tp = 8, .pp = 4, .dp = 2});
+  Network net(s.cluster, 64);
+  const std::vector<StageTime> st(4, StageTime{.forward_s = 1, .backward_s = 2});
+  const CoreSharing dedicated(s.cluster, s.parallel);
+  // 512 / 2 = 256 micro-batches; a hop carries T h B / tp = 8192 x 8192 x 2 / 8 bytes.
+  const double hop = net.cost(Collective::send_recv, 8192.0 * 8192 * 2 / 8, group_shape(s.parallel, Dim::pp)).time_s;
+  PipelineTime r = pipeline_time(s.model, net, s.training, s.parallel, st, 0, dedicated);
+  CHECK(r.bubble_s == 3 * 3.0);
+  CHECK(r.p2p_s == 2 * hop * (256 + 3));
+  CHECK(r.pace == 1);
+  s.parallel.schedule = Schedule::interleaved;
+  s.parallel.vpp = 5;
+  r = pipeline_time(s.model, net, s.training, s.parallel, st, 0, dedicated);
+  CHECK(r.bubble_s == 3 * 3.0 / 5);
+  CHECK(r.p2p_s == 2 * hop * (5 * 256 + 3));
+  // pp 1: no pipeline.
+  r = pipeline_time(s.model, Network(s.cluster, 16), s.training, {.tp = 8, .pp = 1, .dp = 2}, {StageTime{}}, 0,
+                    dedicated);
+  CHECK((r.bubble_s == 0 && r.p2p_s == 0 && r.pace == 1));
+}
+
+TEST_CASE("pipeline phase where ranks share cores: the played-out schedule's waits and pace", "[time][phases]") {
+  ModelSpec m = store().load_model("gpt-small");
+  ClusterSpec c = store().load_cluster("local-cpu");
+  c.gpus_per_node = 4;
+  c.cores_per_node = 2;
+  TrainingSpec t{.seq_len = 256, .global_batch = 8, .precision = Precision::fp32};
+  ParallelConfig p{.tp = 1, .pp = 2, .dp = 2};
+  Network net(c, 4);
+  const CoreSharing sharing(c, p);
+  REQUIRE(sharing.fills_waits());
+  // Two equal stages of 1 s forward and 2 s backward per micro-batch, 4 micro-batches (8 / dp 2).
+  // A stage running alone has its ranks' 2 cores to itself: twice the pace of both running.
+  const std::vector<StageTime> st(2, StageTime{.forward_s = 1, .backward_s = 2});
+  const PipelineTimeline run = play_pipeline({{1, 2}, {1, 2}}, 4, Schedule::one_f_one_b, 1,
+                                             [](int running) { return running == 1 ? 2.0 : 1.0; });
+  PipelineTime r = pipeline_time(m, net, t, p, st, 0, sharing);
+  CHECK(r.bubble_s == run.makespan_s - run.busy_s[0]);
+  CHECK(r.pace == run.busy_s[0] / (4 * 3.0));
+  CHECK(r.pace < 1);  // the fill and drain ran at twice the pace
+}
+
+TEST_CASE("data-parallel phase: gradient reduction, parameter gather and the tied embedding", "[time][phases]") {
+  ModelSpec m = store().load_model("llama-2-7b");
+  ClusterSpec c = store().load_cluster("dgx-h100");
+  c.comm_overlap_fraction = 1;
+  TrainingSpec t{.seq_len = 4096, .global_batch = 256};
+  ParallelConfig p{.tp = 1, .pp = 1, .dp = 64, .zero_stage = 1};
+  Network net(c, 64);
+  const MemoryEstimate mem = estimate_memory(m, c, t, p);
+  const double params = mem.stages[0].num_params;
+  const GroupShape dp{64, 1};
+  const double scatter = net.cost(Collective::reduce_scatter, params * 2, dp).time_s;
+  const double gather = net.cost(Collective::all_gather, params * 2, dp).time_s;
+  const double buckets = std::ceil(params * 2 / (25.0 * 1048576));
+  // Without overlap everything shows.
+  DataParallelComm serial = data_parallel_comm(m, net, t, p, mem, StageTime{}, OverlapOptions{false, false, false});
+  CHECK(serial.grad_reduce_s == scatter);
+  CHECK(serial.grad_reduce_hidden_s == 0);
+  CHECK(serial.param_gather_s == gather);
+  CHECK(serial.tied_embedding_s == 0);
+  // Overlapped under a long backward and forward: only the last bucket's share of the reduction
+  // shows, and none of the gather.
+  const StageTime long_stage{.forward_s = 100, .backward_s = 100};
+  DataParallelComm overlapped = data_parallel_comm(m, net, t, p, mem, long_stage, OverlapOptions{});
+  CHECK(overlapped.grad_reduce_s == scatter / buckets);
+  CHECK(overlapped.grad_reduce_hidden_s == scatter - scatter / buckets);
+  CHECK(overlapped.param_gather_s == 0);
+  CHECK(overlapped.param_gather_hidden_s == gather);
+  // ZeRO-2 reduce-scatters in every one of the 4 micro-batches; ZeRO 0 all-reduces and gathers
+  // nothing.
+  p.zero_stage = 2;
+  CHECK(data_parallel_comm(m, net, t, p, mem, StageTime{}, OverlapOptions{false, false, false}).grad_reduce_s ==
+        4 * scatter);
+  p.zero_stage = 0;
+  DataParallelComm ddp = data_parallel_comm(m, net, t, p, mem, StageTime{}, OverlapOptions{false, false, false});
+  CHECK(ddp.grad_reduce_s == net.cost(Collective::all_reduce, params * 2, dp).time_s);
+  CHECK(ddp.param_gather_s == 0);
+  // A tied embedding across pp 2 (gpt3-175b, tp 8 on one node): its tp shard of gradients,
+  // all-reduced between the two stages.
+  ModelSpec tied = store().load_model("gpt3-175b");
+  TrainingSpec t2{.seq_len = 2048, .global_batch = 16};
+  ParallelConfig two_stages{.tp = 8, .pp = 2, .dp = 1};
+  Network node(c, 16);
+  const double bytes = double(padded_vocab(tied, t2, 8)) / 8 * tied.hidden_size * 2;
+  CHECK(data_parallel_comm(tied, node, t2, two_stages, estimate_memory(tied, c, t2, two_stages), StageTime{},
+                           OverlapOptions{})
+            .tied_embedding_s == node.cost(Collective::all_reduce, bytes, GroupShape{2, 8}).time_s);
+}
+
+TEST_CASE("optimizer phase: AdamW over the local shard, or the host's step and PCIe traffic", "[time][phases]") {
+  ModelSpec m = store().load_model("llama-2-7b");
+  ClusterSpec c = store().load_cluster("dgx-h100");
+  TrainingSpec t{.seq_len = 4096, .global_batch = 256};
+  ParallelConfig p{.tp = 1, .pp = 1, .dp = 8, .zero_stage = 1};
+  const MemoryEstimate mem = estimate_memory(m, c, t, p);
+  const double local = mem.stages[0].num_params / 8;
+  OptimizerTime on_gpu = optimizer_time(c.gpu, c, t, p, mem);
+  CHECK(on_gpu.optimizer_s == optimizer_step_s(c.gpu, t, local));
+  CHECK(on_gpu.offload_s == 0);
+  // Offloaded: 2 + 2 bytes a parameter over 25 GB/s of PCIe, and 28 bytes a parameter of the
+  // node's 8 GPUs through 100 GB/s of host memory.
+  p.offload_optimizer = true;
+  OptimizerTime offloaded = optimizer_time(c.gpu, c, t, p, mem);
+  CHECK(offloaded.optimizer_s == 0);
+  CHECK_THAT(offloaded.offload_s, WithinRel(local * 4 / 25e9 + local * 28 * 8 / 100e9, 1e-12));
+}
+
+TEST_CASE("summary: the step is the phases' sum, MFU and HFU follow from it", "[time][phases]") {
+  Setup s = llama70b({.tp = 8, .pp = 4, .dp = 2, .recompute = Recompute::full});
+  TimeBreakdown r;
+  r.forward_s = 1, r.backward_s = 2, r.recompute_s = 1, r.tp_comm_s = 0.5, r.pp_bubble_s = 0.25, r.optimizer_s = 0.25;
+  r.hidden_comm_s = 7;  // not on the critical path
+  summarize(r, s.model, s.cluster, s.training, s.parallel);
+  CHECK(r.step_time_s == 5);
+  CHECK(r.tokens_per_s == 512.0 * 8192 / 5);
+  CHECK(r.bubble_fraction == 0.25 / 5);
+  const double flops = model_flops_per_step(s.model, s.training);
+  CHECK_THAT(r.mfu, WithinRel(flops / (5 * 64 * 989e12), 1e-12));
+  const double replay = s.model.num_layers * layer_forward_flops(s.model, 512.0 * 8192, 8192).total();
+  CHECK_THAT(r.hfu, WithinRel((flops + replay) / (5 * 64 * 989e12), 1e-12));
+}
+
+TEST_CASE("core sharing: the identity on dedicated devices, the cores' share on a shared machine", "[time][phases]") {
+  ClusterSpec gpus = store().load_cluster("dgx-h100");
+  const CoreSharing dedicated(gpus, ParallelConfig{.tp = 2, .pp = 2, .dp = 16});
+  CHECK_FALSE(dedicated.fills_waits());
+  CHECK(dedicated.device(gpus.gpu) == gpus.gpu);
+  CHECK(dedicated.tensor_parallel_pace(1.0, 0.5) == 1);
+
+  ClusterSpec c = store().load_cluster("local-cpu");
+  c.gpus_per_node = 4;
+  c.cores_per_node = 2;
+  // 4 ranks on 2 cores: each at half the pace.
+  const CoreSharing shared(c, ParallelConfig{.tp = 1, .pp = 2, .dp = 2});
+  REQUIRE(shared.fills_waits());
+  const GpuSpec slow = shared.device(c.gpu);
+  for (const auto& [precision, flops] : c.gpu.peak_flops_per_s) CHECK(slow.peak_flops_per_s.at(precision) == flops / 2);
+  CHECK(slow.hbm_bandwidth_bytes_per_s == c.gpu.hbm_bandwidth_bytes_per_s / 2);
+  CHECK(slow.kernel_overhead_s == c.gpu.kernel_overhead_s * 2);
+  // One of two stages running: its 2 ranks have the 2 cores, twice the all-stages pace.
+  CHECK(shared.pipeline_speed(1) == 2);
+  CHECK(shared.pipeline_speed(2) == 1);
+  // tp 2 x dp 2: a group's compute C = 1 s x share(4) / share(2) = 0.5 s at its alone pace and its
+  // waits W = 0.5 s give Tc = C - W + sqrt((W - C)^2 + 2 C W) = sqrt(0.5) s (the closed form of
+  // two groups; see the tensor-parallel test above).
+  const CoreSharing groups(c, ParallelConfig{.tp = 2, .pp = 1, .dp = 2});
+  CHECK_THAT(groups.tensor_parallel_pace(1.0, 0.5), WithinRel(std::sqrt(0.5), 1e-6));
+  CHECK(groups.tensor_parallel_pace(1.0, 0) == 1);  // no waits: nothing to fill
 }

@@ -120,3 +120,37 @@ TEST_CASE("training and parallel specs round-trip through JSON", "[training]") {
   extra["pipeline"] = 2;
   CHECK_THROWS_WITH(parallel_from_json(extra, "plan.json", "/parallel"), Contains("unknown key \"pipeline\""));
 }
+
+TEST_CASE("the layout rules name the first one broken, in validate's order", "[training]") {
+  ModelSpec m = store().load_model("llama-3-70b");  // 64 heads, 8 kv heads, 80 layers
+  TrainingSpec t{.seq_len = 8192, .global_batch = 512};
+  ParallelConfig ok{.tp = 8, .pp = 4, .dp = 2};
+  CHECK(check_layout(m, t, ok, 64) == LayoutRule::ok);
+  CHECK(check_layout(m, t, ok, 0) == LayoutRule::gpus_positive);
+  CHECK(check_layout(m, t, ok, 32) == LayoutRule::world_size);
+  // tp 16 breaks the heads rule and (dp 1, global batch 511) the batch rule: heads come first.
+  TrainingSpec odd = t;
+  odd.global_batch = 511;
+  ParallelConfig tp16{.tp = 16, .pp = 4, .dp = 1};
+  CHECK(check_layout(m, odd, tp16, 64) == LayoutRule::tp_divides_heads);
+  CHECK(check_layout(m, odd, ok, 64) == LayoutRule::batch_divisible);
+  // The checks the search applies dimension by dimension.
+  CHECK(check_tensor_parallel(m, 8) == LayoutRule::ok);
+  CHECK(check_tensor_parallel(m, 16) == LayoutRule::tp_divides_heads);
+  CHECK(check_pipeline_parallel(m, ParallelConfig{.pp = 81}) == LayoutRule::pp_within_layers);
+  CHECK(check_pipeline_parallel(m, ParallelConfig{.pp = 2, .layers_per_stage = {40, 41}}) ==
+        LayoutRule::stages_hold_the_model);
+  CHECK(check_context_parallel(t, 3) == LayoutRule::cp_divides_seq);
+  CHECK(check_context_parallel(t, 4) == LayoutRule::ok);
+  CHECK(check_batch(t, 3, 2) == LayoutRule::batch_divisible);
+  ParallelConfig interleaved{.tp = 8, .pp = 4, .dp = 2, .vpp = 3, .schedule = Schedule::interleaved};
+  CHECK(check_schedule(m, t, interleaved) == LayoutRule::vpp_divides_stages);  // 20 layers a stage
+  interleaved.vpp = 5;
+  CHECK(check_schedule(m, t, interleaved) == LayoutRule::ok);
+  CHECK(check_schedule(m, TrainingSpec{.seq_len = 8192, .global_batch = 6}, interleaved) ==
+        LayoutRule::interleaved_needs_microbatches);
+  CHECK(check_expert_parallel(m, ParallelConfig{.dp = 2, .ep = 2}) == LayoutRule::ep_needs_moe);
+  CHECK(check_sharding(ParallelConfig{.zero_stage = 2, .distributed_optimizer = true}) ==
+        LayoutRule::dist_opt_needs_zero_0_or_1);
+  CHECK(check_sequence_parallel(ParallelConfig{.tp = 1, .sequence_parallel = true}) == LayoutRule::sp_needs_tp);
+}

@@ -1,5 +1,8 @@
 // The search with a toy cost model whose answers can be read off, and laws with the real one.
 #include <algorithm>
+#include <iterator>
+#include <set>
+#include <tuple>
 
 #include <catch2/catch.hpp>
 
@@ -67,6 +70,64 @@ TEST_CASE("every enumerated layout is valid, and the chosen one is never slower 
   long rejected = 0;
   for (const auto& [why, n] : r.rejected) rejected += n;
   CHECK(rejected + r.feasible == r.evaluated);
+  // The winner carries the cost model's whole answer, as the report prints it.
+  const ParallelConfig& best = r.ranked[0].parallel;
+  const MemoryEstimate mem = estimate_memory(m, c, t, best);
+  CHECK(r.ranked[0].evaluation.memory.peak_bytes == mem.peak_bytes);
+  CHECK(r.ranked[0].evaluation.memory.stages.size() == mem.stages.size());
+  CHECK(r.ranked[0].evaluation.time.phases() == estimate_time(m, net, t, best, mem).phases());
+  CHECK(r.ranked[0].evaluation.time.step_time_s == r.ranked[0].evaluation.step_time_s);
+}
+
+namespace {
+// Every layout in a box around the search space, kept when the layout rules (training.h) pass and
+// the search's own choices allow it (sharding only over more than one data-parallel rank, offload
+// only with sharding), in no particular order.
+std::set<std::string> layouts_by_the_rules(const ModelSpec& m, const TrainingSpec& t, int n) {
+  std::set<std::string> out;
+  for (int tp = 1; tp <= n; ++tp)
+    for (int cp : {1, 2, 4, 8, 16})
+      for (int pp = 1; pp <= n; ++pp) {
+        if (n % (tp * cp * pp)) continue;
+        const int dp = n / (tp * cp * pp);
+        for (int ep = 1; ep <= std::max(1, m.num_experts); ++ep)
+          for (int mbs : {1, 2, 4, 8})
+            for (int vpp = 1; vpp <= 8; ++vpp)
+              for (int zero = 0; zero <= 4; ++zero)
+                for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full})
+                  for (bool sp : {false, true})
+                    for (bool offload : {false, true}) {
+                      ParallelConfig p{.tp = tp, .pp = pp, .dp = dp, .cp = cp, .ep = ep, .vpp = vpp,
+                                       .micro_batch = mbs, .zero_stage = zero == 4 ? 0 : zero,
+                                       .distributed_optimizer = zero == 4, .sequence_parallel = sp,
+                                       .offload_optimizer = offload, .recompute = rc,
+                                       .schedule = vpp > 1 ? Schedule::interleaved : Schedule::one_f_one_b};
+                      if (check_layout(m, t, p, n) != LayoutRule::ok) continue;
+                      if ((dp * cp == 1 && zero > 0) || (offload && zero == 0)) continue;
+                      out.insert(to_json(p).dump());
+                    }
+      }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("the enumeration yields exactly the layouts the layout rules accept, each once", "[search][law]") {
+  auto [model, gpus, seq] = GENERATE(std::make_tuple("llama-3-8b", 16, 8192), std::make_tuple("mixtral-8x7b", 16, 4096),
+                                     std::make_tuple("gpt-small", 12, 256));
+  ModelSpec m = store().load_model(model);
+  TrainingSpec t{.seq_len = seq, .global_batch = 48};
+  INFO(model << " on " << gpus);
+  std::vector<ParallelConfig> layouts = enumerate_layouts(m, t, SearchSpace{.gpus = gpus});
+  std::set<std::string> enumerated;
+  for (const auto& p : layouts) enumerated.insert(to_json(p).dump());
+  CHECK(enumerated.size() == layouts.size());
+  const std::set<std::string> valid = layouts_by_the_rules(m, t, gpus);
+  std::vector<std::string> missing, extra;
+  std::set_difference(valid.begin(), valid.end(), enumerated.begin(), enumerated.end(), std::back_inserter(missing));
+  std::set_difference(enumerated.begin(), enumerated.end(), valid.begin(), valid.end(), std::back_inserter(extra));
+  CHECK(missing == std::vector<std::string>{});
+  CHECK(extra == std::vector<std::string>{});
+  CHECK(enumerated.size() > 50);
 }
 
 TEST_CASE("an empty search space is an input error", "[search]") {

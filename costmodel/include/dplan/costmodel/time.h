@@ -2,7 +2,8 @@
 // context- and expert-parallel communication, pipeline send/recv and bubble, data-parallel gradient
 // reduction overlapped with backward, ZeRO-3 parameter gathers with prefetch, the distributed
 // optimizer's reduce-scatter + all-gather, the optimizer step and offload traffic. Communication is
-// reported exposed (on the critical path) and hidden (overlapped) separately.
+// reported exposed (on the critical path) and hidden (overlapped) separately. Each phase is a
+// function of its own in time_phases.h; estimate_time composes them.
 #pragma once
 
 #include <map>

@@ -70,10 +70,54 @@ int padded_vocab(const ModelSpec& model, const TrainingSpec& training, int tp);
 //   worth (Korthikanti et al. 2022, Sec. 4.2.3). With pp = 1 one micro-batch at a time.
 double microbatches_in_flight(const ParallelConfig& parallel, int stage, int num_microbatches);
 
-// Checks every rule a launcher would assert and throws InputError naming the problem and the
-// valid choices: sizes positive, tp*pp*dp*cp == gpus, tp divides heads and kv heads, pp <= layers,
-// global batch divisible by micro_batch*dp, ep divides experts and dp*cp, vpp only with the
-// interleaved schedule, zero stage 0..3, sequence parallel only with tp > 1, seq divisible by cp.
+// The rules a layout must follow, in the order validate() checks them. Each check below returns
+// the first rule its part of the layout breaks, or ok; check_layout runs them all. The search's
+// enumeration (planner/search.h) applies the same checks dimension by dimension.
+enum class LayoutRule {
+  ok,
+  gpus_positive, tp_positive, pp_positive, dp_positive, cp_positive, ep_positive, vpp_positive,
+  micro_batch_positive, global_batch_positive, seq_positive,
+  world_size,                     // tp*pp*dp*cp == gpus
+  tp_divides_heads,               // tp divides the attention heads and key/value heads
+  tp_divides_ffn,
+  pp_within_layers,               // pp <= layers
+  stages_listed,                  // an explicit layer assignment lists pp stages,
+  stages_hold_a_layer,            // each with a layer,
+  stages_hold_the_model,          // adding up to the model's layers
+  batch_divisible,                // micro_batch * dp divides the global batch
+  interleaved_needs_pp,           // the interleaved schedule needs pp >= 2,
+  interleaved_needs_vpp,          // vpp >= 2,
+  vpp_divides_stages,             // vpp dividing every stage's layers,
+  interleaved_needs_microbatches, // and at least pp micro-batches
+  vpp_needs_interleaved,          // vpp > 1 only with the interleaved schedule
+  cp_divides_seq,                 // 2*cp divides the sequence
+  seq_within_positions,           // learned positions cover the sequence
+  ep_needs_moe,
+  ep_divides_experts,
+  ep_divides_dp_cp,
+  zero_stage_exists,              // ZeRO 0..3
+  dist_opt_needs_zero_0_or_1,
+  sp_needs_tp,
+  vocab_pad_positive,
+};
+
+LayoutRule check_tensor_parallel(const ModelSpec& model, int tp);
+LayoutRule check_pipeline_parallel(const ModelSpec& model, const ParallelConfig& parallel);  // pp, layers
+LayoutRule check_batch(const TrainingSpec& training, int micro_batch, int dp);
+LayoutRule check_schedule(const ModelSpec& model, const TrainingSpec& training, const ParallelConfig& parallel);
+LayoutRule check_context_parallel(const TrainingSpec& training, int cp);
+LayoutRule check_expert_parallel(const ModelSpec& model, const ParallelConfig& parallel);  // ep, dp, cp
+LayoutRule check_sharding(const ParallelConfig& parallel);                                 // ZeRO, dist-opt
+LayoutRule check_sequence_parallel(const ParallelConfig& parallel);
+// Every rule, the sizes' positivity and tp*pp*dp*cp == gpus first.
+LayoutRule check_layout(const ModelSpec& model, const TrainingSpec& training, const ParallelConfig& parallel,
+                        int gpus);
+
+// Checks every rule a launcher would assert (check_layout, then that the GPU has the precision's
+// math) and throws InputError naming the problem and the valid choices: sizes positive,
+// tp*pp*dp*cp == gpus, tp divides heads and kv heads, pp <= layers, global batch divisible by
+// micro_batch*dp, ep divides experts and dp*cp, vpp only with the interleaved schedule, zero stage
+// 0..3, sequence parallel only with tp > 1, seq divisible by cp.
 void validate(const ModelSpec& model, const ClusterSpec& cluster, const TrainingSpec& training,
               const ParallelConfig& parallel, int gpus);
 

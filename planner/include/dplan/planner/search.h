@@ -19,6 +19,11 @@ struct Evaluation {
   std::string reject_reason;      // when it does not fit: a short category ("activations exceed HBM")
   double step_time_s = 0;
   double peak_bytes = 0;
+  // The cost model's whole answer for a layout that fits (dplan_cost_function fills them; a toy
+  // cost model may leave them empty): what the report prints of the winner, never recomputed.
+  // search() keeps `memory` only for the winner (ranked[0]) and the layouts exactly tied with it.
+  costmodel::MemoryEstimate memory;
+  costmodel::TimeBreakdown time;
 };
 using CostFunction = std::function<Evaluation(const costmodel::ParallelConfig&)>;
 
@@ -65,7 +70,9 @@ int global_batch_for_tokens(double tokens, int seq_len);
 // interleaving): the users' rule is start with DDP, add sharding, then model parallelism.
 int layout_complexity(const costmodel::ParallelConfig& parallel);
 
-// All layouts of `space.gpus` GPUs that validate() accepts for this model and training spec.
+// All layouts of `space.gpus` GPUs in `space` that follow the layout rules (check_layout in
+// costmodel/training.h, which validate() enforces), in a fixed order: tp, cp, pp, ep, micro-batch,
+// schedule, ZeRO stage, recompute, sequence parallel, offload, each ascending.
 std::vector<costmodel::ParallelConfig> enumerate_layouts(const costmodel::ModelSpec& model,
                                                          const costmodel::TrainingSpec& training,
                                                          const SearchSpace& space);

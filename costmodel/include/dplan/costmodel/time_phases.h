@@ -1,0 +1,119 @@
+// The phases of one training step, each a closed form over the layout (estimate_time in time.cpp
+// composes them): communication per layer and micro-batch (tensor, context, expert parallel,
+// ZeRO-3 gathers), compute per pipeline stage and micro-batch, the pipeline's bubble and
+// send/recv, the data-parallel gradient reduction, parameter gather and tied-embedding all-reduce,
+// the optimizer step, and the summary (step time, tokens/s, MFU, HFU). Ranks that share cores
+// enter only through CoreSharing (core_sharing.h).
+#pragma once
+
+#include <vector>
+
+#include "dplan/costmodel/compute.h"
+#include "dplan/costmodel/core_sharing.h"
+#include "dplan/costmodel/memory.h"
+#include "dplan/costmodel/network.h"
+#include "dplan/costmodel/time.h"
+
+namespace dplan::costmodel {
+
+// Exposed part of `comm_s` that overlaps `window_s` of compute, never below `floor_s` (the part
+// that cannot start before the window ends, e.g. the last gradient bucket). `overlap_fraction` is
+// the cluster's comm_overlap: the fraction of the window that actually hides communication.
+double exposed_s(double comm_s, double window_s, double floor_s, double overlap_fraction);
+
+// Tokens of one micro-batch on one GPU: micro_batch * seq_len / cp.
+double tokens_per_microbatch(const TrainingSpec& training, const ParallelConfig& parallel);
+
+// The data-parallel group ZeRO and the gradient reduction run over: dp * cp ranks, tp apart.
+GroupShape data_parallel_shape(const ParallelConfig& parallel);
+
+// Tensor-parallel collectives, per micro-batch.
+struct TensorParallelComm {
+  double layer_forward_s = 0;  // one layer's forward pair
+  double layer_s = 0;          // one layer's forward, backward and (full recompute) replay
+  double edge_s = 0;           // one at the embedding output or the LM-head input
+};
+TensorParallelComm tensor_parallel_comm(const ModelSpec& model, const Network& network, const TrainingSpec& training,
+                                        const ParallelConfig& parallel);
+
+// Context-parallel ring exchange, per layer and micro-batch, after hiding under the attention core.
+struct ContextParallelComm {
+  double layer_s = 0;          // exposed, forward + backward (+ replay)
+  double layer_forward_s = 0;  // exposed, forward
+  double hidden_layer_s = 0;   // hidden under the attention core
+};
+ContextParallelComm context_parallel_comm(const ModelSpec& model, const Network& network, const TrainingSpec& training,
+                                          const ParallelConfig& parallel, const LayerTimes& layer,
+                                          double overlap_fraction);
+
+// Expert-parallel all-to-alls of one layer and micro-batch, forward and backward.
+double expert_parallel_comm_s(const ModelSpec& model, const Network& network, const TrainingSpec& training,
+                              const ParallelConfig& parallel);
+
+// ZeRO-3 parameter gathers and gradient reduce-scatters, per layer and micro-batch.
+struct Zero3Comm {
+  double layer_s = 0;          // exposed, forward + backward
+  double layer_forward_s = 0;  // exposed, forward
+  double first_s = 0;          // the first layer's gather, never prefetched
+  double hidden_layer_s = 0;   // hidden under the layer's compute
+};
+Zero3Comm zero3_comm(const Network& network, const TrainingSpec& training, const ParallelConfig& parallel,
+                     const MemoryEstimate& memory, const LayerTimes& layer, double overlap_fraction);
+
+// The communication inside one micro-batch's layers.
+struct LayerComm {
+  TensorParallelComm tp;
+  ContextParallelComm cp;
+  double ep_s = 0;
+  Zero3Comm zero3;
+};
+
+// One pipeline stage's time per micro-batch: compute and the exposed communication inside it.
+struct StageTime {
+  double forward_s = 0, backward_s = 0, recompute_s = 0;
+  double tp_s = 0, cp_s = 0, ep_s = 0, zero3_s = 0;
+  double hidden_s = 0;        // communication hidden under compute
+  double forward_comm_s = 0;  // the part of tp + cp + ep + zero3 in the forward pass
+  double total_s() const { return forward_s + backward_s + recompute_s + tp_s + cp_s + ep_s + zero3_s; }
+};
+std::vector<StageTime> stage_times(const ModelSpec& model, const GpuSpec& gpu, const TrainingSpec& training,
+                                   const ParallelConfig& parallel, const LayerTimes& layer, const LayerComm& comm,
+                                   const OverlapOptions& overlap);
+
+// The stage with the longest micro-batch (the first of equals): it sets the pipeline's pace.
+int critical_stage(const std::vector<StageTime>& stages);
+
+// The pipeline's bubble and send/recv per step (0 with pp 1), and the pace the critical stage's
+// phases ran at (1 but where ranks share cores and the schedule is played out).
+struct PipelineTime {
+  double bubble_s = 0, p2p_s = 0;
+  double pace = 1;
+};
+PipelineTime pipeline_time(const ModelSpec& model, const Network& network, const TrainingSpec& training,
+                           const ParallelConfig& parallel, const std::vector<StageTime>& stages, int critical,
+                           const CoreSharing& sharing);
+
+// Data-parallel communication after the last micro-batch's backward, per step: the gradient
+// reduction and the sharded optimizer's parameter all-gather, each exposed and hidden, and the
+// tied embedding's all-reduce between the first and last stage.
+struct DataParallelComm {
+  double grad_reduce_s = 0, grad_reduce_hidden_s = 0;
+  double param_gather_s = 0, param_gather_hidden_s = 0;
+  double tied_embedding_s = 0;
+};
+DataParallelComm data_parallel_comm(const ModelSpec& model, const Network& network, const TrainingSpec& training,
+                                    const ParallelConfig& parallel, const MemoryEstimate& memory,
+                                    const StageTime& critical, const OverlapOptions& overlap);
+
+// The optimizer step on the device, or offloaded: the host's step and the PCIe traffic.
+struct OptimizerTime {
+  double optimizer_s = 0, offload_s = 0;
+};
+OptimizerTime optimizer_time(const GpuSpec& gpu, const ClusterSpec& cluster, const TrainingSpec& training,
+                             const ParallelConfig& parallel, const MemoryEstimate& memory);
+
+// Fills step_time_s, tokens_per_s, bubble_fraction, mfu and hfu from the phases in `time`.
+void summarize(TimeBreakdown& time, const ModelSpec& model, const ClusterSpec& cluster, const TrainingSpec& training,
+               const ParallelConfig& parallel);
+
+}  // namespace dplan::costmodel

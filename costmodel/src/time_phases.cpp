@@ -1,0 +1,251 @@
+#include "dplan/costmodel/time_phases.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "dplan/costmodel/pipeline.h"
+
+namespace dplan::costmodel {
+namespace {
+
+// Host side of optimizer offload. Assumptions, documented in README: PCIe Gen4/5 x16 moves about
+// 25 GB/s per GPU in practice (HARDWARE.md section 2: Gen4 31 GB/s, Gen5 63 GB/s per direction
+// line rate), and a node's CPUs stream about 100 GB/s of DDR bandwidth for CPU Adam, shared by its GPUs.
+constexpr double kHostLinkBytesPerS = 25e9;
+constexpr double kHostMemoryBytesPerS = 100e9;
+
+}  // namespace
+
+// The exposed part: what the window, as far as it hides communication, leaves over, between the
+// floor and the whole. The overlap fraction is 1 where collectives run on their own engines or SMs
+// beside the GEMMs, near 0 where they need the same core (Gloo on a CPU rank).
+double exposed_s(double comm_s, double window_s, double floor_s, double overlap_fraction) {
+  return std::min(comm_s, std::max(comm_s - overlap_fraction * window_s, floor_s));
+}
+
+double tokens_per_microbatch(const TrainingSpec& t, const ParallelConfig& p) {
+  return double(p.micro_batch) * t.seq_len / p.cp;
+}
+
+GroupShape data_parallel_shape(const ParallelConfig& p) { return GroupShape{p.dp * p.cp, p.tp}; }
+
+// Tensor parallel: per layer two collectives forward and two backward on T*h activations —
+// all-reduces, or with sequence parallel all-gather + reduce-scatter of the same volume
+// (Korthikanti et al. 2022, Sec. 4.2.2). Full recompute replays the forward pair.
+TensorParallelComm tensor_parallel_comm(const ModelSpec& m, const Network& net, const TrainingSpec& t,
+                                        const ParallelConfig& p) {
+  TensorParallelComm c;
+  if (p.tp > 1) {
+    GroupShape tp_shape = group_shape(p, Dim::tp);
+    double bytes = tokens_per_microbatch(t, p) * m.hidden_size * activation_bytes(t.precision);
+    double one = p.sequence_parallel ? 0.5 * (net.cost(Collective::all_gather, bytes, tp_shape).time_s +
+                                              net.cost(Collective::reduce_scatter, bytes, tp_shape).time_s)
+                                     : net.cost(Collective::all_reduce, bytes, tp_shape).time_s;
+    c.layer_forward_s = 2 * one;
+    c.edge_s = one;  // embedding output (first stage), LM-head input (last stage)
+  }
+  c.layer_s = c.layer_forward_s * (2 + (p.recompute == Recompute::full ? 1 : 0));
+  return c;
+}
+
+// Context parallel: ring attention passes each K,V chunk cp-1 times around the ring, hidden
+// behind the attention core; backward also returns dK, dV (Liu et al. 2023, Ring Attention).
+ContextParallelComm context_parallel_comm(const ModelSpec& m, const Network& net, const TrainingSpec& t,
+                                          const ParallelConfig& p, const LayerTimes& lt, double hide) {
+  ContextParallelComm c;
+  if (p.cp > 1) {
+    double chunk = 2 * tokens_per_microbatch(t, p) * m.kv_dim() / p.tp * activation_bytes(t.precision);
+    double step = net.cost(Collective::send_recv, chunk, group_shape(p, Dim::cp)).time_s;
+    double fwd = (p.cp - 1) * step, bwd = 2 * fwd;
+    double fwd_exposed = exposed_s(fwd, lt.attention_core_s, 0, hide);
+    double bwd_exposed = exposed_s(bwd, 2.5 * lt.attention_core_s, 0, hide);
+    c.layer_s = fwd_exposed + bwd_exposed + (p.recompute == Recompute::full ? fwd_exposed : 0);
+    c.layer_forward_s = fwd_exposed;
+    c.hidden_layer_s = fwd + bwd - fwd_exposed - bwd_exposed;
+  }
+  return c;
+}
+
+// Expert parallel: all-to-all dispatch and combine of the routed tokens, forward and backward.
+double expert_parallel_comm_s(const ModelSpec& m, const Network& net, const TrainingSpec& t, const ParallelConfig& p) {
+  if (!m.is_moe() || p.ep <= 1) return 0;
+  double bytes = tokens_per_microbatch(t, p) * m.experts_per_token * m.hidden_size * activation_bytes(t.precision);
+  return 4 * net.cost(Collective::all_to_all, bytes, group_shape(p, Dim::ep)).time_s;
+}
+
+// ZeRO-3: every layer's parameters are gathered before its forward and its backward, and its
+// gradients reduce-scattered after backward; the next layer's gather is prefetched under the
+// current layer's compute (FSDP / DeepSpeed), so only the excess and the first gather show.
+Zero3Comm zero3_comm(const Network& net, const TrainingSpec& t, const ParallelConfig& p, const MemoryEstimate& mem,
+                     const LayerTimes& lt, double hide) {
+  Zero3Comm c;
+  const GroupShape dp_shape = data_parallel_shape(p);
+  if (p.zero_stage >= 3 && dp_shape.size > 1) {
+    const BytesPerParam bpp = bytes_per_param(t);
+    double layer_params = mem.stages[0].num_layers > 0
+                              ? (mem.stages[0].num_params) / std::max(1, mem.stages[0].num_layers)
+                              : 0;
+    double gather = net.cost(Collective::all_gather, layer_params * bpp.weights, dp_shape).time_s;
+    double scatter = net.cost(Collective::reduce_scatter, layer_params * bpp.grads, dp_shape).time_s;
+    double fwd = exposed_s(gather, lt.forward_s, 0, hide), bwd = exposed_s(gather + scatter, lt.backward_s, 0, hide);
+    c.layer_s = fwd + bwd;
+    c.layer_forward_s = fwd;
+    c.first_s = gather;
+    c.hidden_layer_s = 2 * gather + scatter - c.layer_s;
+  }
+  return c;
+}
+
+// Per stage, per micro-batch: the stage's layers' compute and the communication inside it; the
+// first stage adds the embedding, the last the LM head (EdgeTimes), and their tp collectives.
+std::vector<StageTime> stage_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpec& t,
+                                   const ParallelConfig& p, const LayerTimes& lt, const LayerComm& comm,
+                                   const OverlapOptions& overlap) {
+  const std::vector<int> layers = assign_layers(m.num_layers, p);
+  const EdgeTimes et = edge_times(m, gpu, t, p);
+  std::vector<StageTime> st(p.pp);
+  for (int i = 0; i < p.pp; ++i) {
+    const bool first = i == 0, last = i == p.pp - 1;
+    StageTime& s = st[i];
+    double n = layers[i];
+    s.forward_s = n * lt.forward_s + (first ? et.embedding_forward_s : 0) + (last ? et.head_forward_s : 0);
+    s.backward_s = n * lt.backward_s + (first ? et.embedding_backward_s : 0) + (last ? et.head_backward_s : 0);
+    s.recompute_s = n * lt.recompute_s;
+    double tp = n * comm.tp.layer_s + (first ? comm.tp.edge_s : 0) + (last ? 2 * comm.tp.edge_s : 0);
+    if (overlap.tp_comm && p.sequence_parallel) {
+      s.hidden_s += tp;  // collective-GEMM overlap (Megatron --tp-comm-overlap)
+    } else {
+      s.tp_s = tp;
+      s.forward_comm_s += n * comm.tp.layer_forward_s + (first ? comm.tp.edge_s : 0) + (last ? comm.tp.edge_s : 0);
+    }
+    s.cp_s = n * comm.cp.layer_s;
+    s.ep_s = n * comm.ep_s;
+    s.zero3_s = n * comm.zero3.layer_s + comm.zero3.first_s;
+    s.forward_comm_s += n * (comm.cp.layer_forward_s + comm.ep_s / 2 + comm.zero3.layer_forward_s) + comm.zero3.first_s;
+    s.hidden_s += n * (comm.cp.hidden_layer_s + comm.zero3.hidden_layer_s);
+  }
+  return st;
+}
+
+int critical_stage(const std::vector<StageTime>& st) {
+  int critical = 0;
+  for (int i = 0; i < int(st.size()); ++i)
+    if (st[i].total_s() > st[critical].total_s()) critical = i;
+  return critical;
+}
+
+// Bubble: (p-1) micro-batch slots for GPipe and 1F1B, (p-1)/v with v model chunks (Narayanan et
+// al. 2021, Sec. 2.2: bubble fraction (p-1)/m, and (p-1)/(v m) interleaved). Where ranks share
+// cores, a stage that waits hands its cores to the stages that work, so the fill, the drain and
+// the waits inside 1F1B's steady state run faster than the steady state: the schedule is played
+// out instead (pipeline.h); the critical stage's phases take the pace it ran at, and its waits are
+// the bubble.
+PipelineTime pipeline_time(const ModelSpec& m, const Network& net, const TrainingSpec& t, const ParallelConfig& p,
+                           const std::vector<StageTime>& st, int critical, const CoreSharing& sharing) {
+  PipelineTime r;
+  if (p.pp <= 1) return r;
+  const StageTime& c = st[critical];
+  const int microbatches = num_microbatches(t, p);
+  const double v = p.schedule == Schedule::interleaved ? p.vpp : 1;
+  if (sharing.fills_waits()) {
+    std::vector<PipelineStage> stages;
+    for (const StageTime& s : st)
+      stages.push_back({s.forward_s + s.forward_comm_s, s.total_s() - s.forward_s - s.forward_comm_s});
+    const PipelineTimeline run = play_pipeline(stages, microbatches, p.schedule, p.vpp,
+                                               [&](int running) { return sharing.pipeline_speed(running); });
+    const double busy_s = run.busy_s[critical];
+    r.pace = c.total_s() > 0 ? busy_s / (microbatches * c.total_s()) : 1;
+    r.bubble_s = run.makespan_s - busy_s;
+  } else {
+    r.bubble_s = (p.pp - 1) * c.total_s() / v;
+  }
+  // Send/recv of one activation per micro-batch each way, per model chunk; with tp > 1 each
+  // rank sends its 1/tp slice (Megatron's scatter/gather optimisation, Sec. 4.1).
+  double message = tokens_per_microbatch(t, p) * m.hidden_size * activation_bytes(t.precision) / p.tp;
+  double hop = net.cost(Collective::send_recv, message, group_shape(p, Dim::pp)).time_s;
+  r.p2p_s = 2 * hop * (v * microbatches + p.pp - 1);
+  return r;
+}
+
+// Data-parallel gradient reduction of the stage that finishes last (stage 0 in 1F1B), in buckets
+// during the last micro-batch's backward; ZeRO >= 1 and the distributed optimizer use
+// reduce-scatter, then all-gather the updated parameters.
+DataParallelComm data_parallel_comm(const ModelSpec& m, const Network& net, const TrainingSpec& t,
+                                    const ParallelConfig& p, const MemoryEstimate& mem, const StageTime& c,
+                                    const OverlapOptions& overlap) {
+  DataParallelComm r;
+  const double hide = net.cluster().comm_overlap_fraction;
+  const BytesPerParam bpp = bytes_per_param(t);
+  const GroupShape dp_shape = data_parallel_shape(p);
+  const StageMemory& s0 = mem.stages[0];
+  double grad_bytes = s0.num_params * bpp.grads;
+  if (dp_shape.size > 1 && p.zero_stage < 3) {
+    bool sharded = p.zero_stage >= 1 || p.distributed_optimizer;
+    double comm = net.cost(sharded ? Collective::reduce_scatter : Collective::all_reduce, grad_bytes, dp_shape).time_s;
+    double buckets = std::max(1.0, std::ceil(grad_bytes / t.bucket_bytes));
+    double exposed = overlap.grad_reduce ? exposed_s(comm, c.backward_s + c.recompute_s, comm / buckets, hide) : comm;
+    // ZeRO-2 keeps only its gradient shard, so every micro-batch's gradients are reduce-scattered in
+    // its backward (Rajbhandari et al. 2020, Sec. 5.2; DeepSpeed stage 2 with gradient
+    // accumulation); ZeRO 0-1 and the distributed optimizer reduce once, in the last one.
+    const double times = p.zero_stage == 2 ? num_microbatches(t, p) : 1;
+    r.grad_reduce_s = times * exposed;
+    r.grad_reduce_hidden_s = times * (comm - exposed);
+    if (sharded) {
+      double gather = net.cost(Collective::all_gather, s0.num_params * bpp.weights, dp_shape).time_s;
+      double gather_exposed = overlap.param_gather ? exposed_s(gather, c.forward_s, 0, hide) : gather;
+      r.param_gather_s = gather_exposed;
+      r.param_gather_hidden_s = gather - gather_exposed;
+    }
+  }
+  // A tied word embedding on separate first and last stages: the two copies' gradients are summed
+  // by an all-reduce between those two stages once per step, after the data-parallel reduction and
+  // exposed (Megatron-LM's embedding group, Narayanan et al. 2021 Sec. 4; finalize_model_grads).
+  // ZeRO-2 and -3 keep only their shard of the gradient, so they sum the shard.
+  if (p.pp > 1 && m.tied_embeddings) {
+    double bytes = double(padded_vocab(m, t, p.tp)) / p.tp * m.hidden_size * bpp.grads;
+    if (p.zero_stage >= 2) bytes /= p.dp * p.cp;
+    r.tied_embedding_s = net.cost(Collective::all_reduce, bytes, embedding_group_shape(p)).time_s;
+  }
+  return r;
+}
+
+// Optimizer step over the local (possibly sharded) parameters of the largest stage; offloaded: on
+// the host, after the gradients cross PCIe, and the updated 16-bit weights come back.
+OptimizerTime optimizer_time(const GpuSpec& gpu, const ClusterSpec& cluster, const TrainingSpec& t,
+                             const ParallelConfig& p, const MemoryEstimate& mem) {
+  OptimizerTime r;
+  const BytesPerParam bpp = bytes_per_param(t);
+  int shards = (p.zero_stage >= 1 || p.distributed_optimizer) ? p.dp * p.cp : 1;
+  double local_params = 0;
+  for (const auto& s : mem.stages) local_params = std::max(local_params, s.num_params / shards);
+  if (p.offload_optimizer) {
+    double transfer = local_params * (bpp.grads + bpp.weights) / kHostLinkBytesPerS;
+    double host = local_params * 28.0 * cluster.gpus_per_node / kHostMemoryBytesPerS;
+    r.offload_s = transfer + host;
+  } else {
+    r.optimizer_s = optimizer_step_s(gpu, t, local_params);
+  }
+  return r;
+}
+
+// Step time is the sum of the critical-path phases. MFU counts the model's FLOPs
+// (model_flops_per_step), HFU adds what recompute replays (every layer's forward, or its attention
+// core for selective recompute), both against the dense peak of every GPU of the layout
+// (Chowdhery et al. 2022, PaLM, Appendix B).
+void summarize(TimeBreakdown& r, const ModelSpec& m, const ClusterSpec& cluster, const TrainingSpec& t,
+               const ParallelConfig& p) {
+  r.step_time_s = r.forward_s + r.backward_s + r.recompute_s + r.exposed_comm_s() + r.pp_bubble_s + r.optimizer_s;
+  r.tokens_per_s = double(t.global_batch) * t.seq_len / r.step_time_s;
+  r.bubble_fraction = r.pp_bubble_s / r.step_time_s;
+  const double peak = peak_flops_per_s(cluster.gpu, t.precision) * p.world_size();
+  const double model_flops = model_flops_per_step(m, t);
+  double tokens = double(t.global_batch) * t.seq_len;
+  LayerFlops lf = layer_forward_flops(m, tokens, t.seq_len);
+  double recompute_flops = p.recompute == Recompute::full        ? m.num_layers * lf.total()
+                           : p.recompute == Recompute::selective ? m.num_layers * lf.attention
+                                                                 : 0.0;
+  r.mfu = model_flops / (r.step_time_s * peak);
+  r.hfu = (model_flops + recompute_flops) / (r.step_time_s * peak);
+}
+
+}  // namespace dplan::costmodel

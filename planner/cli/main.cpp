@@ -211,7 +211,7 @@ std::optional<Planned> plan_best(const Options& o, const ProfileStore& store) {
   in = load_inputs(o, store);
   in.training.global_batch = o.global_batch.value_or(global_batch_for_tokens(kDefaultBatchTokens, in.training.seq_len));
   Network net(in.cluster, o.gpus);
-  SearchSpace space = o.runnable ? SearchSpace::runnable_by_executor(o.gpus) : SearchSpace{};
+  SearchSpace space = o.runnable ? SearchSpace::runnable_by_executor(o.gpus, in.model, in.training) : SearchSpace{};
   space.gpus = o.gpus;
   auto start = std::chrono::steady_clock::now();
   std::vector<ParallelConfig> layouts = enumerate_layouts(in.model, in.training, space);

@@ -153,7 +153,7 @@ at::Tensor GptStage::embed(const at::Tensor& tokens) {
   at::Tensor rows = at::embedding(wte_, (ids - start).masked_fill(outside, 0));
   rows = rows.masked_fill(outside.unsqueeze(-1), 0.0);  // other ranks' rows: zero here, summed below
   const bool sp = sequence_parallel();
-  at::Tensor x = sp ? scatter_to_sp(rows, tp, 1) : reduce_from_tp(rows, tp);
+  at::Tensor x = sp ? scatter_to_sp(rows, tp, ctx_.clock, 1) : reduce_from_tp(rows, tp, ctx_.clock);
   if (wpe_.defined()) {
     const int64_t s = x.size(1), first = sp ? int64_t(tp.rank()) * s : 0;
     x = x + wpe_.narrow(0, first, s);
@@ -168,8 +168,8 @@ bool GptStage::sequence_parallel() const { return ctx_.sequence_parallel && ctx_
 // sequence-sharded under SP (gathered for the matmuls, saved as the shard) and else through f.
 std::vector<at::Tensor> GptStage::column_parallel(const at::Tensor& x_in, const std::vector<at::Tensor>& weights,
                                                   const std::vector<at::Tensor>& biases) const {
-  if (sequence_parallel()) return sp_column_linears(x_in, weights, biases, ctx_.tp, 1);
-  at::Tensor x = copy_to_tp(x_in, ctx_.tp);
+  if (sequence_parallel()) return sp_column_linears(x_in, weights, biases, ctx_.tp, ctx_.clock, 1);
+  at::Tensor x = copy_to_tp(x_in, ctx_.tp, ctx_.clock);
   std::vector<at::Tensor> out;
   for (size_t i = 0; i < weights.size(); ++i)
     out.push_back(i < biases.size() && biases[i].defined() ? at::linear(x, weights[i], biases[i]) : at::linear(x, weights[i]));
@@ -179,7 +179,8 @@ std::vector<at::Tensor> GptStage::column_parallel(const at::Tensor& x_in, const 
 // Out of a row-parallel matrix: the partial sums added over tp (reduce-scatter under SP, else g),
 // then the replicated bias and dropout.
 at::Tensor GptStage::leave_tp(const at::Tensor& partial, const at::Tensor& bias) const {
-  at::Tensor out = sequence_parallel() ? scatter_to_sp(partial, ctx_.tp, 1) : reduce_from_tp(partial, ctx_.tp);
+  at::Tensor out = sequence_parallel() ? scatter_to_sp(partial, ctx_.tp, ctx_.clock, 1)
+                                       : reduce_from_tp(partial, ctx_.tp, ctx_.clock);
   if (bias.defined()) out = out + bias;
   if (model_.hidden_dropout > 0) out = at::dropout(out, model_.hidden_dropout, true);
   return out;
@@ -259,7 +260,7 @@ at::Tensor GptStage::head_loss(const at::Tensor& x_in, const at::Tensor& targets
   at::Tensor logits = column_parallel(norm(x_in, final_norm_w_, final_norm_b_), {head_w_}, {})[0];  // [b, s, V/tp]
   const int64_t local = head_w_.size(0);
   at::Tensor per_token = vocab_parallel_cross_entropy(logits.reshape({-1, local}), targets.to(ctx_.device).reshape({-1}),
-                                                      int64_t(tp.rank()) * local, model_.vocab_size, tp);
+                                                      int64_t(tp.rank()) * local, model_.vocab_size, tp, ctx_.clock);
   return per_token.sum() * loss_scale;
 }
 

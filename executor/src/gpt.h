@@ -21,7 +21,15 @@
 
 namespace dplan::executor {
 
+class MemoryMeter;
+class PhaseClock;
+
+// What every piece of one rank's model runs in: its process groups and layout choices, and where
+// it reports time (the phase clock) and communication buffers (the memory meter).
 struct ParallelContext {
+  ParallelContext(PhaseClock& clock, MemoryMeter& meter) : clock(clock), meter(meter) {}
+  PhaseClock& clock;
+  MemoryMeter& meter;
   Group world, tp, pp, dp;
   Group embedding;                // first and last stage (same tp, dp): tied embedding gradients
   bool has_embedding_group = false;

@@ -172,7 +172,7 @@ void GradSync::provide_gradient_buffer(int bucket) {
     if (std::find(reducing_.begin(), reducing_.end(), bucket) == reducing_.end()) return;
     complete_reductions();  // the previous micro-batch's reduction of this bucket is still in flight
   }
-  MemoryMeter::note_buffer_bytes(b.numel * at::elementSize(grad_dtype_));
+  ctx_.meter.note_buffer_bytes(b.numel * at::elementSize(grad_dtype_));
   b.grads = at::zeros({b.numel}, b.params.options().dtype(grad_dtype_));
   int64_t offset = 0;
   for (int i : b.members) {
@@ -189,7 +189,7 @@ void GradSync::launch_sharded_reduction(int bucket) {
   Bucket& b = buckets_[bucket];
   provide_gradient_buffer(bucket);
   for (int i : b.members) params_[i].tensor.mutable_grad() = at::Tensor();  // the buffer alone holds them now
-  MemoryMeter::note_buffer_bytes(b.numel / ctx_.dp.size() * at::elementSize(grad_dtype_));
+  ctx_.meter.note_buffer_bytes(b.numel / ctx_.dp.size() * at::elementSize(grad_dtype_));
   b.grads_reduced = at::empty({b.numel / ctx_.dp.size()}, b.grads.options());
   b.ready = 0;
   b.work = ctx_.dp.reduce_scatter_async(b.grads, b.grads_reduced);
@@ -205,7 +205,7 @@ void GradSync::launch_sharded_reduction(int bucket) {
 
 void GradSync::complete_reductions() {
   if (reducing_.empty()) return;
-  PhaseScope scope(Phase::dp_comm);
+  PhaseScope scope(ctx_.clock, Phase::dp_comm);
   for (int i : reducing_) {
     Bucket& b = buckets_[i];
     b.work.wait();
@@ -214,7 +214,7 @@ void GradSync::complete_reductions() {
     const int64_t bytes = b.grads.nbytes() + b.grads_reduced.nbytes();
     b.grads = at::Tensor();
     b.grads_reduced = at::Tensor();
-    MemoryMeter::note_buffer_bytes(-bytes);
+    ctx_.meter.note_buffer_bytes(-bytes);
   }
   reducing_.clear();
 }
@@ -235,7 +235,7 @@ void for_each_piece(const std::vector<Parameter>& params, const std::vector<int>
 void GradSync::finish() {
   armed_ = false;
   {
-    PhaseScope scope(Phase::dp_comm);
+    PhaseScope scope(ctx_.clock, Phase::dp_comm);
     if (zero_stage_ >= 2) {
       for (size_t i = 0; i < buckets_.size(); ++i)  // a bucket with an unused parameter: reduce what there is
         if (buckets_[i].ready > 0) launch_sharded_reduction(static_cast<int>(i));
@@ -255,7 +255,7 @@ void GradSync::finish() {
       }
     }
   }
-  PhaseScope scope(Phase::tp_comm);
+  PhaseScope scope(ctx_.clock, Phase::tp_comm);
   if (zero_stage_ >= 2) {
     for (auto& b : buckets_) {
       for_each_piece(params_, b.members, b.numel, ctx_.dp.size(), ctx_.dp.rank(), [&](int i, int64_t at, int64_t n) {
@@ -338,7 +338,7 @@ void GradSync::finish_step() {
     if (region.data_ptr() != b.master.data_ptr()) region.copy_(b.master);
   }
   if (!shard_optimizer_ || zero_stage_ >= 3 || ctx_.dp.size() == 1) return;
-  PhaseScope scope(Phase::dp_comm);  // every rank's updated slice to every rank
+  PhaseScope scope(ctx_.clock, Phase::dp_comm);  // every rank's updated slice to every rank
   std::vector<Work> works;
   for (auto& b : buckets_) works.push_back(ctx_.dp.all_gather_async(b.params, b.param_shard));
   for (auto& w : works) w.wait();
@@ -354,14 +354,14 @@ void GradSync::gather(int unit, bool wait) {
   if (u.state == Unit::State::released) {
     for (int i : u.buckets) {
       Bucket& b = buckets_[i];
-      MemoryMeter::note_buffer_bytes(b.params.nbytes());  // first, so that the allocation counts as a buffer
+      ctx_.meter.note_buffer_bytes(b.params.nbytes());  // first, so that the allocation counts as a buffer
       allocate_storage(b.params);
       u.gathers.push_back(ctx_.dp.all_gather_async(b.params, b.param_shard));
     }
     u.state = Unit::State::gathering;
   }
   if (wait && u.state == Unit::State::gathering) {
-    PhaseScope scope(Phase::dp_comm);
+    PhaseScope scope(ctx_.clock, Phase::dp_comm);
     for (auto& w : u.gathers) w.wait();
     u.gathers.clear();
     u.state = Unit::State::gathered;
@@ -374,7 +374,7 @@ void GradSync::release(int unit) {
   gather(unit, /*wait=*/true);  // nothing is freed under a collective in flight
   for (int i : u.buckets) {
     free_storage(buckets_[i].params);
-    MemoryMeter::note_buffer_bytes(-buckets_[i].params.nbytes());
+    ctx_.meter.note_buffer_bytes(-buckets_[i].params.nbytes());
   }
   u.state = Unit::State::released;
 }

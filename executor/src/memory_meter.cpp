@@ -1,9 +1,7 @@
 #include "memory_meter.h"
 
 #include <algorithm>
-#include <atomic>
 #include <mutex>
-#include <thread>
 #include <unordered_map>
 
 #include <c10/core/Allocator.h>
@@ -23,23 +21,27 @@ void raise_to(std::atomic<int64_t>& peak, int64_t now) {
   }
 }
 
-// Bytes the executor holds in communication buffers (MemoryMeter::note_buffer_bytes), and their
-// high-water mark since the last reset.
-std::atomic<int64_t> g_buffers{0}, g_buffers_peak{0};
-bool cpu_counter_installed = false;
-std::thread::id g_training_thread;
+}  // namespace
 
-// Tensors a communication backend allocates on its own threads (Gloo stages gathers through flat
-// copies there) are buffers too. Intra-op worker threads (inside a parallel region) work for the
-// training thread, so theirs are not.
-bool backend_thread() { return std::this_thread::get_id() != g_training_thread && !at::in_parallel_region(); }
+namespace detail {
 
 // Wraps the default CPU allocator. Some LibTorch code calls raw_allocate(), which requires the
 // DataPtr's context to equal its data pointer, so each block's inner DataPtr lives in a table
-// keyed by the data pointer, and the deleter is one plain function.
+// keyed by the data pointer, and the deleter is one plain function (which finds this allocator
+// where it is installed, c10::GetCPUAllocator()).
 class CountingCpuAllocator final : public c10::Allocator {
  public:
-  explicit CountingCpuAllocator(c10::Allocator* base) : base_(base) { self_ = this; }
+  explicit CountingCpuAllocator(c10::Allocator* base) : base_(base) {}
+
+  // The counting allocator installed as LibTorch's CPU allocator, or null.
+  static CountingCpuAllocator* installed() { return dynamic_cast<CountingCpuAllocator*>(c10::GetCPUAllocator()); }
+  // This process's counting allocator, installed on first use; it lives as long as the process.
+  static CountingCpuAllocator* install() {
+    if (CountingCpuAllocator* c = installed()) return c;
+    auto* c = new CountingCpuAllocator(c10::GetDefaultCPUAllocator());
+    c10::SetCPUAllocator(c, /*priority=*/100);
+    return c;
+  }
 
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
   c10::DataPtr allocate(size_t n) override { return wrap(n); }
@@ -49,15 +51,18 @@ class CountingCpuAllocator final : public c10::Allocator {
 #endif
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
 
+  // The meter that counts buffers (null: none; then no allocation is a buffer).
+  void attach(MemoryMeter* meter) { meter_ = meter; }
+
   int64_t current() const { return current_.load(); }
   int64_t peak() const { return peak_.load(); }
   int64_t peak_other() const { return peak_other_.load(); }
   void reset_peak() {
     peak_.store(current_.load());
-    peak_other_.store(current_.load() - g_buffers.load());
+    peak_other_.store(current_.load() - buffers());
   }
   // Everything but the buffers may have grown: a buffer was handed back without being freed.
-  void buffers_changed() { raise_to(peak_other_, current_.load() - g_buffers.load()); }
+  void buffers_changed() { raise_to(peak_other_, current_.load() - buffers()); }
 
  private:
   struct Block {
@@ -65,58 +70,69 @@ class CountingCpuAllocator final : public c10::Allocator {
     size_t bytes;
     bool buffer;  // allocated by a backend thread
   };
+  int64_t buffers() const {
+    const MemoryMeter* meter = meter_.load();
+    return meter ? meter->buffers_.load() : 0;
+  }
   static void release(void* data) {
     if (!data) return;
+    CountingCpuAllocator* self = installed();
+    if (!self) return;
     Block block;
     {
-      std::lock_guard<std::mutex> lock(self_->mutex_);
-      auto it = self_->blocks_.find(data);
-      if (it == self_->blocks_.end()) return;
+      std::lock_guard<std::mutex> lock(self->mutex_);
+      auto it = self->blocks_.find(data);
+      if (it == self->blocks_.end()) return;
       block = std::move(it->second);
-      self_->blocks_.erase(it);
+      self->blocks_.erase(it);
     }
-    self_->current_ -= int64_t(block.bytes);
-    if (block.buffer) g_buffers -= int64_t(block.bytes);
-    self_->buffers_changed();
+    self->current_ -= int64_t(block.bytes);
+    if (MemoryMeter* meter = self->meter_.load(); block.buffer && meter) meter->buffers_ -= int64_t(block.bytes);
+    self->buffers_changed();
   }  // the inner DataPtr frees the memory through the default allocator here
   c10::DataPtr wrap(size_t n) const {
     c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
     c10::Device device = inner.device();
     if (!data) return inner;  // zero bytes
-    const bool buffer = backend_thread();
+    MemoryMeter* meter = meter_.load();
+    const bool buffer = meter && meter->on_backend_thread();
     {
       std::lock_guard<std::mutex> lock(mutex_);
       blocks_[data] = Block{std::move(inner), n, buffer};
     }
-    if (buffer) raise_to(g_buffers_peak, g_buffers += int64_t(n));
+    if (buffer) raise_to(meter->buffers_peak_, meter->buffers_ += int64_t(n));
     int64_t now = (current_ += int64_t(n));
     raise_to(peak_, now);
-    raise_to(peak_other_, now - g_buffers.load());
+    raise_to(peak_other_, now - buffers());
     return c10::DataPtr(data, data, &release, device);
   }
 
-  static inline CountingCpuAllocator* self_ = nullptr;
   c10::Allocator* base_;
+  std::atomic<MemoryMeter*> meter_{nullptr};
   mutable std::mutex mutex_;
   mutable std::unordered_map<void*, Block> blocks_;
   mutable std::atomic<int64_t> current_{0}, peak_{0}, peak_other_{0};
 };
 
-CountingCpuAllocator* cpu_counter() {
-  static CountingCpuAllocator* counter = [] {
-    auto* c = new CountingCpuAllocator(c10::GetDefaultCPUAllocator());  // lives as long as the process
-    c10::SetCPUAllocator(c, /*priority=*/100);
-    cpu_counter_installed = true;
-    return c;
-  }();
-  return counter;
-}
-}  // namespace
+}  // namespace detail
 
-MemoryMeter::MemoryMeter(int cuda_device) : cuda_device_(cuda_device) {
-  g_training_thread = std::this_thread::get_id();
-  if (cuda_device < 0) cpu_counter();
+MemoryMeter::MemoryMeter(int cuda_device) : cuda_device_(cuda_device), training_thread_(std::this_thread::get_id()) {
+  if (cuda_device < 0) {
+    cpu_ = detail::CountingCpuAllocator::install();
+    cpu_->attach(this);
+  }
+}
+
+MemoryMeter::~MemoryMeter() {
+  if (cpu_) cpu_->attach(nullptr);
+}
+
+// Tensors a communication backend allocates on its own threads (Gloo stages gathers through flat
+// copies there) are buffers too. Intra-op worker threads (inside a parallel region) work for the
+// training thread, so theirs are not.
+bool MemoryMeter::on_backend_thread() const {
+  return std::this_thread::get_id() != training_thread_ && !at::in_parallel_region();
 }
 
 int64_t MemoryMeter::current_bytes() const {
@@ -126,7 +142,7 @@ int64_t MemoryMeter::current_bytes() const {
     return stats.allocated_bytes[0].current;  // index 0: StatType::AGGREGATE
   }
 #endif
-  return cpu_counter()->current();
+  return cpu_->current();
 }
 
 int64_t MemoryMeter::peak_bytes() const {
@@ -136,33 +152,33 @@ int64_t MemoryMeter::peak_bytes() const {
     return stats.allocated_bytes[0].peak;
   }
 #endif
-  return cpu_counter()->peak();
+  return cpu_->peak();
 }
 
 void MemoryMeter::note_buffer_bytes(int64_t delta) {
-  raise_to(g_buffers_peak, g_buffers += delta);
-  if (delta < 0 && cpu_counter_installed) cpu_counter()->buffers_changed();
+  raise_to(buffers_peak_, buffers_ += delta);
+  if (delta < 0 && cpu_) cpu_->buffers_changed();
 }
 
-int64_t MemoryMeter::peak_buffer_bytes() const { return g_buffers_peak.load(); }
+int64_t MemoryMeter::peak_buffer_bytes() const { return buffers_peak_.load(); }
 
 int64_t MemoryMeter::peak_excluding_buffers_bytes() const {
 #ifdef DPLAN_WITH_CUDA
   // The caching allocator keeps one high-water mark: the buffers' own peak is taken off it.
   if (cuda_device_ >= 0) return peak_bytes() - peak_buffer_bytes();
 #endif
-  return cpu_counter()->peak_other();
+  return cpu_->peak_other();
 }
 
 void MemoryMeter::reset_peak() {
-  g_buffers_peak.store(g_buffers.load());
+  buffers_peak_.store(buffers_.load());
 #ifdef DPLAN_WITH_CUDA
   if (cuda_device_ >= 0) {
     c10::cuda::CUDACachingAllocator::resetPeakStats(cuda_device_);
     return;
   }
 #endif
-  cpu_counter()->reset_peak();
+  cpu_->reset_peak();
 }
 
 std::string MemoryMeter::source() const {

@@ -2,17 +2,32 @@
 // installed through c10::SetCPUAllocator before any tensor exists: it wraps the default allocator
 // and counts every tensor allocation exactly. On CUDA the caching allocator's own statistics
 // (allocated bytes, current and peak) are read instead.
+//
+// The worker owns one meter and hands it to the model's pieces through their ParallelContext
+// (gpt.h). LibTorch's CPU allocator is a process-wide hook: the counting allocator installed there
+// outlives any meter (tensors it made may outlive one) and reports to the meter attached to it.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
+#include <thread>
 
 namespace dplan::executor {
 
+namespace detail {
+class CountingCpuAllocator;
+}
+
 class MemoryMeter {
  public:
-  // cuda_device < 0: CPU (installs the counting allocator; call once, first thing).
+  // cuda_device < 0: CPU (installs the counting allocator on the first meter and attaches this
+  // one to it; construct it first thing, before any tensor, on the training thread).
   explicit MemoryMeter(int cuda_device);
+  ~MemoryMeter();
+  MemoryMeter(const MemoryMeter&) = delete;
+  MemoryMeter& operator=(const MemoryMeter&) = delete;
+
   int64_t current_bytes() const;
   int64_t peak_bytes() const;   // since the last reset_peak()
   void reset_peak();
@@ -20,14 +35,21 @@ class MemoryMeter {
   // send/receive tensors) are counted apart: their owner reports each allocation (+) and release
   // (-) here, and on CPU whatever a backend's own threads allocate counts too; the meter keeps the
   // buffers' high-water mark and, on CPU exactly, that of everything else (activations).
-  // Construct the meter on the training thread.
-  static void note_buffer_bytes(int64_t delta);
+  void note_buffer_bytes(int64_t delta);
   int64_t peak_buffer_bytes() const;            // since the last reset_peak()
   int64_t peak_excluding_buffers_bytes() const;  // since the last reset_peak()
   std::string source() const;
 
  private:
+  friend class detail::CountingCpuAllocator;
+  // Whether the calling thread is a communication backend's (its allocations are buffers).
+  bool on_backend_thread() const;
+
   int cuda_device_;
+  detail::CountingCpuAllocator* cpu_ = nullptr;  // CPU: the installed counting allocator
+  std::thread::id training_thread_;
+  // Bytes held in communication buffers, and their high-water mark since the last reset.
+  std::atomic<int64_t> buffers_{0}, buffers_peak_{0};
 };
 
 }  // namespace dplan::executor

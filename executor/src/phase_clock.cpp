@@ -16,11 +16,6 @@ const char* to_string(Phase p) {
   }
 }
 
-PhaseClock& PhaseClock::instance() {
-  static PhaseClock clock;
-  return clock;
-}
-
 void PhaseClock::charge(Clock::time_point now) {
   Phase current = stack_.empty() ? Phase::other : stack_.back();
   totals_[static_cast<int>(current)] += std::chrono::duration<double>(now - last_).count();

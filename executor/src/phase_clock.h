@@ -1,8 +1,10 @@
 // Exclusive wall time per phase of a training step. Phases nest (a tensor-parallel all-reduce
 // inside forward, a pipeline receive inside a schedule): time is charged to the innermost open
 // phase, so per step the phases add up to the step's wall time, with "other" the remainder.
-// Process-wide, not per thread: on CUDA the autograd engine runs backward on its own thread, and
-// the caller only waits for it, so at any moment one thread is doing the step's work.
+// One clock per training process, shared by its threads rather than one per thread: on CUDA the
+// autograd engine runs backward on its own thread, and the caller only waits for it, so at any
+// moment one thread is doing the step's work. The worker owns it; the model's pieces reach it
+// through their ParallelContext (gpt.h).
 #pragma once
 
 #include <array>
@@ -21,11 +23,13 @@ const char* to_string(Phase p);
 class PhaseClock {
  public:
   using Clock = std::chrono::steady_clock;
-  static PhaseClock& instance();
 
-  // Called at each phase switch before the time is read (e.g. a CUDA device synchronize, so
-  // asynchronous kernels are charged to the phase that launched them). Empty: nothing.
-  void set_sync(std::function<void()> sync) { sync_ = std::move(sync); }
+  // `sync` is called at each phase switch before the time is read (e.g. a CUDA device
+  // synchronize, so asynchronous kernels are charged to the phase that launched them). Empty:
+  // nothing.
+  explicit PhaseClock(std::function<void()> sync = {}) : sync_(std::move(sync)) {}
+  PhaseClock(const PhaseClock&) = delete;
+  PhaseClock& operator=(const PhaseClock&) = delete;
 
   void start_step();                 // zeroes the totals; time until the first push is "other"
   std::array<double, kNumPhases> end_step();  // seconds per phase; "other" is the remainder
@@ -41,13 +45,16 @@ class PhaseClock {
   Clock::time_point last_{}, step_start_{};
 };
 
-// RAII: the enclosed code's time goes to `phase` (less any nested phase's).
+// RAII: the enclosed code's time goes to `phase` on `clock` (less any nested phase's).
 class PhaseScope {
  public:
-  explicit PhaseScope(Phase p) { PhaseClock::instance().push(p); }
-  ~PhaseScope() { PhaseClock::instance().pop(); }
+  PhaseScope(PhaseClock& clock, Phase p) : clock_(clock) { clock_.push(p); }
+  ~PhaseScope() { clock_.pop(); }
   PhaseScope(const PhaseScope&) = delete;
   PhaseScope& operator=(const PhaseScope&) = delete;
+
+ private:
+  PhaseClock& clock_;
 };
 
 }  // namespace dplan::executor

@@ -4,57 +4,65 @@
 
 #include <torch/torch.h>
 
-#include "phase_clock.h"
 
 namespace dplan::executor {
 namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// Backward runs later, on autograd's thread: the forward's group and clock are kept in the
+// function's saved data (as addresses; both outlive the step).
 Group& group_of(AutogradContext* ctx) { return *reinterpret_cast<Group*>(ctx->saved_data["group"].toInt()); }
-void remember(AutogradContext* ctx, Group& g) { ctx->saved_data["group"] = reinterpret_cast<int64_t>(&g); }
+PhaseClock& clock_of(AutogradContext* ctx) { return *reinterpret_cast<PhaseClock*>(ctx->saved_data["clock"].toInt()); }
+void remember(AutogradContext* ctx, Group& g, PhaseClock& clock) {
+  ctx->saved_data["group"] = reinterpret_cast<int64_t>(&g);
+  ctx->saved_data["clock"] = reinterpret_cast<int64_t>(&clock);
+}
 
-at::Tensor all_reduced(const at::Tensor& x, Group& g) {
+at::Tensor all_reduced(const at::Tensor& x, Group& g, PhaseClock& clock) {
   if (g.size() == 1) return x;
-  PhaseScope scope(Phase::tp_comm);
+  PhaseScope scope(clock, Phase::tp_comm);
   at::Tensor y = x.contiguous().clone();
   g.all_reduce(y);
   return y;
 }
-at::Tensor gathered(const at::Tensor& x, Group& g, int64_t dim) {
+at::Tensor gathered(const at::Tensor& x, Group& g, PhaseClock& clock, int64_t dim) {
   if (g.size() == 1) return x;
-  PhaseScope scope(Phase::tp_comm);
+  PhaseScope scope(clock, Phase::tp_comm);
   return g.all_gather(x, dim);
 }
-at::Tensor scattered(const at::Tensor& x, Group& g, int64_t dim) {
+at::Tensor scattered(const at::Tensor& x, Group& g, PhaseClock& clock, int64_t dim) {
   if (g.size() == 1) return x;
-  PhaseScope scope(Phase::tp_comm);
+  PhaseScope scope(clock, Phase::tp_comm);
   return g.reduce_scatter(x, dim);
 }
 
 struct CopyToTp : torch::autograd::Function<CopyToTp> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Group* g) {
-    remember(ctx, *g);
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Group* g, PhaseClock* clock) {
+    remember(ctx, *g, *clock);
     return x.view_as(x);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    return {all_reduced(grad[0], group_of(ctx)), at::Tensor()};
+    return {all_reduced(grad[0], group_of(ctx), clock_of(ctx)), at::Tensor(), at::Tensor()};
   }
 };
 
 struct ReduceFromTp : torch::autograd::Function<ReduceFromTp> {
-  static at::Tensor forward(AutogradContext*, const at::Tensor& x, Group* g) { return all_reduced(x, *g); }
-  static variable_list backward(AutogradContext*, variable_list grad) { return {grad[0], at::Tensor()}; }
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x, Group* g, PhaseClock* clock) {
+    return all_reduced(x, *g, *clock);
+  }
+  static variable_list backward(AutogradContext*, variable_list grad) { return {grad[0], at::Tensor(), at::Tensor()}; }
 };
 
 struct ScatterToSp : torch::autograd::Function<ScatterToSp> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Group* g, int64_t dim) {
-    remember(ctx, *g);
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Group* g, PhaseClock* clock, int64_t dim) {
+    remember(ctx, *g, *clock);
     ctx->saved_data["dim"] = dim;
-    return scattered(x, *g, dim);
+    return scattered(x, *g, *clock, dim);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    return {gathered(grad[0], group_of(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
+    return {gathered(grad[0], group_of(ctx), clock_of(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -66,12 +74,12 @@ struct ScatterToSp : torch::autograd::Function<ScatterToSp> {
 // `tensors` = {x, W_1 .. W_n, then the biases of the linears whose bit is set in bias_mask}.
 struct SpColumnLinears : torch::autograd::Function<SpColumnLinears> {
   static variable_list forward(AutogradContext* ctx, at::TensorList tensors, int64_t n, int64_t bias_mask, Group* g,
-                               int64_t dim) {
-    remember(ctx, *g);
+                               PhaseClock* clock, int64_t dim) {
+    remember(ctx, *g, *clock);
     ctx->saved_data["n"] = n;
     ctx->saved_data["bias_mask"] = bias_mask;
     ctx->saved_data["dim"] = dim;
-    at::Tensor full = gathered(tensors[0], *g, dim);
+    at::Tensor full = gathered(tensors[0], *g, *clock, dim);
     variable_list out;
     int64_t next_bias = 1 + n;
     for (int64_t i = 0; i < n; ++i) {
@@ -84,8 +92,9 @@ struct SpColumnLinears : torch::autograd::Function<SpColumnLinears> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const int64_t n = ctx->saved_data["n"].toInt(), mask = ctx->saved_data["bias_mask"].toInt();
     Group& g = group_of(ctx);
+    PhaseClock& clock = clock_of(ctx);
     auto saved = ctx->get_saved_variables();
-    at::Tensor full = gathered(saved[0], g, ctx->saved_data["dim"].toInt());
+    at::Tensor full = gathered(saved[0], g, clock, ctx->saved_data["dim"].toInt());
     const at::Tensor full_2d = full.reshape({-1, full.size(-1)});
     at::Tensor dfull;
     variable_list weight_grads, bias_grads;
@@ -103,17 +112,17 @@ struct SpColumnLinears : torch::autograd::Function<SpColumnLinears> {
       if ((mask >> i) & 1) bias_grads.push_back(dy_2d.sum(0));
     }
     full = at::Tensor();
-    variable_list out{dfull.defined() ? scattered(dfull, g, ctx->saved_data["dim"].toInt()) : at::Tensor()};
+    variable_list out{dfull.defined() ? scattered(dfull, g, clock, ctx->saved_data["dim"].toInt()) : at::Tensor()};
     out.insert(out.end(), weight_grads.begin(), weight_grads.end());
     out.insert(out.end(), bias_grads.begin(), bias_grads.end());
-    for (int i = 0; i < 4; ++i) out.emplace_back();  // n, bias_mask, group, dim
+    for (int i = 0; i < 5; ++i) out.emplace_back();  // n, bias_mask, group, clock, dim
     return out;
   }
 };
 
 struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits_in, const at::Tensor& targets,
-                            int64_t vocab_start, int64_t vocab_size, Group* g) {
+                            int64_t vocab_start, int64_t vocab_size, Group* g, PhaseClock* clock) {
     const int64_t local = logits_in.size(1);
     // Worked on in place, as Megatron does: the head's output feeds only this function and its
     // backward does not need it, so one fp32 [tokens, V/tp] tensor becomes the saved softmax (a
@@ -125,7 +134,7 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     // Any per-row shift works; it only has to be the same on every rank: the global row maximum.
     at::Tensor row_max = std::get<0>(logits.max(1));
     if (g->size() > 1) {
-      PhaseScope scope(Phase::tp_comm);
+      PhaseScope scope(*clock, Phase::tp_comm);
       row_max = g->all_gather(row_max.unsqueeze(0), 0).amax(0);
     }
     logits.sub_(row_max.unsqueeze(1));
@@ -134,7 +143,7 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     at::Tensor target_logit = logits.gather(1, local_target.unsqueeze(1)).squeeze(1).masked_fill(in_shard.logical_not(), 0);
     at::Tensor exp = logits.exp_();
     at::Tensor sums = at::stack({exp.sum(1), target_logit});  // one all-reduce for both
-    sums = all_reduced(sums, *g);
+    sums = all_reduced(sums, *g, *clock);
     at::Tensor sum_exp = sums[0];
     exp.div_(sum_exp.unsqueeze(1));  // softmax, kept for backward
     ctx->save_for_backward({exp, local_target, in_shard});
@@ -150,19 +159,24 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     g.scatter_add_(1, saved[1].unsqueeze(1), -hit.unsqueeze(1));
     g.mul_(grad[0].unsqueeze(1));
     auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
-    return {g.to(dtype), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {g.to(dtype), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
-at::Tensor copy_to_tp(const at::Tensor& x, Group& tp) { return tp.size() == 1 ? x : CopyToTp::apply(x, &tp); }
-at::Tensor reduce_from_tp(const at::Tensor& x, Group& tp) { return tp.size() == 1 ? x : ReduceFromTp::apply(x, &tp); }
-at::Tensor scatter_to_sp(const at::Tensor& x, Group& tp, int64_t dim) {
-  return tp.size() == 1 ? x : ScatterToSp::apply(x, &tp, dim);
+at::Tensor copy_to_tp(const at::Tensor& x, Group& tp, PhaseClock& clock) {
+  return tp.size() == 1 ? x : CopyToTp::apply(x, &tp, &clock);
+}
+at::Tensor reduce_from_tp(const at::Tensor& x, Group& tp, PhaseClock& clock) {
+  return tp.size() == 1 ? x : ReduceFromTp::apply(x, &tp, &clock);
+}
+at::Tensor scatter_to_sp(const at::Tensor& x, Group& tp, PhaseClock& clock, int64_t dim) {
+  return tp.size() == 1 ? x : ScatterToSp::apply(x, &tp, &clock, dim);
 }
 std::vector<at::Tensor> sp_column_linears(const at::Tensor& x, const std::vector<at::Tensor>& weights,
-                                          const std::vector<at::Tensor>& biases, Group& tp, int64_t dim) {
+                                          const std::vector<at::Tensor>& biases, Group& tp, PhaseClock& clock,
+                                          int64_t dim) {
   std::vector<at::Tensor> tensors{x};
   tensors.insert(tensors.end(), weights.begin(), weights.end());
   int64_t mask = 0;
@@ -171,12 +185,12 @@ std::vector<at::Tensor> sp_column_linears(const at::Tensor& x, const std::vector
     mask |= int64_t(1) << i;
     tensors.push_back(biases[i]);
   }
-  return SpColumnLinears::apply(at::TensorList(tensors), int64_t(weights.size()), mask, &tp, dim);
+  return SpColumnLinears::apply(at::TensorList(tensors), int64_t(weights.size()), mask, &tp, &clock, dim);
 }
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t vocab_start,
-                                        int64_t vocab_size, Group& tp) {
-  return VocabParallelCrossEntropy::apply(logits, targets, vocab_start, vocab_size, &tp);
+                                        int64_t vocab_size, Group& tp, PhaseClock& clock) {
+  return VocabParallelCrossEntropy::apply(logits, targets, vocab_start, vocab_size, &tp, &clock);
 }
 
 }  // namespace dplan::executor

@@ -1,6 +1,7 @@
 // Megatron-LM's tensor-parallel operators as autograd functions (Shoeybi et al. 2019, §3, Fig. 3;
 // Korthikanti et al. 2022, §4.2.2 for the sequence-parallel pair). Each is the identity on a group
-// of size 1, so one code path serves every layout. Communication time is charged to tp_comm.
+// of size 1, so one code path serves every layout. Communication time is charged to tp_comm on
+// the clock passed in.
 //   copy_to_tp       f: forward identity,          backward all-reduce
 //   reduce_from_tp   g: forward all-reduce,        backward identity
 //   scatter_to_sp    forward reduce-scatter(seq),  backward all-gather(seq)
@@ -12,25 +13,27 @@
 #include <ATen/ATen.h>
 
 #include "comm.h"
+#include "phase_clock.h"
 
 namespace dplan::executor {
 
-at::Tensor copy_to_tp(const at::Tensor& x, Group& tp);
-at::Tensor reduce_from_tp(const at::Tensor& x, Group& tp);
-at::Tensor scatter_to_sp(const at::Tensor& x, Group& tp, int64_t dim);
+at::Tensor copy_to_tp(const at::Tensor& x, Group& tp, PhaseClock& clock);
+at::Tensor reduce_from_tp(const at::Tensor& x, Group& tp, PhaseClock& clock);
+at::Tensor scatter_to_sp(const at::Tensor& x, Group& tp, PhaseClock& clock, int64_t dim);
 
 // Under sequence parallel: the column-parallel linears y_i = x_full W_i^T + b_i of one
 // sequence-sharded input x (all-gathered along `dim` for them), saving only the shard and
 // gathering it again in backward (Megatron's sequence-parallel linear). biases[i] may be
 // undefined; `biases` may be shorter than `weights`.
 std::vector<at::Tensor> sp_column_linears(const at::Tensor& x, const std::vector<at::Tensor>& weights,
-                                          const std::vector<at::Tensor>& biases, Group& tp, int64_t dim);
+                                          const std::vector<at::Tensor>& biases, Group& tp, PhaseClock& clock,
+                                          int64_t dim);
 
 // Cross-entropy over a vocabulary split across the tp group (Megatron's vocab-parallel loss):
 // `logits` [N, V/tp] holds this rank's columns [vocab_start, vocab_start + V/tp); `targets` [N] are
 // global ids. Columns at or past `vocab_size` (padding) are excluded from the softmax, so the loss
 // does not depend on how much padding tp forced. Returns the per-token loss [N] (fp32).
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t vocab_start,
-                                        int64_t vocab_size, Group& tp);
+                                        int64_t vocab_size, Group& tp, PhaseClock& clock);
 
 }  // namespace dplan::executor

@@ -48,13 +48,13 @@ StepResult Trainer::step(const std::vector<Batch>& batches) {
       if (it->output >= 0 && outputs[it->output].defined())
         outputs[it->output].set_data(at::empty({0}, outputs[it->output].options()));
       it = sends.erase(it);  // the buffer goes with the send's own reference to it ...
-      MemoryMeter::note_buffer_bytes(-bytes);  // ... before it leaves the buffers' count
+      ctx_.meter.note_buffer_bytes(-bytes);  // ... before it leaves the buffers' count
     }
   };
   auto send = [&](const at::Tensor& t, int peer, int tag, int output) {
-    PhaseScope wait(Phase::pp_wait);
+    PhaseScope wait(ctx_.clock, Phase::pp_wait);
     at::Tensor buf = t.detach().contiguous();
-    MemoryMeter::note_buffer_bytes(buf.nbytes());
+    ctx_.meter.note_buffer_bytes(buf.nbytes());
     sends.push_back({ctx_.pp.send(buf, peer, tag), buf, output});
   };
   at::Tensor loss_sum = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(ctx_.device));
@@ -64,14 +64,14 @@ StepResult Trainer::step(const std::vector<Batch>& batches) {
     if (first) {
       in = batches[j].inputs;
     } else {
-      PhaseScope wait(Phase::pp_wait);
+      PhaseScope wait(ctx_.clock, Phase::pp_wait);
       in = at::empty(shape, act_options);
       ctx_.pp.recv(in, ctx_.stage - 1, kForwardTag).wait();
       in.requires_grad_(true);
     }
     at::Tensor out;
     {
-      PhaseScope scope(Phase::forward);
+      PhaseScope scope(ctx_.clock, Phase::forward);
       out = stage_.forward(in, batches[j].targets, options_.loss_scale);
     }
     inputs[j] = in;
@@ -87,14 +87,14 @@ StepResult Trainer::step(const std::vector<Batch>& batches) {
     if (j == m - 1) grads_.arm_last_microbatch();
     at::Tensor grad;
     if (!last) {
-      PhaseScope wait(Phase::pp_wait);
-      MemoryMeter::note_buffer_bytes(at::elementSize(act_options.dtype().toScalarType()) * c10::multiply_integers(shape));
+      PhaseScope wait(ctx_.clock, Phase::pp_wait);
+      ctx_.meter.note_buffer_bytes(at::elementSize(act_options.dtype().toScalarType()) * c10::multiply_integers(shape));
       grad = at::empty(shape, act_options);
       ctx_.pp.recv(grad, ctx_.stage + 1, kBackwardTag).wait();
       retire_sends(true, j);  // this micro-batch's forward send is done, and its output can go
     }
     {
-      PhaseScope scope(Phase::backward);
+      PhaseScope scope(ctx_.clock, Phase::backward);
       if (last) {
         outputs[j].backward();
       } else {
@@ -102,7 +102,7 @@ StepResult Trainer::step(const std::vector<Batch>& batches) {
         torch::autograd::Engine::get_default_engine().execute({torch::autograd::impl::gradient_edge(outputs[j])},
                                                               {grad}, false, false, true);
         grad = at::Tensor();
-        MemoryMeter::note_buffer_bytes(-bytes);
+        ctx_.meter.note_buffer_bytes(-bytes);
       }
     }
     if (!first) send(inputs[j].grad(), ctx_.stage - 1, kBackwardTag, -1);
@@ -126,13 +126,13 @@ StepResult Trainer::step(const std::vector<Batch>& batches) {
     for (int j = m - warmup; j < m; ++j) backward(j);
   }
   {
-    PhaseScope wait(Phase::pp_wait);
+    PhaseScope wait(ctx_.clock, Phase::pp_wait);
     retire_sends(true);
   }
   grads_.finish();
   StepResult result;
   {
-    PhaseScope scope(Phase::optimizer);
+    PhaseScope scope(ctx_.clock, Phase::optimizer);
     result.grad_norm = grads_.clip_grad_norm(options_.max_grad_norm);
     optimizer_.step();
   }

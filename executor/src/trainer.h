@@ -1,6 +1,6 @@
 // One training step of one rank: the pipeline schedule over the step's micro-batches (GPipe or
 // 1F1B, Narayanan et al. 2021 §2.2, over send/recv with the neighbouring stages), the gradient
-// synchronisation, and the optimizer step. Time goes to the phases of PhaseClock.
+// synchronisation, and the optimizer step. Time goes to the phases of the context's PhaseClock.
 #pragma once
 
 #include <torch/torch.h>

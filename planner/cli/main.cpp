@@ -350,7 +350,7 @@ int run_scale(Options o, const ScaleOptions& so, const ProfileStore& store) {
     write_plan(quiet, planned->in, planned->best, planned->mem, planned->time);
     std::cerr << "scale: run " << i + 1 << "/" << so.gpus.size() << ": " << n << " rank" << (n == 1 ? "" : "s") << ", "
               << short_layout(planned->best) << " (" << tricks(planned->best) << "), " << so.steps << " steps\n";
-    cli::RunArgs ra;
+    cli::RunOptions ra;
     ra.plan_path = o.output;
     ra.steps = so.steps;
     ra.warmup = 2;
@@ -432,7 +432,7 @@ int main(int argc, char** argv) {
 
   CLI::App* list = app.add_subcommand("list", "model presets, size shorthands and clusters");
 
-  cli::RunArgs run_args;
+  cli::RunOptions run_args;
   CLI::App* run = app.add_subcommand("run", "train with a plan's layout on this machine and measure every phase");
   cli::add_run_options(*run, run_args);
 

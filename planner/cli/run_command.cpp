@@ -25,25 +25,9 @@ extern char** environ;
 namespace dplan::cli {
 namespace fs = std::filesystem;
 
-void add_run_options(CLI::App& command, RunArgs& a) {
+void add_run_options(CLI::App& command, RunOptions& a) {
   command.add_option("plan", a.plan_path, "plan.json written by dplan -o")->required();
-  command.add_option("--steps", a.steps, "optimizer steps")->capture_default_str();
-  command.add_option("--warmup", a.warmup, "first steps marked warm-up, left out of the statistics")->capture_default_str();
-  command.add_option("--data", a.data_path, "byte-level text file (default: a seeded synthetic stream)");
-  command.add_option("--seed", a.seed, "seed for weights, data order and synthetic data")->capture_default_str();
-  command.add_option("-o,--output", a.output, "write the measurements to this run.json");
-  command.add_option("--timeout-s", a.timeout_s, "collective timeout; a dead rank is reported within it")
-      ->capture_default_str();
-  command.add_option("--device", a.device, "auto, cpu or cuda")->capture_default_str();
-  command.add_option("--precision", a.precision,
-                     "auto (the plan's 16-bit precision as bf16 on CUDA, fp32 on CPU), fp32, or bf16 (on CPU: slow, "
-                     "to check the mixed-precision path)")
-      ->capture_default_str();
-  command.add_option("--lr", a.lr, "AdamW learning rate")->capture_default_str();
-  command.add_option("--max-grad-norm", a.max_grad_norm, "clip the global gradient norm to this; 0: no clipping")
-      ->capture_default_str();
-  command.add_option("--log-every", a.log_every, "progress line every N steps")->capture_default_str();
-  command.add_flag("--quiet", a.quiet, "no progress lines");
+  executor::add_run_flags(command, a);
 }
 
 // dplan-worker beside this binary, or $DPLAN_WORKER.
@@ -79,13 +63,6 @@ int free_port() {
   return port;
 }
 
-// A double as the worker will read it back, exactly (std::to_string keeps only 6 decimals).
-std::string exact(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.17g", x);
-  return buf;
-}
-
 std::string describe_exit(int wstatus) {
   if (WIFSIGNALED(wstatus)) {
     int sig = WTERMSIG(wstatus);
@@ -99,7 +76,7 @@ void on_signal(int sig) { g_interrupted = sig; }
 
 }  // namespace
 
-int run_run(const RunArgs& a) {
+int run_run(const RunOptions& a) {
   // Check what can be checked before starting anything: the plan's shape and the output folder.
   const int world = costmodel::read_plan(a.plan_path).parallel.world_size();
   if (!a.output.empty()) {
@@ -109,14 +86,9 @@ int run_run(const RunArgs& a) {
   if (a.steps < 1) throw InputError("--steps must be a positive integer, got " + std::to_string(a.steps));
   const std::string worker = find_worker();
 
-  std::vector<std::string> args = {worker, a.plan_path, "--steps", std::to_string(a.steps), "--warmup",
-                                   std::to_string(a.warmup), "--seed", std::to_string(a.seed), "--timeout-s",
-                                   exact(a.timeout_s), "--device", a.device, "--precision", a.precision, "--lr", exact(a.lr), "--max-grad-norm",
-                                   exact(a.max_grad_norm),
-                                   "--log-every", std::to_string(a.log_every)};
-  if (!a.data_path.empty()) args.insert(args.end(), {"--data", a.data_path});
-  if (!a.output.empty()) args.insert(args.end(), {"-o", a.output});
-  if (a.quiet) args.push_back("--quiet");
+  std::vector<std::string> args = {worker, a.plan_path};
+  const std::vector<std::string> flags = executor::run_flags_argv(a);
+  args.insert(args.end(), flags.begin(), flags.end());
   return launch_local_ranks(args, world, a.timeout_s);
 }
 

@@ -10,18 +10,15 @@
 
 #include <CLI/CLI.hpp>
 
+#include "dplan/executor/run_options.h"
+
 namespace dplan::cli {
 
-struct RunArgs {
-  std::string plan_path, data_path, output, device = "auto", precision = "auto";
-  int steps = 20, warmup = 2, log_every = 1;
-  unsigned long long seed = 1234;
-  double timeout_s = 60, lr = 1e-3, max_grad_norm = 1.0;
-  bool quiet = false;
-};
+using executor::RunOptions;
 
-void add_run_options(CLI::App& command, RunArgs& args);
-int run_run(const RunArgs& args);
+// The plan and every option of executor/include/dplan/executor/run_options.h, on `command`.
+void add_run_options(CLI::App& command, RunOptions& args);
+int run_run(const RunOptions& args);
 
 // dplan-worker beside this binary, or $DPLAN_WORKER; InputError if this build has none.
 std::string find_worker();

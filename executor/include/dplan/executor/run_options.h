@@ -1,0 +1,86 @@
+// The options of a training run, declared once. `dplan run` registers them on its command line,
+// turns them back into each rank's dplan-worker arguments, and dplan-worker registers the same
+// ones on its own, all from the one table in for_each_run_flag: a new option is one line there
+// and one field in RunOptions.
+//
+// dplan includes this header and builds without LibTorch, so it uses the standard library and
+// CLI11 only.
+#pragma once
+
+#include <cstdio>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace dplan::executor {
+
+struct RunOptions {
+  std::string plan_path;  // the positional plan.json (each binary declares it: the worker's is optional)
+  std::string data_path, output, device = "auto", precision = "auto";
+  int steps = 20, warmup = 2, log_every = 1;
+  unsigned long long seed = 1234;
+  double timeout_s = 60, lr = 1e-3, max_grad_norm = 1.0;
+  bool quiet = false;
+};
+
+// Calls visit(names, field, help, show_default) for each option after the plan, in --help order.
+// `names` is CLI11's ("-o,--output"); a bool field is a flag. Options is RunOptions or const
+// RunOptions.
+template <typename Options, typename Visit>
+void for_each_run_flag(Options& o, Visit&& visit) {
+  constexpr bool show_default = true;
+  visit("--steps", o.steps, "optimizer steps", show_default);
+  visit("--warmup", o.warmup, "first steps marked warm-up, left out of the statistics", show_default);
+  visit("--data", o.data_path, "byte-level text file (default: a seeded synthetic stream)", !show_default);
+  visit("--seed", o.seed, "seed for weights, data order and synthetic data", show_default);
+  visit("-o,--output", o.output, "write the measurements to this run.json", !show_default);
+  visit("--timeout-s", o.timeout_s, "collective timeout; a dead rank is reported within it", show_default);
+  visit("--device", o.device, "auto, cpu or cuda", show_default);
+  visit("--precision", o.precision,
+        "auto (the plan's 16-bit precision as bf16 on CUDA, fp32 on CPU), fp32, or bf16 (on CPU: slow, "
+        "to check the mixed-precision path)",
+        show_default);
+  visit("--lr", o.lr, "AdamW learning rate", show_default);
+  visit("--max-grad-norm", o.max_grad_norm, "clip the global gradient norm to this; 0: no clipping", show_default);
+  visit("--log-every", o.log_every, "progress line every N steps", show_default);
+  visit("--quiet", o.quiet, "no progress lines", !show_default);
+}
+
+// Every option after the plan, on `app`.
+inline void add_run_flags(CLI::App& app, RunOptions& o) {
+  for_each_run_flag(o, [&app](const char* names, auto& field, const char* help, bool show_default) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(field)>, bool>) {
+      app.add_flag(names, field, help);
+    } else {
+      CLI::Option* option = app.add_option(names, field, help);
+      if (show_default) option->capture_default_str();
+    }
+  });
+}
+
+// The arguments that give a worker these options: each option with its value (an empty string
+// too, which reads back as itself), each flag when set. Doubles are written with 17 significant
+// digits, so they read back exactly (std::to_string keeps 6 decimals).
+inline std::vector<std::string> run_flags_argv(const RunOptions& o) {
+  std::vector<std::string> argv;
+  for_each_run_flag(o, [&argv](const std::string& names, const auto& field, const char*, bool) {
+    using T = std::decay_t<decltype(field)>;
+    const std::string name = names.substr(names.rfind(',') + 1);  // the long name; npos + 1 is 0
+    if constexpr (std::is_same_v<T, bool>) {
+      if (field) argv.push_back(name);
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      argv.insert(argv.end(), {name, field});
+    } else if constexpr (std::is_floating_point_v<T>) {
+      char exact[32];
+      std::snprintf(exact, sizeof exact, "%.17g", field);
+      argv.insert(argv.end(), {name, exact});
+    } else {
+      argv.insert(argv.end(), {name, std::to_string(field)});
+    }
+  });
+  return argv;
+}
+
+}  // namespace dplan::executor

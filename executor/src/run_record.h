@@ -1,0 +1,45 @@
+// run.json (docs/run-json.md): what each rank reports when training is over, and rank 0's
+// assembly of every rank's report into the run record.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "dplan/costmodel/json_io.h"
+#include "gpt.h"
+#include "grad_sync.h"
+#include "phase_clock.h"
+#include "plan_file.h"
+
+namespace dplan::executor {
+
+// One optimizer step as this rank measured it.
+struct StepRecord {
+  double time_s = 0;     // this rank's wall time for the step: its phases' sum
+  double loss = 0;       // the global batch's mean loss, the same on every rank
+  double grad_norm = 0;  // the global gradient norm before clipping
+  std::array<double, kNumPhases> phases_s{};
+};
+
+// High-water marks of this rank's tensor memory (docs/run-json.md, "memory").
+struct MemoryPeaks {
+  int64_t activations_bytes = 0;  // above what a step started with, buffers excluded; steps after the first
+  int64_t buffers_bytes = 0;      // communication buffers; steps after the first
+  int64_t peak_bytes = 0;         // everything, over the run
+};
+
+// What one rank reports to rank 0 when training is over: its steps (the phases as their median
+// over the steps from `warmup_steps` on), the hash of its weights, and its memory by component.
+// Under ZeRO-3 gather every unit first (GradSync::gather_all_units), so the hash covers them all.
+json rank_report(int rank, int stage_index, const std::vector<StepRecord>& steps, int warmup_steps,
+                 const MemoryPeaks& peaks, GptStage& stage, const GradSync& grads, torch::optim::Optimizer& optimizer);
+
+// Rank 0: every rank's report (indexed by rank) into run.json; `config` becomes its "config".
+json assemble_run(const ExecPlan& plan, int world_size, int num_steps, int warmup_steps, const std::vector<json>& reports,
+                  const json& config, const std::string& memory_source);
+
+}  // namespace dplan::executor

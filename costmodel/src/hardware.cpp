@@ -5,13 +5,11 @@
 
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/training.h"
+#include "dplan/costmodel/units.h"
 
 namespace dplan::costmodel {
 namespace {
 
-constexpr double kGB = 1e9;            // decimal, for vendor capacities and bandwidths
-constexpr double kGiB = 1073741824.0;  // 2^30
-constexpr double kMiB = 1048576.0;     // 2^20, for message sizes
 
 void check_format_version(ObjectReader& r) {
   if (r.positive_int("format_version") != 1) r.fail("format_version", "1");

@@ -4,11 +4,11 @@
 #include <cstdio>
 
 #include "dplan/costmodel/errors.h"
+#include "dplan/costmodel/units.h"
 
 namespace dplan::costmodel {
 namespace {
 
-constexpr double kGiB = 1073741824.0;
 
 std::string gib(double bytes) {
   char buf[32];

@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "dplan/costmodel/errors.h"
+#include "dplan/costmodel/units.h"
 
 namespace dplan::costmodel {
 namespace {
@@ -287,7 +288,7 @@ json to_json(const TrainingSpec& t) {
               {"attention", to_string(t.attention)},
               {"fp32_grads", t.fp32_grads},
               {"vocab_pad_multiple", t.vocab_pad_multiple},
-              {"bucket_mib", t.bucket_bytes / 1048576.0}};
+              {"bucket_mib", t.bucket_bytes / kMiB}};
 }
 
 json to_json(const ParallelConfig& p) {
@@ -316,7 +317,7 @@ TrainingSpec training_from_json(const json& j, const std::string& file, const st
   t.attention = attention_from_string(r.one_of("attention", {"flash", "standard"}));
   t.fp32_grads = r.boolean("fp32_grads");
   t.vocab_pad_multiple = static_cast<int>(r.positive_int("vocab_pad_multiple"));
-  t.bucket_bytes = r.positive_number("bucket_mib") * 1048576.0;
+  t.bucket_bytes = r.positive_number("bucket_mib") * kMiB;
   r.finish();
   return t;
 }

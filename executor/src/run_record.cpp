@@ -10,6 +10,8 @@
 
 #include <torch/version.h>
 
+#include "dplan/costmodel/run_record.h"
+
 namespace dplan::executor {
 namespace {
 
@@ -94,67 +96,51 @@ json rank_report(int rank, int stage_index, const std::vector<StepRecord>& steps
 json assemble_run(const ExecPlan& plan, int world_size, int num_steps, int warmup_steps, const std::vector<json>& ranks,
                   const json& config, const std::string& memory_source) {
   const auto& p = plan.parallel;
-  json steps = json::array();
+  costmodel::RunRecord run;
+  run.plan = plan.path;
+  run.layout = {p.tp, p.pp, p.dp, p.cp, p.micro_batch, plan.num_microbatches, plan.training.global_batch,
+                plan.training.seq_len, p.schedule, p.zero_stage, p.recompute, p.sequence_parallel};
+  run.config = config;
+  char host[256] = "";
+  ::gethostname(host, sizeof host - 1);
+  run.environment = {{"torch_version", TORCH_VERSION}, {"hostname", host}, {"cpu", cpu_model()},
+                     {"cores", std::thread::hardware_concurrency()}, {"device_name", config["device_name"]},
+                     {"world_size", world_size}};
   std::vector<double> measured;
   const double tokens = double(plan.training.global_batch) * plan.training.seq_len;
   for (int s = 0; s < num_steps; ++s) {
     double t = 0;  // a step ends when its slowest rank does
     for (const auto& r : ranks) t = std::max(t, r["step_times_s"][s].get<double>());
-    bool warm = s < warmup_steps;
+    const bool warm = s < warmup_steps;
     if (!warm) measured.push_back(t);
-    steps.push_back({{"step", s}, {"loss", ranks[0]["losses"][s]}, {"grad_norm", ranks[0]["grad_norms"][s]},
-                     {"time_s", t}, {"warmup", warm},
-                     {"tokens_per_s", tokens / t}});
+    run.steps.push_back({s, ranks[0]["losses"][s].get<double>(), ranks[0]["grad_norms"][s].get<double>(), t, warm,
+                         tokens / t});
   }
   double mean = 0, var = 0;
   for (double t : measured) mean += t / measured.size();
   for (double t : measured) var += (t - mean) * (t - mean) / std::max<size_t>(1, measured.size() - 1);
   const double median = percentile(measured, 0.5);
-  json phases = json::object(), by_rank = json::array(), memory = json::object(), hashes = json::array(),
-       stage_of_rank = json::array();
+  run.step_time = {median, mean, percentile(measured, 0), percentile(measured, 1), percentile(measured, 0.1),
+                   percentile(measured, 0.9), std::sqrt(var), static_cast<long long>(measured.size())};
+  run.tokens_per_s = median > 0 ? tokens / median : 0.0;
+  run.phases_by_rank_s = json::array();
   for (const auto& r : ranks) {
     json row = r["phases_s"];
-    for (auto& [k, v] : row.items()) phases[k] = phases.value(k, 0.0) + v.get<double>() / ranks.size();
+    for (auto& [k, v] : row.items()) run.phases_s[k] += v.get<double>() / ranks.size();
     row["rank"] = r["rank"];
     row["stage"] = r["stage"];
-    by_rank.push_back(row);
-    memory[std::to_string(r["rank"].get<int>())] = r["memory"];
-    hashes.push_back(r["weights_hash"]);
-    stage_of_rank.push_back(r["stage"]);
+    run.phases_by_rank_s.push_back(row);
+    run.memory_bytes[r["rank"].get<int>()] = r["memory"].get<std::map<std::string, long long>>();
+    run.weights_hash_by_rank.push_back(r["weights_hash"].get<std::string>());
+    run.stage_of_rank.push_back(r["stage"].get<int>());
   }
+  run.memory_source = memory_source;
   // Data-parallel replicas (same tp and pp coordinates) must hold bit-identical weights.
-  bool identical = true;
   for (const auto& a : plan.ranks)
     for (const auto& b : plan.ranks)
-      if (a.tp == b.tp && a.pp == b.pp && a.cp == b.cp && hashes[a.rank] != hashes[b.rank]) identical = false;
-  char host[256] = "";
-  ::gethostname(host, sizeof host - 1);
-  return json{
-      {"format_version", 1},
-      {"generator", "dplan"},
-      {"plan", plan.path},
-      {"layout",
-       {{"tp", p.tp}, {"pp", p.pp}, {"dp", p.dp}, {"cp", p.cp}, {"micro_batch", p.micro_batch},
-        {"num_microbatches", plan.num_microbatches}, {"global_batch", plan.training.global_batch},
-        {"seq_len", plan.training.seq_len}, {"schedule", costmodel::to_string(p.schedule)}, {"zero_stage", p.zero_stage},
-        {"recompute", costmodel::to_string(p.recompute)}, {"sequence_parallel", p.sequence_parallel}}},
-      {"config", config},
-      {"environment",
-       {{"torch_version", TORCH_VERSION}, {"hostname", host}, {"cpu", cpu_model()},
-        {"cores", std::thread::hardware_concurrency()}, {"device_name", config["device_name"]},
-        {"world_size", world_size}}},
-      {"steps", steps},
-      {"step_time_s",
-       {{"median", median}, {"mean", mean}, {"min", percentile(measured, 0)}, {"max", percentile(measured, 1)},
-        {"p10", percentile(measured, 0.1)}, {"p90", percentile(measured, 0.9)}, {"stdev", std::sqrt(var)},
-        {"count", measured.size()}}},
-      {"tokens_per_s", median > 0 ? tokens / median : 0.0},
-      {"phases_s", phases},
-      {"phases_by_rank_s", by_rank},
-      {"memory", memory},
-      {"memory_source", memory_source},
-      {"stage_of_rank", stage_of_rank},
-      {"replicas", {{"identical", identical}, {"weights_hash_by_rank", hashes}}}};
+      if (a.tp == b.tp && a.pp == b.pp && a.cp == b.cp && run.weights_hash_by_rank[a.rank] != run.weights_hash_by_rank[b.rank])
+        run.replicas_identical = false;
+  return costmodel::to_json(run);
 }
 
 }  // namespace dplan::executor

@@ -1,5 +1,6 @@
 // run.json (docs/run-json.md): what each rank reports when training is over, and rank 0's
-// assembly of every rank's report into the run record.
+// assembly of every rank's report into the run record (costmodel/run_record.h owns the format and
+// writes it).
 #pragma once
 
 #include <array>
@@ -38,7 +39,8 @@ struct MemoryPeaks {
 json rank_report(int rank, int stage_index, const std::vector<StepRecord>& steps, int warmup_steps,
                  const MemoryPeaks& peaks, GptStage& stage, const GradSync& grads, torch::optim::Optimizer& optimizer);
 
-// Rank 0: every rank's report (indexed by rank) into run.json; `config` becomes its "config".
+// Rank 0: every rank's report (indexed by rank) into run.json, through costmodel's RunRecord and
+// its writer; `config` becomes its "config".
 json assemble_run(const ExecPlan& plan, int world_size, int num_steps, int warmup_steps, const std::vector<json>& reports,
                   const json& config, const std::string& memory_source);
 

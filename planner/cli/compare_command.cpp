@@ -9,6 +9,7 @@
 
 #include "dplan/costmodel/errors.h"
 #include "dplan/planner/compare.h"
+#include "dplan/costmodel/units.h"
 
 namespace dplan::cli {
 namespace {
@@ -70,9 +71,9 @@ MemoryUnit memory_unit(const Comparison& c) {
   double largest = 0;
   for (const auto& s : c.memory)
     for (const auto& m : s.components) largest = std::max({largest, m.value.predicted, m.value.measured});
-  if (largest < 1024.0 * 1024) return {"KiB", 1024.0, 1};
-  if (largest < 1024.0 * 1024 * 1024) return {"MiB", 1024.0 * 1024, 3};
-  return {"GiB", 1024.0 * 1024 * 1024, 3};
+  if (largest < kMiB) return {"KiB", kKiB, 1};
+  if (largest < kGiB) return {"MiB", kMiB, 3};
+  return {"GiB", kGiB, 3};
 }
 
 // "0-3" or "0, 2, 4, 6": ranks in runs.

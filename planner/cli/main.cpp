@@ -22,6 +22,7 @@
 #include "dplan/planner/report.h"
 #include "dplan/planner/scaling_chart.h"
 #include "dplan/planner/search.h"
+#include "dplan/costmodel/units.h"
 
 #include "calibrate_command.h"
 #include "compare_command.h"
@@ -281,7 +282,7 @@ int run_plan(const Options& o, const ProfileStore& store) {
     std::snprintf(line, sizeof line, "%2zu  %-28s %4d  %-28s %9.3f  %9.0f  %8.1f\n", i + 1, short_layout(c.parallel).c_str(),
                   c.parallel.micro_batch, tricks(c.parallel).c_str(), c.evaluation.step_time_s,
                   double(in.training.global_batch) * in.training.seq_len / c.evaluation.step_time_s,
-                  c.evaluation.peak_bytes / 1073741824.0);
+                  c.evaluation.peak_bytes / kGiB);
     std::cout << line;
   }
   std::cout << "\nmemory vs speed (Pareto frontier: no layout is both faster and smaller)\n";
@@ -289,7 +290,7 @@ int run_plan(const Options& o, const ProfileStore& store) {
     char line[256];
     std::snprintf(line, sizeof line, "    %-28s mbs %d, %-28s %9.3f s  %8.1f GiB\n", short_layout(c.parallel).c_str(),
                   c.parallel.micro_batch, tricks(c.parallel).c_str(), c.evaluation.step_time_s,
-                  c.evaluation.peak_bytes / 1073741824.0);
+                  c.evaluation.peak_bytes / kGiB);
     std::cout << line;
   }
   print_warnings(layout_warnings(best, in.training, net, mem, time));

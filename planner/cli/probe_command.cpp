@@ -13,6 +13,7 @@
 #include "dplan/costmodel/profile_edit.h"
 #include "dplan/planner/gpu_probe.h"
 #include "dplan/planner/nccl_tests.h"
+#include "dplan/costmodel/units.h"
 #include "profile_files.h"
 #include "run_command.h"
 
@@ -24,7 +25,6 @@ using costmodel::Collective;
 using costmodel::GpuSpec;
 using nlohmann::json;
 
-constexpr double kMiB = 1024.0 * 1024.0;
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path);
@@ -43,7 +43,7 @@ Collective collective_from(const std::string& name) {
 
 std::string size_text(double bytes) {
   char buf[32];
-  if (bytes >= 1024.0 * kMiB) std::snprintf(buf, sizeof buf, "%.0f GiB", bytes / (1024.0 * kMiB));
+  if (bytes >= kGiB) std::snprintf(buf, sizeof buf, "%.0f GiB", bytes / kGiB);
   else if (bytes >= kMiB) std::snprintf(buf, sizeof buf, "%.0f MiB", bytes / kMiB);
   else if (bytes >= 1024) std::snprintf(buf, sizeof buf, "%.0f KiB", bytes / 1024);
   else std::snprintf(buf, sizeof buf, "%.0f B", bytes);

@@ -37,8 +37,8 @@ std::string find_worker() {
   fs::path self = fs::read_symlink("/proc/self/exe", ec);
   fs::path worker = self.parent_path() / "dplan-worker";
   if (!ec && fs::exists(worker)) return worker.string();
-  throw InputError("this needs the executor (dplan-worker), which this build of dplan lacks: it is built "
-                   "when LibTorch is found; install libtorch-dev and libgloo-dev and rebuild (./setup.sh)");
+  throw InputError("this needs the executor (dplan-worker), which is not built yet: ./setup.sh --all installs "
+                   "LibTorch (libtorch-dev, libgloo-dev) and builds it beside dplan");
 }
 
 namespace {

@@ -1,4 +1,5 @@
 #include "dplan/planner/report.h"
+#include "dplan/costmodel/units.h"
 
 #include <cstdio>
 #include <sstream>
@@ -7,7 +8,6 @@ namespace dplan::planner {
 using namespace costmodel;
 
 namespace {
-constexpr double kGiB = 1073741824.0;
 
 std::string fmt(const char* format, double v) {
   char buf[256];

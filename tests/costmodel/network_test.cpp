@@ -14,6 +14,7 @@
 
 #include "dplan/costmodel/errors.h"
 #include "dplan/planner/profiles.h"
+#include "dplan/costmodel/units.h"
 #include "test_profiles.h"
 
 using namespace dplan;
@@ -23,8 +24,6 @@ using Catch::Matchers::WithinRel;
 
 namespace {
 
-constexpr double kMiB = 1048576.0;
-constexpr double kGiB = 1073741824.0;
 constexpr double kRingBase_s = 8.4e-6;  // NCCL baseLat Ring/Simple (profiles/clusters/SOURCES.md section 3)
 
 // A cluster with round numbers: 8 GPUs per node on an NVSwitch at 300 GB/s, 8 NICs of 50 GB/s,

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "dplan/planner/profiles.h"
+#include "dplan/costmodel/units.h"
 #include "test_profiles.h"
 
 using namespace dplan;
@@ -111,7 +112,7 @@ TEST_CASE("the phases add up to the step time and MFU follows from it", "[time]"
   CHECK_THAT(r.mfu, WithinRel(model_flops_per_step(m, t) / (r.step_time_s * 64 * 989e12), 1e-12));
   CHECK(r.hfu > r.mfu);
   CHECK(r.tokens_per_s == 512.0 * 8192 / r.step_time_s);
-  // H100 Megatron runs reach 41-49 % MFU (HARDWARE.md 4.2); a sane model lands near there.
+  // H100 Megatron runs reach 41-49 % MFU (profiles/gpus/SOURCES.md section 4); a sane model lands near there.
   CHECK(r.mfu > 0.30);
   CHECK(r.mfu < 0.65);
 }
@@ -510,7 +511,7 @@ TEST_CASE("data-parallel phase: gradient reduction, parameter gather and the tie
   const GroupShape dp{64, 1};
   const double scatter = net.cost(Collective::reduce_scatter, params * 2, dp).time_s;
   const double gather = net.cost(Collective::all_gather, params * 2, dp).time_s;
-  const double buckets = std::ceil(params * 2 / (25.0 * 1048576));
+  const double buckets = std::ceil(params * 2 / (25.0 * kMiB));
   // Without overlap everything shows.
   DataParallelComm serial = data_parallel_comm(m, net, t, p, mem, StageTime{}, OverlapOptions{false, false, false});
   CHECK(serial.grad_reduce_s == scatter);

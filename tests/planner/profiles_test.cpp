@@ -49,7 +49,7 @@ TEST_CASE("the presets and clusters the issue names are all there", "[profiles]"
 
 TEST_CASE("datasheet figures arrive in SI units", "[profiles]") {
   ClusterSpec c = store().load_cluster("dgx-h100");
-  CHECK(c.gpu.peak_flops_per_s.at("bf16") == 989e12);  // dense, HARDWARE.md section 1
+  CHECK(c.gpu.peak_flops_per_s.at("bf16") == 989e12);  // dense (profiles/gpus/SOURCES.md section 2)
   CHECK(c.gpu.hbm_bytes == 80e9);
   CHECK(c.intra_node.bandwidth_bytes_per_s == 450e9);  // NVLink 4, per direction
   CHECK(c.nics_per_node == 8);

@@ -5,7 +5,7 @@
 // model's collective time (costmodel/src/collectives.cpp) reproduces the measured times, and
 // writes BASE's profile with those figures.
 //
-// Output format (nccl-tests README, doc/PERFORMANCE.md; ../shared/reference CONVENTIONS.md f):
+// Output format (nccl-tests README, doc/PERFORMANCE.md, src/util.cu writeResultHeader):
 // "#  Rank  r Group g Pid p on HOST device d ..." lines name the ranks and their hosts; each
 // result row is `size count type redop root time algbw busbw #wrong` out-of-place, then the same
 // four in-place; time in microseconds, bandwidths in GB/s (1e9 B/s). Newer versions print

@@ -2,7 +2,7 @@
 # Every benchmark, one after another, each printing its figures: the checks whose numbers depend on
 # how fast and how steady this machine is, kept out of the test suite (see bench/README.md).
 #   bench/run.sh            search speed, the probe, the closed loop's accuracy, the examples walk-through
-#   bench/run.sh --ddp      also dplan's executor against PyTorch DDP (about 15 minutes more)
+#   bench/run.sh --ddp      also dplan's executor against PyTorch DDP (four more runs of 30 steps)
 # Needs the full build (./setup.sh --all). Environment: BUILD_DIR (default build).
 # Exit status: 0 when every benchmark ran and met its bounds, 1 when one did not (the others still
 # run), 2 on bad usage.

@@ -114,15 +114,21 @@ void summarize(Case& c) {
 
 double error(double predicted_s, double measured_s) { return predicted_s / measured_s - 1; }
 
+// `dplan probe` of this machine with two local ranks into `profile`, which must succeed.
+Result probe(const std::string& profile) {
+  Result r = run_program(DPLAN_BINARY, {"probe", "--cluster", "local-cpu", "--ranks", "2", "-o", profile});
+  INFO(r.out << r.err);
+  REQUIRE(r.status == 0);
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("probe, predict, run, calibrate: the cost model against measured step times on this machine",
           "[accuracy]") {
   TempDir dir;
   const std::string profile = (dir.path() / "machine.json").string();
-  Result r = run_program(DPLAN_BINARY, {"probe", "--cluster", "local-cpu", "--ranks", "2", "-o", profile});
-  INFO(r.out << r.err);
-  REQUIRE(r.status == 0);
+  Result r = probe(profile);
 
   std::vector<Case> cases = layouts();
   std::vector<double> predicted;
@@ -181,8 +187,7 @@ TEST_CASE("probe, predict, run, calibrate: the cost model against measured step 
 
   // Did the machine hold its pace? The median ratio of the GEMM times of a second probe to the first.
   const std::string again = (dir.path() / "again.json").string();
-  r = run_program(DPLAN_BINARY, {"probe", "--cluster", "local-cpu", "--ranks", "2", "-o", again});
-  REQUIRE(r.status == 0);
+  probe(again);
   const json first = json::parse(read_file((dir.path() / "machine-probe.json").string())).at("gemm");
   const json second = json::parse(read_file((dir.path() / "again-probe.json").string())).at("gemm");
   REQUIRE(first.size() == second.size());
@@ -224,9 +229,7 @@ TEST_CASE("dplan probe measures this machine with local ranks and writes profile
           "[probe]") {
   TempDir dir;
   const std::string out = (dir.path() / "machine.json").string();
-  Result r = run_program(DPLAN_BINARY, {"probe", "--cluster", "local-cpu", "--ranks", "2", "-o", out});
-  INFO(r.out << r.err);
-  REQUIRE(r.status == 0);
+  Result r = probe(out);
   CHECK_THAT(r.out, Contains("measuring this machine with 2 local ranks"));
   CHECK_THAT(r.out, Contains("fitted GPU cpu-core"));
   CHECK_THAT(r.out, Contains("fitted intra_node of local-cpu"));

@@ -14,6 +14,16 @@
 using namespace dplan;
 using namespace dplan::costmodel;
 using dplan::testing::store;
+
+namespace {
+// local-cpu with four ranks on two cores: every rank gets half a core when all run.
+ClusterSpec four_ranks_on_two_cores() {
+  ClusterSpec c = store().load_cluster("local-cpu");
+  c.gpus_per_node = 4;
+  c.cores_per_node = 2;
+  return c;
+}
+}  // namespace
 using Catch::Matchers::WithinRel;
 
 TEST_CASE("layer FLOPs reduce to Megatron's 24Th^2 + 4Tsh for a 4h GELU GPT", "[compute]") {
@@ -153,9 +163,7 @@ TEST_CASE("more micro-batches never grow the 1F1B bubble fraction", "[time][law]
 
 TEST_CASE("ranks that share cores fill each other's pipeline waits", "[time]") {
   ModelSpec m = store().load_model("gpt-small");
-  ClusterSpec c = store().load_cluster("local-cpu");
-  c.gpus_per_node = 4;
-  c.cores_per_node = 2;
+  ClusterSpec c = four_ranks_on_two_cores();
   c.lone_rank_speedup = 1.5;
   TrainingSpec t{.seq_len = 256, .global_batch = 8, .precision = Precision::fp32};
   auto pipeline_s = [](const TimeBreakdown& r) { return r.forward_s + r.backward_s + r.pp_bubble_s; };
@@ -202,9 +210,7 @@ TEST_CASE("ranks that share cores fill each other's pipeline waits", "[time]") {
 
 TEST_CASE("tensor-parallel groups beyond the cores fill each other's waits", "[time]") {
   ModelSpec m = store().load_model("gpt-small");
-  ClusterSpec c = store().load_cluster("local-cpu");
-  c.gpus_per_node = 4;
-  c.cores_per_node = 2;
+  ClusterSpec c = four_ranks_on_two_cores();
   TrainingSpec t{.seq_len = 256, .global_batch = 8, .precision = Precision::fp32};
   // tp 2 on 2 cores: a core per rank, nothing to fill; its 8 micro-batches' compute and tp waits.
   TimeBreakdown two = estimate_time(m, Network(c, 2), t, ParallelConfig{.tp = 2, .pp = 1, .dp = 1});
@@ -480,9 +486,7 @@ TEST_CASE("pipeline phase: (p - 1) / v slots of bubble, two hops per micro-batch
 
 TEST_CASE("pipeline phase where ranks share cores: the played-out schedule's waits and pace", "[time][phases]") {
   ModelSpec m = store().load_model("gpt-small");
-  ClusterSpec c = store().load_cluster("local-cpu");
-  c.gpus_per_node = 4;
-  c.cores_per_node = 2;
+  ClusterSpec c = four_ranks_on_two_cores();
   TrainingSpec t{.seq_len = 256, .global_batch = 8, .precision = Precision::fp32};
   ParallelConfig p{.tp = 1, .pp = 2, .dp = 2};
   Network net(c, 4);
@@ -587,9 +591,7 @@ TEST_CASE("core sharing: the identity on dedicated devices, the cores' share on 
   CHECK(dedicated.device(gpus.gpu) == gpus.gpu);
   CHECK(dedicated.tensor_parallel_pace(1.0, 0.5) == 1);
 
-  ClusterSpec c = store().load_cluster("local-cpu");
-  c.gpus_per_node = 4;
-  c.cores_per_node = 2;
+  ClusterSpec c = four_ranks_on_two_cores();
   // 4 ranks on 2 cores: each at half the pace.
   const CoreSharing shared(c, ParallelConfig{.tp = 1, .pp = 2, .dp = 2});
   REQUIRE(shared.fills_waits());

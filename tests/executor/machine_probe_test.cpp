@@ -21,7 +21,9 @@ TEST_CASE("the probe times a backward without its forward", "[executor][probe]")
   };
   const double s = backward_time_s(forward, at::ones({64, 64}), 0.01);
   CHECK(s > 0);
-  CHECK(s < 0.01);       // a 64 x 64 multiply's backward, not the 20 ms forward
+  // The 20 ms forward stays outside the clock: a 64 x 64 multiply's backward takes well under a
+  // millisecond, so this bound holds on any machine not tens of times slower than this one.
+  CHECK(s < 0.02);
   CHECK(forwards >= 4);  // a warm-up call and at least 3 timed
   // And the backward ran: x's gradient holds every call's 2s.
   CHECK(x.grad().defined());

@@ -27,20 +27,19 @@ namespace detail {
 
 // Wraps the default CPU allocator. Some LibTorch code calls raw_allocate(), which requires the
 // DataPtr's context to equal its data pointer, so each block's inner DataPtr lives in a table
-// keyed by the data pointer, and the deleter is one plain function (which finds this allocator
-// where it is installed, c10::GetCPUAllocator()).
+// keyed by the data pointer, and the deleter is one plain function.
 class CountingCpuAllocator final : public c10::Allocator {
  public:
   explicit CountingCpuAllocator(c10::Allocator* base) : base_(base) {}
 
-  // The counting allocator installed as LibTorch's CPU allocator, or null.
-  static CountingCpuAllocator* installed() { return dynamic_cast<CountingCpuAllocator*>(c10::GetCPUAllocator()); }
-  // This process's counting allocator, installed on first use; it lives as long as the process.
+  // This process's counting allocator, installed as LibTorch's CPU allocator on first use; it
+  // lives as long as the process.
   static CountingCpuAllocator* install() {
-    if (CountingCpuAllocator* c = installed()) return c;
-    auto* c = new CountingCpuAllocator(c10::GetDefaultCPUAllocator());
-    c10::SetCPUAllocator(c, /*priority=*/100);
-    return c;
+    if (!installed_) {
+      installed_ = new CountingCpuAllocator(c10::GetDefaultCPUAllocator());
+      c10::SetCPUAllocator(installed_, /*priority=*/100);
+    }
+    return installed_;
   }
 
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
@@ -76,8 +75,7 @@ class CountingCpuAllocator final : public c10::Allocator {
   }
   static void release(void* data) {
     if (!data) return;
-    CountingCpuAllocator* self = installed();
-    if (!self) return;
+    CountingCpuAllocator* self = installed_;  // the deleter of its blocks only: it is installed
     Block block;
     {
       std::lock_guard<std::mutex> lock(self->mutex_);
@@ -108,6 +106,8 @@ class CountingCpuAllocator final : public c10::Allocator {
     return c10::DataPtr(data, data, &release, device);
   }
 
+  // The installed one, for release(), a plain function (the deleter of every block).
+  static inline CountingCpuAllocator* installed_ = nullptr;
   c10::Allocator* base_;
   std::atomic<MemoryMeter*> meter_{nullptr};
   mutable std::mutex mutex_;

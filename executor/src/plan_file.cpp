@@ -25,7 +25,7 @@ ExecPlan read_plan(const std::string& path) {
   // What this executor runs (executor_support.h); everything else is refused up front rather than
   // run differently.
   if (auto why = executor_refusal(plan.model, plan.training, plan.parallel)) throw InputError(path + ": " + *why);
-  for (const RankCoordinates& c : file.ranks) plan.ranks.push_back({c.rank, c.tp, c.cp, c.dp, c.pp});
+  plan.ranks = file.ranks;
   int next_layer = 0;
   for (const PlanStage& s : file.stages) {
     if (s.chunks.size() != 1) throw InputError(path + ": " + executor_does_not_run("more than one model chunk per stage"));

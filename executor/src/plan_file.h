@@ -7,14 +7,11 @@
 #include <vector>
 
 #include "dplan/costmodel/model.h"
+#include "dplan/costmodel/plan_file.h"
 #include "dplan/costmodel/training.h"
 #include "gpt.h"
 
 namespace dplan::executor {
-
-struct RankPlace {
-  int rank = 0, tp = 0, cp = 0, dp = 0, pp = 0;
-};
 
 struct ExecPlan {
   std::string path;
@@ -22,7 +19,7 @@ struct ExecPlan {
   costmodel::TrainingSpec training;
   costmodel::ParallelConfig parallel;
   int num_microbatches = 1;
-  std::vector<RankPlace> ranks;   // indexed by global rank
+  std::vector<costmodel::RankCoordinates> ranks;  // indexed by global rank
   std::vector<StageSpec> stages;  // indexed by pipeline stage
 
   int world_size() const { return static_cast<int>(ranks.size()); }

@@ -135,7 +135,7 @@ ParallelContext build_parallel_context(const ExecPlan& plan, const Place& place,
                                        const StorePtr& store, const GroupOptions& go, PhaseClock& clock,
                                        MemoryMeter& meter) {
   const auto& p = plan.parallel;
-  const RankPlace me = plan.ranks[place.rank];
+  const costmodel::RankCoordinates& me = plan.ranks[place.rank];
   // The ranks that share my other coordinates, in order along one axis: the plan's rank layout
   // decides who they are (Megatron's order, tp fastest).
   auto along = [](int size, auto rank_of) {

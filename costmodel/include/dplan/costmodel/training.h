@@ -25,7 +25,7 @@ struct TrainingSpec {
   Attention attention = Attention::flash;
   bool fp32_grads = false;                // keep 16-bit training's gradients in fp32 (Megatron main_grad)
   int vocab_pad_multiple = 128;           // Megatron --make-vocab-size-divisible-by (times tp)
-  double bucket_bytes = 25.0 * kMiB;   // gradient bucket (PyTorch DDP bucket_cap_mb = 25)
+  double bucket_bytes = 25.0 * kMiB;      // gradient bucket (PyTorch DDP bucket_cap_mb = 25)
   bool operator==(const TrainingSpec&) const = default;
 };
 

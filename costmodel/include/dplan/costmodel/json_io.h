@@ -15,8 +15,18 @@ namespace dplan {
 
 using json = nlohmann::json;
 
-// Parses the file at `path`. Throws InputError naming the file if it is missing, unreadable or
-// not valid JSON (with the parser's line and column).
+// Reads the whole file at `path` as text. The path must name a regular file (a FIFO, folder or
+// device is refused: reading one could block or never end) of at most kMaxInputBytes. Each file
+// read is remembered as one of this process's inputs (see check_output_path).
+// Throws InputError naming the file.
+std::string read_text_file(const std::string& path);
+inline constexpr size_t kMaxInputBytes = size_t{256} << 20;
+
+// Parses JSON text strictly: malformed text, a number outside double's range (1e400) and a key
+// that appears twice in one object are all InputError "<name>: ..." (with line and column).
+json parse_json_text(const std::string& text, const std::string& name);
+
+// read_text_file, then parse_json_text.
 json read_json_file(const std::string& path);
 
 // Writes `text` to `path` atomically: a temporary file in the same folder, then rename(2), so a
@@ -64,9 +74,18 @@ class ObjectReader {
   std::set<std::string> ignored_;  // keys accepted without being read
 };
 
-// "got ..." text for a JSON value in error messages: numbers and strings as written, other
-// kinds by name.
+// "got ..." text for a JSON value in error messages: numbers and strings as written (strings
+// escaped and shortened by quote_for_message), other kinds by name.
 std::string describe_json_value(const json& value);
+
+// Text a user supplied, made safe for a one-line error message: control characters and bytes
+// outside printable ASCII escaped (\n, \x1b), and cut to at most `max_chars` with "...".
+std::string quote_for_message(const std::string& text, size_t max_chars = 80);
+
+// An error line as printed: made one line (newlines and control characters escaped) and bounded
+// to kMaxErrorLineChars.
+std::string error_line(const std::string& message);
+inline constexpr size_t kMaxErrorLineChars = 1000;
 
 // "a, b or c"
 std::string join_choices(const std::vector<std::string>& choices);

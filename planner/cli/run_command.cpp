@@ -18,6 +18,7 @@
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/json_io.h"
 #include "dplan/costmodel/plan_file.h"
+#include "dplan/costmodel/run_record.h"
 #include "dplan/costmodel/training.h"
 
 extern char** environ;
@@ -79,11 +80,8 @@ void on_signal(int sig) { g_interrupted = sig; }
 int run_run(const RunOptions& a) {
   // Check what can be checked before starting anything: the plan's shape and the output folder.
   const int world = costmodel::read_plan(a.plan_path).parallel.world_size();
-  if (!a.output.empty()) {
-    fs::path dir = fs::absolute(a.output).parent_path();
-    if (!fs::is_directory(dir)) throw InputError("-o " + a.output + ": folder " + dir.string() + " does not exist");
-  }
-  if (a.steps < 1) throw InputError("--steps must be a positive integer, got " + std::to_string(a.steps));
+  if (!a.output.empty()) check_output_path(a.output, costmodel::run_record_output(), a.force);
+  if (const std::string problem = executor::run_options_problem(a); !problem.empty()) throw InputError(problem);
   const std::string worker = find_worker();
 
   std::vector<std::string> args = {worker, a.plan_path};

@@ -564,6 +564,14 @@ TEST_CASE("the ranks die with the launcher: SIGKILL of dplan run leaves no rank 
   REQUIRE(::prctl(PR_SET_CHILD_SUBREAPER, 1) == 0);
   const std::string out = (dir.path() / "run.json").string();
   LiveRun run = start_run(dir, kFaultTimeout, 40, out);  // 40 steps: a few seconds more to run.json
+  // The run's private folder (the store): only its owner may enter it. A killed launcher cannot
+  // remove it, so this test does.
+  std::string run_dir;
+  std::istringstream environ_text(read_file("/proc/" + std::to_string(run.pid_of[0]) + "/environ"));
+  for (std::string var; std::getline(environ_text, var, '\0');)
+    if (var.rfind("DPLAN_RUN_DIR=", 0) == 0) run_dir = var.substr(14);
+  REQUIRE(!run_dir.empty());
+  CHECK((fs::status(run_dir).permissions() & fs::perms::all) == fs::perms::owner_all);
   REQUIRE(::kill(run.launcher, SIGKILL) == 0);
   int wstatus = 0;
   REQUIRE(::waitpid(run.launcher, &wstatus, 0) == run.launcher);
@@ -583,6 +591,7 @@ TEST_CASE("the ranks die with the launcher: SIGKILL of dplan run leaves no rank 
       ::waitpid(pid, nullptr, 0);
     }
   ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+  fs::remove_all(run_dir);
   INFO("ranks still running 5 s after the launcher was killed:" << survivors << "\n" << read_file(run.err_path));
   CHECK(survivors.empty());
   for (const auto& [rank, status] : status_of) {

@@ -312,12 +312,23 @@ std::string write_run_record(const RunOptions& args, const Place& place, const E
   return write_error;
 }
 
-// A failure while training: one line naming the rank that stopped (when one did), then out.
+// A failure while training: one line naming the rank that stopped (when one did), then out. Under
+// dplan run the stopped ranks also go to DPLAN_RUN_DIR/diagnosis.<rank> (their numbers, on one
+// line), written before this rank exits: the launcher reads it when it reaps this rank.
 [[noreturn]] void stop_after_failure(const StorePtr& store, const Place& place, const std::exception& e) {
-  std::string culprit = diagnose(store, place);  // not the heartbeat thread's connection
-  std::fprintf(stderr, "%srank %d: %s%s(%s)\n", prefix().c_str(), place.rank, culprit.c_str(),
-               culprit.empty() ? "" : "; stopping ", first_line(e.what()).c_str());
-  if (place.rank == 0 && place.world > 1) std::this_thread::sleep_for(kBeat * 12);  // let survivors read the store
+  const Diagnosis culprit = diagnose(store, place);  // not the heartbeat thread's connection
+  std::fprintf(stderr, "%srank %d: %s%s(%s)\n", prefix().c_str(), place.rank, culprit.line.c_str(),
+               culprit.line.empty() ? "" : "; stopping ", first_line(e.what()).c_str());
+  if (!place.run_dir.empty() && !culprit.stopped.empty()) {
+    std::string ranks;
+    for (int r : culprit.stopped) ranks += (ranks.empty() ? "" : " ") + std::to_string(r);
+    if (FILE* f = std::fopen((place.run_dir + "/diagnosis." + std::to_string(place.rank)).c_str(), "w")) {
+      std::fprintf(f, "%s\n", ranks.c_str());
+      std::fclose(f);
+    }
+  }
+  // Rank 0 serves a TCPStore: it stays a moment so that the survivors can still read it.
+  if (place.rank == 0 && place.world > 1 && place.run_dir.empty()) std::this_thread::sleep_for(kBeat * 12);
   exit_now(1);
 }
 
@@ -355,7 +366,7 @@ int train(const RunOptions& args, const Place& place) {
     if (place.rank == 0)
       write_error = write_run_record(args, place, plan, reports,
                                      run_config(args, place, plan, device, go.backend, grads, data), meter, log);
-    ctx.world.barrier();  // rank 0 hosts the store: nobody leaves before it has read everything
+    ctx.world.barrier();  // a TCPStore lives in rank 0: nobody leaves before it has read everything
     heartbeat.stop();
     if (!write_error.empty()) throw InputError(write_error);
     return 0;

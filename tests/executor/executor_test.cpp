@@ -745,3 +745,24 @@ TEST_CASE("dplan run: bad input gives one error line naming the problem, and exi
   CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", plan, "-o", (dir.path() / "no/such/dir/run.json").string()})),
              Contains("does not exist"));
 }
+
+TEST_CASE("a run whose -o cannot be written after training keeps its measurements in the temp folder",
+          "[executor][output]") {
+  TempDir dir;
+  const fs::path out_dir = dir.path() / "out";
+  fs::create_directories(out_dir);
+  LiveRun run = start_run(dir, kFaultTimeout, 40, (out_dir / "run.json").string());
+  fs::remove_all(out_dir);  // checked before the ranks started; gone when rank 0 writes
+  Killed k = wait_for_launcher(run, std::chrono::steady_clock::now(), std::chrono::seconds(120));
+  INFO(k.err);
+  REQUIRE(WIFEXITED(k.wstatus));
+  CHECK(WEXITSTATUS(k.wstatus) == 2);
+  const std::string marker = "the measurements were saved to ";
+  const auto at = k.err.find(marker);
+  REQUIRE(at != std::string::npos);
+  const std::string rescue = k.err.substr(at + marker.size(), k.err.find(" instead", at) - at - marker.size());
+  const json saved = json::parse(read_file(rescue));
+  CHECK(saved["steps"].size() == 40);
+  CHECK(saved["generator"] == "dplan");
+  fs::remove(rescue);
+}

@@ -727,7 +727,7 @@ TEST_CASE("dplan run: bad input gives one error line naming the problem, and exi
   CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", (dir.path() / "nope.json").string()})), Contains("nope.json"));
   CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", dir.write("bad.json", "{\"parallel\": ")})), Contains("bad.json"));
   std::string offload = write_plan(dir, "gpt-tiny", {1, 1, 2}, 8, {"--zero", "3", "--offload"});
-  CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", offload, "--steps", "2"})), Contains("offload"));
+  CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", offload, "--steps", "3"})), Contains("offload"));
   std::string plan = write_plan(dir, "gpt-tiny", {1, 1, 2}, 8);
   CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", plan, "--data", (dir.path() / "missing.txt").string()})),
              Contains("missing.txt"));
@@ -740,7 +740,7 @@ TEST_CASE("dplan run: bad input gives one error line naming the problem, and exi
       "n_head": 4, "n_inner": 256, "vocab_size": 256, "n_positions": 128, "attn_pdrop": 0.1, "resid_pdrop": 0.0,
       "embd_pdrop": 0.0, "tie_word_embeddings": true})");
   std::string flash = write_plan(dir, dropout_model, {1, 1, 2}, 8);
-  CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", flash, "--steps", "2"})), Contains("--attention standard"));
+  CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", flash, "--steps", "3"})), Contains("--attention standard"));
   CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", plan, "--steps", "0"})), Contains("--steps"));
   CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", plan, "-o", (dir.path() / "no/such/dir/run.json").string()})),
              Contains("does not exist"));

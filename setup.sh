@@ -17,10 +17,12 @@ case "${1:-}" in
   *) echo "setup: unknown option '$1'; valid: --all, --help" >&2; exit 2 ;;
 esac
 
-# The planner needs only these; the executor LibTorch with c10d and Gloo, the tests Catch2, and
-# the torchrun launch test and the DDP benchmark Debian's PyTorch.
+# The planner needs only these; the executor LibTorch with c10d and Gloo, the tests Catch2, the
+# torchrun launch test and the DDP benchmark Debian's PyTorch, and the sanitizer tests and fuzz
+# targets (fuzz/sanitize.sh, fuzz/run.sh) clang with its ASan, UBSan and libFuzzer runtimes and
+# llvm-symbolizer for their stack traces.
 packages=(cmake g++ make pkg-config nlohmann-json3-dev libcli11-dev libboost-graph-dev)
-if ((all)); then packages+=(catch2 libtorch-dev libgloo-dev python3-torch); fi
+if ((all)); then packages+=(catch2 libtorch-dev libgloo-dev python3-torch clang libclang-rt-14-dev llvm-14); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "dplan/costmodel/errors.h"
+#include "dplan/costmodel/json_io.h"
 #include "fit.h"
 
 namespace dplan::planner {
@@ -109,13 +110,19 @@ NcclTestsRun parse_nccl_tests(const std::string& text, const std::string& file, 
     double time_us = 0, algbw = 0, busbw = 0, wrong = 0;
     if (i + 3 >= t.size() || !parse_number(t[i], time_us) || !parse_number(t[i + 1], algbw) ||
         !parse_number(t[i + 2], busbw))
-      throw InputError(file + ":" + std::to_string(line_no) + ": a result row without time, algbw and busbw: \"" + line +
-                       "\"");
+      throw InputError(file + ":" + std::to_string(line_no) + ": a result row without time, algbw and busbw: \"" +
+                       quote_for_message(line) + "\"");
     const bool wrong_ok = parse_number(t[i + 3], wrong);
     if (size <= 0 || time_us <= 0 || (wrong_ok && wrong > 0)) {
       ++run.skipped_rows;
       continue;
     }
+    // No machine moves a petabyte in one collective, takes three hours for one, or sustains
+    // 10 PB/s: such a row is a corrupt file, and its figures would overflow the fit.
+    if (size > 1e15 || time_us > 1e10 || algbw > 1e7 || busbw < 0 || busbw > 1e7)
+      throw InputError(file + ":" + std::to_string(line_no) +
+                       ": a result row outside what a machine measures (size up to 1e15 B, time up to 1e10 us, "
+                       "bandwidths 0 to 1e7 GB/s): \"" + quote_for_message(line) + "\"");
     run.rows.push_back({size, time_us * 1e-6, busbw * 1e9});
   }
   if (collective) {

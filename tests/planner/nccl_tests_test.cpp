@@ -240,3 +240,16 @@ TEST_CASE("dplan probe --import-gpu-probe writes a GPU and a cluster profile tha
   CHECK(r.status == 2);
   CHECK_THAT(r.err, Catch::Contains("--import-nccl-tests") && Catch::Contains("--import-gpu-probe"));
 }
+
+TEST_CASE("nccl-tests output: a row beyond what a machine measures is refused, not fitted as inf", "[nccl-tests]") {
+  // The fuzzer's finding (fuzz/regressions/nccl_tests/busbw-1e308.txt): busbw 1e308 GB/s became
+  // an infinite bandwidth.
+  std::string text = read_file(kA100);
+  const std::string row = "   2420.2  110.91  194.10      0";
+  REQUIRE(text.find(row) != std::string::npos);
+  text.replace(text.find(row), row.size(), "   2420.2  110.91  1e308      0");
+  CHECK_THROWS_WITH(parse_nccl_tests(text, "x.txt"), Catch::Contains("a result row outside what a machine measures"));
+  // A broken row's line is echoed escaped.
+  std::string bad = read_file(kA100) + "  268435456 \x1b[31m a b c d e f g\n";
+  CHECK_THROWS_WITH(parse_nccl_tests(bad, "x.txt"), Catch::Contains("without time, algbw and busbw: \"  268435456 \\x1b[31m"));
+}

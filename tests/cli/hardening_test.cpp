@@ -59,7 +59,7 @@ TEST_CASE("A FIFO given as a model, a profile or a plan is refused without block
   CHECK(require_one_error_line(run_dplan({"compare", fifo, fifo})) == expected);
 }
 
-TEST_CASE("-o: a plan over an earlier plan, --force over another file, never over an input or a link", "[cli][limits]") {
+TEST_CASE("Writing -o: a plan over an earlier plan, --force over another file, never over an input or a link", "[cli][limits]") {
   TempDir dir;
   const std::string plan = make_plan(dir);
   const std::string first = read_file(plan);

@@ -1,6 +1,7 @@
 // Fuzz target: a cluster profile ({"format_version": 1, "cluster": {...}},
 // costmodel::cluster_from_json); its "gpu" resolves to a fixed GPU profile (fuzz::gpu_named). A
 // cluster that reads has a small model estimated on it: one node and two, 1F1B and interleaved.
+#include "mutators.h"
 #include "support.h"
 
 using namespace dplan;
@@ -14,3 +15,5 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   });
   return 0;
 }
+
+DPLAN_FUZZ_CUSTOM_MUTATOR(dplan::fuzz::mutate_json)

@@ -7,6 +7,7 @@
 // for inputs of odd length, local-cpu for even ones.
 #include "dplan/costmodel/profile_edit.h"
 #include "dplan/planner/gpu_probe.h"
+#include "mutators.h"
 #include "support.h"
 
 using namespace dplan;
@@ -42,3 +43,5 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   });
   return 0;
 }
+
+DPLAN_FUZZ_CUSTOM_MUTATOR(dplan::fuzz::mutate_json)

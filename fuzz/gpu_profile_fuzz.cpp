@@ -1,6 +1,7 @@
 // Fuzz target: a GPU profile ({"format_version": 1, "gpu": {...}}, costmodel::gpu_from_json). A
 // GPU that reads is put into two fixed clusters, dedicated GPUs (dgx-h100) and ranks sharing a
 // machine's cores (local-cpu: the pipeline play-out), and a small model estimated on each.
+#include "mutators.h"
 #include "support.h"
 
 using namespace dplan;
@@ -18,3 +19,5 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   });
   return 0;
 }
+
+DPLAN_FUZZ_CUSTOM_MUTATOR(dplan::fuzz::mutate_json)

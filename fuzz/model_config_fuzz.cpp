@@ -1,6 +1,7 @@
 // Fuzz target: a Hugging Face config.json (costmodel::model_from_hf_config), as `dplan --model
 // config.json` reads it. A model that reads is estimated on a fixed cluster and must survive
 // dplan's own model JSON (the form plan.json carries).
+#include "mutators.h"
 #include "support.h"
 
 using namespace dplan;
@@ -16,3 +17,5 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   });
   return 0;
 }
+
+DPLAN_FUZZ_CUSTOM_MUTATOR(dplan::fuzz::mutate_json)

@@ -8,6 +8,7 @@
 #include "dplan/costmodel/profile_edit.h"
 #include "dplan/costmodel/units.h"
 #include "dplan/planner/nccl_tests.h"
+#include "mutators.h"
 #include "support.h"
 
 using namespace dplan;
@@ -45,3 +46,5 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   });
   return 0;
 }
+
+DPLAN_FUZZ_CUSTOM_MUTATOR(dplan::fuzz::mutate_lines)

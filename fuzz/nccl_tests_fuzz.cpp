@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "dplan/planner/nccl_tests.h"
+#include "mutators.h"
 #include "support.h"
 
 using namespace dplan;
@@ -23,3 +24,5 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   });
   return 0;
 }
+
+DPLAN_FUZZ_CUSTOM_MUTATOR(dplan::fuzz::mutate_lines)

@@ -4,6 +4,7 @@
 // does.
 #include "dplan/costmodel/executor_support.h"
 #include "dplan/planner/compare.h"
+#include "mutators.h"
 #include "support.h"
 
 using namespace dplan;
@@ -18,3 +19,5 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   });
   return 0;
 }
+
+DPLAN_FUZZ_CUSTOM_MUTATOR(dplan::fuzz::mutate_json)

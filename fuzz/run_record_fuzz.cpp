@@ -2,6 +2,7 @@
 // read it. A record that reads is written and read back, and compared with a stored plan.json of
 // its layout (fuzz::plan_like) as `dplan compare` does.
 #include "dplan/planner/compare.h"
+#include "mutators.h"
 #include "support.h"
 
 using namespace dplan;
@@ -15,3 +16,5 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   });
   return 0;
 }
+
+DPLAN_FUZZ_CUSTOM_MUTATOR(dplan::fuzz::mutate_json)

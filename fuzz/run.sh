@@ -124,10 +124,11 @@ for t in "${targets[@]}"; do
   cov=$(sed -nE 's/.* cov: ([0-9]+) .*/\1/p' <<<"$status")
   ft=$(sed -nE 's/.* ft: ([0-9]+) .*/\1/p' <<<"$status")
   corp=$(sed -nE 's/.* corp: ([0-9]+) .*/\1/p' <<<"$status")
-  rate=$(sed -nE 's/.* exec\/s:? ([0-9]+) .*/\1/p' <<<"$status")
+  took=$(sed -nE 's/.* time: ([0-9]+)s.*/\1/p' <<<"$status")
+  rate=$([[ -n $execs && ${took:-0} -gt 0 ]] && echo $((execs / took)) || true)  # over the run, not the last job
   new=$(find "$findings" -maxdepth 1 -type f -newer "$stamp" \( -name 'crash-*' -o -name 'timeout-*' -o -name 'oom-*' -o -name 'leak-*' \) | sort)
   count=$(grep -c . <<<"$new" || true)
-  rows+=("$(printf '%-16s %8s %10s %8s %7s %7s %7s %9s' "$t" "$seconds" "${execs:-?}" "${rate:-?}" "${cov:-?}" "${ft:-?}" "${corp:-?}" "$count")")
+  rows+=("$(printf '%-16s %8s %10s %8s %7s %7s %7s %9s' "$t" "${took:-?}" "${execs:-?}" "${rate:-?}" "${cov:-?}" "${ft:-?}" "${corp:-?}" "$count")")
   if [[ -z $status ]]; then
     failed=1
     echo "  $t: did not fuzz (log: $log):"

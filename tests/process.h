@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
@@ -106,6 +107,20 @@ inline Result run_program(const std::string& program, const std::vector<std::str
   r.out = read_file(out_path);
   r.err = read_file(err_path);
   return r;
+}
+
+// Bad input through the dplan binary: exit 2, nothing on stdout, and stderr exactly one line
+// "dplan: error: ...". Returns that line without its newline, for the caller to check what it names.
+inline std::string require_one_error_line(const Result& r) {
+  INFO("stdout: " << r.out);
+  INFO("stderr: " << r.err);
+  CHECK(r.status == 2);
+  CHECK(r.out.empty());
+  REQUIRE(!r.err.empty());
+  CHECK(r.err.back() == '\n');
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK(r.err.rfind("dplan: error: ", 0) == 0);
+  return r.err.substr(0, r.err.find('\n'));
 }
 
 }  // namespace dplan::testing

@@ -18,11 +18,14 @@ void check_format_version(ObjectReader& r) {
 const std::vector<std::string> kIntraKinds = {"nvswitch", "pcie", "xgmi", "shared-memory"};
 
 // An achieved / line-rate ratio: in (0, 1].
-double efficiency_fraction(ObjectReader& r, const std::string& key) {
-  double f = r.fraction(key);
-  if (f <= 0) r.fail(key, "a fraction in (0, 1]");
-  return f;
-}
+// Ranges of the figures a profile gives: wide enough for a CPU core as a device and for GPUs
+// and fabrics well beyond today's (HBM up to 100 TB, 1 EFLOP/s per device, 1 PB/s links); a
+// figure outside is a typo or a unit mix-up, and tiny ones would make every time infinite.
+constexpr double kMinEfficiency = 1e-3;   // of a peak: below 0.1% nothing is being modelled
+constexpr double kMaxMicroseconds = 1e6;  // latencies and overheads: a second is no latency
+constexpr double kMaxMiB = 1e6;           // half-bandwidth message sizes
+
+double efficiency_fraction(ObjectReader& r, const std::string& key) { return r.number_in(key, kMinEfficiency, 1); }
 
 IntraNodeKind intra_kind_from_string(const std::string& s) {
   if (s == "nvswitch") return IntraNodeKind::nvswitch;
@@ -132,20 +135,19 @@ GpuSpec gpu_from_json(const json& j, const std::string& file) {
   GpuSpec g;
   g.name = r.string("name");
   g.description = r.string("description");
-  g.hbm_bytes = r.positive_number("hbm_gb") * kGB;
-  g.hbm_bandwidth_bytes_per_s = r.positive_number("hbm_gbytes_per_s") * kGB;
+  g.hbm_bytes = r.number_in("hbm_gb", 0.01, 1e5) * kGB;
+  g.hbm_bandwidth_bytes_per_s = r.number_in("hbm_gbytes_per_s", 0.01, 1e6) * kGB;
   ObjectReader peaks = r.object("peak_tflops");
   for (const char* key : {"fp32", "tf32", "bf16", "fp16", "fp8"})
-    if (peaks.has(key)) g.peak_flops_per_s[key] = peaks.positive_number(key) * 1e12;
+    if (peaks.has(key)) g.peak_flops_per_s[key] = peaks.number_in(key, 1e-4, 1e6) * 1e12;
   peaks.finish();
   if (g.peak_flops_per_s.empty()) r.fail("peak_tflops", "at least one of fp32, tf32, bf16, fp16, fp8");
   g.framework_reserve_bytes = r.non_negative_number("framework_reserve_gib") * kGiB;
   if (g.framework_reserve_bytes >= g.hbm_bytes) r.fail("framework_reserve_gib", "less than the HBM capacity");
   ObjectReader matmul = r.object("matmul");
-  g.matmul_max_efficiency = matmul.fraction("max_efficiency");
-  if (g.matmul_max_efficiency <= 0) matmul.fail("max_efficiency", "a fraction in (0, 1]");
-  g.sm_count = static_cast<int>(matmul.positive_int("sm_count"));
-  g.kernel_overhead_s = matmul.non_negative_number("kernel_overhead_us") * 1e-6;
+  g.matmul_max_efficiency = efficiency_fraction(matmul, "max_efficiency");
+  g.sm_count = static_cast<int>(matmul.int_in("sm_count", 1, 100000));
+  g.kernel_overhead_s = matmul.number_in("kernel_overhead_us", 0, kMaxMicroseconds) * 1e-6;
   if (matmul.has("measured")) {
     const json& rows = matmul.raw("measured");
     if (!rows.is_array()) matmul.fail("measured", "an array of measured GEMMs");
@@ -158,22 +160,20 @@ GpuSpec gpu_from_json(const json& j, const std::string& file) {
         row.fail("precision", "a precision this GPU lists in peak_tflops");
       x.op = gemm_op_from_string(
           row.one_of("op", {"forward", "dgrad", "wgrad", "batched", "attention_forward", "attention_backward"}));
-      x.m = row.positive_number("m");
-      x.n = row.positive_number("n");
-      x.k = row.positive_number("k");
-      x.batch = row.has("batch") ? static_cast<double>(row.positive_int("batch")) : 1.0;
-      x.time_s = row.positive_number("time_us") * 1e-6;
+      x.m = row.number_in("m", 1, 1e9);
+      x.n = row.number_in("n", 1, 1e9);
+      x.k = row.number_in("k", 1, 1e9);
+      x.batch = row.has("batch") ? static_cast<double>(row.int_in("batch", 1, 1000000)) : 1.0;
+      x.time_s = row.number_in("time_us", 1e-3, 1e10) * 1e-6;
       row.finish();
       g.matmul_measured.push_back(x);
     }
   }
   matmul.finish();
-  g.memory_efficiency = r.fraction("memory_efficiency");
-  if (g.memory_efficiency <= 0) r.fail("memory_efficiency", "a fraction in (0, 1]");
+  g.memory_efficiency = efficiency_fraction(r, "memory_efficiency");
   // Of the GEMM rate; above 1 only where `dplan calibrate` found measured runs outpacing a probe's
   // table (a probe taken while the machine was slower).
-  g.sustained_fraction = r.positive_number("sustained_fraction");
-  if (g.sustained_fraction > 2) r.fail("sustained_fraction", "a number in (0, 2]");
+  g.sustained_fraction = r.number_in("sustained_fraction", kMinEfficiency, 2);
   g.sources = r.raw("sources");
   if (!g.sources.is_object()) r.fail("sources", "an object of source strings");
   r.finish();
@@ -189,21 +189,19 @@ ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuL
   c.name = r.string("name");
   c.description = r.string("description");
   c.gpu = load_gpu(r.string("gpu"));
-  long long gpn = r.positive_int("gpus_per_node");
-  if (gpn > 4096) r.fail("gpus_per_node", "at most 4096");
-  c.gpus_per_node = static_cast<int>(gpn);
+  c.gpus_per_node = static_cast<int>(r.int_in("gpus_per_node", 1, 4096));
 
   ObjectReader intra = r.object("intra_node");
   c.intra_node_kind = intra_kind_from_string(intra.one_of("kind", kIntraKinds));
-  c.intra_node.bandwidth_bytes_per_s = intra.positive_number("gbytes_per_s") * kGB;
-  c.intra_node.latency_s = intra.non_negative_number("latency_us") * 1e-6;
+  c.intra_node.bandwidth_bytes_per_s = intra.number_in("gbytes_per_s", 1e-3, 1e6) * kGB;
+  c.intra_node.latency_s = intra.number_in("latency_us", 0, kMaxMicroseconds) * 1e-6;
   c.intra_node.efficiency_fraction = efficiency_fraction(intra, "efficiency");
-  c.intra_node.half_bandwidth_bytes = intra.non_negative_number("half_bandwidth_mib") * kMiB;
+  c.intra_node.half_bandwidth_bytes = intra.number_in("half_bandwidth_mib", 0, kMaxMiB) * kMiB;
   c.nvls = intra.boolean("nvls");
   if (c.nvls) {
     if (c.intra_node_kind != IntraNodeKind::nvswitch) intra.fail("nvls", "false unless kind is nvswitch");
     c.nvls_efficiency_fraction = efficiency_fraction(intra, "nvls_efficiency");
-    c.nvls_half_bandwidth_bytes = intra.non_negative_number("nvls_half_bandwidth_mib") * kMiB;
+    c.nvls_half_bandwidth_bytes = intra.number_in("nvls_half_bandwidth_mib", 0, kMaxMiB) * kMiB;
   } else {
     for (const char* key : {"nvls_efficiency", "nvls_half_bandwidth_mib"})
       if (intra.has(key)) intra.fail(key, "no such key when nvls is false");
@@ -216,40 +214,38 @@ ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuL
       MeasuredCollective x;
       x.op = collective_from_string(
           row.one_of("collective", {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}));
-      x.ranks = static_cast<int>(row.positive_int("ranks"));
-      if (x.ranks < 2) row.fail("ranks", "at least 2");
-      x.bytes = row.positive_number("bytes");
-      x.time_s = row.positive_number("time_us") * 1e-6;
+      x.ranks = static_cast<int>(row.int_in("ranks", 2, kMaxGpus));
+      x.bytes = row.number_in("bytes", 1, 1e15);
+      x.time_s = row.number_in("time_us", 1e-3, 1e10) * 1e-6;
       row.finish();
       c.intra_node.measured.push_back(x);
     }
-    if (intra.has("measured_scale")) c.intra_node.measured_scale = intra.positive_number("measured_scale");
+    if (intra.has("measured_scale")) c.intra_node.measured_scale = intra.number_in("measured_scale", 1e-3, 1e3);
   }
   c.sources["intra_node"] = intra.string("source");
   intra.finish();
 
   ObjectReader inter = r.object("inter_node");
-  c.nics_per_node = static_cast<int>(inter.positive_int("nics_per_node"));
-  c.nic_bandwidth_bytes_per_s = inter.positive_number("nic_gbits_per_s") * kGB / 8;
-  c.inter_node_latency_s = inter.non_negative_number("latency_us") * 1e-6;
+  c.nics_per_node = static_cast<int>(inter.int_in("nics_per_node", 1, 64));
+  c.nic_bandwidth_bytes_per_s = inter.number_in("nic_gbits_per_s", 1e-3, 1e7) * kGB / 8;
+  c.inter_node_latency_s = inter.number_in("latency_us", 0, kMaxMicroseconds) * 1e-6;
   c.nic_efficiency_fraction = efficiency_fraction(inter, "efficiency");
-  c.inter_node_half_bandwidth_bytes = inter.non_negative_number("half_bandwidth_mib") * kMiB;
+  c.inter_node_half_bandwidth_bytes = inter.number_in("half_bandwidth_mib", 0, kMaxMiB) * kMiB;
   c.sources["inter_node"] = inter.string("source");
   inter.finish();
 
   ObjectReader fabric = r.object("fabric");
   fabric.one_of("kind", {"fat-tree"});
-  c.nodes_per_leaf = static_cast<int>(fabric.positive_int("nodes_per_leaf"));
-  c.oversubscription = fabric.positive_number("oversubscription");
-  if (c.oversubscription < 1.0) fabric.fail("oversubscription", "a ratio >= 1 (1 = non-blocking)");
+  c.nodes_per_leaf = static_cast<int>(fabric.int_in("nodes_per_leaf", 1, kMaxGpus));
+  c.oversubscription = fabric.number_in("oversubscription", 1, 1000);  // 1 = non-blocking
   c.sources["fabric"] = fabric.string("source");
   fabric.finish();
 
-  c.host_memory_bytes = r.positive_number("host_memory_gib") * kGiB;
-  if (r.has("cores_per_node")) c.cores_per_node = static_cast<int>(r.positive_int("cores_per_node"));
+  c.host_memory_bytes = r.number_in("host_memory_gib", 1e-3, 1e7) * kGiB;
+  if (r.has("cores_per_node")) c.cores_per_node = static_cast<int>(r.int_in("cores_per_node", 1, 100000));
   if (r.has("lone_rank_speedup")) {
     ObjectReader lone = r.object("lone_rank_speedup");
-    c.lone_rank_speedup = lone.positive_number("factor");
+    c.lone_rank_speedup = lone.number_in("factor", 0.01, 100);
     c.sources["lone_rank_speedup"] = lone.string("source");
     lone.finish();
   }
@@ -263,6 +259,19 @@ ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuL
   r.finish();
   top.finish();
   return c;
+}
+
+const OutputKind& gpu_profile_output() {
+  static const OutputKind kind = json_output_kind("GPU profile", [](const json& j) { gpu_from_json(j, "-o"); });
+  return kind;
+}
+
+const OutputKind& cluster_profile_output() {
+  // The GPU it names is not resolved: any name read as a GPU is enough to recognise the file.
+  static const OutputKind kind = json_output_kind("cluster profile", [](const json& j) {
+    cluster_from_json(j, "-o", [](const std::string&) { return GpuSpec{}; });
+  });
+  return kind;
 }
 
 json to_json(const GpuSpec& g) {

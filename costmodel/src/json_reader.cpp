@@ -2,12 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cfloat>
+#include <climits>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <optional>
 
-#include <unistd.h>
 
 #include "dplan/costmodel/errors.h"
 
@@ -18,60 +17,78 @@ void internal_error(const char* expr, const char* file, int line) {
                          std::to_string(line));
 }
 
-json read_json_file(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::exists(path, ec)) throw InputError(path + ": no such file");
-  if (fs::is_directory(path, ec)) throw InputError(path + ": is a directory, expected a JSON file");
-  std::ifstream in(path);
-  if (!in) throw InputError(path + ": cannot be read");
+json parse_json_text(const std::string& text, const std::string& name) {
+  // Duplicate keys: nlohmann keeps the last silently, so each open object's keys are tracked in
+  // the parser's callback, which also bounds the nesting.
+  struct Open {
+    std::set<std::string> keys;
+    std::string key;  // the key whose value is being parsed
+  };
+  std::vector<Open> open;
+  auto pointer = [&] {
+    std::string p;
+    for (size_t i = 0; i + 1 < open.size(); ++i) p += "/" + quote_for_message(open[i].key, 40);
+    return p.empty() ? std::string("/") : p;
+  };
+  json::parser_callback_t check = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (depth > kMaxJsonDepth)
+      throw InputError(name + ": nested deeper than " + std::to_string(kMaxJsonDepth) + " levels; not a dplan input");
+    switch (event) {
+      case json::parse_event_t::object_start: open.emplace_back(); break;
+      case json::parse_event_t::object_end: if (!open.empty()) open.pop_back(); break;
+      case json::parse_event_t::key: {
+        const std::string& key = parsed.get_ref<const std::string&>();
+        if (!open.empty() && !open.back().keys.insert(key).second)
+          throw InputError(name + ": " + pointer() + ": key \"" + quote_for_message(key, 40) +
+                           "\" appears twice in one object");
+        if (!open.empty()) open.back().key = key;
+        break;
+      }
+      default: break;
+    }
+    return true;
+  };
   try {
-    return json::parse(in);
-  } catch (const json::parse_error& e) {
-    // nlohmann's message: "[json.exception.parse_error.101] parse error at line 3, column 5: ..."
+    return json::parse(text, check);
+  } catch (const json::exception& e) {
+    // nlohmann's messages: "[json.exception.parse_error.101] parse error at line 3, column 5: ...",
+    // "[json.exception.out_of_range.406] number overflow parsing '1e400'".
     std::string what = e.what();
-    auto at = what.find("parse error");
-    throw InputError(path + ": malformed JSON: " + (at == std::string::npos ? what : what.substr(at)));
+    const auto tag_end = what.find("] ");
+    if (what.rfind("[json.exception.", 0) == 0 && tag_end != std::string::npos) what = what.substr(tag_end + 2);
+    throw InputError(name + ": malformed JSON: " + quote_for_message(what, 200));
   }
 }
 
-void write_file_atomically(const std::string& path, const std::string& text) {
-  namespace fs = std::filesystem;
-  fs::path target(path);
-  fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) throw InputError(path + ": folder " + dir.string() + " does not exist");
-  std::string tmp_template = (dir / ("." + target.filename().string() + ".tmp.XXXXXX")).string();
-  std::vector<char> name(tmp_template.begin(), tmp_template.end());
-  name.push_back('\0');
-  int fd = mkstemp(name.data());
-  if (fd < 0) throw InputError(path + ": cannot create a temporary file in " + dir.string());
-  std::string tmp(name.data());
-  size_t written = 0;
-  while (written < text.size()) {
-    ssize_t n = ::write(fd, text.data() + written, text.size() - written);
-    if (n <= 0) {
-      ::close(fd);
-      std::remove(tmp.c_str());
-      throw InputError(path + ": write failed (disk full?)");
-    }
-    written += static_cast<size_t>(n);
-  }
-  ::fsync(fd);
-  ::close(fd);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw InputError(path + ": cannot replace the file");
-  }
-}
+json read_json_file(const std::string& path) { return parse_json_text(read_text_file(path), path); }
 
 std::string describe_json_value(const json& value) {
   if (value.is_null()) return "null";
   if (value.is_boolean()) return value.get<bool>() ? "true" : "false";
   if (value.is_number()) return value.dump();
-  if (value.is_string()) return "\"" + value.get<std::string>() + "\"";
+  if (value.is_string()) return "\"" + quote_for_message(value.get<std::string>()) + "\"";
   if (value.is_array()) return "a list";
   return "an object";
+}
+
+std::string quote_for_message(const std::string& text, size_t max_chars) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : text) {
+    std::string piece;
+    if (c == '\n') piece = "\\n";
+    else if (c == '\r') piece = "\\r";
+    else if (c == '\t') piece = "\\t";
+    else if (c < 0x20 || c >= 0x7f) piece = std::string("\\x") + hex[c >> 4] + hex[c & 15];
+    else piece = std::string(1, static_cast<char>(c));
+    if (out.size() + piece.size() > max_chars) return out + "...";
+    out += piece;
+  }
+  return out;
+}
+
+std::string error_line(const std::string& message) {
+  return quote_for_message(message, kMaxErrorLineChars);
 }
 
 std::string join_choices(const std::vector<std::string>& choices) {
@@ -130,8 +147,8 @@ const json& ObjectReader::at(const std::string& key) {
   if (it == object_.end()) {
     std::string msg = file_ + ": " + (pointer_.empty() ? "/" : pointer_) + ": missing key \"" + key + "\"";
     for (auto other = object_.begin(); other != object_.end(); ++other)
-      if (edit_distance(other.key(), key) <= 2) {
-        msg += " (found \"" + other.key() + "\": a misspelling?)";
+      if (other.key().size() < key.size() + 3 && edit_distance(other.key(), key) <= 2) {
+        msg += " (found \"" + quote_for_message(other.key()) + "\": a misspelling?)";
         break;
       }
     throw InputError(msg);
@@ -141,47 +158,97 @@ const json& ObjectReader::at(const std::string& key) {
 
 const json& ObjectReader::raw(const std::string& key) { return at(key); }
 
+namespace {
+// A finite double whose magnitude is 0 or a normal number: subnormal figures (5e-324) are no
+// physical quantity, and dividing by them overflows to inf.
+bool is_normal_or_zero(double x) { return std::isfinite(x) && (x == 0 || std::fabs(x) >= DBL_MIN); }
+
+std::string number_text(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+
+// The integer in `v`, when it is one within [lo, hi].
+std::optional<long long> integer_in(const json& v, long long lo, long long hi) {
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<unsigned long long>();
+    if (u > static_cast<unsigned long long>(hi)) return std::nullopt;
+    return static_cast<long long>(u) >= lo ? std::optional<long long>(static_cast<long long>(u)) : std::nullopt;
+  }
+  if (!v.is_number_integer()) return std::nullopt;
+  const auto i = v.get<long long>();
+  if (i < lo || i > hi) return std::nullopt;
+  return i;
+}
+}  // namespace
+
 double ObjectReader::number(const std::string& key) {
   const json& v = at(key);
-  if (!v.is_number() || !std::isfinite(v.get<double>())) fail(key, "a number");
+  if (!v.is_number() || !is_normal_or_zero(v.get<double>())) fail(key, "a number");
   return v.get<double>();
 }
 
 double ObjectReader::positive_number(const std::string& key) {
   const json& v = at(key);
-  if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>())) fail(key, "a positive number");
+  if (!v.is_number() || !(v.get<double>() > 0) || !is_normal_or_zero(v.get<double>())) fail(key, "a positive number");
   return v.get<double>();
 }
 
 double ObjectReader::non_negative_number(const std::string& key) {
   const json& v = at(key);
-  if (!v.is_number() || !(v.get<double>() >= 0) || !std::isfinite(v.get<double>()))
-    fail(key, "a number >= 0");
+  if (!v.is_number() || !(v.get<double>() >= 0) || !is_normal_or_zero(v.get<double>())) fail(key, "a number >= 0");
   return v.get<double>();
 }
 
 double ObjectReader::fraction(const std::string& key) {
   const json& v = at(key);
-  if (!v.is_number() || !(v.get<double>() >= 0 && v.get<double>() <= 1)) fail(key, "a number between 0 and 1");
+  if (!v.is_number() || !(v.get<double>() >= 0 && v.get<double>() <= 1) || !is_normal_or_zero(v.get<double>()))
+    fail(key, "a number between 0 and 1");
   return v.get<double>();
 }
 
-long long ObjectReader::positive_int(const std::string& key) {
+double ObjectReader::number_in(const std::string& key, double lo, double hi) {
   const json& v = at(key);
-  if (!v.is_number_integer() || v.get<long long>() < 1) fail(key, "a positive integer");
-  return v.get<long long>();
+  if (!v.is_number() || !(v.get<double>() >= lo && v.get<double>() <= hi) || !is_normal_or_zero(v.get<double>()))
+    fail(key, "a number from " + number_text(lo) + " to " + number_text(hi));
+  return v.get<double>();
 }
 
-long long ObjectReader::non_negative_int(const std::string& key) {
-  const json& v = at(key);
-  if (!v.is_number_integer() || v.get<long long>() < 0) fail(key, "an integer >= 0");
-  return v.get<long long>();
+int ObjectReader::positive_int(const std::string& key) {
+  auto i = integer_in(at(key), 1, INT_MAX);
+  if (!i) fail(key, "a positive integer up to " + std::to_string(INT_MAX));
+  return static_cast<int>(*i);
+}
+
+int ObjectReader::non_negative_int(const std::string& key) {
+  auto i = integer_in(at(key), 0, INT_MAX);
+  if (!i) fail(key, "an integer from 0 to " + std::to_string(INT_MAX));
+  return static_cast<int>(*i);
+}
+
+long long ObjectReader::int_in(const std::string& key, long long lo, long long hi) {
+  auto i = integer_in(at(key), lo, hi);
+  if (!i) fail(key, "an integer from " + std::to_string(lo) + " to " + std::to_string(hi));
+  return *i;
 }
 
 std::string ObjectReader::string(const std::string& key) {
   const json& v = at(key);
   if (!v.is_string()) fail(key, "a string");
-  return v.get<std::string>();
+  const std::string& text = v.get_ref<const std::string&>();
+  // Strings end up in tables, file names and error lines.
+  if (!is_printable_text(text))
+    fail(key, "a string of at most " + std::to_string(kMaxStringChars) + " bytes without control characters");
+  return text;
+}
+
+bool is_printable_text(const std::string& text) {
+  return text.size() <= ObjectReader::kMaxStringChars &&
+         std::none_of(text.begin(), text.end(), [](char c) {
+           const auto u = static_cast<unsigned char>(c);
+           return u < 0x20 || u == 0x7f;
+         });
 }
 
 std::string ObjectReader::one_of(const std::string& key, const std::vector<std::string>& choices) {
@@ -214,7 +281,7 @@ void ObjectReader::finish() const {
   for (auto it = object_.begin(); it != object_.end(); ++it) {
     if (known_.count(it.key()) || ignored_.count(it.key())) continue;
     std::vector<std::string> valid(known_.begin(), known_.end());
-    throw InputError(file_ + ": " + (pointer_.empty() ? "/" : pointer_) + ": unknown key \"" + it.key() +
+    throw InputError(file_ + ": " + (pointer_.empty() ? "/" : pointer_) + ": unknown key \"" + quote_for_message(it.key()) +
                      "\"; valid keys: " + join_choices(valid));
   }
 }

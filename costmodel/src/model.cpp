@@ -23,24 +23,36 @@ const std::initializer_list<const char*> kIgnoredHfKeys = {
 
 const std::vector<std::string> kFamilies = {"llama", "mistral", "mixtral", "qwen2", "gpt_neox", "gpt2"};
 
-int as_int(long long v, const ObjectReader& r, const std::string& key) {
-  if (v > (1LL << 31) - 1) r.fail(key, "an integer below 2^31");
-  return static_cast<int>(v);
-}
+// Bounds on a config's sizes, far above any model built (hidden 2^20, 2^16 layers, 2^24 vocab
+// and positions, 2^16 experts) and low enough that products of them (parameters, FLOPs) stay
+// exact in double and every int index in range.
+constexpr long long kMaxWidth = 1 << 20;
+constexpr long long kMaxLayers = 1 << 16;
+constexpr long long kMaxTokens = 1 << 24;  // vocabulary and positions
+constexpr long long kMaxExperts = 1 << 16;
+
+int width(ObjectReader& r, const char* key) { return static_cast<int>(r.int_in(key, 1, kMaxWidth)); }
+
+// Hugging Face's activation names (transformers/activations.py ACT2FN): none changes the cost,
+// but a name outside the list is a broken config.
+const std::vector<std::string> kActivations = {
+    "gelu", "gelu_10", "gelu_accurate", "gelu_fast", "gelu_new", "gelu_python", "gelu_pytorch_tanh",
+    "laplace", "leaky_relu", "linear", "mish", "prelu", "quick_gelu", "relu", "relu2", "relu6",
+    "sigmoid", "silu", "swish", "tanh", "xielu"};
 
 // llama, mistral, mixtral, qwen2: gated (SwiGLU) MLP, RMSNorm, rotary positions.
 void read_llama_like(ObjectReader& r, const std::string& family, ModelSpec& m) {
-  m.hidden_size = as_int(r.positive_int("hidden_size"), r, "hidden_size");
-  m.ffn_hidden_size = as_int(r.positive_int("intermediate_size"), r, "intermediate_size");
-  m.num_layers = as_int(r.positive_int("num_hidden_layers"), r, "num_hidden_layers");
-  m.num_heads = as_int(r.positive_int("num_attention_heads"), r, "num_attention_heads");
+  m.hidden_size = width(r, "hidden_size");
+  m.ffn_hidden_size = width(r, "intermediate_size");
+  m.num_layers = static_cast<int>(r.int_in("num_hidden_layers", 1, kMaxLayers));
+  m.num_heads = width(r, "num_attention_heads");
   m.num_kv_heads = r.has("num_key_value_heads")
-                       ? as_int(r.positive_int("num_key_value_heads"), r, "num_key_value_heads")
+                       ? width(r, "num_key_value_heads")
                        : m.num_heads;
-  m.vocab_size = as_int(r.positive_int("vocab_size"), r, "vocab_size");
-  m.max_seq_len = as_int(r.positive_int("max_position_embeddings"), r, "max_position_embeddings");
-  m.head_dim = r.has("head_dim") ? as_int(r.positive_int("head_dim"), r, "head_dim") : 0;
-  if (r.has("hidden_act")) r.string("hidden_act");  // silu or gelu: the MLP is gated either way
+  m.vocab_size = static_cast<int>(r.int_in("vocab_size", 1, kMaxTokens));
+  m.max_seq_len = static_cast<int>(r.int_in("max_position_embeddings", 1, kMaxTokens));
+  m.head_dim = r.has("head_dim") ? width(r, "head_dim") : 0;
+  if (r.has("hidden_act")) r.one_of("hidden_act", kActivations);  // the MLP is gated whatever it is
   m.tied_embeddings = r.has("tie_word_embeddings") ? r.boolean("tie_word_embeddings") : false;
   m.attention_dropout = r.has("attention_dropout") ? r.fraction("attention_dropout") : 0.0;
   m.mlp = MlpKind::swiglu;
@@ -54,20 +66,20 @@ void read_llama_like(ObjectReader& r, const std::string& family, ModelSpec& m) {
     m.qkv_bias = true;  // Qwen2Attention: q/k/v projections with bias, o_proj without
   }
   if (family == "mixtral") {
-    m.num_experts = as_int(r.positive_int("num_local_experts"), r, "num_local_experts");
-    m.experts_per_token = as_int(r.positive_int("num_experts_per_tok"), r, "num_experts_per_tok");
+    m.num_experts = static_cast<int>(r.int_in("num_local_experts", 1, kMaxExperts));
+    m.experts_per_token = static_cast<int>(r.int_in("num_experts_per_tok", 1, kMaxExperts));
   }
 }
 
 void read_gpt_neox(ObjectReader& r, ModelSpec& m) {
-  m.hidden_size = as_int(r.positive_int("hidden_size"), r, "hidden_size");
-  m.ffn_hidden_size = as_int(r.positive_int("intermediate_size"), r, "intermediate_size");
-  m.num_layers = as_int(r.positive_int("num_hidden_layers"), r, "num_hidden_layers");
-  m.num_heads = as_int(r.positive_int("num_attention_heads"), r, "num_attention_heads");
+  m.hidden_size = width(r, "hidden_size");
+  m.ffn_hidden_size = width(r, "intermediate_size");
+  m.num_layers = static_cast<int>(r.int_in("num_hidden_layers", 1, kMaxLayers));
+  m.num_heads = width(r, "num_attention_heads");
   m.num_kv_heads = m.num_heads;
-  m.vocab_size = as_int(r.positive_int("vocab_size"), r, "vocab_size");
-  m.max_seq_len = as_int(r.positive_int("max_position_embeddings"), r, "max_position_embeddings");
-  if (r.has("hidden_act")) r.string("hidden_act");
+  m.vocab_size = static_cast<int>(r.int_in("vocab_size", 1, kMaxTokens));
+  m.max_seq_len = static_cast<int>(r.int_in("max_position_embeddings", 1, kMaxTokens));
+  if (r.has("hidden_act")) r.one_of("hidden_act", kActivations);
   m.tied_embeddings = r.has("tie_word_embeddings") ? r.boolean("tie_word_embeddings") : false;
   bool bias = r.has("attention_bias") ? r.boolean("attention_bias") : true;
   m.qkv_bias = m.out_bias = bias;
@@ -80,14 +92,14 @@ void read_gpt_neox(ObjectReader& r, ModelSpec& m) {
 }
 
 void read_gpt2(ObjectReader& r, ModelSpec& m) {
-  m.hidden_size = as_int(r.positive_int("n_embd"), r, "n_embd");
-  m.num_layers = as_int(r.positive_int("n_layer"), r, "n_layer");
-  m.num_heads = as_int(r.positive_int("n_head"), r, "n_head");
+  m.hidden_size = width(r, "n_embd");
+  m.num_layers = static_cast<int>(r.int_in("n_layer", 1, kMaxLayers));
+  m.num_heads = width(r, "n_head");
   m.num_kv_heads = m.num_heads;
-  m.ffn_hidden_size = r.has("n_inner") ? as_int(r.positive_int("n_inner"), r, "n_inner") : 4 * m.hidden_size;
-  m.vocab_size = as_int(r.positive_int("vocab_size"), r, "vocab_size");
-  m.max_seq_len = as_int(r.positive_int("n_positions"), r, "n_positions");
-  if (r.has("activation_function")) r.string("activation_function");
+  m.ffn_hidden_size = r.has("n_inner") ? width(r, "n_inner") : 4 * m.hidden_size;
+  m.vocab_size = static_cast<int>(r.int_in("vocab_size", 1, kMaxTokens));
+  m.max_seq_len = static_cast<int>(r.int_in("n_positions", 1, kMaxTokens));
+  if (r.has("activation_function")) r.one_of("activation_function", kActivations);
   m.tied_embeddings = r.has("tie_word_embeddings") ? r.boolean("tie_word_embeddings") : true;
   m.attention_dropout = r.has("attn_pdrop") ? r.fraction("attn_pdrop") : 0.1;
   m.hidden_dropout = r.has("resid_pdrop") ? r.fraction("resid_pdrop") : 0.1;
@@ -149,6 +161,9 @@ void validate(const ModelSpec& m, const std::string& where) {
   if (m.num_layers < 1 || m.hidden_size < 1 || m.num_heads < 1 || m.num_kv_heads < 1 ||
       m.ffn_hidden_size < 1 || m.vocab_size < 1 || m.max_seq_len < 1 || m.head_dim < 1)
     bad("layers, hidden size, heads, kv heads, head dim, ffn size, vocab and max positions must be positive");
+  if (static_cast<long long>(m.num_heads) * m.head_dim > kMaxWidth)
+    bad("num_attention_heads x head_dim (" + std::to_string(static_cast<long long>(m.num_heads) * m.head_dim) +
+        ") must be at most " + std::to_string(kMaxWidth));
   if (m.num_heads % m.num_kv_heads != 0)
     bad("num_attention_heads (" + std::to_string(m.num_heads) + ") must be a multiple of num_key_value_heads (" +
         std::to_string(m.num_kv_heads) + ")");
@@ -219,15 +234,15 @@ ModelSpec model_from_json(const json& j, const std::string& file, const std::str
   ObjectReader r(j, file, pointer);
   ModelSpec m;
   m.name = r.string("name");
-  m.family = r.string("family");
-  m.num_layers = as_int(r.positive_int("num_layers"), r, "num_layers");
-  m.hidden_size = as_int(r.positive_int("hidden_size"), r, "hidden_size");
-  m.num_heads = as_int(r.positive_int("num_heads"), r, "num_heads");
-  m.num_kv_heads = as_int(r.positive_int("num_kv_heads"), r, "num_kv_heads");
-  m.head_dim = as_int(r.positive_int("head_dim"), r, "head_dim");
-  m.ffn_hidden_size = as_int(r.positive_int("ffn_hidden_size"), r, "ffn_hidden_size");
-  m.vocab_size = as_int(r.positive_int("vocab_size"), r, "vocab_size");
-  m.max_seq_len = as_int(r.positive_int("max_seq_len"), r, "max_seq_len");
+  m.family = r.one_of("family", kFamilies);
+  m.num_layers = static_cast<int>(r.int_in("num_layers", 1, kMaxLayers));
+  m.hidden_size = width(r, "hidden_size");
+  m.num_heads = width(r, "num_heads");
+  m.num_kv_heads = width(r, "num_kv_heads");
+  m.head_dim = width(r, "head_dim");
+  m.ffn_hidden_size = width(r, "ffn_hidden_size");
+  m.vocab_size = static_cast<int>(r.int_in("vocab_size", 1, kMaxTokens));
+  m.max_seq_len = static_cast<int>(r.int_in("max_seq_len", 1, kMaxTokens));
   m.mlp = r.one_of("mlp", {"gelu", "swiglu"}) == "gelu" ? MlpKind::gelu : MlpKind::swiglu;
   m.norm = r.one_of("norm", {"layernorm", "rmsnorm"}) == "layernorm" ? NormKind::layernorm : NormKind::rmsnorm;
   m.position = r.one_of("position", {"learned", "rotary"}) == "learned" ? PositionKind::learned : PositionKind::rotary;
@@ -235,8 +250,8 @@ ModelSpec model_from_json(const json& j, const std::string& file, const std::str
   m.qkv_bias = r.boolean("qkv_bias");
   m.out_bias = r.boolean("out_bias");
   m.mlp_bias = r.boolean("mlp_bias");
-  m.num_experts = as_int(r.non_negative_int("num_experts"), r, "num_experts");
-  m.experts_per_token = as_int(r.non_negative_int("experts_per_token"), r, "experts_per_token");
+  m.num_experts = static_cast<int>(r.int_in("num_experts", 0, kMaxExperts));
+  m.experts_per_token = static_cast<int>(r.int_in("experts_per_token", 0, kMaxExperts));
   m.attention_dropout = r.fraction("attention_dropout");
   m.hidden_dropout = r.fraction("hidden_dropout");
   r.ignore("num_params");  // derived, written for readers

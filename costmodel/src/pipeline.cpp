@@ -1,8 +1,12 @@
 #include "dplan/costmodel/pipeline.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <string>
+
+#include "dplan/costmodel/errors.h"
 
 namespace dplan::costmodel {
 namespace {
@@ -77,6 +81,10 @@ PipelineTimeline play_all(const std::vector<PipelineStage>& stages, int microbat
   PipelineTimeline out;
   out.busy_s.assign(p, 0);
   std::vector<int> running;
+  // Every round finishes at least one operation (the one with the least work left), so the
+  // rounds are at most the operations; the count is checked so that no figure can make it spin.
+  size_t rounds = 0, operations = 0;
+  for (const auto& ops : order) operations += ops.size();
   for (;;) {
     running.clear();
     for (int i = 0; i < p; ++i) {
@@ -93,6 +101,7 @@ PipelineTimeline play_all(const std::vector<PipelineStage>& stages, int microbat
     double first = std::numeric_limits<double>::infinity();
     for (int i : running) first = std::min(first, left[i]);
     const double dt = first / v;
+    DPLAN_CHECK(std::isfinite(dt) && dt >= 0 && ++rounds <= operations);
     out.makespan_s += dt;
     for (int i : running) {
       out.busy_s[i] += dt;
@@ -120,8 +129,14 @@ PipelineTimeline play_pipeline(const std::vector<PipelineStage>& stages, int mic
   // partial, group and extended linearly: the planner's cost stays that of ~4p micro-batches.
   // (GPipe's forwards queue up in front of a slower stage, so its step is not linear in them.)
   const int shorter = 3 * p + microbatches % p, longer = shorter + p;
-  if (!extrapolate || schedule == Schedule::gpipe || microbatches < longer + p)
-    return play_all(stages, microbatches, schedule, chunks, speed);
+  const bool all = !extrapolate || schedule == Schedule::gpipe || microbatches < longer + p;
+  const double operations = 2.0 * p * chunks * (all ? microbatches : longer);
+  if (operations > kMaxPlayedOperations)
+    throw InputError("a pipeline of " + std::to_string(p) + " stages x " + std::to_string(chunks) + " chunks and " +
+                     std::to_string(microbatches) + " micro-batches" + (all ? "" : " (played for fewer)") + " is " +
+                     std::to_string(static_cast<long long>(operations)) + " operations to play out, more than " +
+                     std::to_string(kMaxPlayedOperations) + "; use fewer micro-batches or stages, or 1f1b");
+  if (all) return play_all(stages, microbatches, schedule, chunks, speed);
   const PipelineTimeline a = play_all(stages, shorter, schedule, chunks, speed);
   PipelineTimeline out = play_all(stages, longer, schedule, chunks, speed);
   const double periods = double(microbatches - longer) / p;

@@ -6,10 +6,8 @@
 namespace dplan::costmodel {
 namespace {
 
-int int_in(ObjectReader& r, const std::string& key, long long below) {
-  const long long v = r.non_negative_int(key);
-  if (v >= below) r.fail(key, "an integer in 0.." + std::to_string(below - 1));
-  return static_cast<int>(v);
+int index_below(ObjectReader& r, const std::string& key, long long below) {
+  return static_cast<int>(r.int_in(key, 0, below - 1));
 }
 
 const json& array(ObjectReader& r, const std::string& key, size_t size, const std::string& what) {
@@ -140,14 +138,14 @@ Plan plan_from_json(const json& j, const std::string& file) {
   for (size_t i = 0; i < ranks.size(); ++i) {
     ObjectReader rank(ranks[i], file, "/rank_layout/ranks/" + std::to_string(i));
     RankCoordinates c;
-    c.rank = int_in(rank, "rank", world);
-    c.node = static_cast<int>(rank.non_negative_int("node"));
-    c.local_rank = static_cast<int>(rank.non_negative_int("local_rank"));
-    c.tp = int_in(rank, "tp", p.tp);
-    c.cp = int_in(rank, "cp", p.cp);
-    c.dp = int_in(rank, "dp", p.dp);
-    c.pp = int_in(rank, "pp", p.pp);
-    c.ep = int_in(rank, "ep", p.ep);
+    c.rank = index_below(rank, "rank", world);
+    c.node = index_below(rank, "node", world);
+    c.local_rank = index_below(rank, "local_rank", world);
+    c.tp = index_below(rank, "tp", p.tp);
+    c.cp = index_below(rank, "cp", p.cp);
+    c.dp = index_below(rank, "dp", p.dp);
+    c.pp = index_below(rank, "pp", p.pp);
+    c.ep = index_below(rank, "ep", p.ep);
     rank.finish();
     if (seen[c.rank]) rank.fail("rank", "a rank not listed before");
     seen[c.rank] = true;
@@ -189,5 +187,10 @@ Plan plan_from_json(const json& j, const std::string& file) {
 }
 
 Plan read_plan(const std::string& path) { return plan_from_json(read_json_file(path), path); }
+
+const OutputKind& plan_output() {
+  static const OutputKind kind = json_output_kind("plan", [](const json& j) { plan_from_json(j, "-o"); });
+  return kind;
+}
 
 }  // namespace dplan::costmodel

@@ -1,6 +1,7 @@
 #include "dplan/costmodel/run_record.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "dplan/costmodel/errors.h"
 #include "format_version.h"
@@ -8,7 +9,16 @@
 namespace dplan::costmodel {
 namespace {
 
-int positive(ObjectReader& r, const char* key) { return static_cast<int>(r.positive_int(key)); }
+int positive(ObjectReader& r, const char* key, long long max) { return static_cast<int>(r.int_in(key, 1, max)); }
+
+// Names used as keys (phases, memory components): printed in compare's tables.
+void check_name(const ObjectReader& r, const std::string& pointer, const std::string& name) {
+  const bool ok = !name.empty() && name.size() <= 64 &&
+                  std::all_of(name.begin(), name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+  if (!ok)
+    throw InputError(r.file() + ": " + pointer + ": key \"" + quote_for_message(name) +
+                     "\" is not a name (letters, digits and _, at most 64)");
+}
 
 // stage_of_rank: world size entries, each in [0, pp), every stage held by at least one rank.
 std::vector<int> read_stage_of_rank(ObjectReader& run, const RunLayout& layout) {
@@ -85,16 +95,18 @@ RunRecord run_record_from_json(const json& j, const std::string& file) {
   // The layout first: what compare needs first (and what tells a run.json from a plan).
   ObjectReader layout = r.object("layout");
   RunLayout& l = run.layout;
-  l.tp = positive(layout, "tp");
-  l.pp = positive(layout, "pp");
-  l.dp = positive(layout, "dp");
-  l.cp = positive(layout, "cp");
-  l.micro_batch = positive(layout, "micro_batch");
-  l.num_microbatches = positive(layout, "num_microbatches");
-  l.global_batch = positive(layout, "global_batch");
-  l.seq_len = positive(layout, "seq_len");
+  l.tp = positive(layout, "tp", kMaxGpus);
+  l.pp = positive(layout, "pp", kMaxGpus);
+  l.dp = positive(layout, "dp", kMaxGpus);
+  l.cp = positive(layout, "cp", kMaxGpus);
+  if (bounded_world_size(l.tp, l.pp, l.dp, l.cp) > kMaxGpus)
+    layout.fail("dp", "sizes whose product tp*pp*dp*cp is at most " + std::to_string(kMaxGpus));
+  l.micro_batch = positive(layout, "micro_batch", kMaxGlobalBatch);
+  l.num_microbatches = positive(layout, "num_microbatches", kMaxGlobalBatch);
+  l.global_batch = positive(layout, "global_batch", kMaxGlobalBatch);
+  l.seq_len = positive(layout, "seq_len", kMaxSeqLen);
   l.schedule = schedule_from_string(layout.one_of("schedule", {"gpipe", "1f1b", "interleaved"}));
-  l.zero_stage = static_cast<int>(layout.non_negative_int("zero_stage"));
+  l.zero_stage = static_cast<int>(layout.int_in("zero_stage", 0, 3));
   l.recompute = recompute_from_string(layout.one_of("recompute", {"none", "selective", "full"}));
   l.sequence_parallel = layout.boolean("sequence_parallel");
   layout.finish();
@@ -134,10 +146,26 @@ RunRecord run_record_from_json(const json& j, const std::string& file) {
   run.tokens_per_s = r.non_negative_number("tokens_per_s");
 
   ObjectReader phases = r.object("phases_s");
-  for (const auto& [name, value] : r.raw("phases_s").items()) run.phases_s[name] = phases.non_negative_number(name);
+  for (const auto& [name, value] : r.raw("phases_s").items()) {
+    check_name(r, "/phases_s", name);
+    run.phases_s[name] = phases.non_negative_number(name);
+  }
   phases.finish();
   run.phases_by_rank_s = r.raw("phases_by_rank_s");
   if (!run.phases_by_rank_s.is_array()) r.fail("phases_by_rank_s", "a list of per-rank phases");
+  const long long world = static_cast<long long>(l.tp) * l.pp * l.dp * l.cp;  // each checked above
+  for (size_t i = 0; i < run.phases_by_rank_s.size(); ++i) {
+    const std::string pointer = "/phases_by_rank_s/" + std::to_string(i);
+    ObjectReader rank(run.phases_by_rank_s[i], file, pointer);
+    rank.int_in("rank", 0, world - 1);
+    rank.int_in("stage", 0, l.pp - 1);
+    for (const auto& [name, value] : run.phases_by_rank_s[i].items()) {
+      if (name == "rank" || name == "stage") continue;
+      check_name(r, pointer, name);
+      rank.non_negative_number(name);
+    }
+    rank.finish();
+  }
 
   run.stage_of_rank = read_stage_of_rank(r, l);
   ObjectReader memory = r.object("memory");
@@ -148,8 +176,10 @@ RunRecord run_record_from_json(const json& j, const std::string& file) {
       throw InputError(file + ": /memory: missing key \"" + key + "\" (rank " + key + ", which runs stage " +
                        std::to_string(run.stage_of_rank[rank]) + ")");
     ObjectReader components = memory.object(key);
-    for (const auto& [name, value] : memory.raw(key).items())
-      run.memory_bytes[static_cast<int>(rank)][name] = components.non_negative_int(name);
+    for (const auto& [name, value] : memory.raw(key).items()) {
+      check_name(r, "/memory/" + key, name);
+      run.memory_bytes[static_cast<int>(rank)][name] = components.int_in(name, 0, 1LL << 53);  // bytes
+    }
     components.finish();
   }
   memory.finish();
@@ -172,5 +202,10 @@ RunRecord run_record_from_json(const json& j, const std::string& file) {
 }
 
 RunRecord read_run_record(const std::string& path) { return run_record_from_json(read_json_file(path), path); }
+
+const OutputKind& run_record_output() {
+  static const OutputKind kind = json_output_kind("run record", [](const json& j) { run_record_from_json(j, "-o"); });
+  return kind;
+}
 
 }  // namespace dplan::costmodel

@@ -114,7 +114,8 @@ LayoutRule check_pipeline_parallel(const ModelSpec& model, const ParallelConfig&
 }
 
 LayoutRule check_batch(const TrainingSpec& t, int micro_batch, int dp) {
-  return t.global_batch % (micro_batch * dp) != 0 ? LayoutRule::batch_divisible : LayoutRule::ok;
+  return t.global_batch % (static_cast<long long>(micro_batch) * dp) != 0 ? LayoutRule::batch_divisible
+                                                                         : LayoutRule::ok;
 }
 
 LayoutRule check_schedule(const ModelSpec& model, const TrainingSpec& t, const ParallelConfig& p) {
@@ -153,6 +154,16 @@ LayoutRule check_sequence_parallel(const ParallelConfig& p) {
   return p.sequence_parallel && p.tp < 2 ? LayoutRule::sp_needs_tp : LayoutRule::ok;
 }
 
+long long bounded_world_size(long long tp, long long pp, long long dp, long long cp) {
+  long long world = 1;
+  for (long long size : {tp, pp, dp, cp}) {
+    if (size > kMaxGpus) return kMaxGpus + 1LL;
+    world *= size;  // at most 2^20 * 2^20: no overflow
+    if (world > kMaxGpus) return kMaxGpus + 1LL;
+  }
+  return world;
+}
+
 LayoutRule check_layout(const ModelSpec& model, const TrainingSpec& t, const ParallelConfig& p, int gpus) {
   const std::pair<LayoutRule, long long> sizes[] = {
       {LayoutRule::gpus_positive, gpus},         {LayoutRule::tp_positive, p.tp},
@@ -162,7 +173,11 @@ LayoutRule check_layout(const ModelSpec& model, const TrainingSpec& t, const Par
       {LayoutRule::global_batch_positive, t.global_batch}, {LayoutRule::seq_positive, t.seq_len}};
   for (const auto& [rule, size] : sizes)
     if (size < 1) return rule;
-  if (p.world_size() != gpus) return LayoutRule::world_size;
+  if (gpus > kMaxGpus || p.tp > kMaxGpus || p.pp > kMaxGpus || p.dp > kMaxGpus || p.cp > kMaxGpus ||
+      p.ep > kMaxGpus || p.vpp > kMaxVirtualStages || p.micro_batch > kMaxGlobalBatch ||
+      t.global_batch > kMaxGlobalBatch || t.seq_len > kMaxSeqLen)
+    return LayoutRule::size_limit;
+  if (bounded_world_size(p.tp, p.pp, p.dp, p.cp) != gpus) return LayoutRule::world_size;
   // With positive sizes every check is defined; the first broken rule in this order is reported.
   const LayoutRule positions = model.position == PositionKind::learned && t.seq_len > model.max_seq_len
                                    ? LayoutRule::seq_within_positions
@@ -196,11 +211,16 @@ std::string rule_message(LayoutRule rule, const ModelSpec& model, const Training
     case LayoutRule::micro_batch_positive: return not_positive("--mbs (micro-batch size)", p.micro_batch);
     case LayoutRule::global_batch_positive: return not_positive("--global-batch", t.global_batch);
     case LayoutRule::seq_positive: return not_positive("--seq", t.seq_len);
+    case LayoutRule::size_limit:
+      return "sizes must be at most: --gpus, tp, pp, dp, cp and ep " + std::to_string(kMaxGpus) + ", vpp " +
+             std::to_string(kMaxVirtualStages) + ", micro-batch and global batch " + std::to_string(kMaxGlobalBatch) +
+             ", --seq " + std::to_string(kMaxSeqLen);
     case LayoutRule::world_size: {
+      const long long world = bounded_world_size(p.tp, p.pp, p.dp, p.cp);
       std::string msg = "tp*pp*dp*cp = " + std::to_string(p.tp) + "*" + std::to_string(p.pp) + "*" +
-                        std::to_string(p.dp) + "*" + std::to_string(p.cp) + " = " + std::to_string(p.world_size()) +
+                        std::to_string(p.dp) + "*" + std::to_string(p.cp) + " = " + std::to_string(world) +
                         " but --gpus is " + std::to_string(gpus);
-      int model_parallel = p.tp * p.pp * p.cp;
+      const long long model_parallel = static_cast<long long>(p.tp) * p.pp * p.cp;
       if (gpus % model_parallel == 0)
         msg += "; with these tp, pp and cp use --dp " + std::to_string(gpus / model_parallel);
       else
@@ -231,8 +251,9 @@ std::string rule_message(LayoutRule rule, const ModelSpec& model, const Training
     case LayoutRule::batch_divisible:
       return "global batch " + std::to_string(t.global_batch) + " is not divisible by micro-batch * dp = " +
              std::to_string(p.micro_batch) + "*" + std::to_string(p.dp) + " = " +
-             std::to_string(p.micro_batch * p.dp) + "; choose a global batch that is a multiple of " +
-             std::to_string(p.micro_batch * p.dp);
+             std::to_string(static_cast<long long>(p.micro_batch) * p.dp) +
+             "; choose a global batch that is a multiple of " +
+             std::to_string(static_cast<long long>(p.micro_batch) * p.dp);
     case LayoutRule::interleaved_needs_pp: return "the interleaved schedule needs pp >= 2";
     case LayoutRule::interleaved_needs_vpp:
       return "the interleaved schedule needs --vpp >= 2 (virtual stages per pipeline rank)";
@@ -311,13 +332,13 @@ json to_json(const ParallelConfig& p) {
 TrainingSpec training_from_json(const json& j, const std::string& file, const std::string& pointer) {
   ObjectReader r(j, file, pointer);
   TrainingSpec t;
-  t.seq_len = static_cast<int>(r.positive_int("seq_len"));
-  t.global_batch = static_cast<int>(r.positive_int("global_batch"));
+  t.seq_len = static_cast<int>(r.int_in("seq_len", 1, kMaxSeqLen));
+  t.global_batch = static_cast<int>(r.int_in("global_batch", 1, kMaxGlobalBatch));
   t.precision = precision_from_string(r.one_of("precision", {"fp32", "bf16", "fp16", "fp8"}));
   t.attention = attention_from_string(r.one_of("attention", {"flash", "standard"}));
   t.fp32_grads = r.boolean("fp32_grads");
-  t.vocab_pad_multiple = static_cast<int>(r.positive_int("vocab_pad_multiple"));
-  t.bucket_bytes = r.positive_number("bucket_mib") * kMiB;
+  t.vocab_pad_multiple = static_cast<int>(r.int_in("vocab_pad_multiple", 1, 1 << 16));
+  t.bucket_bytes = r.number_in("bucket_mib", 1e-3, 1e6) * kMiB;
   r.finish();
   return t;
 }
@@ -325,15 +346,13 @@ TrainingSpec training_from_json(const json& j, const std::string& file, const st
 ParallelConfig parallel_from_json(const json& j, const std::string& file, const std::string& pointer) {
   ObjectReader r(j, file, pointer);
   ParallelConfig p;
-  p.tp = static_cast<int>(r.positive_int("tp"));
-  p.pp = static_cast<int>(r.positive_int("pp"));
-  p.dp = static_cast<int>(r.positive_int("dp"));
-  p.cp = static_cast<int>(r.positive_int("cp"));
-  p.ep = static_cast<int>(r.positive_int("ep"));
-  p.vpp = static_cast<int>(r.positive_int("vpp"));
-  p.micro_batch = static_cast<int>(r.positive_int("micro_batch"));
-  p.zero_stage = static_cast<int>(r.non_negative_int("zero_stage"));
-  if (p.zero_stage > 3) r.fail("zero_stage", "0, 1, 2 or 3");
+  for (auto [key, size] : {std::pair{"tp", &p.tp}, {"pp", &p.pp}, {"dp", &p.dp}, {"cp", &p.cp}, {"ep", &p.ep}})
+    *size = static_cast<int>(r.int_in(key, 1, kMaxGpus));
+  if (bounded_world_size(p.tp, p.pp, p.dp, p.cp) > kMaxGpus)
+    r.fail("dp", "sizes whose product tp*pp*dp*cp is at most " + std::to_string(kMaxGpus));
+  p.vpp = static_cast<int>(r.int_in("vpp", 1, kMaxVirtualStages));
+  p.micro_batch = static_cast<int>(r.int_in("micro_batch", 1, kMaxGlobalBatch));
+  p.zero_stage = static_cast<int>(r.int_in("zero_stage", 0, 3));
   p.distributed_optimizer = r.boolean("distributed_optimizer");
   p.sequence_parallel = r.boolean("sequence_parallel");
   p.offload_optimizer = r.boolean("offload_optimizer");
@@ -342,7 +361,8 @@ ParallelConfig parallel_from_json(const json& j, const std::string& file, const 
   const json& layers = r.raw("layers_per_stage");
   if (!layers.is_array()) r.fail("layers_per_stage", "a list of layer counts");
   for (const auto& n : layers) {
-    if (!n.is_number_integer() || n.get<int>() < 1) r.fail("layers_per_stage", "a list of positive integers");
+    if (!n.is_number_integer() || n.get<long long>() < 1 || n.get<long long>() > (1 << 16))
+      r.fail("layers_per_stage", "a list of layer counts from 1 to 65536");
     p.layers_per_stage.push_back(n.get<int>());
   }
   r.finish();

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <sstream>
 #include <vector>
 
 namespace dplan::executor {
@@ -25,7 +26,18 @@ void Heartbeat::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-std::string diagnose(const c10::intrusive_ptr<c10d::Store>& store, const Place& place) {
+namespace {
+
+std::string describe(const std::vector<int>& stopped) {
+  std::string names;
+  for (int r : stopped) names += (names.empty() ? "" : ", ") + std::to_string(r);
+  return (stopped.size() == 1 ? "rank " : "ranks ") + names + " stopped (no heartbeat for " +
+         std::to_string(kStaleBeats * kBeat.count()) + " ms)";
+}
+
+}  // namespace
+
+Diagnosis diagnose(const c10::intrusive_ptr<c10d::Store>& store, const Place& place) {
   try {
     // A survivor that already named the culprit wrote it down; agree with it.
     std::vector<int64_t> before(place.world), after(place.world);
@@ -38,23 +50,27 @@ std::string diagnose(const c10::intrusive_ptr<c10d::Store>& store, const Place& 
     while (store->add(Heartbeat::key(place.rank), 0) - before[place.rank] < kStaleBeats &&
            std::chrono::steady_clock::now() < cap);
     for (int r = 0; r < place.world; ++r) after[r] = store->add(Heartbeat::key(r), 0);
-    std::vector<int> stale;
-    for (int r = 0; r < place.world; ++r)
-      if (r != place.rank && after[r] == before[r]) stale.push_back(r);
-    if (stale.empty()) return "";
-    std::string names;
-    for (int r : stale) names += (names.empty() ? "" : ", ") + std::to_string(r);
-    std::string mine = (stale.size() == 1 ? "rank " : "ranks ") + names + " stopped (no heartbeat for " +
-                       std::to_string(kStaleBeats * kBeat.count()) + " ms)";
-    // The first survivor to name a culprit records it; later ones (whose peers exited in the
-    // cascade) report that root cause instead of everyone who has left since.
+    std::string mine;
+    for (int r = 0; r < place.world; ++r) {
+      if (r == place.rank || after[r] != before[r]) continue;
+      if (!mine.empty()) mine += ' ';
+      mine += std::to_string(r);
+    }
+    if (mine.empty()) return {};
+    // The first survivor to name a culprit records it (as "1 2"); later ones (whose peers exited in
+    // the cascade) report that root cause instead of everyone who has left since.
     std::vector<uint8_t> expected, desired(mine.begin(), mine.end());
     std::vector<uint8_t> got = store->compareSet("dplan/first_failure", expected, desired);
-    return std::string(got.begin(), got.end());
+    Diagnosis d;
+    std::istringstream first(std::string(got.begin(), got.end()));
+    for (int r; first >> r;) d.stopped.push_back(r);
+    d.line = describe(d.stopped);
+    return d;
   } catch (const std::exception&) {
-    if (place.rank == 0) return "";
-    return "the rendezvous store on rank 0 (" + place.master_addr + ":" + std::to_string(place.master_port) +
-           ") is unreachable: rank 0 stopped";
+    if (!place.run_dir.empty()) return {{}, "the rendezvous store in " + place.run_dir + " is unreadable"};
+    if (place.rank == 0) return {};  // it serves the store
+    return {{0}, "the rendezvous store on rank 0 (" + place.master_addr + ":" + std::to_string(place.master_port) +
+                     ") is unreachable: rank 0 stopped"};
   }
 }
 

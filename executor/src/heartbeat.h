@@ -7,6 +7,7 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -34,9 +35,14 @@ class Heartbeat {
   std::thread thread_;
 };
 
-// After a collective failed: which other ranks stopped beating, as the line that names them
-// ("rank 3 stopped (no heartbeat for 1500 ms)"), or the first such line another survivor already
-// recorded. Empty if none stopped. Pass a store connection other than the heartbeat thread's.
-std::string diagnose(const c10::intrusive_ptr<c10d::Store>& store, const Place& place);
+// Which ranks stopped beating, as a survivor of a failed collective sees them.
+struct Diagnosis {
+  std::vector<int> stopped;  // in rank order; empty when every peer still beats
+  std::string line;          // "rank 3 stopped (no heartbeat for 1500 ms)", or empty
+};
+
+// After a collective failed: which other ranks stopped beating, or the first such finding another
+// survivor already recorded. Pass a store connection other than the heartbeat thread's.
+Diagnosis diagnose(const c10::intrusive_ptr<c10d::Store>& store, const Place& place);
 
 }  // namespace dplan::executor

@@ -3,7 +3,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -56,6 +58,7 @@ Place read_place() {
   if (p.world > 1) {
     p.master_addr = env_or("MASTER_ADDR", "127.0.0.1");
     p.master_port = env_int("MASTER_PORT", 29500);
+    p.run_dir = env_or("DPLAN_RUN_DIR");
   }
   if (p.rank >= p.world) throw InputError("RANK " + std::to_string(p.rank) + " is not below WORLD_SIZE " + std::to_string(p.world));
   return p;
@@ -63,6 +66,14 @@ Place read_place() {
 
 c10::intrusive_ptr<c10d::Store> connect_store(const Place& place, bool server, std::chrono::milliseconds timeout) {
   if (place.world == 1) return c10::make_intrusive<c10d::HashStore>();
+  if (!place.run_dir.empty()) {
+    // One file that every connection appends to under flock(). c10d deletes it once the number of
+    // connections given here have closed theirs (some versions refuse fewer than 1); INT_MAX never
+    // are, so it stays until the launcher removes the folder, after the last rank has exited.
+    auto store = c10::make_intrusive<c10d::FileStore>(place.run_dir + "/store", std::numeric_limits<int>::max());
+    store->setTimeout(timeout);
+    return store;
+  }
   c10d::TCPStoreOptions o;
   o.port = static_cast<std::uint16_t>(place.master_port);
   o.isServer = server;

@@ -1,7 +1,10 @@
 // Where this rank sits, from its launcher's environment: RANK / WORLD_SIZE / LOCAL_RANK /
 // LOCAL_WORLD_SIZE / MASTER_ADDR / MASTER_PORT (dplan run, torchrun, or any launcher that sets
 // them), or SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID under srun; and the rendezvous store the
-// ranks meet at.
+// ranks meet at. `dplan run` also sets DPLAN_RUN_DIR, its private folder for this run (mode 0700,
+// removed when the run ends): the ranks meet in a c10d FileStore there instead of a TCPStore, so a
+// local run opens no port for its store, and a rank that names a stopped peer leaves that there for
+// the launcher (diagnosis.<rank>).
 #pragma once
 
 #include <chrono>
@@ -18,6 +21,7 @@ struct Place {
   std::string launcher = "single";
   std::string store_prefix;  // torchrun's agent store: keys live under /worker/attempt_<n>
   bool agent_store = false;
+  std::string run_dir;  // DPLAN_RUN_DIR: dplan run's private folder (FileStore); empty: TCPStore
 };
 
 // The environment variable `name`, or `fallback` when it is unset or empty.
@@ -27,9 +31,10 @@ std::string env_or(const char* name, const std::string& fallback = "");
 // world, Slurm without MASTER_ADDR).
 Place read_place();
 
-// The store every rank meets at: a TCPStore on MASTER_ADDR:MASTER_PORT (served by rank 0 unless
-// torchrun's agent serves it), or an in-process one for a single rank. `server`: this connection
-// hosts it.
+// The store every rank meets at: a FileStore in DPLAN_RUN_DIR (dplan run: one machine, no port);
+// else a TCPStore on MASTER_ADDR:MASTER_PORT (served by rank 0 unless torchrun's agent serves it;
+// LibTorch 1.13's server listens on every interface, whatever MASTER_ADDR says); or an in-process
+// one for a single rank. `server`: this connection hosts the TCPStore.
 c10::intrusive_ptr<c10d::Store> connect_store(const Place& place, bool server, std::chrono::milliseconds timeout);
 
 }  // namespace dplan::executor

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <thread>
 
@@ -20,6 +21,8 @@
 #include "comm.h"
 #include "data.h"
 #include "dplan/costmodel/errors.h"
+#include "dplan/costmodel/json_io.h"
+#include "dplan/costmodel/run_record.h"
 #include "dplan/executor/run_options.h"
 #include "gpt.h"
 #include "grad_sync.h"
@@ -85,11 +88,11 @@ void check_run_options(const RunOptions& args, const ExecPlan& plan, const Place
                      std::to_string(p.tp) + " x pp " + std::to_string(p.pp) + " x dp " + std::to_string(p.dp) +
                      ") but " + std::to_string(place.world) + " were started; start " +
                      std::to_string(plan.world_size()));
-  if (args.steps < 1) throw InputError("--steps must be a positive integer, got " + std::to_string(args.steps));
-  if (args.warmup < 0 || args.warmup >= args.steps)
-    throw InputError("--warmup must be at least 0 and below --steps (" + std::to_string(args.steps) + ")");
-  if (!(args.timeout_s > 0)) throw InputError("--timeout-s must be positive");
-  if (!(args.max_grad_norm >= 0)) throw InputError("--max-grad-norm must be 0 (no clipping) or positive");
+  if (const std::string problem = run_options_problem(args); !problem.empty()) throw InputError(problem);
+  // Before training, not after it: the run's output must be writable (dplan run checked it too;
+  // under torchrun or srun this is the only check).
+  if (place.rank == 0 && !args.output.empty())
+    check_output_path(args.output, costmodel::run_record_output(), args.force);
 }
 
 // What a run trains on and in which number formats: what --device and --precision ask for, on what
@@ -281,11 +284,24 @@ std::vector<json> gather_reports(c10d::Store& store, const Place& place, const j
 }
 
 // Rank 0: run.json to -o, and the summary line. Throws when data-parallel replicas diverged.
-void write_run_record(const RunOptions& args, const Place& place, const ExecPlan& plan,
-                      const std::vector<json>& reports, const json& config, const MemoryMeter& meter,
-                      const TrainLog& log) {
+// Returns what went wrong writing -o (empty: nothing): the caller reports it once the other ranks
+// are done, and the measurements are not lost: they are saved in the temporary folder instead.
+std::string write_run_record(const RunOptions& args, const Place& place, const ExecPlan& plan,
+                             const std::vector<json>& reports, const json& config, const MemoryMeter& meter,
+                             const TrainLog& log) {
   json run = assemble_run(plan, place.world, args.steps, args.warmup, reports, config, meter.source());
-  if (!args.output.empty()) write_file_atomically(args.output, run.dump(1) + "\n");
+  std::string write_error;
+  if (!args.output.empty()) {
+    const std::string text = run.dump(1) + "\n";
+    try {
+      write_file_atomically(args.output, text);
+    } catch (const InputError& e) {
+      const std::string rescue =
+          (std::filesystem::temp_directory_path() / ("dplan-run-" + std::to_string(::getpid()) + ".json")).string();
+      write_file_atomically(rescue, text);
+      write_error = std::string(e.what()) + "; the measurements were saved to " + rescue + " instead";
+    }
+  }
   if (!args.quiet) {
     std::fprintf(stderr, "median step %.4f s (%zu measured steps), %.0f tokens/s, final loss %.4f%s\n",
                  run["step_time_s"]["median"].get<double>(), log.steps.size() - args.warmup,
@@ -293,14 +309,26 @@ void write_run_record(const RunOptions& args, const Place& place, const ExecPlan
                  args.output.empty() ? "" : ("; wrote " + args.output).c_str());
   }
   if (!run["replicas"]["identical"].get<bool>()) throw std::runtime_error("data-parallel replicas diverged");
+  return write_error;
 }
 
-// A failure while training: one line naming the rank that stopped (when one did), then out.
+// A failure while training: one line naming the rank that stopped (when one did), then out. Under
+// dplan run the stopped ranks also go to DPLAN_RUN_DIR/diagnosis.<rank> (their numbers, on one
+// line), written before this rank exits: the launcher reads it when it reaps this rank.
 [[noreturn]] void stop_after_failure(const StorePtr& store, const Place& place, const std::exception& e) {
-  std::string culprit = diagnose(store, place);  // not the heartbeat thread's connection
-  std::fprintf(stderr, "%srank %d: %s%s(%s)\n", prefix().c_str(), place.rank, culprit.c_str(),
-               culprit.empty() ? "" : "; stopping ", first_line(e.what()).c_str());
-  if (place.rank == 0 && place.world > 1) std::this_thread::sleep_for(kBeat * 12);  // let survivors read the store
+  const Diagnosis culprit = diagnose(store, place);  // not the heartbeat thread's connection
+  std::fprintf(stderr, "%srank %d: %s%s(%s)\n", prefix().c_str(), place.rank, culprit.line.c_str(),
+               culprit.line.empty() ? "" : "; stopping ", first_line(e.what()).c_str());
+  if (!place.run_dir.empty() && !culprit.stopped.empty()) {
+    std::string ranks;
+    for (int r : culprit.stopped) ranks += (ranks.empty() ? "" : " ") + std::to_string(r);
+    if (FILE* f = std::fopen((place.run_dir + "/diagnosis." + std::to_string(place.rank)).c_str(), "w")) {
+      std::fprintf(f, "%s\n", ranks.c_str());
+      std::fclose(f);
+    }
+  }
+  // Rank 0 serves a TCPStore: it stays a moment so that the survivors can still read it.
+  if (place.rank == 0 && place.world > 1 && place.run_dir.empty()) std::this_thread::sleep_for(kBeat * 12);
   exit_now(1);
 }
 
@@ -334,11 +362,13 @@ int train(const RunOptions& args, const Place& place) {
     grads.gather_all_units();  // ZeRO-3: the whole model, to hash it
     const json mine = rank_report(place.rank, ctx.stage, log.steps, args.warmup, log.peaks, stage, grads, optimizer);
     const std::vector<json> reports = gather_reports(*store, place, mine);
+    std::string write_error;
     if (place.rank == 0)
-      write_run_record(args, place, plan, reports, run_config(args, place, plan, device, go.backend, grads, data), meter,
-                       log);
-    ctx.world.barrier();  // rank 0 hosts the store: nobody leaves before it has read everything
+      write_error = write_run_record(args, place, plan, reports,
+                                     run_config(args, place, plan, device, go.backend, grads, data), meter, log);
+    ctx.world.barrier();  // a TCPStore lives in rank 0: nobody leaves before it has read everything
     heartbeat.stop();
+    if (!write_error.empty()) throw InputError(write_error);
     return 0;
   } catch (const InputError&) {
     throw;
@@ -379,16 +409,17 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    if (place.rank == 0) std::fprintf(stderr, "%s%s\n", prefix().c_str(), e.what());
+    if (place.rank == 0) std::fprintf(stderr, "%s%s\n", prefix().c_str(), error_line(e.what()).c_str());
     exit_now(2);
   } catch (const InputError& e) {
-    if (place.rank == 0) std::fprintf(stderr, "%s%s\n", prefix().c_str(), e.what());
+    if (place.rank == 0) std::fprintf(stderr, "%s%s\n", prefix().c_str(), error_line(e.what()).c_str());
     exit_now(2);
   } catch (const std::invalid_argument& e) {
-    if (place.rank == 0) std::fprintf(stderr, "%s%s\n", prefix().c_str(), e.what());
+    if (place.rank == 0) std::fprintf(stderr, "%s%s\n", prefix().c_str(), error_line(e.what()).c_str());
     exit_now(2);
   } catch (const nlohmann::json::exception& e) {
-    if (place.rank == 0) std::fprintf(stderr, "%s%s: malformed plan: %s\n", prefix().c_str(), args.plan_path.c_str(), e.what());
+    if (place.rank == 0)
+      std::fprintf(stderr, "%s%s\n", prefix().c_str(), error_line(args.plan_path + ": malformed plan: " + e.what()).c_str());
     exit_now(2);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%srank %d: %s\n", prefix().c_str(), place.rank, first_line(e.what()).c_str());

@@ -37,6 +37,7 @@ void add_calibrate_options(CLI::App& command, CalibrateArgs& a) {
   command.add_option("--profile", a.profile, "the cluster profile to start from (name or path)")->required();
   command.add_option("--name", a.name, "name of the written profile (default: <profile>-calibrated)");
   command.add_option("-o,--output", a.output, "write the calibrated cluster profile here (JSON, for --cluster)");
+  command.add_flag("--force", a.force, "let -o replace existing files dplan did not write (never an input)");
 }
 
 int run_calibrate(const CalibrateArgs& a, const planner::ProfileStore& store) {
@@ -103,7 +104,7 @@ int run_calibrate(const CalibrateArgs& a, const planner::ProfileStore& store) {
   costmodel::put_figures(gpu, costmodel::pick_figures(fitted.at("gpu"), {"sustained_fraction", "memory_efficiency"}));
   for (const auto& p : cal.parameters)
     if (p.starts_with("gpu.")) gpu["sources"][p.substr(4)] = source + gpu["sources"].value(p.substr(4), std::string());
-  write_profiles(profile, gpu_file, a.output, store);
+  write_profiles(profile, gpu_file, a.output, a.force, store);
   return 0;
 }
 

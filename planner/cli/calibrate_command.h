@@ -17,6 +17,7 @@ struct CalibrateArgs {
   std::string profile;
   std::string name;  // empty: <profile>-calibrated
   std::string output;
+  bool force = false;  // -o may replace a file dplan did not write
 };
 
 void add_calibrate_options(CLI::App& command, CalibrateArgs& args);

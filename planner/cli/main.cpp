@@ -5,6 +5,7 @@
 //   dplan run plan.json                      train with that layout (executor), write run.json
 //   dplan compare plan.json run.json         predicted vs measured, phase by phase
 // Errors in input print "dplan: error: ..." on stderr and exit 2.
+#include <charconv>
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -15,6 +16,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "dplan/costmodel/run_record.h"
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/time.h"
 #include "dplan/planner/plan.h"
@@ -55,6 +57,7 @@ struct Options {
   int top_k = 10;
   bool no_overlap_grad = false, no_overlap_param = false, tp_overlap = false;
   bool runnable = false;            // search only layouts dplan run executes
+  bool force = false;               // -o may replace a file dplan did not write
   // estimate only
   int tp = 1, pp = 1, cp = 1, ep = 1, vpp = 1, mbs = 1, zero = 0;
   std::optional<int> dp;
@@ -80,14 +83,14 @@ Inputs load_inputs(const Options& o, const ProfileStore& store) {
   // The model's sequence length: max_position_embeddings, capped at 8192 for long-context
   // checkpoints whose pre-training ran at 8192 (Llama 3.1, Mistral).
   in.training.seq_len = o.seq.value_or(std::min(in.model.max_seq_len, kDefaultSeqCap));
-  if (o.gpus < 1) throw InputError("--gpus must be a positive integer, got " + std::to_string(o.gpus));
-  if (in.training.seq_len < 1) throw InputError("--seq must be a positive integer, got " + std::to_string(in.training.seq_len));
-  if (o.global_batch && *o.global_batch < 1)
-    throw InputError("--global-batch must be a positive integer, got " + std::to_string(*o.global_batch));
-  if (!(o.tokens > 0)) throw InputError("--tokens must be positive");
+  if (in.training.seq_len > kMaxSeqLen)
+    throw InputError("the model's sequence length " + std::to_string(in.training.seq_len) + " is above " +
+                     std::to_string(kMaxSeqLen) + "; give --seq");
   in.overlap.grad_reduce = !o.no_overlap_grad;
   in.overlap.param_gather = !o.no_overlap_param;
   in.overlap.tp_comm = o.tp_overlap;
+  // Every input is read: -o may now be checked against them, before any search.
+  if (!o.output.empty()) check_output_path(o.output, plan_output(), o.force);
   return in;
 }
 
@@ -120,7 +123,7 @@ void write_plan(const Options& o, const Inputs& in, const ParallelConfig& p, con
                 const TimeBreakdown& time) {
   if (o.output.empty()) return;
   PlanInputs plan{in.model, in.cluster, in.training, p, in.overlap};
-  write_file_atomically(o.output, plan_to_json(plan, mem, time).dump(1) + "\n");
+  write_output_file(o.output, plan_to_json(plan, mem, time).dump(1) + "\n", plan_output(), o.force);
   if (!o.json) std::cout << "\nplan written to " << o.output << "\n";
 }
 
@@ -140,17 +143,21 @@ int run_estimate(const Options& o, const ProfileStore& store) {
   p.recompute = recompute_from_string(o.recompute);
   p.schedule = o.schedule.empty() ? (o.vpp > 1 ? Schedule::interleaved : Schedule::one_f_one_b)
                                   : schedule_from_string(o.schedule);
-  int model_parallel = std::max(1, p.tp * p.pp * p.cp);
-  p.dp = o.dp.value_or(o.gpus % model_parallel == 0 ? o.gpus / model_parallel : 0);
+  const long long model_parallel = bounded_world_size(p.tp, p.pp, 1, p.cp);  // each flag is at most kMaxGpus
+  p.dp = o.dp.value_or(o.gpus % model_parallel == 0 ? static_cast<int>(o.gpus / model_parallel) : 0);
   if (!o.dp && o.gpus % model_parallel != 0)
     throw InputError("tp*pp*cp = " + std::to_string(model_parallel) + " does not divide --gpus " +
                      std::to_string(o.gpus) + "; choose sizes whose product divides the GPU count");
   if (o.global_batch) {
     in.training.global_batch = *o.global_batch;
   } else {
-    int multiple = std::max(1, p.micro_batch * std::max(1, p.dp));
-    int sequences = global_batch_for_tokens(kDefaultBatchTokens, in.training.seq_len);
-    in.training.global_batch = std::max(1, (sequences + multiple / 2) / multiple) * multiple;
+    const long long multiple = std::max(1LL, static_cast<long long>(p.micro_batch) * std::max(1, p.dp));
+    const long long sequences = global_batch_for_tokens(kDefaultBatchTokens, in.training.seq_len);
+    const long long batch = std::max(1LL, (sequences + multiple / 2) / multiple) * multiple;
+    if (batch > kMaxGlobalBatch)
+      throw InputError("micro-batch * dp = " + std::to_string(multiple) + " makes the global batch larger than " +
+                       std::to_string(kMaxGlobalBatch) + " sequences; choose a smaller --mbs or --dp");
+    in.training.global_batch = static_cast<int>(batch);
   }
   validate(in.model, in.cluster, in.training, p, o.gpus);
   Network net(in.cluster, o.gpus);
@@ -335,7 +342,9 @@ int run_scale(Options o, const ScaleOptions& so, const ProfileStore& store) {
       throw InputError("--gpus must be positive sizes in increasing order, e.g. 1,2,4");
   if (so.steps < 3) throw InputError("--steps must be at least 3 (the first two are warm-up)");
   const std::string dir = so.dir.empty() ? "scale-" + o.model : so.dir;
-  fs::create_directories(dir);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (!fs::is_directory(dir)) throw InputError(dir + ": cannot be made a folder for the plans and runs");
   std::vector<ScalingPoint> points;
   std::vector<std::string> layouts;
   o.runnable = true;
@@ -358,9 +367,9 @@ int run_scale(Options o, const ScaleOptions& so, const ProfileStore& store) {
     ra.output = (fs::path(dir) / ("run-" + std::to_string(n) + ".json")).string();
     ra.quiet = true;
     ra.timeout_s = so.timeout_s;
+    ra.force = o.force;
     if (int status = cli::run_run(ra); status != 0) return status;
-    const json run = read_json_file(ra.output);
-    points.push_back({n, planned->time.tokens_per_s, run.at("tokens_per_s").get<double>()});
+    points.push_back({n, planned->time.tokens_per_s, costmodel::read_run_record(ra.output).tokens_per_s});
     layouts.push_back(short_layout(planned->best) + ", " + tricks(planned->best));
   }
   fill_efficiencies(points);
@@ -374,25 +383,56 @@ int run_scale(Options o, const ScaleOptions& so, const ProfileStore& store) {
                 100 * p.measured_efficiency);
   }
   const std::string svg = (fs::path(dir) / "scaling.svg").string();
-  write_file_atomically(svg, scaling_svg(points, o.model + " on " + o.cluster));
+  write_output_file(svg, scaling_svg(points, o.model + " on " + o.cluster), scaling_svg_output(), o.force);
   std::printf("wrote %s (plans and runs beside it)\n", svg.c_str());
   return 0;
 }
 
+// An integer flag's range, checked on the text before CLI11 converts it (so 4294967298 is refused,
+// not wrapped): "--gpus: must be a positive integer up to 1048576, got 0".
+CLI::Validator integer_in(long long lo, long long hi, const std::string& what) {
+  return CLI::Validator(
+      [lo, hi, what](std::string& text) -> std::string {
+        long long v = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+        if (ec == std::errc() && ptr == end && v >= lo && v <= hi) return "";
+        return "must be " + what + ", got " + quote_for_message(text);
+      },
+      std::to_string(lo) + ".." + std::to_string(hi));
+}
+
+// A size flag: 1 up to a bound the layout rules own (training.h).
+CLI::Validator sizes_up_to(int max) { return integer_in(1, max, "a positive integer up to " + std::to_string(max)); }
+
+// Options every command that reads profiles takes (also after the subcommand's name).
+void add_profiles(CLI::App& app, Options& o) {
+  app.add_option("--profiles", o.profiles, "profiles folder (default: $DPLAN_PROFILES or the built-in one)");
+}
+
+// -o's companion.
+void add_force(CLI::App& app, bool& force) {
+  app.add_flag("--force", force, "let -o replace an existing file dplan did not write (never an input of the command)");
+}
+
 CLI::Option* add_common(CLI::App& app, Options& o) {
   app.add_option("--model", o.model, "preset, size shorthand (70B) or path to a config.json");
-  CLI::Option* gpus = app.add_option("--gpus", o.gpus, "number of GPUs");
+  CLI::Option* gpus = app.add_option("--gpus", o.gpus, "number of GPUs")->check(sizes_up_to(kMaxGpus));
   app.add_option("--cluster", o.cluster, "cluster profile name or path")->capture_default_str();
-  app.add_option("--global-batch", o.global_batch, "sequences per optimizer step (default: about 4M tokens)");
-  app.add_option("--seq", o.seq, "sequence length (default: the model's, at most 8192)");
+  app.add_option("--global-batch", o.global_batch, "sequences per optimizer step (default: about 4M tokens)")
+      ->check(sizes_up_to(kMaxGlobalBatch));
+  app.add_option("--seq", o.seq, "sequence length (default: the model's, at most 8192)")->check(sizes_up_to(kMaxSeqLen));
   app.add_option("--precision", o.precision, "bf16, fp16, fp8 or fp32")->capture_default_str();
   app.add_option("--attention", o.attention, "flash or standard")->capture_default_str();
-  app.add_option("--tokens", o.tokens, "tokens to train, for the time-to-train line")->capture_default_str();
+  app.add_option("--tokens", o.tokens, "tokens to train, for the time-to-train line")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 1e18));
   app.add_flag("--fp32-grads", o.fp32_grads, "keep gradients in fp32 (Megatron main_grad)");
   app.add_flag("--no-overlap-grad-reduce", o.no_overlap_grad, "reduce gradients after backward, not during");
   app.add_flag("--no-overlap-param-gather", o.no_overlap_param, "all-gather parameters after the step, not under forward");
   app.add_flag("--tp-comm-overlap", o.tp_overlap, "overlap tensor-parallel collectives with GEMMs (needs --sp)");
   app.add_option("-o,--output", o.output, "write the plan to this file (plan.json)");
+  add_force(app, o.force);
   app.add_flag("--json", o.json, "print JSON instead of tables");
   return gpus;
 }
@@ -402,29 +442,32 @@ CLI::Option* add_common(CLI::App& app, Options& o) {
 int main(int argc, char** argv) {
   Options o;
   CLI::App app{"dplan: plan, estimate and explain distributed training layouts", "dplan"};
-  app.add_option("--profiles", o.profiles, "profiles folder (default: $DPLAN_PROFILES or the built-in one)");
+  add_profiles(app, o);
   app.require_subcommand(0, 1);
   app.fallthrough(false);
 
   // Top level: `dplan --model M --gpus N` searches every layout.
   CLI::Option* top_gpus = add_common(app, o);
-  app.add_option("--top", o.top_k, "how many ranked layouts to show")->capture_default_str();
+  app.add_option("--top", o.top_k, "how many ranked layouts to show")->capture_default_str()->check(integer_in(1, 1000, "a positive integer up to 1000"));
   app.add_flag("--runnable", o.runnable,
                "search only layouts dplan run executes (tp, pp, dp, sp, recompute, ZeRO 0-3, dist-opt; no offload, "
                "cp, ep, interleaving)");
 
   CLI::App* estimate = app.add_subcommand("estimate", "evaluate one layout: memory per stage, step time by phase");
   add_common(*estimate, o);
+  add_profiles(*estimate, o);
   estimate->get_option("--model")->required();
   estimate->get_option("--gpus")->required();
-  estimate->add_option("--tp", o.tp, "tensor parallel size")->capture_default_str();
-  estimate->add_option("--pp", o.pp, "pipeline parallel size")->capture_default_str();
-  estimate->add_option("--dp", o.dp, "data parallel size (default: gpus / (tp*pp*cp))");
-  estimate->add_option("--cp", o.cp, "context parallel size")->capture_default_str();
-  estimate->add_option("--ep", o.ep, "expert parallel size (MoE)")->capture_default_str();
-  estimate->add_option("--vpp", o.vpp, "virtual pipeline stages per rank (interleaved)")->capture_default_str();
-  estimate->add_option("--mbs", o.mbs, "micro-batch size (sequences)")->capture_default_str();
-  estimate->add_option("--zero", o.zero, "ZeRO stage 0..3")->capture_default_str();
+  estimate->add_option("--tp", o.tp, "tensor parallel size")->capture_default_str()->check(sizes_up_to(kMaxGpus));
+  estimate->add_option("--pp", o.pp, "pipeline parallel size")->capture_default_str()->check(sizes_up_to(kMaxGpus));
+  estimate->add_option("--dp", o.dp, "data parallel size (default: gpus / (tp*pp*cp))")->check(sizes_up_to(kMaxGpus));
+  estimate->add_option("--cp", o.cp, "context parallel size")->capture_default_str()->check(sizes_up_to(kMaxGpus));
+  estimate->add_option("--ep", o.ep, "expert parallel size (MoE)")->capture_default_str()->check(sizes_up_to(kMaxGpus));
+  estimate->add_option("--vpp", o.vpp, "virtual pipeline stages per rank (interleaved)")
+      ->capture_default_str()
+      ->check(sizes_up_to(kMaxVirtualStages));
+  estimate->add_option("--mbs", o.mbs, "micro-batch size (sequences)")->capture_default_str()->check(sizes_up_to(kMaxGlobalBatch));
+  estimate->add_option("--zero", o.zero, "ZeRO stage 0..3")->capture_default_str()->check(integer_in(0, 3, "a ZeRO stage: 0, 1, 2 or 3"));
   estimate->add_flag("--dist-opt", o.dist_opt, "Megatron distributed optimizer");
   estimate->add_option("--recompute", o.recompute, "none, selective or full")->capture_default_str();
   estimate->add_flag("--sp", o.sp, "sequence parallel");
@@ -432,6 +475,7 @@ int main(int argc, char** argv) {
   estimate->add_option("--schedule", o.schedule, "gpipe, 1f1b or interleaved (default 1f1b; interleaved with --vpp)");
 
   CLI::App* list = app.add_subcommand("list", "model presets, size shorthands and clusters");
+  add_profiles(*list, o);
 
   cli::RunOptions run_args;
   CLI::App* run = app.add_subcommand("run", "train with a plan's layout on this machine and measure every phase");
@@ -445,21 +489,28 @@ int main(int argc, char** argv) {
   CLI::App* scale = app.add_subcommand("scale", "plan and run each size, predicted against measured scaling, and an SVG");
   scale->add_option("--model", o.model, "preset, size shorthand or path to a config.json")->required();
   scale->add_option("--cluster", o.cluster, "cluster profile name or path")->capture_default_str();
-  scale->add_option("--gpus", scale_opts.gpus, "sizes to plan and run, e.g. 1,2,4")->delimiter(',')->required();
+  scale->add_option("--gpus", scale_opts.gpus, "sizes to plan and run, e.g. 1,2,4")
+      ->delimiter(',')
+      ->required()
+      ->check(sizes_up_to(kMaxGpus));
   scale->add_option("--global-batch", o.global_batch, "sequences per optimizer step");
   scale->add_option("--seq", o.seq, "sequence length");
   scale->add_option("--precision", o.precision, "bf16, fp16, fp8 or fp32")->capture_default_str();
   scale->add_option("--steps", scale_opts.steps, "steps per run (the first two are warm-up)")->capture_default_str();
   scale->add_option("--timeout-s", scale_opts.timeout_s, "collective timeout of each run")->capture_default_str();
   scale->add_option("-o,--output", scale_opts.dir, "folder for the plans, runs and scaling.svg (default scale-<model>)");
+  add_force(*scale, o.force);
+  add_profiles(*scale, o);
 
   cli::CalibrateArgs calibrate_args;
   CLI::App* calibrate = app.add_subcommand("calibrate", "a profile's efficiency figures fitted to measured runs");
   cli::add_calibrate_options(*calibrate, calibrate_args);
+  add_profiles(*calibrate, o);
 
   cli::ProbeArgs probe_args;
   CLI::App* probe = app.add_subcommand("probe", "a cluster profile fitted to measurements (nccl-tests output)");
   cli::add_probe_options(*probe, probe_args);
+  add_profiles(*probe, o);
 
   try {
     app.parse(argc, argv);
@@ -476,20 +527,19 @@ int main(int argc, char** argv) {
                    "estimate, list, run, compare, probe, calibrate, scale; see dplan --help\n";
       return 2;
     }
-    if (o.top_k < 1) throw InputError("--top must be a positive integer, got " + std::to_string(o.top_k));
     return run_plan(o, store);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << "dplan: error: " << e.what() << "\n";
+    std::cerr << "dplan: error: " << error_line(e.what()) << "\n";
     return 2;
   } catch (const InputError& e) {
-    std::cerr << "dplan: error: " << e.what() << "\n";
+    std::cerr << "dplan: error: " << error_line(e.what()) << "\n";
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "dplan: error: internal: " << e.what() << "\n";
+    std::cerr << "dplan: error: internal: " << error_line(e.what()) << "\n";
     return 1;
   }
 }

@@ -26,13 +26,6 @@ using costmodel::GpuSpec;
 using nlohmann::json;
 
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw InputError(path + ": cannot read the file (missing or not readable)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 Collective collective_from(const std::string& name) {
   for (Collective op : {Collective::all_reduce, Collective::all_gather, Collective::reduce_scatter,
@@ -96,7 +89,7 @@ void import_nccl_tests(const std::string& path, const ProbeArgs& a, double min_s
                        json& cluster, bool fit_tier = true) {
   std::optional<Collective> op;
   if (!a.collective.empty()) op = collective_from(a.collective);
-  planner::NcclTestsRun run = planner::parse_nccl_tests(read_text(path), path, op);
+  planner::NcclTestsRun run = planner::parse_nccl_tests(read_text_file(path), path, op);
   if (run.nodes == 1) keep_measured(run, cluster);
   if (!fit_tier) return;
   const size_t all_rows = run.rows.size();
@@ -227,6 +220,7 @@ void add_probe_options(CLI::App& command, ProbeArgs& a) {
                      "measuring this machine (no import): local ranks to measure with (default: the cores, at least 2)");
   command.add_option("--timeout-s", a.timeout_s, "measuring this machine: collective timeout")->capture_default_str();
   command.add_option("-o,--output", a.output, "write the fitted cluster profile here (JSON, for --cluster)");
+  command.add_flag("--force", a.force, "let -o replace existing files dplan did not write (never an input)");
 }
 
 int run_probe(const ProbeArgs& a, const planner::ProfileStore& store) {
@@ -238,8 +232,7 @@ int run_probe(const ProbeArgs& a, const planner::ProfileStore& store) {
     if (a.output.empty())
       throw InputError("measuring this machine needs -o cluster.json (the measurements go beside it); or import "
                        "--import-nccl-tests FILE or --import-gpu-probe FILE");
-    if (!fs::is_directory(fs::absolute(a.output).parent_path()))
-      throw InputError("-o " + a.output + ": folder " + fs::absolute(a.output).parent_path().string() + " does not exist");
+    check_output_path(a.output, costmodel::cluster_profile_output(), a.force);  // before minutes of measuring
     const int ranks = a.ranks > 0 ? a.ranks : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
     probe_path = (fs::path(a.output).parent_path() / (fs::path(a.output).stem().string() + "-probe.json")).string();
     std::printf("measuring this machine with %d local ranks (dplan-worker --probe -o %s)\n", ranks, probe_path.c_str());
@@ -311,7 +304,7 @@ int run_probe(const ProbeArgs& a, const planner::ProfileStore& store) {
     std::printf("(no -o: the fitted profile is not written)\n");
     return 0;
   }
-  write_profiles(profile, gpu_file, a.output, store);
+  write_profiles(profile, gpu_file, a.output, a.force, store);
   return 0;
 }
 

@@ -33,6 +33,7 @@ struct ProbeArgs {
   int ranks = 0;  // measuring this machine: local ranks (0: the number of cores,
                   // at least 2)
   double timeout_s = 120;
+  bool force = false;  // -o may replace files dplan did not write
 };
 
 void add_probe_options(CLI::App& command, ProbeArgs& args);

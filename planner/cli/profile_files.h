@@ -14,8 +14,9 @@ namespace dplan::cli {
 // cluster file's folder.
 std::string gpu_file_of(const std::string& cluster_path, const planner::ProfileStore& store);
 
-// `gpu_file` null: the cluster keeps its GPU. Prints a "wrote" line per file.
-void write_profiles(json cluster_file, const json& gpu_file, const std::string& output,
+// `gpu_file` null: the cluster keeps its GPU. Both paths pass -o's checks (check_output_path)
+// before either is written. Prints a "wrote" line per file.
+void write_profiles(json cluster_file, const json& gpu_file, const std::string& output, bool force,
                     const planner::ProfileStore& store);
 
 }  // namespace dplan::cli

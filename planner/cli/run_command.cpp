@@ -1,23 +1,27 @@
 #include "run_command.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
+#include <set>
 #include <thread>
 #include <vector>
 
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/json_io.h"
 #include "dplan/costmodel/plan_file.h"
+#include "dplan/costmodel/run_record.h"
 #include "dplan/costmodel/training.h"
 
 extern char** environ;
@@ -43,25 +47,31 @@ std::string find_worker() {
 
 namespace {
 
-// A free TCP port on loopback for the rendezvous store (the kernel picks one; we let it go and
-// rank 0 binds it a moment later).
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw std::runtime_error("socket(): " + std::string(std::strerror(errno)));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) < 0) {
-    ::close(fd);
-    throw std::runtime_error("cannot find a free loopback port: " + std::string(std::strerror(errno)));
+using Clock = std::chrono::steady_clock;
+
+// The private folder of one local run (mode 0700, from mkdtemp), removed with what is in it at
+// scope exit: the ranks' rendezvous store (a c10d FileStore, so that no port is opened) and their
+// diagnoses. It outlives the ranks: the launcher leaves this scope only after reaping them all.
+class RunDir {
+ public:
+  RunDir() {
+    std::string pattern = (fs::temp_directory_path() / "dplan-run-XXXXXX").string();
+    if (!::mkdtemp(pattern.data()))
+      throw std::runtime_error("cannot create a private folder for the run's rendezvous in " +
+                               fs::temp_directory_path().string() + ": " + std::strerror(errno));
+    path_ = pattern;
   }
-  int port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
-}
+  ~RunDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  RunDir(const RunDir&) = delete;
+  RunDir& operator=(const RunDir&) = delete;
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
 
 std::string describe_exit(int wstatus) {
   if (WIFSIGNALED(wstatus)) {
@@ -71,19 +81,80 @@ std::string describe_exit(int wstatus) {
   return "exited with status " + std::to_string(WEXITSTATUS(wstatus));
 }
 
-volatile sig_atomic_t g_interrupted = 0;
-void on_signal(int sig) { g_interrupted = sig; }
+// The signals that stop a run when the launcher receives them. The ranks share the launcher's
+// process group (so that job control, Ctrl-Z and fg, moves the whole run) and start with SIGINT
+// and SIGHUP ignored: a Ctrl-C or a hangup from the terminal reaches only the launcher, which
+// stops the ranks itself and says why.
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
+const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP"; }
+
+volatile sig_atomic_t g_stop_signal = 0;
+void on_stop_signal(int sig) {
+  if (!g_stop_signal) g_stop_signal = sig;
+}
+
+// Installs on_stop_signal for kStopSignals, except those this process was started ignoring (nohup,
+// a background job of a non-interactive shell), and puts the previous handlers back at scope exit.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal = 0;
+    for (size_t i = 0; i < std::size(kStopSignals); ++i) {
+      sigaction(kStopSignals[i], nullptr, &old_[i]);
+      if (old_[i].sa_handler == SIG_IGN) continue;
+      struct sigaction sa {};
+      sa.sa_handler = on_stop_signal;
+      sigemptyset(&sa.sa_mask);
+      sigaction(kStopSignals[i], &sa, nullptr);
+    }
+  }
+  ~StopSignals() {
+    for (size_t i = 0; i < std::size(kStopSignals); ++i) sigaction(kStopSignals[i], &old_[i], nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_[std::size(kStopSignals)];
+};
+
+// "rank 2", "ranks 0-3", "ranks 0, 2-3".
+std::string name_ranks(const std::set<int>& ranks) {
+  std::string out;
+  for (auto it = ranks.begin(); it != ranks.end();) {
+    int first = *it, last = first;
+    for (++it; it != ranks.end() && *it == last + 1; ++it) last = *it;
+    out += (out.empty() ? "" : ", ") + std::to_string(first) + (last > first ? "-" + std::to_string(last) : "");
+  }
+  return (ranks.size() == 1 ? "rank " : "ranks ") + out;
+}
+
+// The state letter of a process in /proc/<pid>/stat: 'R' running, 'S' sleeping, 'T' stopped by a
+// signal, 'Z' exited but not reaped...; 0 when it cannot be read.
+char process_state(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t close = stat.rfind(')');  // the command name may hold spaces and parentheses
+  return close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : 0;
+}
+
+// The ranks that rank `rank` found silent before it exited (DPLAN_RUN_DIR/diagnosis.<rank>, from
+// the worker's stop_after_failure), other than itself; empty when it named none.
+std::set<int> read_diagnosis(const fs::path& dir, int rank, int world) {
+  std::ifstream in(dir / ("diagnosis." + std::to_string(rank)));
+  std::set<int> stopped;
+  for (int r; in >> r;)
+    if (r >= 0 && r < world && r != rank) stopped.insert(r);
+  return stopped;
+}
 
 }  // namespace
 
 int run_run(const RunOptions& a) {
   // Check what can be checked before starting anything: the plan's shape and the output folder.
   const int world = costmodel::read_plan(a.plan_path).parallel.world_size();
-  if (!a.output.empty()) {
-    fs::path dir = fs::absolute(a.output).parent_path();
-    if (!fs::is_directory(dir)) throw InputError("-o " + a.output + ": folder " + dir.string() + " does not exist");
-  }
-  if (a.steps < 1) throw InputError("--steps must be a positive integer, got " + std::to_string(a.steps));
+  if (!a.output.empty()) check_output_path(a.output, costmodel::run_record_output(), a.force);
+  if (const std::string problem = executor::run_options_problem(a); !problem.empty()) throw InputError(problem);
   const std::string worker = find_worker();
 
   std::vector<std::string> args = {worker, a.plan_path};
@@ -98,7 +169,7 @@ int launch_local_ranks(std::vector<std::string> args, int world, double timeout_
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
 
-  const int port = free_port();
+  const RunDir run_dir;
   std::map<std::string, std::string> base_env;
   for (char** e = environ; *e; ++e) {
     std::string kv = *e;
@@ -107,17 +178,16 @@ int launch_local_ranks(std::vector<std::string> args, int world, double timeout_
   }
   base_env["WORLD_SIZE"] = std::to_string(world);
   base_env["LOCAL_WORLD_SIZE"] = std::to_string(world);
-  base_env["MASTER_ADDR"] = "127.0.0.1";
-  base_env["MASTER_PORT"] = std::to_string(port);
+  base_env["MASTER_ADDR"] = "127.0.0.1";  // Gloo listens there (one machine); the store is a file
+  base_env.erase("MASTER_PORT");
+  base_env["DPLAN_RUN_DIR"] = run_dir.path().string();
   base_env["DPLAN_LAUNCHER"] = "dplan";
   base_env["DPLAN_ERROR_PREFIX"] = "dplan";
 
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-
+  const StopSignals stop_signals;
+  const pid_t launcher = ::getpid();
   std::map<pid_t, int> rank_of;
+  std::vector<pid_t> pid_of(world, 0);
   for (int r = 0; r < world; ++r) {
     std::map<std::string, std::string> env = base_env;
     env["RANK"] = std::to_string(r);
@@ -128,57 +198,124 @@ int launch_local_ranks(std::vector<std::string> args, int world, double timeout_
     for (auto& s : env_strings) envp.push_back(s.data());
     envp.push_back(nullptr);
     pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error("fork(): " + std::string(std::strerror(errno)));
+    if (pid < 0) {
+      const std::string why = std::strerror(errno);
+      for (const auto& [p, rank] : rank_of) ::kill(p, SIGKILL);
+      for (const auto& [p, rank] : rank_of) ::waitpid(p, nullptr, 0);
+      throw std::runtime_error("fork(): " + why);
+    }
     if (pid == 0) {
+      // The rank dies with the launcher, however the launcher ends (SIGKILL included): the kernel
+      // sends it SIGKILL when the thread that forked it exits. If the launcher died before this
+      // line, getppid() already names another process: go now.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != launcher) ::_exit(128 + SIGKILL);
+      ::signal(SIGINT, SIG_IGN);  // the terminal's Ctrl-C and hangup are the launcher's to handle
+      ::signal(SIGHUP, SIG_IGN);
       ::execve(worker.c_str(), argv.data(), envp.data());
       std::fprintf(stderr, "dplan: error: cannot start %s: %s\n", worker.c_str(), std::strerror(errno));
       ::_exit(127);
     }
     rank_of[pid] = r;
+    pid_of[r] = pid;
   }
 
-  // Watch the ranks. The first that fails is the cause; the others get the collective timeout
-  // (plus a margin) to notice and stop on their own, then they are killed.
-  int failed_rank = -1, failed_status = 0;
+  // Watch the ranks until all have exited.
+  //  - A SIGINT, SIGTERM or SIGHUP to the launcher stops them (SIGTERM, then SIGKILL 5 s later);
+  //    whatever they do after that is the stop's doing, not theirs, and the run ends 128 + signal.
+  //  - Otherwise the first rank that fails is the cause, with one exception below; the others get
+  //    the collective timeout (plus a margin) to notice and stop on their own, then are killed.
+  //  - Who is to blame when the first rank to fail merely exited non-zero: a rank that stalls (is
+  //    stopped, or hangs with its heartbeat thread) makes its peers' next collective time out, and
+  //    the first of them to exit is not the culprit. A survivor names the peers that stopped
+  //    beating in the store (heartbeat.h: six of its own beats without a beat of theirs, the same
+  //    finding for every survivor) and leaves their numbers in DPLAN_RUN_DIR/diagnosis.<rank>
+  //    before it exits; the launcher reads that file of the first rank it reaps, so it names what
+  //    the ranks' heartbeats say rather than who happened to exit first. A rank so named is not
+  //    beating and its peers are leaving, so it cannot finish: the launcher kills it now instead of
+  //    after the timeout. Its /proc state only adds detail ('T': stopped by a signal).
   std::string failure, also_crashed;
-  bool we_killed_them = false;
-  auto deadline = std::chrono::steady_clock::time_point::max();
+  int failed_status = 0;
+  bool failed = false;
+  int stop_signal = 0;
+  std::set<int> stopped_ranks;   // the ranks still running when the launcher got its signal
+  std::set<pid_t> killed_by_us;  // not named as having crashed when they are reaped
+  auto deadline = Clock::time_point::max();
+  auto begin_stop = [&] {
+    stop_signal = g_stop_signal;
+    for (const auto& [p, r] : rank_of) {
+      ::kill(p, SIGTERM);
+      ::kill(p, SIGCONT);  // a stopped rank acts on its SIGTERM only once it runs
+      stopped_ranks.insert(r);
+      killed_by_us.insert(p);
+    }
+    deadline = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+  };
   while (!rank_of.empty()) {
+    if (g_stop_signal && !stop_signal) begin_stop();
     int wstatus = 0;
     pid_t pid = ::waitpid(-1, &wstatus, WNOHANG);
     if (pid > 0) {
-      int r = rank_of[pid];
+      const int r = rank_of.at(pid);
       rank_of.erase(pid);
-      bool ok = WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0;
-      if (!ok && failed_rank < 0) {
-        failed_rank = r;
+      const bool ok = WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0;
+      if (g_stop_signal && !stop_signal) {  // it came while waitpid returned: this rank went with it
+        begin_stop();
+        if (!ok) stopped_ranks.insert(r);
+      }
+      if (stop_signal || ok) continue;
+      const bool ours = killed_by_us.count(pid) > 0;
+      if (!failed) {
+        failed = true;
         failed_status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
-        failure = "rank " + std::to_string(r) + " (pid " + std::to_string(pid) + ") " + describe_exit(wstatus);
-        deadline = std::chrono::steady_clock::now() +
-                   std::chrono::milliseconds(static_cast<int64_t>((timeout_s + 10) * 1000));
-      } else if (WIFSIGNALED(wstatus) && !we_killed_them) {
+        deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>((timeout_s + 10) * 1000));
+        const std::set<int> silent = WIFEXITED(wstatus) ? read_diagnosis(run_dir.path(), r, world) : std::set<int>{};
+        if (silent.empty()) {
+          failure = "rank " + std::to_string(r) + " (pid " + std::to_string(pid) + ") " + describe_exit(wstatus);
+          continue;
+        }
+        std::string names, detail;
+        std::set<int> killed;
+        for (int s : silent) {
+          names += (names.empty() ? "" : ", ") + std::to_string(s) + " (pid " + std::to_string(pid_of[s]) + ")";
+          if (!rank_of.count(pid_of[s])) continue;  // already gone
+          if (process_state(pid_of[s]) == 'T')
+            detail += "; rank " + std::to_string(s) + " was in state T (stopped by a signal)";
+          ::kill(pid_of[s], SIGKILL);
+          killed_by_us.insert(pid_of[s]);
+          killed.insert(s);
+        }
+        failure = (silent.size() == 1 ? "rank " : "ranks ") + names + " stopped making progress (no heartbeat: rank " +
+                  std::to_string(r) + " found " + (silent.size() == 1 ? "it" : "them") +
+                  " silent when its collective failed, and " + describe_exit(wstatus) + ")" + detail +
+                  (killed.empty() ? "" : "; the launcher killed " + name_ranks(killed));
+      } else if (WIFSIGNALED(wstatus) && !ours) {
         // A survivor that crashed in the cascade (rather than stopping with its own error line) is
         // named too: its peers will have seen its heartbeat stop as well.
         also_crashed += "; rank " + std::to_string(r) + " then " + describe_exit(wstatus);
       }
       continue;
     }
-    if (g_interrupted && failed_rank < 0) {
-      failed_rank = -2;
-      failure = std::string("interrupted by ") + strsignal(g_interrupted);
-      for (const auto& [p, r] : rank_of) ::kill(p, SIGTERM);
-      we_killed_them = true;
-      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      for (const auto& [p, r] : rank_of) ::kill(p, SIGKILL);
-      we_killed_them = true;
-      deadline = std::chrono::steady_clock::time_point::max();
-      failure += "; ranks still running after the timeout were killed";
+    if (Clock::now() > deadline) {
+      for (const auto& [p, r] : rank_of) {
+        ::kill(p, SIGKILL);
+        killed_by_us.insert(p);
+      }
+      deadline = Clock::time_point::max();
+      if (!stop_signal) failure += "; ranks still running after the timeout were killed";
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  if (failed_rank == -1) return 0;
+  if (stop_signal) {
+    std::cerr << "dplan: error: " << (failed ? failure + also_crashed + "; then " : "") << "stopped by "
+              << signal_name(stop_signal) << " sent to the launcher; "
+              << (stopped_ranks.empty() ? "no rank was running"
+                                        : name_ranks(stopped_ranks) +
+                                              (stopped_ranks.size() == 1 ? " was stopped" : " were stopped"))
+              << "\n";
+    return 128 + stop_signal;
+  }
+  if (!failed) return 0;
   if (failed_status == 2) return 2;  // bad input: rank 0 has said what, as dplan's own error
   std::cerr << "dplan: error: " << failure << also_crashed << "; the run stopped\n";
   return 1;

@@ -36,55 +36,68 @@ std::vector<GemmSample> curve_gemms(const GpuProbe& probe) {
 
 }  // namespace
 
+// The probe writers add metadata (rounds, per-kernel rows, sample counts) that no fit reads: only
+// the keys read below are checked, each against its range, so unknown keys are left alone.
 GpuProbe parse_gpu_probe(const json& j, const std::string& file) {
-  auto fail = [&](const std::string& what) -> InputError {
-    return InputError(file + ": " + what + " (expected the JSON dplan-gpu-probe or dplan-worker --probe writes)");
-  };
-  const std::string generator = j.is_object() ? j.value("generator", "") : "";
-  if (generator != "dplan-gpu-probe" && generator != "dplan-cpu-probe") throw fail("not a dplan-gpu-probe result");
+  const std::string generator = j.is_object() && j.contains("generator") && j["generator"].is_string()
+                                    ? j["generator"].get<std::string>()
+                                    : "";
+  if (generator != "dplan-gpu-probe" && generator != "dplan-cpu-probe")
+    throw InputError(file + ": not a dplan-gpu-probe result (expected the JSON dplan-gpu-probe or dplan-worker "
+                            "--probe writes, with \"generator\": \"dplan-gpu-probe\" or \"dplan-cpu-probe\")");
+  ObjectReader r(j, file);
   GpuProbe p;
   p.file = file;
-  try {
-    const json& device = j.at("device");
-    p.device_name = device.at("name").get<std::string>();
-    p.sm_count = device.at("sm_count").get<int>();
-    p.device_count = device.at("count").get<int>();
-    p.cores = device.value("cores", 0);
-    p.copy_bytes_per_s = j.at("memory").at("bytes_per_s").get<double>();
-    p.elementwise_bytes_per_s = j.at("memory").value("elementwise_bytes_per_s", 0.0);
-    for (const auto& g : j.at("gemm")) {
-      GemmSample s{costmodel::precision_from_string(g.at("precision").get<std::string>()), g.at("m").get<double>(),
-                   g.at("n").get<double>(), g.at("k").get<double>(), g.at("time_s").get<double>()};
-      if (g.contains("op")) s.op = costmodel::gemm_op_from_string(g.at("op").get<std::string>());
-      if (g.contains("batch")) s.batch = g.at("batch").get<double>();
-      if (!(s.m > 0 && s.n > 0 && s.k > 0 && s.batch >= 1 && s.time_s > 0))
-        throw fail("/gemm: a non-positive shape, batch or time");
-      p.gemms.push_back(s);
-    }
-    if (j.contains("overlap")) {
-      const json& o = j.at("overlap");
-      p.overlap_fraction = o.at("fraction").get<double>();
-      p.overlap_bytes = o.at("bytes").get<double>();
-      p.overlap_gemm_s = o.at("gemm_s").get<double>();
-      p.overlap_collective_s = o.at("collective_s").get<double>();
-      p.overlap_both_s = o.at("both_s").get<double>();
-      if (!(p.overlap_fraction >= 0 && p.overlap_fraction <= 1)) throw fail("/overlap/fraction: not in [0, 1]");
-    }
-    if (j.contains("lone_rank")) {
-      const json& l = j.at("lone_rank");
-      p.lone_rank_speedup = l.at("speedup").get<double>();
-      p.lone_rank_alone_s = l.at("alone_s").get<double>();
-      p.lone_rank_busy_s = l.at("all_busy_s").get<double>();
-      if (!(p.lone_rank_speedup > 0)) throw fail("/lone_rank/speedup: not a positive number");
-    }
-    if (j.contains("nccl_tests_files"))
-      for (const auto& f : j.at("nccl_tests_files")) p.nccl_tests_files.push_back(f.get<std::string>());
-  } catch (const json::exception& e) {
-    throw fail(std::string("malformed: ") + e.what());
-  } catch (const InputError& e) {
-    throw fail(std::string("/gemm: ") + e.what());
+  ObjectReader device = r.object("device");
+  p.device_name = device.string("name");
+  p.sm_count = static_cast<int>(device.int_in("sm_count", 1, 100000));
+  p.device_count = static_cast<int>(device.int_in("count", 1, costmodel::kMaxGpus));
+  p.cores = device.has("cores") ? static_cast<int>(device.int_in("cores", 1, 100000)) : 0;
+  ObjectReader memory = r.object("memory");
+  p.copy_bytes_per_s = memory.number_in("bytes_per_s", 1e3, 1e16);
+  p.elementwise_bytes_per_s = memory.has("elementwise_bytes_per_s")
+                                  ? memory.number_in("elementwise_bytes_per_s", 1e3, 1e16)
+                                  : 0.0;
+  const json& gemms = r.raw("gemm");
+  if (!gemms.is_array()) r.fail("gemm", "a list of measured GEMMs");
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    ObjectReader g(gemms[i], file, "/gemm/" + std::to_string(i));
+    GemmSample s;
+    s.precision = costmodel::precision_from_string(g.one_of("precision", {"fp32", "bf16", "fp16", "fp8"}));
+    s.m = g.number_in("m", 1, 1e9);
+    s.n = g.number_in("n", 1, 1e9);
+    s.k = g.number_in("k", 1, 1e9);
+    s.time_s = g.number_in("time_s", 1e-9, 1e4);
+    if (g.has("op"))
+      s.op = costmodel::gemm_op_from_string(
+          g.one_of("op", {"forward", "dgrad", "wgrad", "batched", "attention_forward", "attention_backward"}));
+    if (g.has("batch")) s.batch = static_cast<double>(g.int_in("batch", 1, 1000000));
+    p.gemms.push_back(s);
   }
-  if (p.sm_count < 1 || !(p.copy_bytes_per_s > 0)) throw fail("/device/sm_count and /memory/bytes_per_s must be positive");
+  if (r.has("overlap")) {
+    ObjectReader o = r.object("overlap");
+    p.overlap_fraction = o.fraction("fraction");
+    p.overlap_bytes = o.number_in("bytes", 1, 1e15);
+    p.overlap_gemm_s = o.number_in("gemm_s", 0, 1e4);
+    p.overlap_collective_s = o.number_in("collective_s", 0, 1e4);
+    p.overlap_both_s = o.number_in("both_s", 0, 1e4);
+  }
+  if (r.has("lone_rank")) {
+    ObjectReader l = r.object("lone_rank");
+    p.lone_rank_speedup = l.number_in("speedup", 0.01, 100);
+    p.lone_rank_alone_s = l.number_in("alone_s", 0, 1e4);
+    p.lone_rank_busy_s = l.number_in("all_busy_s", 0, 1e4);
+  }
+  if (r.has("nccl_tests_files")) {
+    const json& files = r.raw("nccl_tests_files");
+    if (!files.is_array()) r.fail("nccl_tests_files", "a list of file names");
+    for (size_t i = 0; i < files.size(); ++i) {
+      const std::string where = "/nccl_tests_files/" + std::to_string(i);
+      if (!files[i].is_string() || !is_printable_text(files[i].get<std::string>()))
+        throw InputError(file + ": " + where + ": expected a file name, got " + describe_json_value(files[i]));
+      p.nccl_tests_files.push_back(files[i].get<std::string>());
+    }
+  }
   return p;
 }
 

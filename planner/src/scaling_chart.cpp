@@ -96,10 +96,21 @@ void fill_efficiencies(std::vector<ScalingPoint>& points) {
   }
 }
 
+// Marks a chart dplan scale drew, so a rerun may replace it (scaling_svg_output).
+const std::string kChartMark = "<desc>dplan scale: predicted against measured scaling</desc>";
+
+const OutputKind& scaling_svg_output() {
+  static const OutputKind kind{"scaling chart", [](const std::string& text) {
+                                 return text.starts_with("<svg ") && text.find(kChartMark) != std::string::npos;
+                               }};
+  return kind;
+}
+
 std::string scaling_svg(const std::vector<ScalingPoint>& points, const std::string& title) {
   std::string svg =
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"820\" height=\"330\" font-family=\"sans-serif\">\n"
-      "<rect width=\"820\" height=\"330\" fill=\"white\"/>\n<title>" + escape(title) + "</title>\n";
+      "<rect width=\"820\" height=\"330\" fill=\"white\"/>\n<title>" + escape(title) + "</title>\n" +
+      kChartMark + "\n";
   svg += panel(points, 0, "throughput (tokens/s)", [](const ScalingPoint& p) { return p.predicted_tokens_per_s; },
                [](const ScalingPoint& p) { return p.measured_tokens_per_s; }, false);
   svg += panel(points, 410, "scaling efficiency", [](const ScalingPoint& p) { return p.predicted_efficiency; },

@@ -103,6 +103,10 @@ std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const Training
                       q.distributed_optimizer = zero == 4;
                       q.offload_optimizer = offload;
                       q.recompute = rc;
+                      if (out.size() == kMaxLayouts)
+                        throw InputError("the search space holds more than " + std::to_string(kMaxLayouts) +
+                                         " layouts for " + std::to_string(n) +
+                                         " GPUs; plan fewer GPUs, or evaluate one layout with dplan estimate");
                       out.push_back(q);
                     }
                   }

@@ -42,7 +42,7 @@ TEST_CASE("a negative capacity names file, key, expectation and value", "[json]"
   json j = h100_profile();
   j["gpu"]["hbm_gb"] = -80;
   CHECK_THAT(error_of([&] { gpu_from_json(j, "profiles/x.json"); }),
-             Equals("profiles/x.json: /gpu/hbm_gb: expected a positive number, got -80"));
+             Equals("profiles/x.json: /gpu/hbm_gb: expected a number from 0.01 to 100000, got -80"));
 }
 
 TEST_CASE("an unknown key is rejected with the list of valid keys", "[json]") {

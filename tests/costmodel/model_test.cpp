@@ -107,7 +107,7 @@ TEST_CASE("unsupported or inconsistent configs are rejected with the choices", "
   CHECK_THAT(msg(gqa), Contains("must be a multiple of num_key_value_heads"));
   json negative = llama;
   negative["hidden_size"] = -64;
-  CHECK_THAT(msg(negative), Contains("c.json: /hidden_size: expected a positive integer, got -64"));
+  CHECK_THAT(msg(negative), Contains("c.json: /hidden_size: expected an integer from 1 to 1048576, got -64"));
 }
 
 TEST_CASE("dplan's own model JSON round-trips", "[model]") {

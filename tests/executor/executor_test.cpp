@@ -5,8 +5,14 @@
 //    relative, and data-parallel replicas end with bit-identical weights.
 //  - torchrun launches the same worker; a killed rank stops the run within the timeout, named;
 //    bad input gives one error line.
+//  - The launcher: a stopped rank is the one named; its ranks die with it; a signal to it is
+//    reported as such (exit 128 + signal); a local run listens on loopback only.
 //  - run.json has the documented keys, and its exact byte counts match the model.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -15,6 +21,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -406,62 +413,99 @@ TEST_CASE("torchrun launches the same worker and it trains the same losses", "[e
   require_parity(run, reference("gpt-tiny", 8), "torchrun dp 2");
 }
 
-// What the launcher left behind after kill_ranks_mid_run.
+// A `dplan run` of pp 2 × dp 2 that is training, started the way a shell starts a job: in a
+// process group of its own (the launcher's pid is its id), stderr to a file.
+struct LiveRun {
+  pid_t launcher = 0;
+  std::map<int, pid_t> pid_of;  // rank -> pid
+  std::string err_path;
+};
+constexpr double kFaultTimeout = 20;
+
+// Starts it with --steps `steps` (and -o `output` when given), waits until rank 0 has printed
+// step 3, and finds each rank by its RANK in /proc/<pid>/environ.
+LiveRun start_run(const TempDir& dir, double timeout_s, int steps = 100000, const std::string& output = "") {
+  std::string plan = write_plan(dir, "gpt-tiny", {1, 2, 2}, 8);
+  LiveRun run;
+  run.err_path = (dir.path() / "stderr").string();
+  std::vector<std::string> args = {DPLAN_BINARY, "run", plan, "--steps", std::to_string(steps), "--timeout-s",
+                                   std::to_string(timeout_s)};
+  if (!output.empty()) args.insert(args.end(), {"-o", output});
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  fs::remove(run.err_path);  // a previous run's "step 3/" must not count
+  run.launcher = ::fork();
+  REQUIRE(run.launcher >= 0);
+  if (run.launcher == 0) {
+    ::setpgid(0, 0);
+    int fd = ::open(run.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(fd, 2);
+    ::setenv("DPLAN_PROFILES", DPLAN_PROFILES_DIR, 1);
+    ::execv(DPLAN_BINARY, argv.data());
+    ::_exit(127);
+  }
+  ::setpgid(run.launcher, run.launcher);  // either side may get there first
+  auto started = std::chrono::steady_clock::now();
+  while (read_file(run.err_path).find("step 3/") == std::string::npos) {
+    if (std::chrono::steady_clock::now() - started > std::chrono::seconds(60)) {
+      ::kill(-run.launcher, SIGKILL);
+      FAIL("dplan run did not reach step 3 in 60 s:\n" << read_file(run.err_path));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::string children = read_file("/proc/" + std::to_string(run.launcher) + "/task/" + std::to_string(run.launcher) +
+                                   "/children");
+  std::istringstream pids(children);
+  for (pid_t pid; pids >> pid;) {
+    const std::string nul(1, '\0');
+    std::string environ_text = nul + read_file("/proc/" + std::to_string(pid) + "/environ");
+    for (int r = 0; r < 4; ++r)
+      if (environ_text.find(nul + "RANK=" + std::to_string(r) + nul) != std::string::npos) run.pid_of[r] = pid;
+  }
+  REQUIRE(run.pid_of.size() == 4);
+  return run;
+}
+
+// What the launcher left behind.
 struct Killed {
   std::string err;
   int wstatus = 0;
   double took_s = 0;  // from the first signal to the launcher's exit
   std::map<int, pid_t> pid_of;
 };
-constexpr double kFaultTimeout = 20;
 
-// Starts `dplan run` on pp 2 × dp 2 for good, waits until it trains, sends each listed rank its
-// signal (in order, `gap` apart), and waits for the launcher to stop.
-Killed kill_ranks_mid_run(const TempDir& dir, const std::vector<std::pair<int, int>>& rank_signals,
-                          std::chrono::milliseconds gap = std::chrono::milliseconds(0)) {
-  std::string plan = write_plan(dir, "gpt-tiny", {1, 2, 2}, 8);
-  const std::string err_path = (dir.path() / "stderr").string();
-  pid_t launcher = ::fork();
-  REQUIRE(launcher >= 0);
-  if (launcher == 0) {
-    int fd = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    ::dup2(fd, 2);
-    ::setenv("DPLAN_PROFILES", DPLAN_PROFILES_DIR, 1);
-    ::execl(DPLAN_BINARY, DPLAN_BINARY, "run", plan.c_str(), "--steps", "100000", "--timeout-s", "20", nullptr);
-    ::_exit(127);
-  }
-  // Wait for training to be under way, then find each rank by its RANK in /proc/<pid>/environ.
-  auto started = std::chrono::steady_clock::now();
-  while (read_file(err_path).find("step 3/") == std::string::npos) {
-    REQUIRE(std::chrono::steady_clock::now() - started < std::chrono::seconds(60));
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+// Waits for the launcher to exit, at most `limit` after `since` (then kills it, and fails).
+Killed wait_for_launcher(const LiveRun& run, std::chrono::steady_clock::time_point since,
+                         std::chrono::seconds limit) {
   Killed k;
-  std::string children = read_file("/proc/" + std::to_string(launcher) + "/task/" + std::to_string(launcher) + "/children");
-  std::istringstream pids(children);
-  for (pid_t pid; pids >> pid;) {
-    const std::string nul(1, '\0');
-    std::string environ_text = nul + read_file("/proc/" + std::to_string(pid) + "/environ");
-    for (int r = 0; r < 4; ++r)
-      if (environ_text.find(nul + "RANK=" + std::to_string(r) + nul) != std::string::npos) k.pid_of[r] = pid;
-  }
-  REQUIRE(k.pid_of.size() == 4);
-  auto killed_at = std::chrono::steady_clock::now();
-  for (const auto& [rank, sig] : rank_signals) {
-    REQUIRE(::kill(k.pid_of[rank], sig) == 0);
-    std::this_thread::sleep_for(gap);
-  }
+  k.pid_of = run.pid_of;
   pid_t done = 0;
-  while ((done = ::waitpid(launcher, &k.wstatus, WNOHANG)) == 0) {
-    if (std::chrono::steady_clock::now() - killed_at > std::chrono::seconds(int(kFaultTimeout) + 15)) {
-      ::kill(launcher, SIGKILL);
-      FAIL("dplan run still running " << kFaultTimeout + 15 << " s after the ranks were killed");
+  while ((done = ::waitpid(run.launcher, &k.wstatus, WNOHANG)) == 0) {
+    if (std::chrono::steady_clock::now() - since > limit) {
+      ::kill(-run.launcher, SIGKILL);
+      ::waitpid(run.launcher, &k.wstatus, 0);
+      FAIL("dplan run still running " << limit.count() << " s after the signal:\n" << read_file(run.err_path));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  k.took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
-  k.err = read_file(err_path);
+  k.took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+  k.err = read_file(run.err_path);
   return k;
+}
+
+// Starts a run for good, sends each listed rank its signal (in order, `gap` apart), and waits for
+// the launcher to stop.
+Killed kill_ranks_mid_run(const TempDir& dir, const std::vector<std::pair<int, int>>& rank_signals,
+                          std::chrono::milliseconds gap = std::chrono::milliseconds(0),
+                          double timeout_s = kFaultTimeout) {
+  LiveRun run = start_run(dir, timeout_s);
+  auto killed_at = std::chrono::steady_clock::now();
+  for (const auto& [rank, sig] : rank_signals) {
+    REQUIRE(::kill(run.pid_of[rank], sig) == 0);
+    std::this_thread::sleep_for(gap);
+  }
+  return wait_for_launcher(run, killed_at, std::chrono::seconds(int(timeout_s) + 15));
 }
 
 TEST_CASE("a rank killed mid-run stops the others within the timeout, and the error names it",
@@ -494,6 +538,146 @@ TEST_CASE("a second rank that dies in the cascade is named by the launcher and b
   CHECK_THAT(k.err, Contains("dplan: error: rank 1 (pid " + std::to_string(k.pid_of[1]) +
                              ") was killed by signal 9 (Killed); rank 2 then was killed by signal 11"));
   CHECK_THAT(k.err, Contains("ranks 1, 2 stopped (no heartbeat"));
+}
+
+TEST_CASE("a stopped rank is the one the launcher names, not the first peer to time out", "[executor][fault]") {
+  // Rank 2 freezes: its peers' collectives time out after --timeout-s, and one of them (not rank 2)
+  // is the first to exit. The launcher names rank 2, from the survivors' heartbeat diagnosis.
+  TempDir dir;
+  const double timeout_s = 10;
+  Killed k = kill_ranks_mid_run(dir, {{2, SIGSTOP}}, std::chrono::milliseconds(0), timeout_s);
+  INFO(k.err);
+  CHECK(WIFEXITED(k.wstatus));
+  CHECK(WEXITSTATUS(k.wstatus) == 1);
+  CHECK_THAT(k.err, Contains("dplan: error: rank 2 (pid " + std::to_string(k.pid_of[2]) + ") stopped making progress"));
+  CHECK_THAT(k.err,
+             Contains("rank 2 was in state T (stopped by a signal); the launcher killed rank 2; the run stopped"));
+  // It is killed as soon as it is named, not after another timeout.
+  CHECK(k.took_s < timeout_s + 8);
+}
+
+TEST_CASE("the ranks die with the launcher: SIGKILL of dplan run leaves no rank and no run.json",
+          "[executor][fault]") {
+  TempDir dir;
+  // The ranks become this process's children when the launcher dies, so it can reap them (and
+  // know they are gone, whatever init does with orphans).
+  REQUIRE(::prctl(PR_SET_CHILD_SUBREAPER, 1) == 0);
+  const std::string out = (dir.path() / "run.json").string();
+  LiveRun run = start_run(dir, kFaultTimeout, 40, out);  // 40 steps: a few seconds more to run.json
+  // The run's private folder (the store): only its owner may enter it. A killed launcher cannot
+  // remove it, so this test does.
+  std::string run_dir;
+  std::istringstream environ_text(read_file("/proc/" + std::to_string(run.pid_of[0]) + "/environ"));
+  for (std::string var; std::getline(environ_text, var, '\0');)
+    if (var.rfind("DPLAN_RUN_DIR=", 0) == 0) run_dir = var.substr(14);
+  REQUIRE(!run_dir.empty());
+  CHECK((fs::status(run_dir).permissions() & fs::perms::all) == fs::perms::owner_all);
+  REQUIRE(::kill(run.launcher, SIGKILL) == 0);
+  int wstatus = 0;
+  REQUIRE(::waitpid(run.launcher, &wstatus, 0) == run.launcher);
+  const auto killed_at = std::chrono::steady_clock::now();
+  std::map<int, int> status_of;  // rank -> wait status, once reaped
+  while (status_of.size() < run.pid_of.size() &&
+         std::chrono::steady_clock::now() - killed_at < std::chrono::seconds(5)) {
+    for (const auto& [rank, pid] : run.pid_of)
+      if (!status_of.count(rank) && ::waitpid(pid, &wstatus, WNOHANG) == pid) status_of[rank] = wstatus;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::string survivors;
+  for (const auto& [rank, pid] : run.pid_of)
+    if (!status_of.count(rank)) {
+      survivors += " " + std::to_string(rank);
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+  fs::remove_all(run_dir);
+  INFO("ranks still running 5 s after the launcher was killed:" << survivors << "\n" << read_file(run.err_path));
+  CHECK(survivors.empty());
+  for (const auto& [rank, status] : status_of) {
+    INFO("rank " << rank);
+    CHECK(WIFSIGNALED(status));
+    CHECK(WTERMSIG(status) == SIGKILL);
+  }
+  CHECK_FALSE(fs::exists(out));
+}
+
+TEST_CASE("a signal to dplan run stops the ranks, is reported as such, and the exit status is 128 + signal",
+          "[executor][fault]") {
+  TempDir dir;
+  {
+    INFO("SIGTERM to the launcher alone");
+    LiveRun run = start_run(dir, kFaultTimeout);
+    auto sent = std::chrono::steady_clock::now();
+    REQUIRE(::kill(run.launcher, SIGTERM) == 0);
+    Killed k = wait_for_launcher(run, sent, std::chrono::seconds(15));
+    INFO(k.err);
+    CHECK(WIFEXITED(k.wstatus));
+    CHECK(WEXITSTATUS(k.wstatus) == 128 + SIGTERM);
+    CHECK_THAT(k.err, Contains("dplan: error: stopped by SIGTERM sent to the launcher; ranks 0-3 were stopped\n"));
+    CHECK(k.err.find("was killed") == std::string::npos);
+  }
+  {
+    INFO("SIGINT to the whole process group, as a terminal's Ctrl-C sends it");
+    LiveRun run = start_run(dir, kFaultTimeout);
+    auto sent = std::chrono::steady_clock::now();
+    REQUIRE(::kill(-run.launcher, SIGINT) == 0);
+    Killed k = wait_for_launcher(run, sent, std::chrono::seconds(15));
+    INFO(k.err);
+    CHECK(WIFEXITED(k.wstatus));
+    CHECK(WEXITSTATUS(k.wstatus) == 128 + SIGINT);
+    CHECK_THAT(k.err, Contains("dplan: error: stopped by SIGINT sent to the launcher; ranks 0-3 were stopped\n"));
+    CHECK(k.err.find("was killed") == std::string::npos);
+  }
+}
+
+// The TCP sockets that the processes `pids` hold, each as "<local address> <state>" in the hex
+// of /proc/net/tcp{,6} ("0100007F:9C41 0A": 127.0.0.1:40001, listening).
+std::vector<std::string> tcp_sockets(const std::vector<pid_t>& pids) {
+  std::set<std::string> inodes;
+  for (pid_t pid : pids) {
+    std::error_code ec;
+    for (const auto& fd : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+      std::string target = fs::read_symlink(fd.path(), ec).string();
+      if (!ec && target.rfind("socket:[", 0) == 0) inodes.insert(target.substr(8, target.size() - 9));
+    }
+  }
+  std::vector<std::string> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::istringstream lines(read_file(table));
+    std::string line;
+    std::getline(lines, line);  // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+    while (std::getline(lines, line)) {
+      std::istringstream f(line);
+      std::string sl, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+      f >> sl >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >> inode;
+      if (inodes.count(inode)) out.push_back(local + " " + state);
+    }
+  }
+  return out;
+}
+
+TEST_CASE("a local run's sockets are all on loopback: the store opens no port, Gloo binds 127.0.0.1",
+          "[executor][fault]") {
+  // While it trains: every TCP socket of the launcher and the ranks, listening or connected, has a
+  // loopback address (127.0.0.1, ::1 or ::ffff:127.0.0.1), never 0.0.0.0 or ::. Gloo's connections
+  // between the ranks are there to look at (the Gloo of Debian's LibTorch 1.13 keeps no listening
+  // socket once the ranks are connected).
+  TempDir dir;
+  LiveRun run = start_run(dir, kFaultTimeout);
+  std::vector<pid_t> pids = {run.launcher};
+  for (const auto& [rank, pid] : run.pid_of) pids.push_back(pid);
+  const std::vector<std::string> sockets = tcp_sockets(pids);
+  auto sent = std::chrono::steady_clock::now();
+  ::kill(run.launcher, SIGTERM);
+  wait_for_launcher(run, sent, std::chrono::seconds(15));
+  REQUIRE(!sockets.empty());
+  for (const std::string& socket : sockets) {
+    INFO(socket);
+    const std::string host = socket.substr(0, socket.find(':'));
+    CHECK((host == "0100007F" || host == "00000000000000000000000001000000" ||
+           host == "0000000000000000FFFF00000100007F"));
+  }
 }
 
 TEST_CASE("dplan scale plans and runs each size and prints and draws predicted against measured scaling",
@@ -543,7 +727,7 @@ TEST_CASE("dplan run: bad input gives one error line naming the problem, and exi
   CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", (dir.path() / "nope.json").string()})), Contains("nope.json"));
   CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", dir.write("bad.json", "{\"parallel\": ")})), Contains("bad.json"));
   std::string offload = write_plan(dir, "gpt-tiny", {1, 1, 2}, 8, {"--zero", "3", "--offload"});
-  CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", offload, "--steps", "2"})), Contains("offload"));
+  CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", offload, "--steps", "3"})), Contains("offload"));
   std::string plan = write_plan(dir, "gpt-tiny", {1, 1, 2}, 8);
   CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", plan, "--data", (dir.path() / "missing.txt").string()})),
              Contains("missing.txt"));
@@ -556,8 +740,29 @@ TEST_CASE("dplan run: bad input gives one error line naming the problem, and exi
       "n_head": 4, "n_inner": 256, "vocab_size": 256, "n_positions": 128, "attn_pdrop": 0.1, "resid_pdrop": 0.0,
       "embd_pdrop": 0.0, "tie_word_embeddings": true})");
   std::string flash = write_plan(dir, dropout_model, {1, 1, 2}, 8);
-  CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", flash, "--steps", "2"})), Contains("--attention standard"));
+  CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", flash, "--steps", "3"})), Contains("--attention standard"));
   CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", plan, "--steps", "0"})), Contains("--steps"));
   CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", plan, "-o", (dir.path() / "no/such/dir/run.json").string()})),
              Contains("does not exist"));
+}
+
+TEST_CASE("a run whose -o cannot be written after training keeps its measurements in the temp folder",
+          "[executor][output]") {
+  TempDir dir;
+  const fs::path out_dir = dir.path() / "out";
+  fs::create_directories(out_dir);
+  LiveRun run = start_run(dir, kFaultTimeout, 40, (out_dir / "run.json").string());
+  fs::remove_all(out_dir);  // checked before the ranks started; gone when rank 0 writes
+  Killed k = wait_for_launcher(run, std::chrono::steady_clock::now(), std::chrono::seconds(120));
+  INFO(k.err);
+  REQUIRE(WIFEXITED(k.wstatus));
+  CHECK(WEXITSTATUS(k.wstatus) == 2);
+  const std::string marker = "the measurements were saved to ";
+  const auto at = k.err.find(marker);
+  REQUIRE(at != std::string::npos);
+  const std::string rescue = k.err.substr(at + marker.size(), k.err.find(" instead", at) - at - marker.size());
+  const json saved = json::parse(read_file(rescue));
+  CHECK(saved["steps"].size() == 40);
+  CHECK(saved["generator"] == "dplan");
+  fs::remove(rescue);
 }

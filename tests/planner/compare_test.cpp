@@ -22,6 +22,7 @@ using Catch::Matchers::WithinRel;
 using dplan::testing::Result;
 using dplan::testing::run_program;
 using dplan::testing::TempDir;
+using dplan::testing::require_one_error_line;
 
 namespace {
 
@@ -57,17 +58,6 @@ std::string error_of(const json& plan, const json& run) {
   return "";
 }
 
-// Bad input through the binary: exit 2, nothing on stdout, one line "dplan: error: ..." on stderr.
-std::string one_error_line(const Result& r) {
-  INFO("stdout: " << r.out);
-  INFO("stderr: " << r.err);
-  CHECK(r.status == 2);
-  CHECK(r.out.empty());
-  REQUIRE(!r.err.empty());
-  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
-  CHECK_THAT(r.err, StartsWith("dplan: error: "));
-  return r.err.substr(0, r.err.find('\n'));
-}
 
 }  // namespace
 
@@ -260,19 +250,19 @@ TEST_CASE("dplan compare: bad files give one error line and exit status 2", "[co
   TempDir dir;
   SECTION("a missing file") {
     std::string absent = (dir.path() / "absent.json").string();
-    CHECK_THAT(one_error_line(run_program(DPLAN_BINARY, {"compare", kPlanPath, absent})),
+    CHECK_THAT(require_one_error_line(run_program(DPLAN_BINARY, {"compare", kPlanPath, absent})),
                Contains(absent + ": no such file"));
   }
   SECTION("malformed JSON") {
     std::string bad = dir.write("run.json", "{\"format_version\": 1,\n");
-    CHECK_THAT(one_error_line(run_program(DPLAN_BINARY, {"compare", kPlanPath, bad})),
+    CHECK_THAT(require_one_error_line(run_program(DPLAN_BINARY, {"compare", kPlanPath, bad})),
                Contains(bad + ": malformed JSON: parse error at line 2"));
   }
   SECTION("a missing key") {
     json run = run_fixture();
     run.erase("phases_s");
     std::string path = dir.write("run.json", run.dump());
-    CHECK(one_error_line(run_program(DPLAN_BINARY, {"compare", kPlanPath, path})) ==
+    CHECK(require_one_error_line(run_program(DPLAN_BINARY, {"compare", kPlanPath, path})) ==
           "dplan: error: " + path + ": /: missing key \"phases_s\"");
   }
   SECTION("another layout") {
@@ -280,12 +270,12 @@ TEST_CASE("dplan compare: bad files give one error line and exit status 2", "[co
     run["layout"]["tp"] = 1;  // the same 8 ranks and stage_of_rank, another layout
     run["layout"]["dp"] = 4;
     std::string path = dir.write("run.json", run.dump());
-    CHECK_THAT(one_error_line(run_program(DPLAN_BINARY, {"compare", kPlanPath, path})),
+    CHECK_THAT(require_one_error_line(run_program(DPLAN_BINARY, {"compare", kPlanPath, path})),
                Contains("plans tp 2 pp 2 dp 2 cp 1, " + path + " ran tp 1 pp 2 dp 4 cp 1"));
   }
   SECTION("a run file that is not a run") {
     std::string path = dir.write("run.json", "[1, 2]");
-    CHECK_THAT(one_error_line(run_program(DPLAN_BINARY, {"compare", kPlanPath, path})),
+    CHECK_THAT(require_one_error_line(run_program(DPLAN_BINARY, {"compare", kPlanPath, path})),
                Contains(path + ": /: expected an object, got a list"));
   }
 }

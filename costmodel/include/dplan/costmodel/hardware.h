@@ -144,6 +144,11 @@ using GpuLoader = std::function<GpuSpec(const std::string& gpu_name)>;
 GpuSpec gpu_from_json(const json& j, const std::string& file);
 ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuLoader& load_gpu);
 
+// -o's rules for profiles (json_io.h check_output_path): an earlier profile of the same kind is
+// replaced without --force.
+const OutputKind& gpu_profile_output();
+const OutputKind& cluster_profile_output();
+
 json to_json(const GpuSpec& gpu);
 json to_json(const ClusterSpec& cluster);
 json to_json(const std::vector<MeasuredCollective>& rows);  // a tier's "measured" array

@@ -26,13 +26,43 @@ inline constexpr size_t kMaxInputBytes = size_t{256} << 20;
 // that appears twice in one object are all InputError "<name>: ..." (with line and column).
 json parse_json_text(const std::string& text, const std::string& name);
 
+inline constexpr int kMaxJsonDepth = 64;
+
 // read_text_file, then parse_json_text.
 json read_json_file(const std::string& path);
 
-// Writes `text` to `path` atomically: a temporary file in the same folder, then rename(2), so a
-// reader never sees half a file and an existing file is replaced only by a complete one.
-// Throws InputError if the folder is not writable.
+// "regular file", "FIFO (named pipe)", "character device", ... for an st_mode.
+std::string file_kind(unsigned mode);
+
+// Whether `path` is (the same inode as) a file this process has read through read_text_file.
+bool is_input_file(const std::string& path);
+
+// Writes `text` to `path` atomically: an unnamed file in the same folder (O_TMPFILE), linked
+// under a temporary name and renamed over `path` once complete, so a reader never sees half a
+// file, and a kill at any moment leaves either the old file or the new one and no temporary
+// (a catchable signal between link and rename removes the temporary name before dying).
+// Throws InputError if the folder is not writable or the disk is full.
 void write_file_atomically(const std::string& path, const std::string& text);
+
+// The rules for a file a command writes (-o): see docs/cli.md, "Output files".
+//   - the folder must exist and be writable;
+//   - a symbolic link, folder, FIFO or device at the path is refused, --force or not;
+//   - one of the command's own inputs (a file read through read_text_file) is refused, --force or not;
+//   - an existing regular file is replaced only with `force`, or when `written_by_dplan` says its
+//     text is a file dplan wrote of the same kind (a plan over a plan, a run record over a run record).
+// Throws InputError naming the path, what is there and what to do.
+struct OutputKind {
+  std::string what;                                             // "plan", "run record", ...
+  std::function<bool(const std::string& text)> written_by_dplan;  // recognises an earlier one
+};
+void check_output_path(const std::string& path, const OutputKind& kind, bool force);
+
+// An OutputKind that recognises an earlier file of its kind by reading it with `read`, the
+// format's strict reader: a file `read` accepts is one dplan wrote.
+OutputKind json_output_kind(std::string what, std::function<void(const json& file)> read);
+
+// check_output_path, then write_file_atomically.
+void write_output_file(const std::string& path, const std::string& text, const OutputKind& kind, bool force);
 
 // Reads one JSON object strictly. Every key asked for (required or optional) is remembered;
 // finish() throws if the object holds any other key, listing the valid ones. Errors read
@@ -41,13 +71,18 @@ class ObjectReader {
  public:
   ObjectReader(const json& object, std::string file, std::string pointer = "");
 
-  double number(const std::string& key);                       // any finite number
+  // Numbers: never inf, NaN or subnormal (5e-324 is no physical figure, and 1/x overflows).
+  double number(const std::string& key);                       // any such number
   double positive_number(const std::string& key);              // > 0
   double non_negative_number(const std::string& key);          // >= 0
   double fraction(const std::string& key);                     // in [0, 1]
-  long long positive_int(const std::string& key);              // integer >= 1
-  long long non_negative_int(const std::string& key);          // integer >= 0
-  std::string string(const std::string& key);
+  double number_in(const std::string& key, double lo, double hi);  // in [lo, hi]
+  // Integers: checked against the range before any narrowing (2^31 is refused, not wrapped).
+  int positive_int(const std::string& key);                    // 1 .. INT_MAX
+  int non_negative_int(const std::string& key);                // 0 .. INT_MAX
+  long long int_in(const std::string& key, long long lo, long long hi);
+  std::string string(const std::string& key);                  // no control characters, bounded
+  static constexpr size_t kMaxStringChars = 4096;
   std::string one_of(const std::string& key, const std::vector<std::string>& choices);
   bool boolean(const std::string& key);
   ObjectReader object(const std::string& key);
@@ -73,6 +108,10 @@ class ObjectReader {
   std::set<std::string> known_;    // keys read: listed as the valid ones
   std::set<std::string> ignored_;  // keys accepted without being read
 };
+
+// Text a file may hold where dplan prints or uses it: at most ObjectReader::kMaxStringChars bytes,
+// no control characters (newlines, terminal escape sequences).
+bool is_printable_text(const std::string& text);
 
 // "got ..." text for a JSON value in error messages: numbers and strings as written (strings
 // escaped and shortened by quote_for_message), other kinds by name.

@@ -32,6 +32,9 @@ struct PipelineTimeline {
 // A 1F1B or interleaved step of more than about 5 pp micro-batches is played for about 4 pp and
 // its steady state extended (`extrapolate` = false plays every one, for tests).
 // REQUIRES: stages non-empty, microbatches >= 1 (>= stages interleaved), chunks >= 1, speed(k) > 0.
+// At most this many forward and backward operations are played (about 14 bytes each); a longer
+// schedule is refused (InputError) rather than allocated.
+inline constexpr long long kMaxPlayedOperations = 1LL << 24;
 PipelineTimeline play_pipeline(const std::vector<PipelineStage>& stages, int microbatches, Schedule schedule,
                                int chunks, const std::function<double(int)>& speed, bool extrapolate = true);
 

@@ -68,4 +68,7 @@ Plan plan_from_json(const json& j, const std::string& file);
 // read_json_file, then plan_from_json.
 Plan read_plan(const std::string& path);
 
+// -o's rules for a plan (json_io.h check_output_path): an earlier plan is replaced without --force.
+const OutputKind& plan_output();
+
 }  // namespace dplan::costmodel

@@ -68,4 +68,8 @@ json to_json(const RunRecord& run);
 RunRecord run_record_from_json(const json& j, const std::string& file);
 RunRecord read_run_record(const std::string& path);
 
+// -o's rules for a run record (json_io.h check_output_path): an earlier run record is replaced
+// without --force.
+const OutputKind& run_record_output();
+
 }  // namespace dplan::costmodel

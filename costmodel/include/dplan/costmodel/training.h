@@ -71,6 +71,18 @@ int padded_vocab(const ModelSpec& model, const TrainingSpec& training, int tp);
 //   worth (Korthikanti et al. 2022, Sec. 4.2.3). With pp = 1 one micro-batch at a time.
 double microbatches_in_flight(const ParallelConfig& parallel, int stage, int num_microbatches);
 
+// Bounds on sizes, checked where a size is read (flags, files) and by check_layout, so that every
+// product of sizes the model forms fits in int and the search stays finite. A larger size is
+// refused with the bound named.
+inline constexpr int kMaxGpus = 1 << 20;         // 1,048,576 devices: beyond any cluster built or planned
+inline constexpr int kMaxSeqLen = 1 << 24;       // tokens per sequence
+inline constexpr int kMaxGlobalBatch = 1 << 24;  // sequences per optimizer step (and per micro-batch)
+inline constexpr int kMaxVirtualStages = 1 << 10;
+
+// tp*pp*dp*cp for any positive sizes, without overflow: the product, or kMaxGpus + 1 when it is
+// larger than kMaxGpus.
+long long bounded_world_size(long long tp, long long pp, long long dp, long long cp);
+
 // The rules a layout must follow, in the order validate() checks them. Each check below returns
 // the first rule its part of the layout breaks, or ok; check_layout runs them all. The search's
 // enumeration (planner/search.h) applies the same checks dimension by dimension.
@@ -78,6 +90,7 @@ enum class LayoutRule {
   ok,
   gpus_positive, tp_positive, pp_positive, dp_positive, cp_positive, ep_positive, vpp_positive,
   micro_batch_positive, global_batch_positive, seq_positive,
+  size_limit,                     // each size within the bounds below (kMaxGpus, ...)
   world_size,                     // tp*pp*dp*cp == gpus
   tp_divides_heads,               // tp divides the attention heads and key/value heads
   tp_divides_ffn,

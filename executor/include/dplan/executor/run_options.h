@@ -7,6 +7,7 @@
 // CLI11 only.
 #pragma once
 
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <type_traits>
@@ -23,6 +24,7 @@ struct RunOptions {
   unsigned long long seed = 1234;
   double timeout_s = 60, lr = 1e-3, max_grad_norm = 1.0;
   bool quiet = false;
+  bool force = false;  // -o may replace a file dplan did not write
 };
 
 // Calls visit(names, field, help, show_default) for each option after the plan, in --help order.
@@ -36,6 +38,7 @@ void for_each_run_flag(Options& o, Visit&& visit) {
   visit("--data", o.data_path, "byte-level text file (default: a seeded synthetic stream)", !show_default);
   visit("--seed", o.seed, "seed for weights, data order and synthetic data", show_default);
   visit("-o,--output", o.output, "write the measurements to this run.json", !show_default);
+  visit("--force", o.force, "let -o replace an existing file dplan did not write (never the plan)", !show_default);
   visit("--timeout-s", o.timeout_s, "collective timeout; a dead rank is reported within it", show_default);
   visit("--device", o.device, "auto, cpu or cuda", show_default);
   visit("--precision", o.precision,
@@ -58,6 +61,27 @@ inline void add_run_flags(CLI::App& app, RunOptions& o) {
       if (show_default) option->capture_default_str();
     }
   });
+}
+
+// What is wrong with the options, as one line naming the flag and its valid range; empty when
+// nothing is. Both binaries check it after parsing, before anything starts.
+inline std::string run_options_problem(const RunOptions& o) {
+  auto outside = [](double x, double lo, double hi) { return !(std::isfinite(x) && x >= lo && x <= hi); };
+  auto text = [](double x) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", x);
+    return std::string(buf);
+  };
+  if (o.steps < 1 || o.steps > 10000000) return "--steps must be from 1 to 10000000, got " + std::to_string(o.steps);
+  if (o.warmup < 0 || o.warmup >= o.steps)
+    return "--warmup must be at least 0 and below --steps (" + std::to_string(o.steps) + "), got " +
+           std::to_string(o.warmup);
+  if (o.log_every < 1) return "--log-every must be a positive integer, got " + std::to_string(o.log_every);
+  if (outside(o.timeout_s, 0.1, 7 * 86400.0))
+    return "--timeout-s must be from 0.1 to 604800 seconds, got " + text(o.timeout_s);
+  if (outside(o.lr, 1e-12, 10)) return "--lr must be from 1e-12 to 10, got " + text(o.lr);
+  if (outside(o.max_grad_norm, 0, 1e9)) return "--max-grad-norm must be from 0 (no clipping) to 1e9, got " + text(o.max_grad_norm);
+  return "";
 }
 
 // The arguments that give a worker these options: each option with its value (an empty string

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "dplan/costmodel/json_io.h"
+
 namespace dplan::planner {
 
 struct ScalingPoint {
@@ -17,5 +19,8 @@ struct ScalingPoint {
 void fill_efficiencies(std::vector<ScalingPoint>& points);
 
 std::string scaling_svg(const std::vector<ScalingPoint>& points, const std::string& title);
+
+// -o's rules for the chart (json_io.h check_output_path): an earlier chart is replaced without --force.
+const OutputKind& scaling_svg_output();
 
 }  // namespace dplan::planner

@@ -70,9 +70,15 @@ int global_batch_for_tokens(double tokens, int seq_len);
 // interleaving): the users' rule is start with DDP, add sharding, then model parallelism.
 int layout_complexity(const costmodel::ParallelConfig& parallel);
 
+// The most layouts one search evaluates (about 200 us each): a space beyond it is refused with a
+// message rather than searched for hours. The largest spaces of the sizes dplan accepts (--gpus up
+// to kMaxGpus) hold about a tenth of it (70B on 720720 GPUs: 98,496 layouts).
+inline constexpr size_t kMaxLayouts = 1'000'000;
+
 // All layouts of `space.gpus` GPUs in `space` that follow the layout rules (check_layout in
 // costmodel/training.h, which validate() enforces), in a fixed order: tp, cp, pp, ep, micro-batch,
 // schedule, ZeRO stage, recompute, sequence parallel, offload, each ascending.
+// Throws InputError when there are more than kMaxLayouts.
 std::vector<costmodel::ParallelConfig> enumerate_layouts(const costmodel::ModelSpec& model,
                                                          const costmodel::TrainingSpec& training,
                                                          const SearchSpace& space);

@@ -156,6 +156,8 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
   double attention_elementwise_s = memory_time_s(gpu, attention_elementwise);
 
   LayerTimes x;
+  x.gemm_forward_s = qkv.forward_s + core + out.forward_s + mlp.forward_s;
+  x.gemm_backward_s = qkv.backward_s + out.backward_s + mlp.backward_s + core_backward;
   x.attention_core_s = core + attention_elementwise_s;
   x.forward_s = qkv.forward_s + core + out.forward_s + mlp.forward_s + elementwise_s + attention_elementwise_s;
   x.backward_s =
@@ -183,6 +185,8 @@ EdgeTimes edge_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpec&
   // softmax, and written as the gradient.
   const LinearTimes head = linear_times(gpu, t.precision, T, vocab, h);
   double loss = memory_time_s(gpu, T * vocab * (B + 4 * 3)) + 4 * gpu.kernel_overhead_s;
+  e.head_gemm_forward_s = head.forward_s;
+  e.head_gemm_backward_s = head.backward_s;
   e.head_forward_s = head.forward_s + loss;
   e.head_backward_s = head.backward_s + memory_time_s(gpu, T * vocab * (4 + B));
   return e;

@@ -18,7 +18,8 @@ std::map<std::string, double> TimeBreakdown::phases() const {
   return {{"forward", forward_s},       {"backward", backward_s},   {"recompute", recompute_s},
           {"tp_comm", tp_comm_s},       {"cp_comm", cp_comm_s},     {"ep_comm", ep_comm_s},
           {"pp_p2p", pp_p2p_s},         {"pp_bubble", pp_bubble_s}, {"dp_comm", dp_comm_s},
-          {"param_gather", param_gather_s}, {"optimizer", optimizer_s}, {"offload", offload_s}};
+          {"param_gather", param_gather_s}, {"optimizer", optimizer_s}, {"offload", offload_s},
+          {"overhead", overhead_s}};
 }
 
 TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const TrainingSpec& t, const ParallelConfig& p,
@@ -53,6 +54,7 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
   r.ep_comm_s = microbatches * c.ep_s;
   r.param_gather_s = microbatches * c.zero3_s;
   r.hidden_comm_s = microbatches * c.hidden_s;
+  const double gemm_s = microbatches * c.gemm_s;
 
   const PipelineTime pipeline = pipeline_time(m, net, t, p, stages, critical, sharing);
   for (double* phase : {&r.forward_s, &r.backward_s, &r.recompute_s, &r.tp_comm_s, &r.cp_comm_s, &r.ep_comm_s,
@@ -65,6 +67,7 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
   r.forward_s *= pace;
   r.backward_s *= pace;
   r.recompute_s *= pace;
+  r.gemm_s = gemm_s * pipeline.pace * pace;
 
   const DataParallelComm dp = data_parallel_comm(m, net, t, p, mem, c, overlap);
   r.dp_comm_s = dp.grad_reduce_s;
@@ -84,7 +87,7 @@ json to_json(const TimeBreakdown& t) {
   json phases = json::object();
   for (const auto& [k, v] : t.phases()) phases[k] = v;
   return json{{"step_time_s", t.step_time_s}, {"tokens_per_s", t.tokens_per_s}, {"mfu", t.mfu},
-              {"hfu", t.hfu},                 {"bubble_fraction", t.bubble_fraction},
+              {"hfu", t.hfu},                 {"bubble_fraction", t.bubble_fraction}, {"gemm_s", t.gemm_s},
               {"exposed_comm_s", t.exposed_comm_s()}, {"hidden_comm_s", t.hidden_comm_s}, {"time", phases}};
 }
 

@@ -112,6 +112,8 @@ std::vector<StageTime> stage_times(const ModelSpec& m, const GpuSpec& gpu, const
     s.forward_s = n * lt.forward_s + (first ? et.embedding_forward_s : 0) + (last ? et.head_forward_s : 0);
     s.backward_s = n * lt.backward_s + (first ? et.embedding_backward_s : 0) + (last ? et.head_backward_s : 0);
     s.recompute_s = n * lt.recompute_s;
+    s.gemm_s = n * (lt.gemm_forward_s + lt.gemm_backward_s) +
+               (last ? et.head_gemm_forward_s + et.head_gemm_backward_s : 0);
     double tp = n * comm.tp.layer_s + (first ? comm.tp.edge_s : 0) + (last ? 2 * comm.tp.edge_s : 0);
     if (overlap.tp_comm && p.sequence_parallel) {
       s.hidden_s += tp;  // collective-GEMM overlap (Megatron --tp-comm-overlap)
@@ -235,7 +237,8 @@ OptimizerTime optimizer_time(const GpuSpec& gpu, const ClusterSpec& cluster, con
 // (Chowdhery et al. 2022, PaLM, Appendix B).
 void summarize(TimeBreakdown& r, const ModelSpec& m, const ClusterSpec& cluster, const TrainingSpec& t,
                const ParallelConfig& p) {
-  r.step_time_s = r.forward_s + r.backward_s + r.recompute_s + r.exposed_comm_s() + r.pp_bubble_s + r.optimizer_s;
+  r.step_time_s =
+      r.forward_s + r.backward_s + r.recompute_s + r.exposed_comm_s() + r.pp_bubble_s + r.optimizer_s + r.overhead_s;
   r.tokens_per_s = double(t.global_batch) * t.seq_len / r.step_time_s;
   r.bubble_fraction = r.pp_bubble_s / r.step_time_s;
   const double peak = peak_flops_per_s(cluster.gpu, t.precision) * p.world_size();

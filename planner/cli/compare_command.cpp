@@ -25,7 +25,7 @@ const std::map<std::string, std::string> kPhaseLabels = {
     {"pp_wait", "pp wait (p2p + bubble)"},
     {"dp_comm", "dp comm (+ param gather)"},
     {"optimizer", "optimizer (+ offload)"},
-    {"other", "other (not predicted)"},
+    {"other", "other (step overhead)"},
 };
 const std::map<std::string, std::string> kMemoryLabels = {
     {"weights", "weights"},        {"gradients", "gradients"},

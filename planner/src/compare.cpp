@@ -23,7 +23,8 @@ namespace {
 //                                             hidden under backward"; ZeRO-3/dist-opt gathers are
 //                                             data-parallel traffic as well
 //   optimizer <- optimizer + offload          the step, including moving offloaded states
-//   other     <- (nothing predicted)          run-json: "the rest of the step"
+//   other     <- overhead                     run-json: "the rest of the step": the per-step fixed
+//                                             costs outside the kernels (host, data loading)
 struct PhaseMapping {
   const char* measured;
   std::vector<const char*> predicted;
@@ -35,7 +36,7 @@ const std::vector<PhaseMapping> kPhaseMappings = {
     {"pp_wait", {"pp_p2p", "pp_bubble"}},
     {"dp_comm", {"dp_comm", "param_gather"}},
     {"optimizer", {"optimizer", "offload"}},
-    {"other", {}},
+    {"other", {"overhead"}},
 };
 
 // Measured memory component <- the predicted stage components it covers. run-json.md ("memory"):

@@ -83,7 +83,8 @@ std::string time_table(const TimeBreakdown& t, const TrainingSpec& training) {
       {"forward", t.forward_s},           {"backward", t.backward_s},         {"recompute", t.recompute_s},
       {"tp comm", t.tp_comm_s},           {"cp comm", t.cp_comm_s},           {"ep comm", t.ep_comm_s},
       {"pp send/recv", t.pp_p2p_s},       {"pp bubble", t.pp_bubble_s},       {"dp grad reduce", t.dp_comm_s},
-      {"param gather", t.param_gather_s}, {"optimizer", t.optimizer_s},       {"offload", t.offload_s}};
+      {"param gather", t.param_gather_s}, {"optimizer", t.optimizer_s},       {"offload", t.offload_s},
+      {"step overhead", t.overhead_s}};
   for (const auto& [name, seconds] : rows) {
     if (seconds <= 0) continue;
     char line[128];

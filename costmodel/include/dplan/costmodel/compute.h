@@ -62,6 +62,8 @@ struct LayerTimes {
   double backward_s = 0;           // dgrad + wgrad GEMMs + element-wise, backward
   double recompute_s = 0;          // what recompute replays before backward
   double attention_core_s = 0;     // forward of the attention core (overlaps context-parallel exchange)
+  double gemm_forward_s = 0;       // the matrix multiplies (attention core included) inside forward_s
+  double gemm_backward_s = 0;      // and inside backward_s
   double forward_flops = 0;        // executed on this GPU
 };
 LayerTimes layer_times(const ModelSpec& model, const GpuSpec& gpu, const TrainingSpec& training,
@@ -71,6 +73,7 @@ LayerTimes layer_times(const ModelSpec& model, const GpuSpec& gpu, const Trainin
 struct EdgeTimes {
   double embedding_forward_s = 0, embedding_backward_s = 0;
   double head_forward_s = 0, head_backward_s = 0;
+  double head_gemm_forward_s = 0, head_gemm_backward_s = 0;  // the LM head's GEMMs inside those
 };
 EdgeTimes edge_times(const ModelSpec& model, const GpuSpec& gpu, const TrainingSpec& training,
                      const ParallelConfig& parallel);

@@ -32,6 +32,10 @@ struct TimeBreakdown {
   double dp_comm_s = 0;        // exposed gradient reduction (all-reduce or reduce-scatter)
   double param_gather_s = 0;   // exposed ZeRO-3 / distributed-optimizer parameter all-gathers
   double optimizer_s = 0, offload_s = 0;
+  double overhead_s = 0;       // per-step fixed costs outside the kernels above (host, data loading)
+  // The part of forward_s + backward_s spent in matrix multiplies (the attention core included);
+  // the rest is element-wise work (norms, activations, softmax, loss). Not a phase of its own.
+  double gemm_s = 0;
   // Communication that ran under compute (not in step_time_s).
   double hidden_comm_s = 0;
   double step_time_s = 0;

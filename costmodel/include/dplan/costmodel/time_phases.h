@@ -74,6 +74,7 @@ struct StageTime {
   double tp_s = 0, cp_s = 0, ep_s = 0, zero3_s = 0;
   double hidden_s = 0;        // communication hidden under compute
   double forward_comm_s = 0;  // the part of tp + cp + ep + zero3 in the forward pass
+  double gemm_s = 0;          // the matrix multiplies inside forward_s + backward_s
   double total_s() const { return forward_s + backward_s + recompute_s + tp_s + cp_s + ep_s + zero3_s; }
 };
 std::vector<StageTime> stage_times(const ModelSpec& model, const GpuSpec& gpu, const TrainingSpec& training,

@@ -73,8 +73,11 @@ double gemm_time_s(const GpuSpec& gpu, Precision precision, double m, double n, 
   const double tiles = std::ceil(m / 128) * std::ceil(n / 128) * batch;
   const double waves = std::ceil(tiles / gpu.sm_count);
   const double wave_efficiency = tiles / (waves * gpu.sm_count);
+  const double max_efficiency = precision == Precision::fp8 && gpu.fp8_matmul_max_efficiency > 0
+                                    ? gpu.fp8_matmul_max_efficiency
+                                    : gpu.matmul_max_efficiency;
   const double compute_s =
-      flops / (peak_flops_per_s(gpu, precision) * gpu.matmul_max_efficiency * gpu.sustained_fraction * wave_efficiency);
+      flops / (peak_flops_per_s(gpu, precision) * max_efficiency * gpu.sustained_fraction * wave_efficiency);
   const double element = precision == Precision::fp32 ? 4.0 : precision == Precision::fp8 ? 1.0 : 2.0;
   const double bytes = element * batch * (m * k + k * n + m * n);
   return std::max(compute_s, memory_time_s(gpu, bytes)) + gpu.kernel_overhead_s;
@@ -106,19 +109,31 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
 
   // GEMMs: forward, and backward's input and weight gradients (linear_times).
   const LinearTimes qkv = linear_times(gpu, prec, T, q + 2 * kv, h);
-  double core = gemm_time_s(gpu, prec, s_q, s_kv * causal, d, b * heads, GemmOp::batched) +
-                gemm_time_s(gpu, prec, s_q, d, s_kv * causal, b * heads, GemmOp::batched);
+  // FP8 training (Transformer Engine's recipe) runs the linear layers' GEMMs in FP8 but leaves the
+  // attention core in 16 bits (TE's DotProductAttention; FP8 attention is a separate opt-in,
+  // NVTE_FP8_DPA), so the core is priced at the 16-bit rate.
+  const Precision core_prec = prec == Precision::fp8 ? Precision::bf16 : prec;
+  double core = gemm_time_s(gpu, core_prec, s_q, s_kv * causal, d, b * heads, GemmOp::batched) +
+                gemm_time_s(gpu, core_prec, s_q, d, s_kv * causal, b * heads, GemmOp::batched);
   // Flash attention's backward does 2.5x the forward's matmul work (recomputes the scores: Dao
   // 2023); unfused attention's backward is 2x like every GEMM. Where the profile measured the
-  // framework's own flash-attention kernel, its times replace both.
+  // framework's own flash-attention kernel, its times replace both; else where it gives the fused
+  // kernel's achieved fraction of the 16-bit peak (GpuSpec::attention_*_efficiency: the softmax
+  // between the two matmuls keeps flash attention well under GEMM efficiency, Shah et al. 2024,
+  // FlashAttention-3), that prices it.
   double core_backward = (flash ? 2.5 : 2.0) * core;
   if (flash) {
-    const double fwd = measured_gemm_flops_per_s(gpu, prec, s_q, s_kv, d, b * heads, GemmOp::attention_forward);
-    const double bwd = measured_gemm_flops_per_s(gpu, prec, s_q, s_kv, d, b * heads, GemmOp::attention_backward);
+    const double flops = 2 * s_q * s_kv * d * b * heads;  // one of the two matmuls, unmasked
+    const double fwd = measured_gemm_flops_per_s(gpu, core_prec, s_q, s_kv, d, b * heads, GemmOp::attention_forward);
+    const double bwd = measured_gemm_flops_per_s(gpu, core_prec, s_q, s_kv, d, b * heads, GemmOp::attention_backward);
     if (fwd > 0 && bwd > 0) {
-      const double flops = 2 * s_q * s_kv * d * b * heads;
       core = flops / (fwd * gpu.sustained_fraction);
       core_backward = flops / (bwd * gpu.sustained_fraction);
+    } else if (gpu.attention_forward_efficiency > 0) {
+      // Forward: QK^T and PV, 2 * flops, the causal half of it; backward 2.5x that.
+      const double peak = peak_flops_per_s(gpu, core_prec) * gpu.sustained_fraction;
+      core = 2 * flops * causal / (peak * gpu.attention_forward_efficiency) + gpu.kernel_overhead_s;
+      core_backward = 2.5 * 2 * flops * causal / (peak * gpu.attention_backward_efficiency) + gpu.kernel_overhead_s;
     }
   }
   const LinearTimes out = linear_times(gpu, prec, T, h, q);
@@ -154,14 +169,27 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
   if (m.is_moe()) elementwise += 2 * T * m.experts_per_token * h * B;  // permute and un-permute tokens
   double elementwise_s = memory_time_s(gpu, elementwise) + 8 * gpu.kernel_overhead_s;
   double attention_elementwise_s = memory_time_s(gpu, attention_elementwise);
+  // FP8 (Transformer Engine): before each of the four linear layers' GEMMs its input is cast to
+  // FP8 together with the transpose the weight-gradient GEMM needs (read 2 bytes, write 1 + 1; TE's
+  // fused cast-transpose, which also records the amax), and in backward each output gradient
+  // likewise. With sequence parallel the h-wide inputs are cast before the all-gather (1/tp of the
+  // tokens). One kernel per cast.
+  double fp8_cast_forward_s = 0, fp8_cast_backward_s = 0;
+  if (prec == Precision::fp8) {
+    constexpr double kCastBytes = 2 + 1 + 1;
+    fp8_cast_forward_s = memory_time_s(gpu, kCastBytes * T * (2 * h / sp + q + f)) + 4 * gpu.kernel_overhead_s;
+    fp8_cast_backward_s =
+        memory_time_s(gpu, kCastBytes * T * ((q + 2 * kv) + 2 * h / sp + gated * f)) + 4 * gpu.kernel_overhead_s;
+  }
 
   LayerTimes x;
   x.gemm_forward_s = qkv.forward_s + core + out.forward_s + mlp.forward_s;
   x.gemm_backward_s = qkv.backward_s + out.backward_s + mlp.backward_s + core_backward;
   x.attention_core_s = core + attention_elementwise_s;
-  x.forward_s = qkv.forward_s + core + out.forward_s + mlp.forward_s + elementwise_s + attention_elementwise_s;
-  x.backward_s =
-      qkv.backward_s + out.backward_s + mlp.backward_s + core_backward + 2 * (elementwise_s + attention_elementwise_s);
+  x.forward_s = qkv.forward_s + core + out.forward_s + mlp.forward_s + elementwise_s + attention_elementwise_s +
+                fp8_cast_forward_s;
+  x.backward_s = qkv.backward_s + out.backward_s + mlp.backward_s + core_backward +
+                 2 * (elementwise_s + attention_elementwise_s) + fp8_cast_backward_s;
   switch (p.recompute) {
     case Recompute::full: x.recompute_s = x.forward_s; break;
     case Recompute::selective: x.recompute_s = x.attention_core_s; break;

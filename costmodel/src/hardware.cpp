@@ -146,6 +146,7 @@ GpuSpec gpu_from_json(const json& j, const std::string& file) {
   if (g.framework_reserve_bytes >= g.hbm_bytes) r.fail("framework_reserve_gib", "less than the HBM capacity");
   ObjectReader matmul = r.object("matmul");
   g.matmul_max_efficiency = efficiency_fraction(matmul, "max_efficiency");
+  if (matmul.has("fp8_max_efficiency")) g.fp8_matmul_max_efficiency = efficiency_fraction(matmul, "fp8_max_efficiency");
   g.sm_count = static_cast<int>(matmul.int_in("sm_count", 1, 100000));
   g.kernel_overhead_s = matmul.number_in("kernel_overhead_us", 0, kMaxMicroseconds) * 1e-6;
   if (matmul.has("measured")) {
@@ -170,6 +171,12 @@ GpuSpec gpu_from_json(const json& j, const std::string& file) {
     }
   }
   matmul.finish();
+  if (r.has("attention")) {
+    ObjectReader attention = r.object("attention");
+    g.attention_forward_efficiency = efficiency_fraction(attention, "forward_efficiency");
+    g.attention_backward_efficiency = efficiency_fraction(attention, "backward_efficiency");
+    attention.finish();
+  }
   g.memory_efficiency = efficiency_fraction(r, "memory_efficiency");
   // Of the GEMM rate; above 1 only where `dplan calibrate` found measured runs outpacing a probe's
   // table (a probe taken while the machine was slower).
@@ -280,6 +287,7 @@ json to_json(const GpuSpec& g) {
   json matmul = {{"max_efficiency", g.matmul_max_efficiency},
                  {"sm_count", g.sm_count},
                  {"kernel_overhead_us", g.kernel_overhead_s * 1e6}};
+  if (g.fp8_matmul_max_efficiency > 0) matmul["fp8_max_efficiency"] = g.fp8_matmul_max_efficiency;
   if (!g.matmul_measured.empty()) {
     json rows = json::array();
     for (const MeasuredGemm& x : g.matmul_measured)
@@ -292,16 +300,20 @@ json to_json(const GpuSpec& g) {
                       {"time_us", x.time_s * 1e6}});
     matmul["measured"] = rows;
   }
-  return json{{"name", g.name},
-              {"description", g.description},
-              {"hbm_gb", g.hbm_bytes / kGB},
-              {"hbm_gbytes_per_s", g.hbm_bandwidth_bytes_per_s / kGB},
-              {"peak_tflops", peaks},
-              {"framework_reserve_gib", g.framework_reserve_bytes / kGiB},
-              {"matmul", matmul},
-              {"memory_efficiency", g.memory_efficiency},
-              {"sustained_fraction", g.sustained_fraction},
-              {"sources", g.sources}};
+  json out{{"name", g.name},
+           {"description", g.description},
+           {"hbm_gb", g.hbm_bytes / kGB},
+           {"hbm_gbytes_per_s", g.hbm_bandwidth_bytes_per_s / kGB},
+           {"peak_tflops", peaks},
+           {"framework_reserve_gib", g.framework_reserve_bytes / kGiB},
+           {"matmul", matmul},
+           {"memory_efficiency", g.memory_efficiency},
+           {"sustained_fraction", g.sustained_fraction},
+           {"sources", g.sources}};
+  if (g.attention_forward_efficiency > 0)
+    out["attention"] = {{"forward_efficiency", g.attention_forward_efficiency},
+                        {"backward_efficiency", g.attention_backward_efficiency}};
+  return out;
 }
 
 json to_json(const std::vector<MeasuredCollective>& rows) {

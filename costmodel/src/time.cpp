@@ -62,6 +62,7 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
     *phase *= pipeline.pace;
   r.pp_bubble_s = pipeline.bubble_s;
   r.pp_p2p_s = pipeline.p2p_s;
+  r.hidden_comm_s += pipeline.p2p_hidden_s;
 
   const double pace = sharing.tensor_parallel_pace(r.forward_s + r.backward_s + r.recompute_s, r.tp_comm_s);
   r.forward_s *= pace;
@@ -76,6 +77,25 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
   r.hidden_comm_s += dp.param_gather_hidden_s;
   r.dp_comm_s += dp.tied_embedding_s;
 
+  // Hidden communication still takes SMs: NCCL runs each channel as one thread block on an SM
+  // (NCCL environment docs, NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS), and Transformer Engine's
+  // TP-overlap kernels take SMs too, so compute beside a collective runs on the SMs left: it slows
+  // by kCommSms / sm_count of the time communication is hidden. kCommSms = 8 is an assumption
+  // (a few channels per ring; TE's userbuffers reserve up to 16 SMs); the validation runs cannot
+  // separate it (public2.json: 0 / 4 / 8 / 16 SMs gave a mean error of 4.7 / 4.7 / 4.7 / 4.8 %
+  // once refitted; docs/cost-model.md). Not on a CPU machine, where ranks sharing cores are
+  // CoreSharing's business.
+  if (cluster.intra_node_kind != IntraNodeKind::shared_memory && gpu.sm_count > 0) {
+    constexpr double kCommSms = 8;
+    r.comm_contention_s = r.hidden_comm_s * std::min(1.0, kCommSms / gpu.sm_count);
+    const double compute_s = r.forward_s + r.backward_s;
+    if (compute_s > 0) {
+      const double forward_share = r.forward_s / compute_s;
+      r.forward_s += r.comm_contention_s * forward_share;
+      r.backward_s += r.comm_contention_s * (1 - forward_share);
+    }
+  }
+
   const OptimizerTime optimizer = optimizer_time(gpu, cluster, t, p, mem);
   r.optimizer_s = optimizer.optimizer_s;
   r.offload_s = optimizer.offload_s;
@@ -88,6 +108,7 @@ json to_json(const TimeBreakdown& t) {
   for (const auto& [k, v] : t.phases()) phases[k] = v;
   return json{{"step_time_s", t.step_time_s}, {"tokens_per_s", t.tokens_per_s}, {"mfu", t.mfu},
               {"hfu", t.hfu},                 {"bubble_fraction", t.bubble_fraction}, {"gemm_s", t.gemm_s},
+              {"comm_contention_s", t.comm_contention_s},
               {"exposed_comm_s", t.exposed_comm_s()}, {"hidden_comm_s", t.hidden_comm_s}, {"time", phases}};
 }
 

@@ -166,8 +166,29 @@ PipelineTime pipeline_time(const ModelSpec& m, const Network& net, const Trainin
   // rank sends its 1/tp slice (Megatron's scatter/gather optimisation, Sec. 4.1).
   double message = tokens_per_microbatch(t, p) * m.hidden_size * activation_bytes(t.precision) / p.tp;
   double hop = net.cost(Collective::send_recv, message, group_shape(p, Dim::pp)).time_s;
-  r.p2p_s = 2 * hop * (v * microbatches + p.pp - 1);
+  const double hops = v * microbatches + p.pp - 1;
+  if (p.schedule == Schedule::interleaved) {
+    // Megatron-LM's interleaved schedule overlaps each send/recv with the next model chunk's
+    // compute (--overlap-p2p-communication, on by default and required for pp 2:
+    // megatron/training/arguments.py), so in the steady state only what a chunk's forward cannot
+    // cover shows; the fill's and drain's p2p - 1 hops each way wait in full.
+    const double chunk_s = c.forward_s / v;
+    const double steady = exposed_s(hop, chunk_s, 0, net.cluster().comm_overlap_fraction);
+    r.p2p_s = 2 * (steady * v * microbatches + hop * (p.pp - 1));
+    r.p2p_hidden_s = 2 * hop * hops - r.p2p_s;
+  } else {
+    r.p2p_s = 2 * hop * hops;
+  }
   return r;
+}
+
+// Megatron-LM's distributed data parallel sizes its buckets with the data-parallel group:
+// max(40M, 1M x dp) parameters (megatron/core/distributed/distributed_data_parallel.py, when
+// --ddp-bucket-size is not given), so that large groups run fewer, larger collectives. Other
+// engines use the plan's bucket (PyTorch DDP's bucket_cap_mb, 25 MiB by default).
+double gradient_bucket_bytes(const TrainingSpec& t, const ParallelConfig& p) {
+  if (!p.distributed_optimizer) return t.bucket_bytes;
+  return std::max(40e6, 1e6 * p.dp * p.cp) * bytes_per_param(t).grads;
 }
 
 // Data-parallel gradient reduction of the stage that finishes last (stage 0 in 1F1B), in buckets
@@ -184,8 +205,11 @@ DataParallelComm data_parallel_comm(const ModelSpec& m, const Network& net, cons
   double grad_bytes = s0.num_params * bpp.grads;
   if (dp_shape.size > 1 && p.zero_stage < 3) {
     bool sharded = p.zero_stage >= 1 || p.distributed_optimizer;
-    double comm = net.cost(sharded ? Collective::reduce_scatter : Collective::all_reduce, grad_bytes, dp_shape).time_s;
-    double buckets = std::max(1.0, std::ceil(grad_bytes / t.bucket_bytes));
+    // One collective per bucket, each paying its latency: at hundreds of ranks a ring's latency
+    // ((n-1) hops) rivals its transfer, so the bucket count matters as much as the bytes.
+    const double buckets = std::max(1.0, std::ceil(grad_bytes / gradient_bucket_bytes(t, p)));
+    const Collective op = sharded ? Collective::reduce_scatter : Collective::all_reduce;
+    double comm = buckets * net.cost(op, grad_bytes / buckets, dp_shape).time_s;
     double exposed = overlap.grad_reduce ? exposed_s(comm, c.backward_s + c.recompute_s, comm / buckets, hide) : comm;
     // ZeRO-2 keeps only its gradient shard, so every micro-batch's gradients are reduce-scattered in
     // its backward (Rajbhandari et al. 2020, Sec. 5.2; DeepSpeed stage 2 with gradient
@@ -194,7 +218,8 @@ DataParallelComm data_parallel_comm(const ModelSpec& m, const Network& net, cons
     r.grad_reduce_s = times * exposed;
     r.grad_reduce_hidden_s = times * (comm - exposed);
     if (sharded) {
-      double gather = net.cost(Collective::all_gather, s0.num_params * bpp.weights, dp_shape).time_s;
+      const double weight_bytes = s0.num_params * bpp.weights;
+      double gather = buckets * net.cost(Collective::all_gather, weight_bytes / buckets, dp_shape).time_s;
       double gather_exposed = overlap.param_gather ? exposed_s(gather, c.forward_s, 0, hide) : gather;
       r.param_gather_s = gather_exposed;
       r.param_gather_hidden_s = gather - gather_exposed;

@@ -48,6 +48,14 @@ struct GpuSpec {
   // smaller ones lose to wave quantization over sm_count SMs, to memory traffic (roofline) and to
   // a fixed per-kernel overhead (see compute.h).
   double matmul_max_efficiency = 0;
+  // FP8 GEMMs reach a lower fraction of their (twice as high) peak than 16-bit ones: FP8 MAMF /
+  // FP8 dense peak. 0: the profile gives none, and max_efficiency applies to FP8 too.
+  double fp8_matmul_max_efficiency = 0;
+  // The fused flash-attention kernel's achieved rate, forward and backward, as fractions of the
+  // 16-bit dense peak at training sequence lengths (attention runs in 16 bits under FP8 training).
+  // 0: the profile gives none, and the core is priced as batched GEMMs (compute.h).
+  double attention_forward_efficiency = 0;
+  double attention_backward_efficiency = 0;
   int sm_count = 0;
   double kernel_overhead_s = 0;
   // A probe's GEMM timings (optional). For a precision they cover, a GEMM's

@@ -38,6 +38,9 @@ struct TimeBreakdown {
   double gemm_s = 0;
   // Communication that ran under compute (not in step_time_s).
   double hidden_comm_s = 0;
+  // What that hidden communication cost the compute beside it (its SMs), inside forward_s and
+  // backward_s. Not a phase of its own.
+  double comm_contention_s = 0;
   double step_time_s = 0;
   double tokens_per_s = 0;
   double mfu = 0;              // model FLOPs / (step time * GPUs * dense peak)

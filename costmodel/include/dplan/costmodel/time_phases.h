@@ -88,11 +88,15 @@ int critical_stage(const std::vector<StageTime>& stages);
 // phases ran at (1 but where ranks share cores and the schedule is played out).
 struct PipelineTime {
   double bubble_s = 0, p2p_s = 0;
+  double p2p_hidden_s = 0;  // send/recv hidden under the next chunk's compute (interleaved)
   double pace = 1;
 };
 PipelineTime pipeline_time(const ModelSpec& model, const Network& network, const TrainingSpec& training,
                            const ParallelConfig& parallel, const std::vector<StageTime>& stages, int critical,
                            const CoreSharing& sharing);
+
+// Bytes of gradients per data-parallel bucket (one collective each).
+double gradient_bucket_bytes(const TrainingSpec& training, const ParallelConfig& parallel);
 
 // Data-parallel communication after the last micro-batch's backward, per step: the gradient
 // reduction and the sharded optimizer's parameter all-gather, each exposed and hidden, and the

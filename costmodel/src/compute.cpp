@@ -148,8 +148,9 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
   };
   if (m.is_mla()) {
     // MLA (layer_params): the down projections are replicated over tp and run on the
-    // sequence-parallel shard of the tokens (Megatron-Core MLASelfAttention projects before
-    // gathering the latent); the up projections are column-parallel over all T tokens.
+    // sequence-parallel shard of the tokens (Megatron-Core multi_latent_attention.py: "kv_compressed
+    // [s / TP, b, kv_lora_rank]", then gather_from_sequence_parallel_region); the up projections
+    // are column-parallel over all T tokens.
     const double rq = m.q_lora_rank, rkv = m.kv_lora_rank, rope = m.qk_rope_head_dim;
     const double nope = m.head_dim - rope, v_head = double(m.attn_out_dim()) / m.num_heads;
     if (rq > 0) {

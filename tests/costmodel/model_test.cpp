@@ -286,3 +286,49 @@ TEST_CASE("plan files written before the MLP kind split still read", "[model]") 
   j["mlp"] = "gelu";
   CHECK(model_from_json(j, "plan.json", "/model").mlp == MlpKind::plain);
 }
+
+TEST_CASE("the layer's GEMM time follows the architecture", "[model]") {
+  const GpuSpec gpu = store().load_gpu("h100-sxm5-80gb");
+  SECTION("shared experts run beside the routed ones") {
+    ModelSpec m = store().load_model("deepseek-v3");
+    ModelSpec none = m;
+    none.shared_expert_ffn_size = 0;
+    TrainingSpec t{.seq_len = 4096, .global_batch = 64};
+    ParallelConfig p{.tp = 8, .pp = 1, .dp = 8, .ep = 8};
+    CHECK(layer_times(m, gpu, t, p).gemm_forward_s > layer_times(none, gpu, t, p).gemm_forward_s);
+  }
+  SECTION("windowed layers attend to fewer keys") {
+    ModelSpec m = store().load_model("gpt-oss-120b");
+    ModelSpec full = m;
+    full.num_sliding_layers = 0;
+    full.sliding_window = 0;
+    TrainingSpec t{.seq_len = 32768, .global_batch = 64};
+    ParallelConfig p{.tp = 1, .pp = 1, .dp = 64, .ep = 8};
+    CHECK(layer_times(m, gpu, t, p).attention_core_s < 0.6 * layer_times(full, gpu, t, p).attention_core_s);
+  }
+  SECTION("a plain MLP does two thirds of a gated one's work") {
+    ModelSpec m = store().load_model("nemotron-4-340b");
+    ModelSpec gated = m;
+    gated.mlp = MlpKind::gated;
+    TrainingSpec t{.seq_len = 4096, .global_batch = 64};
+    ParallelConfig p{.tp = 8, .pp = 1, .dp = 8};
+    LayerFlops plain_f = layer_forward_flops(m, 4096, 4096), gated_f = layer_forward_flops(gated, 4096, 4096);
+    CHECK_THAT(plain_f.mlp / gated_f.mlp, WithinRel(2.0 / 3.0, 1e-12));
+    CHECK(layer_times(m, gpu, t, p).gemm_forward_s < layer_times(gated, gpu, t, p).gemm_forward_s);
+  }
+  SECTION("dense layers of an MoE model are priced at their share") {
+    ModelSpec m = store().load_model("deepseek-v3");
+    ModelSpec all_moe = m;
+    all_moe.num_dense_layers = 0;
+    all_moe.dense_ffn_hidden_size = 0;
+    const double moe = layer_forward_flops(all_moe, 4096, 4096).mlp;
+    ModelSpec dense_mlp = m;  // the dense layer's MLP, as a dense model
+    dense_mlp.num_experts = dense_mlp.experts_per_token = dense_mlp.num_dense_layers = 0;
+    dense_mlp.shared_expert_ffn_size = 0;
+    dense_mlp.router_bias = false;
+    dense_mlp.ffn_hidden_size = m.dense_ffn_hidden_size;
+    dense_mlp.dense_ffn_hidden_size = 0;
+    const double dense = layer_forward_flops(dense_mlp, 4096, 4096).mlp;
+    CHECK_THAT(layer_forward_flops(m, 4096, 4096).mlp, WithinRel((58 * moe + 3 * dense) / 61, 1e-12));
+  }
+}

@@ -28,7 +28,7 @@ const std::initializer_list<const char*> kIgnoredHfKeys = {
     "summary_first_dropout", "task_specific_params", "attn_implementation", "use_mrope", "model_type"};
 
 const std::vector<std::string> kFamilies = {"llama",     "mistral",   "mixtral",     "qwen2",   "qwen3",
-                                            "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss", "nemotron",
+                                            "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "nemotron",
                                             "gpt_neox",  "gpt2"};
 
 // Bounds on a config's sizes, far above any model built (hidden 2^20, 2^16 layers, 2^24 vocab
@@ -133,7 +133,7 @@ void read_llama_like(ObjectReader& r, const std::string& family, ModelSpec& m) {
   }
 }
 
-// DeepSeek-V3 (deepseek-ai/DeepSeek-V3 modeling_deepseek.py): multi-head latent attention
+// DeepSeek-V2 and -V3 (deepseek-ai/DeepSeek-V3 modeling_deepseek.py): multi-head latent attention
 // (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1), routed experts of moe_intermediate_size plus
 // n_shared_experts shared ones, and dense layers before first_k_dense_replace and off moe_layer_freq.
 void read_deepseek_v3(ObjectReader& r, ModelSpec& m) {
@@ -425,8 +425,8 @@ ModelSpec model_from_hf_config(const json& config, const std::string& file, cons
     read_gpt_neox(r, m);
   } else if (family == "nemotron") {
     read_nemotron(r, m);
-  } else if (family == "deepseek_v3") {
-    read_deepseek_v3(r, m);
+  } else if (family == "deepseek_v2" || family == "deepseek_v3") {
+    read_deepseek_v3(r, m);  // DeepSeek-V2 has the same modules (V3 adds the noaux_tc bias)
   } else if (family == "gpt_oss") {
     read_gpt_oss(r, m);
   } else {

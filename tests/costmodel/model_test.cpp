@@ -95,7 +95,7 @@ TEST_CASE("unsupported or inconsistent configs are rejected with the choices", "
   CHECK_NOTHROW(model_from_hf_config(llama, "c.json", "x"));
   json t5 = llama;
   t5["model_type"] = "t5";
-  CHECK_THAT(msg(t5), Contains("unsupported model type \"t5\"; supported: llama, mistral, mixtral, qwen2, qwen3, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss, nemotron, gpt_neox or gpt2"));
+  CHECK_THAT(msg(t5), Contains("unsupported model type \"t5\"; supported: llama, mistral, mixtral, qwen2, qwen3, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, gpt_oss, nemotron, gpt_neox or gpt2"));
   json typo = llama;
   typo["num_key_value_head"] = 2;
   CHECK_THAT(msg(typo), Contains("unknown key \"num_key_value_head\""));
@@ -158,6 +158,34 @@ TEST_CASE("today's models: parameter counts match their model cards", "[model]")
     CHECK(m.sliding_window == 128);
     CHECK(num_params(m) == 116829156672.0);
     CHECK(num_active_params(m) - double(m.vocab_size) * m.hidden_size == 5132849472.0);
+  }
+}
+
+TEST_CASE("earlier MoE models with shared experts match their model cards", "[model]") {
+  SECTION("Qwen1.5-MoE-A2.7B (qwen2_moe): 14.3 B total, 2.7 B activated") {
+    // Qwen/Qwen1.5-MoE-A2.7B config.json.
+    json c = {{"model_type", "qwen2_moe"}, {"hidden_size", 2048}, {"intermediate_size", 5632},
+              {"moe_intermediate_size", 1408}, {"shared_expert_intermediate_size", 5632}, {"num_hidden_layers", 24},
+              {"num_attention_heads", 16}, {"num_key_value_heads", 16}, {"vocab_size", 151936},
+              {"max_position_embeddings", 8192}, {"num_experts", 60}, {"num_experts_per_tok", 4},
+              {"decoder_sparse_step", 1}, {"norm_topk_prob", false}, {"tie_word_embeddings", false},
+              {"use_sliding_window", false}, {"max_window_layers", 21}};
+    ModelSpec m = model_from_hf_config(c, "qwen-moe.json", "qwen1.5-moe-a2.7b");
+    CHECK(num_params(m) == 14315784192.0);
+    CHECK(num_active_params(m) == 2689173504.0);
+  }
+  SECTION("DeepSeek-V2-Lite (deepseek_v2): 15.7 B total, plain q projection, 2 shared experts, 1 dense layer") {
+    // deepseek-ai/DeepSeek-V2-Lite config.json; its 2.4 B active leaves out the input embedding.
+    json c = {{"model_type", "deepseek_v2"}, {"hidden_size", 2048}, {"intermediate_size", 10944},
+              {"moe_intermediate_size", 1408}, {"num_hidden_layers", 27}, {"num_attention_heads", 16},
+              {"num_key_value_heads", 16}, {"vocab_size", 102400}, {"max_position_embeddings", 163840},
+              {"q_lora_rank", nullptr}, {"kv_lora_rank", 512}, {"qk_nope_head_dim", 128}, {"qk_rope_head_dim", 64},
+              {"v_head_dim", 128}, {"n_routed_experts", 64}, {"n_shared_experts", 2}, {"num_experts_per_tok", 6},
+              {"first_k_dense_replace", 1}, {"moe_layer_freq", 1}, {"topk_method", "greedy"},
+              {"tie_word_embeddings", false}};
+    ModelSpec m = model_from_hf_config(c, "dsv2.json", "deepseek-v2-lite");
+    CHECK(num_params(m) == 15706484224.0);
+    CHECK_THAT(num_active_params(m) - double(m.vocab_size) * m.hidden_size, WithinRel(2.4e9, 0.03));
   }
 }
 

@@ -8,7 +8,7 @@
 //   mixtral                 MoE, top-k of E experts in every layer
 //   qwen2_moe, qwen3_moe    MoE with moe_intermediate_size experts, dense layers
 //                           (mlp_only_layers, decoder_sparse_step), qwen2_moe's gated shared expert
-//   deepseek_v3             multi-head latent attention, shared experts, first_k_dense_replace
+//   deepseek_v2/_v3         multi-head latent attention, shared experts, first_k_dense_replace
 //                           dense layers (num_nextn_predict_layers, the MTP head, is not counted)
 //   gpt_oss                 MoE with biased SwiGLU experts and router, attention sinks, a
 //                           sliding window on the layers layer_types marks "sliding_attention"

@@ -143,8 +143,12 @@ void read_deepseek_v3(ObjectReader& r, ModelSpec& m) {
   m.ffn_hidden_size = width(r, "moe_intermediate_size");
   m.num_experts = static_cast<int>(r.int_in("n_routed_experts", 1, kMaxExperts));
   m.experts_per_token = static_cast<int>(r.int_in("num_experts_per_tok", 1, kMaxExperts));
-  const int shared = r.has("n_shared_experts") ? static_cast<int>(r.int_in("n_shared_experts", 0, kMaxExperts)) : 0;
-  m.shared_expert_ffn_size = shared * m.ffn_hidden_size;  // DeepseekV3MoE.shared_experts: one MLP of that width
+  const long long shared = r.has("n_shared_experts") ? r.int_in("n_shared_experts", 0, kMaxExperts) : 0;
+  if (shared * m.ffn_hidden_size > kMaxWidth)
+    throw InputError(r.where("n_shared_experts") + ": n_shared_experts x moe_intermediate_size (" +
+                     std::to_string(shared * m.ffn_hidden_size) + ") must be at most " + std::to_string(kMaxWidth));
+  // DeepseekV3MoE.shared_experts: one MLP of n_shared_experts x moe_intermediate_size.
+  m.shared_expert_ffn_size = static_cast<int>(shared * m.ffn_hidden_size);
   const int first_dense = r.has("first_k_dense_replace")
                               ? static_cast<int>(r.int_in("first_k_dense_replace", 0, kMaxLayers)) : 0;
   const int freq = r.has("moe_layer_freq") ? static_cast<int>(r.int_in("moe_layer_freq", 1, kMaxLayers)) : 1;

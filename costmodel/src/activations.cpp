@@ -72,23 +72,30 @@ LayerActivations activations_per_layer(const ModelSpec& m, const TrainingSpec& t
   }
   a.attention_bytes += attention_core_quadratic_bytes(m, t, x);
   if (p.cp > 1) a.attention_bytes += 2 * x.act * tokens * x.kv_local;  // ring: K,V chunk in flight
-  a.attention_bytes += x.gemm * tokens * x.q_local;                       // output projection input
+  // MLA: the q and kv latents, inputs of the up projections (replicated over tp).
+  if (m.is_mla()) a.attention_bytes += x.gemm * tokens * (m.q_lora_rank + m.kv_lora_rank);
+  a.attention_bytes += x.gemm * tokens * m.attn_out_dim() / x.t;           // output projection input
   if (m.hidden_dropout > 0) a.attention_bytes += 1.0 * tokens * x.h / x.sp;  // dropout mask
 
   // MLP: norm, fc1 input, the activation's input and output (fc2 input), dropout mask.
-  double mlp_inner = m.mlp == MlpKind::gelu ? x.act * tokens * x.f_local           // GELU input
-                                            : 2 * x.act * tokens * x.f_local;      // gate and up outputs
-  mlp_inner += x.gemm * tokens * x.f_local;                                        // fc2 input
+  auto inner = [&](double f_local) {
+    double bytes = m.mlp == MlpKind::gelu ? x.act * tokens * f_local       // activation input
+                                          : 2 * x.act * tokens * f_local;  // gate and up outputs
+    return bytes + x.gemm * tokens * f_local;                              // fc2 input
+  };
   a.mlp_bytes = norm_bytes(m, x);
   if (m.is_moe()) {
     // Every token visits top-k experts: k copies of the (tp-gathered) expert input and of the
-    // expert's inner activations; the router keeps fp32 probabilities per expert.
-    double k = m.experts_per_token;
+    // expert's inner activations; the router keeps fp32 probabilities per expert. Shared experts
+    // are a dense MLP on the router's input. Dense layers of an MoE model count by their share
+    // (the mean layer, as layer_params).
+    double k = m.experts_per_token, moe = m.moe_layer_fraction();
     a.mlp_bytes += x.gemm * tokens * x.h / x.sp;          // router / dispatch input
-    a.mlp_bytes += 4.0 * tokens * m.num_experts / x.sp;    // router probabilities
-    a.mlp_bytes += k * (x.gemm * tokens * x.h + mlp_inner);
+    a.mlp_bytes += moe * 4.0 * tokens * m.num_experts / x.sp;  // router probabilities
+    a.mlp_bytes += moe * (k * (x.gemm * tokens * x.h + inner(x.f_local)) + inner(m.shared_expert_ffn_size / x.t));
+    a.mlp_bytes += (1 - moe) * inner(m.dense_ffn_hidden_size / x.t);
   } else {
-    a.mlp_bytes += x.gemm * tokens * x.h / x.sp + mlp_inner;
+    a.mlp_bytes += x.gemm * tokens * x.h / x.sp + inner(x.f_local);
   }
   if (m.hidden_dropout > 0) a.mlp_bytes += 1.0 * tokens * x.h / x.sp;
   return a;

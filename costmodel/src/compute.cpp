@@ -8,18 +8,54 @@
 
 namespace dplan::costmodel {
 
+namespace {
+
+// Keys each query attends to on average over the layers, in the full-s^2 convention of
+// layer_forward_flops (the causal half is taken off where it is skipped). A causal window of w
+// keys over s queries does sum_i min(i, w) ~= s*w - w^2/2 score products, that share of the
+// causal s^2/2: the full-convention key count is 2w - w^2/s (s itself when w >= s).
+double mean_attended_keys(const ModelSpec& m, double seq_len) {
+  if (m.num_sliding_layers == 0 || m.sliding_window >= seq_len) return seq_len;
+  const double w = m.sliding_window, windowed = 2 * w - w * w / seq_len;
+  const double share = double(m.num_sliding_layers) / m.num_layers;
+  return (1 - share) * seq_len + share * windowed;
+}
+
+// Forward FLOPs of one MLP of width f over `tokens` tokens: 4Thf plain, 6Thf gated.
+double mlp_flops(const ModelSpec& m, double tokens, double f) {
+  return (m.mlp == MlpKind::gated ? 6.0 : 4.0) * tokens * m.hidden_size * f;
+}
+
+}  // namespace
+
 LayerFlops layer_forward_flops(const ModelSpec& m, double tokens, double seq_len) {
-  const double h = m.hidden_size, q = m.q_dim(), kv = m.kv_dim(), f = m.ffn_hidden_size;
+  const double h = m.hidden_size, q = m.q_dim(), kv = m.kv_dim(), heads = m.num_heads;
+  const double v = m.attn_out_dim();
   LayerFlops x;
-  x.qkv = 2 * tokens * h * (q + 2 * kv);
-  x.attention = 2 * (2 * tokens * seq_len * q);  // QK^T and PV over all heads
-  x.out_proj = 2 * tokens * q * h;
-  double mlp = (m.mlp == MlpKind::swiglu ? 6.0 : 4.0) * tokens * h * f;
-  if (m.is_moe()) {
-    x.mlp = m.experts_per_token * mlp;
-    x.router = 2 * tokens * h * m.num_experts;
+  if (m.is_mla()) {
+    // MLA (layer_params): q down and up (or one q projection), kv down to the latent and the
+    // rotary key, kv up to every head's key and value.
+    const double rq = m.q_lora_rank, rkv = m.kv_lora_rank, rope = m.qk_rope_head_dim;
+    const double nope = m.head_dim - rope;
+    const double q_proj = rq > 0 ? h * rq + rq * q : h * q;
+    x.qkv = 2 * tokens * (q_proj + h * (rkv + rope) + rkv * heads * (nope + v / heads));
   } else {
-    x.mlp = mlp;
+    x.qkv = 2 * tokens * h * (q + 2 * kv);
+  }
+  // QK^T over the query/key width and PV over the value width, for every key attended.
+  const double keys = mean_attended_keys(m, seq_len);
+  x.attention = 2 * tokens * keys * q + 2 * tokens * keys * v;
+  x.out_proj = 2 * tokens * v * h;
+  // Models with dense and MoE layers: the mean layer (dense and MoE layers weighted by count).
+  const double moe = m.moe_layer_fraction();
+  if (m.is_moe()) {
+    double moe_mlp = m.experts_per_token * mlp_flops(m, tokens, m.ffn_hidden_size) +
+                     mlp_flops(m, tokens, m.shared_expert_ffn_size);
+    double dense_mlp = mlp_flops(m, tokens, m.dense_ffn_hidden_size);
+    x.mlp = moe * moe_mlp + (1 - moe) * dense_mlp;
+    x.router = moe * 2 * tokens * h * m.num_experts;
+  } else {
+    x.mlp = mlp_flops(m, tokens, m.ffn_hidden_size);
   }
   return x;
 }
@@ -108,40 +144,73 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
   const double causal = flash ? 0.5 : 1.0;
 
   // GEMMs: forward, and backward's input and weight gradients (linear_times).
-  const LinearTimes qkv = linear_times(gpu, prec, T, q + 2 * kv, h);
-  // FP8 training (Transformer Engine's recipe) runs the linear layers' GEMMs in FP8 but leaves the
-  // attention core in 16 bits (TE's DotProductAttention; FP8 attention is a separate opt-in,
-  // NVTE_FP8_DPA), so the core is priced at the 16-bit rate.
-  const Precision core_prec = prec == Precision::fp8 ? Precision::bf16 : prec;
-  double core = gemm_time_s(gpu, core_prec, s_q, s_kv * causal, d, b * heads, GemmOp::batched) +
-                gemm_time_s(gpu, core_prec, s_q, d, s_kv * causal, b * heads, GemmOp::batched);
-  // Flash attention's backward does 2.5x the forward's matmul work (recomputes the scores: Dao
-  // 2023); unfused attention's backward is 2x like every GEMM. Where the profile measured the
-  // framework's own flash-attention kernel, its times replace both; else where it gives the fused
-  // kernel's achieved fraction of the 16-bit peak (GpuSpec::attention_*_efficiency: the softmax
-  // between the two matmuls keeps flash attention well under GEMM efficiency, Shah et al. 2024,
-  // FlashAttention-3), that prices it.
-  double core_backward = (flash ? 2.5 : 2.0) * core;
-  if (flash) {
-    const double flops = 2 * s_q * s_kv * d * b * heads;  // one of the two matmuls, unmasked
-    const double fwd = measured_gemm_flops_per_s(gpu, core_prec, s_q, s_kv, d, b * heads, GemmOp::attention_forward);
-    const double bwd = measured_gemm_flops_per_s(gpu, core_prec, s_q, s_kv, d, b * heads, GemmOp::attention_backward);
-    if (fwd > 0 && bwd > 0) {
-      core = flops / (fwd * gpu.sustained_fraction);
-      core_backward = flops / (bwd * gpu.sustained_fraction);
-    } else if (gpu.attention_forward_efficiency > 0) {
-      // Forward: QK^T and PV, 2 * flops, the causal half of it; backward 2.5x that.
-      const double peak = peak_flops_per_s(gpu, core_prec) * gpu.sustained_fraction;
-      core = 2 * flops * causal / (peak * gpu.attention_forward_efficiency) + gpu.kernel_overhead_s;
-      core_backward = 2.5 * 2 * flops * causal / (peak * gpu.attention_backward_efficiency) + gpu.kernel_overhead_s;
-    }
-  }
-  const LinearTimes out = linear_times(gpu, prec, T, h, q);
-  LinearTimes mlp;
+  LinearTimes qkv;
   auto add = [](LinearTimes& sum, const LinearTimes& x, double times = 1.0) {
     sum.forward_s += times * x.forward_s;
     sum.backward_s += times * x.backward_s;
   };
+  if (m.is_mla()) {
+    // MLA (layer_params): the down projections are replicated over tp and run on the
+    // sequence-parallel shard of the tokens (Megatron-Core multi_latent_attention.py: "kv_compressed
+    // [s / TP, b, kv_lora_rank]", then gather_from_sequence_parallel_region); the up projections
+    // are column-parallel over all T tokens.
+    const double rq = m.q_lora_rank, rkv = m.kv_lora_rank, rope = m.qk_rope_head_dim;
+    const double nope = m.head_dim - rope, v_head = double(m.attn_out_dim()) / m.num_heads;
+    if (rq > 0) {
+      add(qkv, linear_times(gpu, prec, T / sp, rq, h));
+      add(qkv, linear_times(gpu, prec, T, q, rq));
+    } else {
+      add(qkv, linear_times(gpu, prec, T, q, h));
+    }
+    add(qkv, linear_times(gpu, prec, T / sp, rkv + rope, h));
+    add(qkv, linear_times(gpu, prec, T, heads * (nope + v_head), rkv));
+  } else {
+    qkv = linear_times(gpu, prec, T, q + 2 * kv, h);
+  }
+  // Attention core: scores over the query/key head width d, PV over the value head width.
+  const double d_v = double(m.attn_out_dim()) / m.num_heads;
+  // FP8 training (Transformer Engine's recipe) runs the linear layers' GEMMs in FP8 but leaves the
+  // attention core in 16 bits (TE's DotProductAttention; FP8 attention is a separate opt-in,
+  // NVTE_FP8_DPA), so the core is priced at the 16-bit rate.
+  const Precision core_prec = prec == Precision::fp8 ? Precision::bf16 : prec;
+  auto core_times = [&](double keys) -> std::pair<double, double> {
+    double fwd_s = gemm_time_s(gpu, core_prec, s_q, keys * causal, d, b * heads, GemmOp::batched) +
+                   gemm_time_s(gpu, core_prec, s_q, d_v, keys * causal, b * heads, GemmOp::batched);
+    // Flash attention's backward does 2.5x the forward's matmul work (recomputes the scores: Dao
+    // 2023); unfused attention's backward is 2x like every GEMM. Where the profile measured the
+    // framework's own flash-attention kernel, its times replace both; else where it gives the
+    // fused kernel's achieved fraction of the 16-bit peak (GpuSpec::attention_*_efficiency: the
+    // softmax between the two matmuls keeps flash attention well under GEMM efficiency, Shah et
+    // al. 2024, FlashAttention-3), that prices it.
+    double bwd_s = (flash ? 2.5 : 2.0) * fwd_s;
+    if (flash) {
+      const double flops = 2 * s_q * keys * d * b * heads;  // QK^T, unmasked
+      const double fwd = measured_gemm_flops_per_s(gpu, core_prec, s_q, keys, d, b * heads, GemmOp::attention_forward);
+      const double bwd = measured_gemm_flops_per_s(gpu, core_prec, s_q, keys, d, b * heads, GemmOp::attention_backward);
+      if (fwd > 0 && bwd > 0) {
+        fwd_s = flops / (fwd * gpu.sustained_fraction);
+        bwd_s = flops / (bwd * gpu.sustained_fraction);
+      } else if (gpu.attention_forward_efficiency > 0) {
+        // Forward: QK^T (d wide) and PV (d_v wide), the causal half; backward 2.5x that.
+        const double work = flops * (1 + d_v / d) * causal;
+        const double peak = peak_flops_per_s(gpu, core_prec) * gpu.sustained_fraction;
+        fwd_s = work / (peak * gpu.attention_forward_efficiency) + gpu.kernel_overhead_s;
+        bwd_s = 2.5 * work / (peak * gpu.attention_backward_efficiency) + gpu.kernel_overhead_s;
+      }
+    }
+    return {fwd_s, bwd_s};
+  };
+  // Sliding-window layers attend to their window only (layer_forward_flops' mean_attended_keys
+  // derivation); the core is the layer-weighted mean of the windowed and the full one.
+  auto [core, core_backward] = core_times(s_kv);
+  if (m.num_sliding_layers > 0 && m.sliding_window < t.seq_len) {
+    const double w = m.sliding_window, share = double(m.num_sliding_layers) / m.num_layers;
+    auto [wf, wb] = core_times(2 * w - w * w / t.seq_len);
+    core = (1 - share) * core + share * wf;
+    core_backward = (1 - share) * core_backward + share * wb;
+  }
+  const LinearTimes out = linear_times(gpu, prec, T, h, m.attn_out_dim() / tp);
+  LinearTimes mlp;
   if (m.is_moe()) {
     // E/ep experts per GPU, each seeing T*k*ep/E tokens (balanced routing); the router is a small GEMM.
     double experts_local = double(m.num_experts) / p.ep;
@@ -149,6 +218,23 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
     add(mlp, linear_times(gpu, prec, tokens_per_expert, gated * f, h), experts_local);
     add(mlp, linear_times(gpu, prec, tokens_per_expert, h, f), experts_local);
     add(mlp, linear_times(gpu, prec, T, m.num_experts, h));
+    // Shared experts: a dense MLP over all T tokens, split over tp like any MLP.
+    if (m.shared_expert_ffn_size > 0) {
+      const double fs = m.shared_expert_ffn_size / tp;
+      add(mlp, linear_times(gpu, prec, T, gated * fs, h));
+      add(mlp, linear_times(gpu, prec, T, h, fs));
+    }
+    // Dense layers of an MoE model: the mean layer weights the MoE and the dense MLP by count.
+    if (m.num_dense_layers > 0) {
+      const double moe = m.moe_layer_fraction(), fd = m.dense_ffn_hidden_size / tp;
+      LinearTimes dense;
+      add(dense, linear_times(gpu, prec, T, gated * fd, h));
+      add(dense, linear_times(gpu, prec, T, h, fd));
+      LinearTimes mean;
+      add(mean, mlp, moe);
+      add(mean, dense, 1 - moe);
+      mlp = mean;
+    }
   } else {
     add(mlp, linear_times(gpu, prec, T, gated * f, h));
     add(mlp, linear_times(gpu, prec, T, h, f));
@@ -160,13 +246,20 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
   double elementwise = 2 * (2 * T * h * B) / sp;
   elementwise += 2 * (3 * T * h * B + (m.hidden_dropout > 0 ? T * h : 0)) / sp;
   if (m.position == PositionKind::rotary) elementwise += 2 * T * (q + kv) * B;
-  elementwise += T * f * B * (gated + 1);
+  // The MLP activation: MoE layers as below plus their shared experts, dense layers at their width.
+  if (m.is_moe()) {
+    const double moe = m.moe_layer_fraction();
+    elementwise += (moe * (f + m.shared_expert_ffn_size / tp) + (1 - moe) * m.dense_ffn_hidden_size / tp) * T * B *
+                   (gated + 1);
+  } else {
+    elementwise += T * f * B * (gated + 1);
+  }
   double attention_elementwise = 0;
   if (!flash) {
-    double scores = b * heads * s_q * s_kv;
+    double scores = b * heads * s_q * s_kv;  // eager attention materialises every score, windowed or not
     attention_elementwise = 2 * scores * B + (m.attention_dropout > 0 ? 2 * scores * B + scores : 0);
   }
-  if (m.is_moe()) elementwise += 2 * T * m.experts_per_token * h * B;  // permute and un-permute tokens
+  if (m.is_moe()) elementwise += m.moe_layer_fraction() * 2 * T * m.experts_per_token * h * B;  // permute and un-permute tokens
   double elementwise_s = memory_time_s(gpu, elementwise) + 8 * gpu.kernel_overhead_s;
   double attention_elementwise_s = memory_time_s(gpu, attention_elementwise);
   // FP8 (Transformer Engine): before each of the four linear layers' GEMMs its input is cast to
@@ -177,7 +270,8 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
   double fp8_cast_forward_s = 0, fp8_cast_backward_s = 0;
   if (prec == Precision::fp8) {
     constexpr double kCastBytes = 2 + 1 + 1;
-    fp8_cast_forward_s = memory_time_s(gpu, kCastBytes * T * (2 * h / sp + q + f)) + 4 * gpu.kernel_overhead_s;
+    fp8_cast_forward_s = memory_time_s(gpu, kCastBytes * T * (2 * h / sp + m.attn_out_dim() / tp + f)) +
+                         4 * gpu.kernel_overhead_s;
     fp8_cast_backward_s =
         memory_time_s(gpu, kCastBytes * T * ((q + 2 * kv) + 2 * h / sp + gated * f)) + 4 * gpu.kernel_overhead_s;
   }

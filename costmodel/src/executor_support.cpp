@@ -12,6 +12,11 @@ std::optional<std::string> executor_refusal(const ModelSpec& model, const Traini
                                             const ParallelConfig& p) {
   if (p.cp > 1) return executor_does_not_run("context parallel (cp " + std::to_string(p.cp) + ")");
   if (p.ep > 1 || model.is_moe()) return executor_does_not_run("mixture-of-experts models");
+  // Its layers are GELU or SiLU-gated MLPs after plain multi-head / grouped-query attention.
+  if (model.is_mla() || model.qk_norm || model.attention_sinks || model.num_sliding_layers > 0)
+    return executor_does_not_run("latent attention, q/k norms, attention sinks or sliding windows");
+  if (model.mlp == MlpKind::plain ? model.activation.rfind("gelu", 0) != 0 : model.activation != "silu")
+    return executor_does_not_run("the " + model.activation + " activation in a " + to_string(model.mlp) + " MLP");
   if (p.schedule == Schedule::interleaved) return executor_does_not_run("the interleaved schedule");
   if (p.offload_optimizer) return executor_does_not_run("optimizer offload");
   // Recompute replays the forward; with dropout it would draw other masks than the first forward.

@@ -18,25 +18,37 @@ std::string gib(double bytes) {
 
 // Parameters one GPU holds for one layer, split into the part sharded over dp*cp by ZeRO and the
 // expert part sharded over dp*cp/ep. Megatron splits q,k,v,o, fc1 (gate, up) and fc2 over tp;
-// row-parallel biases, norms and the router stay replicated (Shoeybi et al. 2019, Sec. 3).
+// row-parallel biases, norms and the router stay replicated (Shoeybi et al. 2019, Sec. 3), and so do
+// MLA's down projections and latent norms (LayerParams::attention_replicated). Shared experts are
+// dense parameters split over tp.
 struct GpuLayerParams {
   double dense = 0, expert = 0;
 };
 
 GpuLayerParams gpu_layer_params(const ModelSpec& m, const ParallelConfig& p) {
-  const double h = m.hidden_size, q = m.q_dim(), kv = m.kv_dim(), f = m.ffn_hidden_size, t = p.tp;
+  const double h = m.hidden_size, t = p.tp;
   const double gated = m.mlp == MlpKind::swiglu ? 2.0 : 1.0;
-  GpuLayerParams g;
-  g.dense = (h * (q + 2 * kv) + q * h) / t + (m.qkv_bias ? (q + 2 * kv) / t : 0) + (m.out_bias ? h : 0);
-  g.dense += layer_params(m).norms;
-  double mlp = (gated + 1) * h * f / t + (m.mlp_bias ? gated * f / t + h : 0);
-  if (m.is_moe()) {
-    g.dense += h * m.num_experts;                          // router
-    g.expert = double(m.num_experts) / p.ep * mlp;         // E/ep experts, each split over tp
-  } else {
-    g.dense += mlp;
-  }
-  return g;
+  // One MLP of width f split over tp: its weights and column-parallel biases; fc2's bias replicated.
+  auto mlp = [&](double f) { return (gated + 1) * h * f / t + (m.mlp_bias ? gated * f / t + h : 0); };
+  // A layer of each kind; models with dense and MoE layers hold their mean (layer_params).
+  auto of = [&](LayerKind kind) {
+    const LayerParams lp = layer_params(m, kind);
+    GpuLayerParams g;
+    g.dense = (lp.attention - lp.attention_replicated) / t + lp.attention_replicated + lp.norms;
+    if (kind == LayerKind::moe && m.is_moe()) {
+      g.dense += h * m.num_experts + (m.router_bias ? m.num_experts : 0);  // router
+      if (m.shared_expert_ffn_size > 0) g.dense += mlp(m.shared_expert_ffn_size) + (m.shared_expert_gate ? h : 0);
+      g.expert = double(m.num_experts) / p.ep * mlp(m.ffn_hidden_size);  // E/ep experts, each split over tp
+    } else {
+      g.dense += mlp(m.is_moe() ? m.dense_ffn_hidden_size : m.ffn_hidden_size);
+    }
+    return g;
+  };
+  const double moe = m.moe_layer_fraction();
+  if (moe == 0) return of(LayerKind::dense);
+  if (moe == 1) return of(LayerKind::moe);
+  const GpuLayerParams d = of(LayerKind::dense), e = of(LayerKind::moe);
+  return {(1 - moe) * d.dense + moe * e.dense, (1 - moe) * d.expert + moe * e.expert};
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "dplan/costmodel/model.h"
 
+#include <algorithm>
 #include <map>
 #include <vector>
 
@@ -9,19 +10,26 @@ namespace dplan::costmodel {
 namespace {
 
 // Keys found in real config.json files that do not change memory or time (tokenizer ids, init,
-// numerics, RoPE details, sliding windows treated as full attention). Accepted and ignored.
+// numerics, RoPE details, routing rules, inference-time weight quantization and the MTP head).
+// Accepted and ignored. Sliding windows are priced only where gpt_oss marks its windowed layers
+// (layer_types); the other families' sliding_window is treated as full attention.
 const std::initializer_list<const char*> kIgnoredHfKeys = {
     "_name_or_path", "architectures", "torch_dtype", "dtype", "transformers_version",
     "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "use_cache",
-    "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta", "rope_scaling",
+    "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps", "rope_theta", "rope_scaling",
     "rope_parameters", "pretraining_tp", "sliding_window", "use_sliding_window",
-    "max_window_layers", "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
+    "max_window_layers", "layer_types", "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
     "classifier_dropout", "rotary_pct", "rotary_emb_base", "rotary_emb_dim", "use_parallel_residual",
+    "partial_rotary_factor", "rope_interleave", "norm_topk_prob", "n_group", "topk_group", "scoring_func",
+    "seq_aux", "aux_loss_alpha", "routed_scaling_factor", "ep_size", "num_nextn_predict_layers",
+    "quantization_config", "swiglu_limit", "initial_context_length", "auto_map", "qk_head_dim",
     "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "n_ctx",
     "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
     "summary_first_dropout", "task_specific_params", "attn_implementation", "use_mrope", "model_type"};
 
-const std::vector<std::string> kFamilies = {"llama", "mistral", "mixtral", "qwen2", "gpt_neox", "gpt2"};
+const std::vector<std::string> kFamilies = {"llama",     "mistral",   "mixtral",     "qwen2",   "qwen3",
+                                            "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "nemotron",
+                                            "gpt_neox",  "gpt2"};
 
 // Bounds on a config's sizes, far above any model built (hidden 2^20, 2^16 layers, 2^24 vocab
 // and positions, 2^16 experts) and low enough that products of them (parameters, FLOPs) stay
@@ -32,6 +40,8 @@ constexpr long long kMaxTokens = 1 << 24;  // vocabulary and positions
 constexpr long long kMaxExperts = 1 << 16;
 
 int width(ObjectReader& r, const char* key) { return static_cast<int>(r.int_in(key, 1, kMaxWidth)); }
+int optional_width(ObjectReader& r, const char* key) { return r.has(key) ? width(r, key) : 0; }
+bool optional_bool(ObjectReader& r, const char* key, bool otherwise) { return r.has(key) ? r.boolean(key) : otherwise; }
 
 // Hugging Face's activation names (transformers/activations.py ACT2FN): none changes the cost,
 // but a name outside the list is a broken config.
@@ -40,35 +50,180 @@ const std::vector<std::string> kActivations = {
     "laplace", "leaky_relu", "linear", "mish", "prelu", "quick_gelu", "relu", "relu2", "relu6",
     "sigmoid", "silu", "swish", "tanh", "xielu"};
 
-// llama, mistral, mixtral, qwen2: gated (SwiGLU) MLP, RMSNorm, rotary positions.
-void read_llama_like(ObjectReader& r, const std::string& family, ModelSpec& m) {
+std::string activation(ObjectReader& r, const char* key, const char* otherwise) {
+  return r.has(key) ? r.one_of(key, kActivations) : otherwise;
+}
+
+// A list of layer indices (Qwen's mlp_only_layers), each in [0, layers).
+std::vector<int> layer_list(ObjectReader& r, const char* key, int layers) {
+  std::vector<int> out;
+  if (!r.has(key)) return out;
+  const json& j = r.raw(key);
+  auto bad = [&] {
+    throw InputError(r.where(key) + ": expected a list of layer indices from 0 to " + std::to_string(layers - 1));
+  };
+  if (!j.is_array()) bad();
+  for (const json& x : j) {
+    if (!x.is_number_integer() || x.get<long long>() < 0 || x.get<long long>() >= layers) bad();
+    out.push_back(static_cast<int>(x.get<long long>()));
+  }
+  return out;
+}
+
+// The keys every decoder family here shares: sizes, heads, vocabulary, positions.
+void read_common(ObjectReader& r, ModelSpec& m) {
   m.hidden_size = width(r, "hidden_size");
-  m.ffn_hidden_size = width(r, "intermediate_size");
   m.num_layers = static_cast<int>(r.int_in("num_hidden_layers", 1, kMaxLayers));
   m.num_heads = width(r, "num_attention_heads");
-  m.num_kv_heads = r.has("num_key_value_heads")
-                       ? width(r, "num_key_value_heads")
-                       : m.num_heads;
+  m.num_kv_heads = r.has("num_key_value_heads") ? width(r, "num_key_value_heads") : m.num_heads;
   m.vocab_size = static_cast<int>(r.int_in("vocab_size", 1, kMaxTokens));
   m.max_seq_len = static_cast<int>(r.int_in("max_position_embeddings", 1, kMaxTokens));
-  m.head_dim = r.has("head_dim") ? width(r, "head_dim") : 0;
-  if (r.has("hidden_act")) r.one_of("hidden_act", kActivations);  // the MLP is gated whatever it is
-  m.tied_embeddings = r.has("tie_word_embeddings") ? r.boolean("tie_word_embeddings") : false;
+  m.tied_embeddings = optional_bool(r, "tie_word_embeddings", false);
   m.attention_dropout = r.has("attention_dropout") ? r.fraction("attention_dropout") : 0.0;
-  m.mlp = MlpKind::swiglu;
+}
+
+// Qwen2-MoE / Qwen3-MoE (transformers modeling_qwen{2,3}_moe.py Qwen*MoeDecoderLayer): layer i has
+// experts unless i is in mlp_only_layers or (i + 1) % decoder_sparse_step != 0; the others have
+// a dense MLP of intermediate_size.
+void read_qwen_moe(ObjectReader& r, const std::string& family, ModelSpec& m) {
+  m.num_experts = static_cast<int>(r.int_in("num_experts", 1, kMaxExperts));
+  m.experts_per_token = static_cast<int>(r.int_in("num_experts_per_tok", 1, kMaxExperts));
+  m.dense_ffn_hidden_size = m.ffn_hidden_size;
+  m.ffn_hidden_size = width(r, "moe_intermediate_size");
+  const int step = r.has("decoder_sparse_step") ? static_cast<int>(r.int_in("decoder_sparse_step", 1, kMaxLayers)) : 1;
+  const std::vector<int> dense_only = layer_list(r, "mlp_only_layers", m.num_layers);
+  for (int i = 0; i < m.num_layers; ++i) {
+    bool listed = std::find(dense_only.begin(), dense_only.end(), i) != dense_only.end();
+    if (listed || (i + 1) % step != 0) ++m.num_dense_layers;
+  }
+  if (m.num_dense_layers == 0) m.dense_ffn_hidden_size = 0;
+  if (family == "qwen2_moe" && r.has("shared_expert_intermediate_size")) {
+    m.shared_expert_ffn_size = static_cast<int>(r.int_in("shared_expert_intermediate_size", 0, kMaxWidth));
+    m.shared_expert_gate = m.shared_expert_ffn_size > 0;  // Qwen2MoeSparseMoeBlock.shared_expert_gate
+  }
+}
+
+// llama, mistral, mixtral, qwen2, qwen3, qwen2_moe, qwen3_moe: gated (SwiGLU) MLP, RMSNorm, rotary.
+void read_llama_like(ObjectReader& r, const std::string& family, ModelSpec& m) {
+  read_common(r, m);
+  m.ffn_hidden_size = width(r, "intermediate_size");
+  // Qwen3Config's head_dim defaults to 128 rather than hidden / heads.
+  const bool qwen3 = family == "qwen3" || family == "qwen3_moe";
+  m.head_dim = r.has("head_dim") ? width(r, "head_dim") : qwen3 ? 128 : 0;
+  m.activation = activation(r, "hidden_act", "silu");  // the MLP is gated whatever it is
+  m.mlp = MlpKind::gated;
   m.norm = NormKind::rmsnorm;
   m.position = PositionKind::rotary;
   if (family == "llama") {
-    bool attention_bias = r.has("attention_bias") ? r.boolean("attention_bias") : false;
+    bool attention_bias = optional_bool(r, "attention_bias", false);
     m.qkv_bias = m.out_bias = attention_bias;
-    m.mlp_bias = r.has("mlp_bias") ? r.boolean("mlp_bias") : false;
-  } else if (family == "qwen2") {
-    m.qkv_bias = true;  // Qwen2Attention: q/k/v projections with bias, o_proj without
+    m.mlp_bias = optional_bool(r, "mlp_bias", false);
+  } else if (family == "qwen2" || family == "qwen2_moe") {
+    m.qkv_bias = true;  // Qwen2(Moe)Attention: q/k/v projections with bias, o_proj without
+  } else if (qwen3) {
+    // Qwen3Attention: q/k/v/o bias = attention_bias; q_norm and k_norm RMSNorm(head_dim).
+    m.qkv_bias = m.out_bias = optional_bool(r, "attention_bias", false);
+    m.qk_norm = true;
   }
   if (family == "mixtral") {
     m.num_experts = static_cast<int>(r.int_in("num_local_experts", 1, kMaxExperts));
     m.experts_per_token = static_cast<int>(r.int_in("num_experts_per_tok", 1, kMaxExperts));
+  } else if (family == "qwen2_moe" || family == "qwen3_moe") {
+    read_qwen_moe(r, family, m);
   }
+}
+
+// DeepSeek-V2 and -V3 (deepseek-ai/DeepSeek-V3 modeling_deepseek.py): multi-head latent attention
+// (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1), routed experts of moe_intermediate_size plus
+// n_shared_experts shared ones, and dense layers before first_k_dense_replace and off moe_layer_freq.
+void read_deepseek_v3(ObjectReader& r, ModelSpec& m) {
+  read_common(r, m);
+  m.num_kv_heads = m.num_heads;  // MLA: every head has its own key and value (num_key_value_heads unused)
+  m.dense_ffn_hidden_size = width(r, "intermediate_size");
+  m.ffn_hidden_size = width(r, "moe_intermediate_size");
+  m.num_experts = static_cast<int>(r.int_in("n_routed_experts", 1, kMaxExperts));
+  m.experts_per_token = static_cast<int>(r.int_in("num_experts_per_tok", 1, kMaxExperts));
+  const long long shared = r.has("n_shared_experts") ? r.int_in("n_shared_experts", 0, kMaxExperts) : 0;
+  if (shared * m.ffn_hidden_size > kMaxWidth)
+    throw InputError(r.where("n_shared_experts") + ": n_shared_experts x moe_intermediate_size (" +
+                     std::to_string(shared * m.ffn_hidden_size) + ") must be at most " + std::to_string(kMaxWidth));
+  // DeepseekV3MoE.shared_experts: one MLP of n_shared_experts x moe_intermediate_size.
+  m.shared_expert_ffn_size = static_cast<int>(shared * m.ffn_hidden_size);
+  const int first_dense = r.has("first_k_dense_replace")
+                              ? static_cast<int>(r.int_in("first_k_dense_replace", 0, kMaxLayers)) : 0;
+  const int freq = r.has("moe_layer_freq") ? static_cast<int>(r.int_in("moe_layer_freq", 1, kMaxLayers)) : 1;
+  for (int i = 0; i < m.num_layers; ++i)
+    if (!(i >= first_dense && i % freq == 0)) ++m.num_dense_layers;
+  if (m.num_dense_layers == 0) m.dense_ffn_hidden_size = 0;
+  // noaux_tc routing keeps a learned per-expert correction bias (DeepSeek-V3, arXiv 2412.19437, Sec. 2.1.2).
+  m.router_bias = r.has("topk_method") && r.string("topk_method") == "noaux_tc";
+  m.q_lora_rank = r.has("q_lora_rank") ? width(r, "q_lora_rank") : 0;
+  m.kv_lora_rank = width(r, "kv_lora_rank");
+  m.qk_rope_head_dim = width(r, "qk_rope_head_dim");
+  m.head_dim = width(r, "qk_nope_head_dim") + m.qk_rope_head_dim;
+  m.v_head_dim = width(r, "v_head_dim");
+  r.ignore("head_dim");  // transformers' DeepseekV3Config sets head_dim = qk_rope_head_dim (derived)
+  r.ignore("num_key_value_heads");
+  m.activation = activation(r, "hidden_act", "silu");
+  m.qkv_bias = m.out_bias = optional_bool(r, "attention_bias", false);
+  m.mlp = MlpKind::gated;
+  m.norm = NormKind::rmsnorm;
+  m.position = PositionKind::rotary;
+}
+
+// gpt-oss (transformers modeling_gpt_oss.py): biased q/k/v/o, one sink logit per head, a biased
+// router and biased SwiGLU experts of intermediate_size, and a sliding window on the layers
+// layer_types names "sliding_attention" (by default the even ones, GptOssConfig).
+void read_gpt_oss(ObjectReader& r, ModelSpec& m) {
+  read_common(r, m);
+  m.ffn_hidden_size = width(r, "intermediate_size");
+  m.head_dim = optional_width(r, "head_dim");
+  m.num_experts = static_cast<int>(r.int_in("num_local_experts", 1, kMaxExperts));
+  const bool k1 = r.has("num_experts_per_tok"), k2 = r.has("experts_per_token");
+  if (!k1 && !k2) throw InputError(r.where("num_experts_per_tok") + ": missing key \"num_experts_per_tok\"");
+  m.experts_per_token = static_cast<int>(r.int_in(k1 ? "num_experts_per_tok" : "experts_per_token", 1, kMaxExperts));
+  if (k1 && k2 && r.int_in("experts_per_token", 1, kMaxExperts) != m.experts_per_token)
+    throw InputError(r.where("experts_per_token") + ": differs from num_experts_per_tok (" +
+                     std::to_string(m.experts_per_token) + ")");
+  m.sliding_window = r.has("sliding_window") ? static_cast<int>(r.int_in("sliding_window", 0, kMaxTokens)) : 128;
+  if (r.has("layer_types")) {
+    const json& types = r.raw("layer_types");
+    if (!types.is_array() || static_cast<long long>(types.size()) != m.num_layers)
+      throw InputError(r.where("layer_types") + ": expected a list of " + std::to_string(m.num_layers) +
+                       " entries, each \"sliding_attention\" or \"full_attention\"");
+    for (const json& t : types) {
+      if (t == "sliding_attention") ++m.num_sliding_layers;
+      else if (t != "full_attention")
+        throw InputError(r.where("layer_types") + ": unknown layer type " + t.dump() +
+                         "; valid: sliding_attention or full_attention");
+    }
+  } else {
+    m.num_sliding_layers = (m.num_layers + 1) / 2;
+  }
+  if (m.sliding_window == 0) m.num_sliding_layers = 0;
+  m.activation = activation(r, "hidden_act", "silu");
+  m.qkv_bias = m.out_bias = optional_bool(r, "attention_bias", true);
+  m.mlp_bias = true;
+  m.router_bias = true;
+  m.attention_sinks = true;
+  m.mlp = MlpKind::gated;
+  m.norm = NormKind::rmsnorm;
+  m.position = PositionKind::rotary;
+}
+
+// Nemotron-4 (transformers modeling_nemotron.py): up and down projections with relu2 between
+// (squared ReLU, no gate), LayerNorm1P (weight and bias), q/k/v/o bias = attention_bias, MLP
+// bias = mlp_bias, grouped-query attention.
+void read_nemotron(ObjectReader& r, ModelSpec& m) {
+  read_common(r, m);
+  m.ffn_hidden_size = width(r, "intermediate_size");
+  m.head_dim = optional_width(r, "head_dim");
+  m.activation = activation(r, "hidden_act", "relu2");
+  m.qkv_bias = m.out_bias = optional_bool(r, "attention_bias", false);
+  m.mlp_bias = optional_bool(r, "mlp_bias", false);
+  m.mlp = MlpKind::plain;
+  m.norm = NormKind::layernorm;
+  m.position = PositionKind::rotary;
 }
 
 void read_gpt_neox(ObjectReader& r, ModelSpec& m) {
@@ -79,14 +234,14 @@ void read_gpt_neox(ObjectReader& r, ModelSpec& m) {
   m.num_kv_heads = m.num_heads;
   m.vocab_size = static_cast<int>(r.int_in("vocab_size", 1, kMaxTokens));
   m.max_seq_len = static_cast<int>(r.int_in("max_position_embeddings", 1, kMaxTokens));
-  if (r.has("hidden_act")) r.one_of("hidden_act", kActivations);
+  m.activation = activation(r, "hidden_act", "gelu");  // relu2 (Nemotron-3) too: same GEMMs
   m.tied_embeddings = r.has("tie_word_embeddings") ? r.boolean("tie_word_embeddings") : false;
   bool bias = r.has("attention_bias") ? r.boolean("attention_bias") : true;
   m.qkv_bias = m.out_bias = bias;
   m.mlp_bias = true;
   m.attention_dropout = r.has("attention_dropout") ? r.fraction("attention_dropout") : 0.0;
   m.hidden_dropout = r.has("hidden_dropout") ? r.fraction("hidden_dropout") : 0.0;
-  m.mlp = MlpKind::gelu;
+  m.mlp = MlpKind::plain;
   m.norm = NormKind::layernorm;
   m.position = PositionKind::rotary;
 }
@@ -99,44 +254,87 @@ void read_gpt2(ObjectReader& r, ModelSpec& m) {
   m.ffn_hidden_size = r.has("n_inner") ? width(r, "n_inner") : 4 * m.hidden_size;
   m.vocab_size = static_cast<int>(r.int_in("vocab_size", 1, kMaxTokens));
   m.max_seq_len = static_cast<int>(r.int_in("n_positions", 1, kMaxTokens));
-  if (r.has("activation_function")) r.one_of("activation_function", kActivations);
+  m.activation = activation(r, "activation_function", "gelu_new");
   m.tied_embeddings = r.has("tie_word_embeddings") ? r.boolean("tie_word_embeddings") : true;
   m.attention_dropout = r.has("attn_pdrop") ? r.fraction("attn_pdrop") : 0.1;
   m.hidden_dropout = r.has("resid_pdrop") ? r.fraction("resid_pdrop") : 0.1;
   if (r.has("embd_pdrop")) r.fraction("embd_pdrop");
   m.qkv_bias = m.out_bias = m.mlp_bias = true;
-  m.mlp = MlpKind::gelu;
+  m.mlp = MlpKind::plain;
   m.norm = NormKind::layernorm;
   m.position = PositionKind::learned;
 }
 
-double mlp_params(const ModelSpec& m) {
-  const double h = m.hidden_size, f = m.ffn_hidden_size;
-  // GELU: fc1 (h->f) + fc2 (f->h); gated: gate and up (h->f each) + down (f->h).
-  double weights = (m.mlp == MlpKind::swiglu ? 3.0 : 2.0) * h * f;
-  double biases = m.mlp_bias ? (m.mlp == MlpKind::swiglu ? 2.0 * f : f) + h : 0.0;
+// One MLP of width f: plain fc1 (h->f) + fc2 (f->h); gated: gate and up (h->f each) + down (f->h).
+double mlp_params(const ModelSpec& m, double f) {
+  const double h = m.hidden_size;
+  const bool gated = m.mlp == MlpKind::gated;
+  double weights = (gated ? 3.0 : 2.0) * h * f;
+  double biases = m.mlp_bias ? (gated ? 2.0 * f : f) + h : 0.0;
   return weights + biases;
 }
 
 }  // namespace
 
-const char* to_string(MlpKind kind) { return kind == MlpKind::gelu ? "gelu" : "swiglu"; }
+const char* to_string(MlpKind kind) { return kind == MlpKind::plain ? "plain" : "gated"; }
 const char* to_string(NormKind kind) { return kind == NormKind::layernorm ? "layernorm" : "rmsnorm"; }
 
-LayerParams layer_params(const ModelSpec& m) {
-  const double h = m.hidden_size, q = m.q_dim(), kv = m.kv_dim();
+LayerParams layer_params(const ModelSpec& m, LayerKind kind) {
+  const double h = m.hidden_size, q = m.q_dim(), kv = m.kv_dim(), heads = m.num_heads;
   LayerParams p;
-  // q: h x q, k and v: h x kv each, o: q x h.
-  p.attention = h * (q + 2 * kv) + q * h + (m.qkv_bias ? q + 2 * kv : 0) + (m.out_bias ? h : 0);
-  if (m.is_moe()) {
-    p.mlp = h * m.num_experts;  // router (gate) h x E, no bias (Mixtral)
-    p.experts = m.num_experts * mlp_params(m);
+  if (m.is_mla()) {
+    // MLA (modeling_deepseek.py DeepseekV3Attention): q_a_proj h x r_q, q_a_layernorm r_q, q_b_proj
+    // r_q x heads*(nope+rope) (or one q_proj h x q); kv_a_proj_with_mqa h x (r_kv + rope),
+    // kv_a_layernorm r_kv, kv_b_proj r_kv x heads*(nope + v); o_proj heads*v x h. attention_bias
+    // puts biases on q_a, kv_a and o. The down projections and latent norms are replicated
+    // under tensor parallel (Megatron-Core MLASelfAttention: linear_q_down_proj and
+    // linear_kv_down_proj are not tensor-parallel).
+    const double rq = m.q_lora_rank, rkv = m.kv_lora_rank, rope = m.qk_rope_head_dim;
+    const double nope = m.head_dim - rope, v = m.attn_out_dim() / heads;
+    double down = 0, up = 0;
+    if (rq > 0) {
+      down += h * rq + rq + (m.qkv_bias ? rq : 0);
+      up += rq * q;
+    } else {
+      up += h * q;
+    }
+    down += h * (rkv + rope) + rkv + (m.qkv_bias ? rkv + rope : 0);
+    up += rkv * heads * (nope + v);
+    p.attention = down + up + m.attn_out_dim() * h + (m.out_bias ? h : 0);
+    p.attention_replicated = down + (m.out_bias ? h : 0);
   } else {
-    p.mlp = mlp_params(m);
+    // q: h x q, k and v: h x kv each, o: q x h.
+    p.attention = h * (q + 2 * kv) + q * h + (m.qkv_bias ? q + 2 * kv : 0) + (m.out_bias ? h : 0);
+    p.attention_replicated = m.out_bias ? h : 0;  // the row-parallel output's bias
+  }
+  if (m.qk_norm) {
+    p.attention += 2.0 * m.head_dim;  // Qwen3 q_norm, k_norm: RMSNorm(head_dim), shared by heads
+    p.attention_replicated += 2.0 * m.head_dim;
+  }
+  if (m.attention_sinks) p.attention += heads;  // gpt-oss: self_attn.sinks, one per head
+  if (kind == LayerKind::moe && m.is_moe()) {
+    // Router (gate) h x E, with E biases where the family has them; shared experts are one dense
+    // MLP of their summed width, with qwen2_moe's h x 1 sigmoid gate.
+    p.mlp = h * m.num_experts + (m.router_bias ? m.num_experts : 0);
+    if (m.shared_expert_ffn_size > 0)
+      p.mlp += mlp_params(m, m.shared_expert_ffn_size) + (m.shared_expert_gate ? h : 0);
+    p.experts = m.num_experts * mlp_params(m, m.ffn_hidden_size);
+  } else {
+    p.mlp = mlp_params(m, m.is_moe() ? m.dense_ffn_hidden_size : m.ffn_hidden_size);
   }
   double norm = m.norm == NormKind::layernorm ? 2.0 * h : h;  // LayerNorm: weight + bias
   p.norms = 2 * norm;
   return p;
+}
+
+LayerParams layer_params(const ModelSpec& m) {
+  const double moe = m.moe_layer_fraction();
+  if (moe == 0) return layer_params(m, LayerKind::dense);
+  if (moe == 1) return layer_params(m, LayerKind::moe);
+  const LayerParams d = layer_params(m, LayerKind::dense), e = layer_params(m, LayerKind::moe);
+  auto mix = [&](double a, double b) { return (1 - moe) * a + moe * b; };
+  return {mix(d.attention, e.attention), mix(d.mlp, e.mlp), mix(d.experts, e.experts), mix(d.norms, e.norms),
+          mix(d.attention_replicated, e.attention_replicated)};
 }
 
 double num_params(const ModelSpec& m, int vocab_size) {
@@ -146,14 +344,17 @@ double num_params(const ModelSpec& m, int vocab_size) {
   double positions = m.position == PositionKind::learned ? double(m.max_seq_len) * h : 0.0;
   double final_norm = m.norm == NormKind::layernorm ? 2.0 * h : h;
   double head = m.tied_embeddings ? 0.0 : v * h;
-  return embedding + positions + m.num_layers * layer_params(m).total() + final_norm + head;
+  const int moe_layers = m.num_moe_layers();
+  double layers = double(m.num_layers - moe_layers) * layer_params(m, LayerKind::dense).total() +
+                  (moe_layers > 0 ? double(moe_layers) * layer_params(m, LayerKind::moe).total() : 0.0);
+  return embedding + positions + layers + final_norm + head;
 }
 
 double num_active_params(const ModelSpec& m) {
   double total = num_params(m);
   if (!m.is_moe()) return total;
-  double per_expert = mlp_params(m);
-  return total - double(m.num_layers) * (m.num_experts - m.experts_per_token) * per_expert;
+  double per_expert = mlp_params(m, m.ffn_hidden_size);
+  return total - double(m.num_moe_layers()) * (m.num_experts - m.experts_per_token) * per_expert;
 }
 
 void validate(const ModelSpec& m, const std::string& where) {
@@ -170,6 +371,43 @@ void validate(const ModelSpec& m, const std::string& where) {
   if (m.is_moe() && (m.experts_per_token < 1 || m.experts_per_token > m.num_experts))
     bad("num_experts_per_tok (" + std::to_string(m.experts_per_token) + ") must be between 1 and num_local_experts (" +
         std::to_string(m.num_experts) + ")");
+  if (std::find(kActivations.begin(), kActivations.end(), m.activation) == kActivations.end())
+    bad("unknown activation \"" + m.activation + "\"; valid: " + join_choices(kActivations));
+  const std::string layers = std::to_string(m.num_layers);
+  if (m.num_dense_layers < 0 || m.num_dense_layers > m.num_layers)
+    bad("the number of dense layers (" + std::to_string(m.num_dense_layers) + ") must be from 0 to the " + layers +
+        " layers");
+  if (m.num_dense_layers > 0 && !m.is_moe()) bad("dense layers are counted only in MoE models (no experts given)");
+  if (m.is_moe() && m.num_dense_layers == m.num_layers) bad("every layer is dense: no layer uses the experts");
+  if ((m.num_dense_layers > 0) != (m.dense_ffn_hidden_size > 0))
+    bad("a dense-layer MLP size (" + std::to_string(m.dense_ffn_hidden_size) + ") is needed exactly when there are dense layers (" +
+        std::to_string(m.num_dense_layers) + ")");
+  if (m.dense_ffn_hidden_size < 0 || m.dense_ffn_hidden_size > kMaxWidth || m.shared_expert_ffn_size < 0 ||
+      m.shared_expert_ffn_size > kMaxWidth)
+    bad("dense-layer and shared-expert MLP sizes must be from 0 to " + std::to_string(kMaxWidth));
+  if (!m.is_moe() && (m.shared_expert_ffn_size > 0 || m.shared_expert_gate || m.router_bias))
+    bad("shared experts and router biases need experts (num_experts > 0)");
+  if (m.shared_expert_gate && m.shared_expert_ffn_size == 0) bad("a shared-expert gate needs a shared expert");
+  if (m.q_lora_rank < 0 || m.kv_lora_rank < 0 || m.qk_rope_head_dim < 0 || m.v_head_dim < 0 ||
+      m.q_lora_rank > kMaxWidth || m.kv_lora_rank > kMaxWidth || m.v_head_dim > kMaxWidth)
+    bad("q_lora_rank, kv_lora_rank, qk_rope_head_dim and v_head_dim must be from 0 to " + std::to_string(kMaxWidth));
+  if (m.is_mla()) {
+    if (m.qk_rope_head_dim < 1 || m.qk_rope_head_dim >= m.head_dim)
+      bad("qk_rope_head_dim (" + std::to_string(m.qk_rope_head_dim) + ") must be from 1 to below the query/key head dim (" +
+          std::to_string(m.head_dim) + "), leaving qk_nope_head_dim at least 1");
+    if (m.v_head_dim < 1) bad("multi-head latent attention needs v_head_dim");
+    if (m.num_kv_heads != m.num_heads) bad("multi-head latent attention has as many key/value heads as heads");
+  } else if (m.q_lora_rank > 0 || m.qk_rope_head_dim > 0 || m.v_head_dim > 0) {
+    bad("q_lora_rank, qk_rope_head_dim and v_head_dim belong to multi-head latent attention (kv_lora_rank > 0)");
+  }
+  if (static_cast<long long>(m.num_heads) * (m.v_head_dim > 0 ? m.v_head_dim : m.head_dim) > kMaxWidth)
+    bad("num_attention_heads x v_head_dim must be at most " + std::to_string(kMaxWidth));
+  if (m.sliding_window < 0 || m.sliding_window > kMaxTokens)
+    bad("the sliding window must be from 0 to " + std::to_string(kMaxTokens) + " tokens");
+  if (m.num_sliding_layers < 0 || m.num_sliding_layers > m.num_layers)
+    bad("the number of sliding-window layers (" + std::to_string(m.num_sliding_layers) + ") must be from 0 to the " +
+        layers + " layers");
+  if (m.num_sliding_layers > 0 && m.sliding_window == 0) bad("sliding-window layers need a window (sliding_window > 0)");
 }
 
 ModelSpec model_from_hf_config(const json& config, const std::string& file, const std::string& name) {
@@ -189,6 +427,12 @@ ModelSpec model_from_hf_config(const json& config, const std::string& file, cons
     read_gpt2(r, m);
   } else if (family == "gpt_neox") {
     read_gpt_neox(r, m);
+  } else if (family == "nemotron") {
+    read_nemotron(r, m);
+  } else if (family == "deepseek_v2" || family == "deepseek_v3") {
+    read_deepseek_v3(r, m);  // DeepSeek-V2 has the same modules (V3 adds the noaux_tc bias)
+  } else if (family == "gpt_oss") {
+    read_gpt_oss(r, m);
   } else {
     read_llama_like(r, family, m);
   }
@@ -206,28 +450,52 @@ ModelSpec model_from_hf_config(const json& config, const std::string& file, cons
 }
 
 json to_json(const ModelSpec& m) {
-  return json{{"name", m.name},
-              {"family", m.family},
-              {"num_layers", m.num_layers},
-              {"hidden_size", m.hidden_size},
-              {"num_heads", m.num_heads},
-              {"num_kv_heads", m.num_kv_heads},
-              {"head_dim", m.head_dim},
-              {"ffn_hidden_size", m.ffn_hidden_size},
-              {"vocab_size", m.vocab_size},
-              {"max_seq_len", m.max_seq_len},
-              {"mlp", to_string(m.mlp)},
-              {"norm", to_string(m.norm)},
-              {"position", m.position == PositionKind::learned ? "learned" : "rotary"},
-              {"tied_embeddings", m.tied_embeddings},
-              {"qkv_bias", m.qkv_bias},
-              {"out_bias", m.out_bias},
-              {"mlp_bias", m.mlp_bias},
-              {"num_experts", m.num_experts},
-              {"experts_per_token", m.experts_per_token},
-              {"attention_dropout", m.attention_dropout},
-              {"hidden_dropout", m.hidden_dropout},
-              {"num_params", num_params(m)}};
+  // "mlp" keeps the names plan files have always used (gelu: plain, swiglu: gated); the keys added
+  // since (activation, MoE structure, MLA, windows) are written only where they differ from what
+  // model_from_json assumes in their absence, so that earlier plan files read back byte for byte.
+  json j{{"name", m.name},
+         {"family", m.family},
+         {"num_layers", m.num_layers},
+         {"hidden_size", m.hidden_size},
+         {"num_heads", m.num_heads},
+         {"num_kv_heads", m.num_kv_heads},
+         {"head_dim", m.head_dim},
+         {"ffn_hidden_size", m.ffn_hidden_size},
+         {"vocab_size", m.vocab_size},
+         {"max_seq_len", m.max_seq_len},
+         {"mlp", m.mlp == MlpKind::plain ? "gelu" : "swiglu"},
+         {"norm", to_string(m.norm)},
+         {"position", m.position == PositionKind::learned ? "learned" : "rotary"},
+         {"tied_embeddings", m.tied_embeddings},
+         {"qkv_bias", m.qkv_bias},
+         {"out_bias", m.out_bias},
+         {"mlp_bias", m.mlp_bias},
+         {"num_experts", m.num_experts},
+         {"experts_per_token", m.experts_per_token},
+         {"attention_dropout", m.attention_dropout},
+         {"hidden_dropout", m.hidden_dropout},
+         {"num_params", num_params(m)}};
+  if (m.activation != (m.mlp == MlpKind::plain ? "gelu" : "silu")) j["activation"] = m.activation;
+  auto count = [&](const char* key, int value) {
+    if (value != 0) j[key] = value;
+  };
+  auto flag = [&](const char* key, bool value) {
+    if (value) j[key] = true;
+  };
+  count("num_dense_layers", m.num_dense_layers);
+  count("dense_ffn_hidden_size", m.dense_ffn_hidden_size);
+  count("shared_expert_ffn_size", m.shared_expert_ffn_size);
+  flag("shared_expert_gate", m.shared_expert_gate);
+  flag("router_bias", m.router_bias);
+  count("q_lora_rank", m.q_lora_rank);
+  count("kv_lora_rank", m.kv_lora_rank);
+  count("qk_rope_head_dim", m.qk_rope_head_dim);
+  count("v_head_dim", m.v_head_dim);
+  flag("qk_norm", m.qk_norm);
+  flag("attention_sinks", m.attention_sinks);
+  count("sliding_window", m.sliding_window);
+  count("num_sliding_layers", m.num_sliding_layers);
+  return j;
 }
 
 ModelSpec model_from_json(const json& j, const std::string& file, const std::string& pointer) {
@@ -243,7 +511,9 @@ ModelSpec model_from_json(const json& j, const std::string& file, const std::str
   m.ffn_hidden_size = width(r, "ffn_hidden_size");
   m.vocab_size = static_cast<int>(r.int_in("vocab_size", 1, kMaxTokens));
   m.max_seq_len = static_cast<int>(r.int_in("max_seq_len", 1, kMaxTokens));
-  m.mlp = r.one_of("mlp", {"gelu", "swiglu"}) == "gelu" ? MlpKind::gelu : MlpKind::swiglu;
+  // The MLP kind by its plan-file name (gelu: plain, swiglu: gated; plain and gated read too).
+  const std::string mlp = r.one_of("mlp", {"gelu", "swiglu", "plain", "gated"});
+  m.mlp = mlp == "plain" || mlp == "gelu" ? MlpKind::plain : MlpKind::gated;
   m.norm = r.one_of("norm", {"layernorm", "rmsnorm"}) == "layernorm" ? NormKind::layernorm : NormKind::rmsnorm;
   m.position = r.one_of("position", {"learned", "rotary"}) == "learned" ? PositionKind::learned : PositionKind::rotary;
   m.tied_embeddings = r.boolean("tied_embeddings");
@@ -254,6 +524,24 @@ ModelSpec model_from_json(const json& j, const std::string& file, const std::str
   m.experts_per_token = static_cast<int>(r.int_in("experts_per_token", 0, kMaxExperts));
   m.attention_dropout = r.fraction("attention_dropout");
   m.hidden_dropout = r.fraction("hidden_dropout");
+  // Keys added with the qwen3, qwen*_moe, deepseek_v3, gpt_oss and nemotron families; absent in
+  // older plan files and wherever they hold these values (to_json).
+  m.activation = r.has("activation") ? r.one_of("activation", kActivations) : m.mlp == MlpKind::plain ? "gelu" : "silu";
+  auto count = [&](const char* key, long long hi) { return r.has(key) ? static_cast<int>(r.int_in(key, 0, hi)) : 0; };
+  auto flag = [&](const char* key) { return r.has(key) ? r.boolean(key) : false; };
+  m.num_dense_layers = count("num_dense_layers", kMaxLayers);
+  m.dense_ffn_hidden_size = count("dense_ffn_hidden_size", kMaxWidth);
+  m.shared_expert_ffn_size = count("shared_expert_ffn_size", kMaxWidth);
+  m.shared_expert_gate = flag("shared_expert_gate");
+  m.router_bias = flag("router_bias");
+  m.q_lora_rank = count("q_lora_rank", kMaxWidth);
+  m.kv_lora_rank = count("kv_lora_rank", kMaxWidth);
+  m.qk_rope_head_dim = count("qk_rope_head_dim", kMaxWidth);
+  m.v_head_dim = count("v_head_dim", kMaxWidth);
+  m.qk_norm = flag("qk_norm");
+  m.attention_sinks = flag("attention_sinks");
+  m.sliding_window = count("sliding_window", kMaxTokens);
+  m.num_sliding_layers = count("num_sliding_layers", kMaxLayers);
   r.ignore("num_params");  // derived, written for readers
   r.finish();
   validate(m, file);

@@ -71,7 +71,8 @@ ContextParallelComm context_parallel_comm(const ModelSpec& m, const Network& net
 double expert_parallel_comm_s(const ModelSpec& m, const Network& net, const TrainingSpec& t, const ParallelConfig& p) {
   if (!m.is_moe() || p.ep <= 1) return 0;
   double bytes = tokens_per_microbatch(t, p) * m.experts_per_token * m.hidden_size * activation_bytes(t.precision);
-  return 4 * net.cost(Collective::all_to_all, bytes, group_shape(p, Dim::ep)).time_s;
+  // Per mean layer (ModelSpec): the dense layers of an MoE model dispatch nothing.
+  return m.moe_layer_fraction() * 4 * net.cost(Collective::all_to_all, bytes, group_shape(p, Dim::ep)).time_s;
 }
 
 // ZeRO-3: every layer's parameters are gathered before its forward and its backward, and its

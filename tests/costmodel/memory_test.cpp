@@ -173,3 +173,22 @@ TEST_CASE("expert parallel shards the experts and only them", "[memory]") {
   LayerParams layer = layer_params(m);
   CHECK_THAT(ep1 - ep8, WithinRel(m.num_layers * layer.experts * 7.0 / 8.0, 1e-12));
 }
+
+TEST_CASE("one GPU holds every parameter of today's models exactly once", "[memory]") {
+  // MLA's latents, shared experts, router biases, q/k norms, sinks and the dense layers of MoE
+  // models: the per-GPU count (memory.cpp) and the model's count (model.cpp) must agree.
+  ClusterSpec c = store().load_cluster("dgx-h100");
+  TrainingSpec t{.seq_len = 4096, .global_batch = 8};
+  for (const char* name : {"nemotron-4-340b", "qwen3-8b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b"}) {
+    INFO(name);
+    ModelSpec m = store().load_model(name);
+    MemoryEstimate e = estimate_memory(m, c, t, ParallelConfig{.tp = 1, .pp = 1, .dp = 1, .ep = 1});
+    CHECK_THAT(e.stages[0].num_params, WithinRel(num_params(m), 1e-12));
+  }
+  // MLA's down projections and latent norms stay whole on every tensor-parallel rank.
+  ModelSpec ds = store().load_model("deepseek-v3");
+  const double tp1 = estimate_memory(ds, c, t, ParallelConfig{.tp = 1, .pp = 1, .dp = 1}).stages[0].num_params;
+  const double tp8 = estimate_memory(ds, c, t, ParallelConfig{.tp = 8, .pp = 1, .dp = 1}).stages[0].num_params;
+  const double down = 7168.0 * 1536 + 1536 + 7168.0 * (512 + 64) + 512;
+  CHECK(tp8 * 8 - tp1 > 7 * ds.num_layers * down);
+}

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include "dplan/costmodel/compute.h"
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/model.h"
 #include "dplan/planner/profiles.h"
@@ -94,7 +95,7 @@ TEST_CASE("unsupported or inconsistent configs are rejected with the choices", "
   CHECK_NOTHROW(model_from_hf_config(llama, "c.json", "x"));
   json t5 = llama;
   t5["model_type"] = "t5";
-  CHECK_THAT(msg(t5), Contains("unsupported model type \"t5\"; supported: llama, mistral, mixtral, qwen2, gpt_neox or gpt2"));
+  CHECK_THAT(msg(t5), Contains("unsupported model type \"t5\"; supported: llama, mistral, mixtral, qwen2, qwen3, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, gpt_oss, nemotron, gpt_neox or gpt2"));
   json typo = llama;
   typo["num_key_value_head"] = 2;
   CHECK_THAT(msg(typo), Contains("unknown key \"num_key_value_head\""));
@@ -111,8 +112,251 @@ TEST_CASE("unsupported or inconsistent configs are rejected with the choices", "
 }
 
 TEST_CASE("dplan's own model JSON round-trips", "[model]") {
-  for (const char* name : {"llama-3-70b", "mixtral-8x7b", "gpt-tiny", "gpt3-175b"}) {
+  for (const char* name : {"llama-3-70b", "mixtral-8x7b", "gpt-tiny", "gpt3-175b", "nemotron-4-340b", "qwen3-8b",
+                           "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b"}) {
+    INFO(name);
     ModelSpec m = store().load_model(name);
     CHECK(model_from_json(to_json(m), "plan.json", "/model") == m);
+  }
+}
+
+TEST_CASE("today's models: parameter counts match their model cards", "[model]") {
+  // Counts derived from the public config.json (profiles/models/SOURCES.md), module by module as
+  // the transformers modeling files build them.
+  SECTION("Nemotron-4 340B: 341 B (model card), untied, squared-ReLU non-gated MLP with GQA") {
+    ModelSpec m = store().load_model("nemotron-4-340b");
+    CHECK(m.mlp == MlpKind::plain);
+    CHECK(m.activation == "relu2");
+    CHECK(m.norm == NormKind::layernorm);  // LayerNorm1P: weight and bias
+    CHECK(m.kv_dim() == 8 * 192);
+    CHECK(num_params(m) == 341029195776.0);
+  }
+  SECTION("Qwen3-8B: 8.2 B, 6.95 B without embeddings (model card)") {
+    ModelSpec m = store().load_model("qwen3-8b");
+    CHECK(m.qk_norm);
+    CHECK(num_params(m) == 8190735360.0);
+    CHECK_THAT(num_params(m) - 2.0 * m.vocab_size * m.hidden_size, WithinRel(6.95e9, 1e-3));
+  }
+  SECTION("Qwen3-235B-A22B: 235 B total, 22 B active") {
+    ModelSpec m = store().load_model("qwen3-235b-a22b");
+    CHECK(m.num_moe_layers() == 94);
+    CHECK(num_params(m) == 235093634560.0);
+    CHECK(num_active_params(m) == 22190763520.0);
+  }
+  SECTION("DeepSeek-V3: 671 B total, 37 B active (MTP module not counted)") {
+    ModelSpec m = store().load_model("deepseek-v3");
+    CHECK(m.is_mla());
+    CHECK(m.head_dim == 192);
+    CHECK(m.num_dense_layers == 3);
+    CHECK(m.shared_expert_ffn_size == 2048);
+    CHECK(num_params(m) == 671026419200.0);
+    CHECK(num_active_params(m) == 37552297472.0);
+  }
+  SECTION("gpt-oss-120b: 116.83 B total, 5.13 B active without the input embedding (model card)") {
+    ModelSpec m = store().load_model("gpt-oss-120b");
+    CHECK(m.num_sliding_layers == 18);
+    CHECK(m.sliding_window == 128);
+    CHECK(num_params(m) == 116829156672.0);
+    CHECK(num_active_params(m) - double(m.vocab_size) * m.hidden_size == 5132849472.0);
+  }
+}
+
+TEST_CASE("earlier MoE models with shared experts match their model cards", "[model]") {
+  SECTION("Qwen1.5-MoE-A2.7B (qwen2_moe): 14.3 B total, 2.7 B activated") {
+    // Qwen/Qwen1.5-MoE-A2.7B config.json.
+    json c = {{"model_type", "qwen2_moe"}, {"hidden_size", 2048}, {"intermediate_size", 5632},
+              {"moe_intermediate_size", 1408}, {"shared_expert_intermediate_size", 5632}, {"num_hidden_layers", 24},
+              {"num_attention_heads", 16}, {"num_key_value_heads", 16}, {"vocab_size", 151936},
+              {"max_position_embeddings", 8192}, {"num_experts", 60}, {"num_experts_per_tok", 4},
+              {"decoder_sparse_step", 1}, {"norm_topk_prob", false}, {"tie_word_embeddings", false},
+              {"use_sliding_window", false}, {"max_window_layers", 21}};
+    ModelSpec m = model_from_hf_config(c, "qwen-moe.json", "qwen1.5-moe-a2.7b");
+    CHECK(num_params(m) == 14315784192.0);
+    CHECK(num_active_params(m) == 2689173504.0);
+  }
+  SECTION("DeepSeek-V2-Lite (deepseek_v2): 15.7 B total, plain q projection, 2 shared experts, 1 dense layer") {
+    // deepseek-ai/DeepSeek-V2-Lite config.json; its 2.4 B active leaves out the input embedding.
+    json c = {{"model_type", "deepseek_v2"}, {"hidden_size", 2048}, {"intermediate_size", 10944},
+              {"moe_intermediate_size", 1408}, {"num_hidden_layers", 27}, {"num_attention_heads", 16},
+              {"num_key_value_heads", 16}, {"vocab_size", 102400}, {"max_position_embeddings", 163840},
+              {"q_lora_rank", nullptr}, {"kv_lora_rank", 512}, {"qk_nope_head_dim", 128}, {"qk_rope_head_dim", 64},
+              {"v_head_dim", 128}, {"n_routed_experts", 64}, {"n_shared_experts", 2}, {"num_experts_per_tok", 6},
+              {"first_k_dense_replace", 1}, {"moe_layer_freq", 1}, {"topk_method", "greedy"},
+              {"tie_word_embeddings", false}};
+    ModelSpec m = model_from_hf_config(c, "dsv2.json", "deepseek-v2-lite");
+    CHECK(num_params(m) == 15706484224.0);
+    CHECK_THAT(num_active_params(m) - double(m.vocab_size) * m.hidden_size, WithinRel(2.4e9, 0.03));
+  }
+}
+
+TEST_CASE("mixed dense and MoE models: the mean layer times the layers is the layers' sum", "[model]") {
+  for (const char* name : {"deepseek-v3", "qwen3-235b-a22b", "mixtral-8x7b", "llama-3-8b"}) {
+    INFO(name);
+    ModelSpec m = store().load_model(name);
+    double outside = double(m.vocab_size) * m.hidden_size * (m.tied_embeddings ? 1 : 2) + m.hidden_size;
+    CHECK_THAT(m.num_layers * layer_params(m).total(), WithinRel(num_params(m) - outside, 1e-12));
+  }
+  ModelSpec ds = store().load_model("deepseek-v3");
+  CHECK(layer_params(ds, LayerKind::dense).experts == 0);
+  CHECK(layer_params(ds, LayerKind::moe).mlp == 2048.0 * 7168 * 3 + 256 * 7168 + 256);  // shared expert, router + bias
+}
+
+TEST_CASE("forward FLOPs per token are twice the active matrix parameters", "[model]") {
+  // Outside attention's score and value products, each weight of a token's path does one multiply
+  // and one add: layer FLOPs / token = 2 x active layer weights (biases, norms and sinks aside).
+  for (const char* name : {"nemotron-4-340b", "qwen3-8b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b"}) {
+    INFO(name);
+    ModelSpec m = store().load_model(name);
+    LayerFlops f = layer_forward_flops(m, 1.0, 4096);
+    double weights = num_active_params(m) - 2.0 * m.vocab_size * m.hidden_size;
+    CHECK_THAT(m.num_layers * (f.total() - f.attention), WithinRel(2 * weights, 2e-3));
+  }
+}
+
+TEST_CASE("sliding-window layers price attention over their window", "[model]") {
+  ModelSpec m = store().load_model("gpt-oss-120b");
+  ModelSpec full = m;
+  full.num_sliding_layers = 0;
+  full.sliding_window = 0;
+  const double s = 8192, w = 128;
+  double ratio = layer_forward_flops(m, s, s).attention / layer_forward_flops(full, s, s).attention;
+  // Half the layers full, half windowed: sum_i min(i, w) ~= s w - w^2/2 of the causal s^2/2.
+  CHECK_THAT(ratio, WithinRel(0.5 + 0.5 * (2 * w - w * w / s) / s, 1e-12));
+  // A window at least the sequence is full attention.
+  CHECK(layer_forward_flops(m, 128, 128).attention == layer_forward_flops(full, 128, 128).attention);
+}
+
+TEST_CASE("config.json of the new families", "[model]") {
+  auto msg = [](const json& c) {
+    try {
+      model_from_hf_config(c, "c.json", "x");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  SECTION("gpt_neox with relu2 stays a plain MLP with biases") {
+    json c = {{"model_type", "gpt_neox"}, {"hidden_size", 64}, {"intermediate_size", 256},
+              {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"vocab_size", 100},
+              {"max_position_embeddings", 128}, {"hidden_act", "relu2"}};
+    ModelSpec m = model_from_hf_config(c, "c.json", "x");
+    CHECK(m.mlp == MlpKind::plain);
+    CHECK(m.activation == "relu2");
+    CHECK(layer_params(m).mlp == 2.0 * 64 * 256 + 256 + 64);
+  }
+  SECTION("nemotron biases follow attention_bias and mlp_bias") {
+    json c = {{"model_type", "nemotron"}, {"hidden_size", 64}, {"intermediate_size", 256},
+              {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+              {"vocab_size", 100}, {"max_position_embeddings", 128}, {"mlp_bias", true}};
+    ModelSpec m = model_from_hf_config(c, "c.json", "x");
+    CHECK(layer_params(m).mlp == 2.0 * 64 * 256 + 256 + 64);
+    CHECK(layer_params(m).attention == 64.0 * (64 + 2 * 32) + 64 * 64);
+    c["hidden_act"] = "relu3";
+    CHECK_THAT(msg(c), Contains("relu3"));
+  }
+  SECTION("qwen3_moe dense layers from mlp_only_layers and decoder_sparse_step") {
+    json c = {{"model_type", "qwen3_moe"}, {"hidden_size", 64}, {"intermediate_size", 256},
+              {"moe_intermediate_size", 32}, {"num_hidden_layers", 6}, {"num_attention_heads", 4},
+              {"num_key_value_heads", 2}, {"head_dim", 16}, {"vocab_size", 100}, {"max_position_embeddings", 128},
+              {"num_experts", 8}, {"num_experts_per_tok", 2}, {"decoder_sparse_step", 2},
+              {"mlp_only_layers", {1}}};
+    ModelSpec m = model_from_hf_config(c, "c.json", "x");
+    CHECK(m.num_dense_layers == 4);  // layers 0, 2, 4 by the step; 1 listed (3 and 5 have experts)
+    CHECK(m.dense_ffn_hidden_size == 256);
+    c["mlp_only_layers"] = {7};
+    CHECK_THAT(msg(c), Contains("/mlp_only_layers: expected a list of layer indices from 0 to 5"));
+  }
+  SECTION("qwen2_moe's gated shared expert") {
+    json c = {{"model_type", "qwen2_moe"}, {"hidden_size", 64}, {"intermediate_size", 256},
+              {"moe_intermediate_size", 32}, {"shared_expert_intermediate_size", 128}, {"num_hidden_layers", 2},
+              {"num_attention_heads", 4}, {"vocab_size", 100}, {"max_position_embeddings", 128},
+              {"num_experts", 8}, {"num_experts_per_tok", 2}};
+    ModelSpec m = model_from_hf_config(c, "c.json", "x");
+    CHECK(layer_params(m).mlp == 64.0 * 8 + 3.0 * 64 * 128 + 64);
+    CHECK(layer_params(m).experts == 8 * 3.0 * 64 * 32);
+  }
+  SECTION("deepseek_v3 needs the MLA dimensions; q_lora_rank null is a plain q projection") {
+    json c = {{"model_type", "deepseek_v3"}, {"hidden_size", 64}, {"intermediate_size", 256},
+         {"moe_intermediate_size", 32}, {"num_hidden_layers", 3}, {"num_attention_heads", 4},
+         {"vocab_size", 100}, {"max_position_embeddings", 128}, {"n_routed_experts", 8},
+         {"num_experts_per_tok", 2}, {"first_k_dense_replace", 1}, {"q_lora_rank", nullptr},
+         {"kv_lora_rank", 16}, {"qk_nope_head_dim", 8}, {"qk_rope_head_dim", 4}, {"v_head_dim", 8}};
+    ModelSpec m = model_from_hf_config(c, "c.json", "x");
+    // q_proj 64 x 4*12, kv_a 64 x (16+4) + norm 16, kv_b 16 x 4*(8+8), o 4*8 x 64.
+    CHECK(layer_params(m).attention == 64.0 * 48 + 64 * 20 + 16 + 16 * 64 + 32 * 64);
+    CHECK(m.num_dense_layers == 1);
+    c.erase("kv_lora_rank");
+    CHECK_THAT(msg(c), Contains("missing key \"kv_lora_rank\""));
+  }
+  SECTION("gpt_oss layer types") {
+    json c = {{"model_type", "gpt_oss"}, {"hidden_size", 64}, {"intermediate_size", 64},
+              {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 16},
+              {"vocab_size", 100}, {"max_position_embeddings", 128}, {"num_local_experts", 4},
+              {"experts_per_token", 2}, {"sliding_window", 32},
+              {"layer_types", {"sliding_attention", "full_attention"}}};
+    ModelSpec m = model_from_hf_config(c, "c.json", "x");
+    CHECK(m.num_sliding_layers == 1);
+    CHECK(m.experts_per_token == 2);
+    c["layer_types"] = {"sliding_attention", "chunked_attention"};
+    CHECK_THAT(msg(c), Contains("unknown layer type \"chunked_attention\"; valid: sliding_attention or full_attention"));
+  }
+}
+
+TEST_CASE("plan files written before the MLP kind split still read", "[model]") {
+  json j = to_json(store().load_model("llama-3-8b"));
+  for (const char* key : {"activation", "num_dense_layers", "dense_ffn_hidden_size", "shared_expert_ffn_size",
+                          "shared_expert_gate", "router_bias", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
+                          "v_head_dim", "qk_norm", "attention_sinks", "sliding_window", "num_sliding_layers"})
+    j.erase(key);
+  j["mlp"] = "swiglu";
+  ModelSpec m = model_from_json(j, "plan.json", "/model");
+  CHECK(m == store().load_model("llama-3-8b"));
+  j["mlp"] = "gelu";
+  CHECK(model_from_json(j, "plan.json", "/model").mlp == MlpKind::plain);
+}
+
+TEST_CASE("the layer's GEMM time follows the architecture", "[model]") {
+  const GpuSpec gpu = store().load_gpu("h100-sxm5-80gb");
+  SECTION("shared experts run beside the routed ones") {
+    ModelSpec m = store().load_model("deepseek-v3");
+    ModelSpec none = m;
+    none.shared_expert_ffn_size = 0;
+    TrainingSpec t{.seq_len = 4096, .global_batch = 64};
+    ParallelConfig p{.tp = 8, .pp = 1, .dp = 8, .ep = 8};
+    CHECK(layer_times(m, gpu, t, p).gemm_forward_s > layer_times(none, gpu, t, p).gemm_forward_s);
+  }
+  SECTION("windowed layers attend to fewer keys") {
+    ModelSpec m = store().load_model("gpt-oss-120b");
+    ModelSpec full = m;
+    full.num_sliding_layers = 0;
+    full.sliding_window = 0;
+    TrainingSpec t{.seq_len = 32768, .global_batch = 64};
+    ParallelConfig p{.tp = 1, .pp = 1, .dp = 64, .ep = 8};
+    CHECK(layer_times(m, gpu, t, p).attention_core_s < 0.6 * layer_times(full, gpu, t, p).attention_core_s);
+  }
+  SECTION("a plain MLP does two thirds of a gated one's work") {
+    ModelSpec m = store().load_model("nemotron-4-340b");
+    ModelSpec gated = m;
+    gated.mlp = MlpKind::gated;
+    TrainingSpec t{.seq_len = 4096, .global_batch = 64};
+    ParallelConfig p{.tp = 8, .pp = 1, .dp = 8};
+    LayerFlops plain_f = layer_forward_flops(m, 4096, 4096), gated_f = layer_forward_flops(gated, 4096, 4096);
+    CHECK_THAT(plain_f.mlp / gated_f.mlp, WithinRel(2.0 / 3.0, 1e-12));
+    CHECK(layer_times(m, gpu, t, p).gemm_forward_s < layer_times(gated, gpu, t, p).gemm_forward_s);
+  }
+  SECTION("dense layers of an MoE model are priced at their share") {
+    ModelSpec m = store().load_model("deepseek-v3");
+    ModelSpec all_moe = m;
+    all_moe.num_dense_layers = 0;
+    all_moe.dense_ffn_hidden_size = 0;
+    const double moe = layer_forward_flops(all_moe, 4096, 4096).mlp;
+    ModelSpec dense_mlp = m;  // the dense layer's MLP, as a dense model
+    dense_mlp.num_experts = dense_mlp.experts_per_token = dense_mlp.num_dense_layers = 0;
+    dense_mlp.shared_expert_ffn_size = 0;
+    dense_mlp.router_bias = false;
+    dense_mlp.ffn_hidden_size = m.dense_ffn_hidden_size;
+    dense_mlp.dense_ffn_hidden_size = 0;
+    const double dense = layer_forward_flops(dense_mlp, 4096, 4096).mlp;
+    CHECK_THAT(layer_forward_flops(m, 4096, 4096).mlp, WithinRel((58 * moe + 3 * dense) / 61, 1e-12));
   }
 }

@@ -1,6 +1,19 @@
 // The model being trained: a decoder-only transformer described by its shape. Read from a
-// Hugging Face config.json (llama, mistral, mixtral, qwen2, gpt_neox and gpt2 families) or from
-// dplan's own JSON form (inside plan.json); parameter counts follow the layer structure exactly.
+// Hugging Face config.json or from dplan's own JSON form (inside plan.json); parameter counts
+// follow the layer structure exactly. Families (Hugging Face model_type):
+//   llama, mistral, qwen2   dense, gated MLP, RMSNorm, rotary, grouped-query attention
+//   qwen3                   + per-head RMSNorm on q and k, explicit head_dim, attention_bias
+//   nemotron                non-gated squared-ReLU MLP, LayerNorm1p, grouped-query attention
+//   gpt_neox, gpt2          non-gated MLP, LayerNorm, biases (gpt2: learned positions)
+//   mixtral                 MoE, top-k of E experts in every layer
+//   qwen2_moe, qwen3_moe    MoE with moe_intermediate_size experts, dense layers
+//                           (mlp_only_layers, decoder_sparse_step), qwen2_moe's gated shared expert
+//   deepseek_v2/_v3         multi-head latent attention, shared experts, first_k_dense_replace
+//                           dense layers (num_nextn_predict_layers, the MTP head, is not counted)
+//   gpt_oss                 MoE with biased SwiGLU experts and router, attention sinks, a
+//                           sliding window on the layers layer_types marks "sliding_attention"
+// Models that mix dense and MoE layers (or windowed and full attention) are priced by their mean
+// layer (layer_params, layer_forward_flops, layer_times); num_params sums the layers exactly.
 #pragma once
 
 #include <string>
@@ -9,7 +22,9 @@
 
 namespace dplan::costmodel {
 
-enum class MlpKind { gelu, swiglu };  // swiglu: any gated MLP (gate, up, down matrices)
+// Gated (gate, up, down matrices: SwiGLU, GeGLU) or plain (up, down: GELU, squared ReLU), whatever
+// the activation; gelu and swiglu are the old names of the two kinds.
+enum class MlpKind { plain, gated, gelu = plain, swiglu = gated };
 enum class NormKind { layernorm, rmsnorm };
 enum class PositionKind { learned, rotary };
 
@@ -35,22 +50,52 @@ struct ModelSpec {
   int experts_per_token = 0;          // top-k routing
   double attention_dropout = 0.0;     // probability
   double hidden_dropout = 0.0;        // residual / embedding dropout probability
+  std::string activation = "silu";    // Hugging Face hidden_act (element-wise; no cost of its own)
+  // MoE structure. Dense layers of an MoE model (DeepSeek's first_k_dense_replace, Qwen's
+  // mlp_only_layers) have a dense MLP of dense_ffn_hidden_size; every MoE layer also runs the
+  // shared experts, one dense MLP of shared_expert_ffn_size (n_shared_experts x their width).
+  int num_dense_layers = 0;
+  int dense_ffn_hidden_size = 0;      // 0 when num_dense_layers is 0
+  int shared_expert_ffn_size = 0;     // 0: no shared expert
+  bool shared_expert_gate = false;    // qwen2_moe: sigmoid gate h x 1 on the shared expert
+  bool router_bias = false;           // E router biases (gpt_oss; DeepSeek-V3's correction bias)
+  // Multi-head latent attention (DeepSeek-V2/V3) when kv_lora_rank > 0: head_dim is the query and
+  // key head width (qk_nope_head_dim + qk_rope_head_dim), num_kv_heads == num_heads.
+  int q_lora_rank = 0;                // 0: plain q projection
+  int kv_lora_rank = 0;
+  int qk_rope_head_dim = 0;           // the decoupled rotary key, shared by all heads
+  int v_head_dim = 0;                 // 0: head_dim
+  bool qk_norm = false;               // qwen3: RMSNorm over head_dim on each q and k head
+  bool attention_sinks = false;       // gpt_oss: one learned logit per head
+  int sliding_window = 0;             // keys per query on the windowed layers; 0: none
+  int num_sliding_layers = 0;         // layers attending over the window only
 
   bool is_moe() const { return num_experts > 0; }
+  bool is_mla() const { return kv_lora_rank > 0; }
   int q_dim() const { return num_heads * head_dim; }
   int kv_dim() const { return num_kv_heads * head_dim; }
+  // Width of the attention output over all heads (the output projection's input): heads x value dim.
+  int attn_out_dim() const { return num_heads * (v_head_dim > 0 ? v_head_dim : head_dim); }
+  int num_moe_layers() const { return is_moe() ? num_layers - num_dense_layers : 0; }
+  // Share of the layers that are MoE layers (the rest have a dense MLP).
+  double moe_layer_fraction() const { return double(num_moe_layers()) / num_layers; }
   bool operator==(const ModelSpec&) const = default;
 };
 
 // Parameters of one transformer layer, split by where they live (counts, not bytes).
 struct LayerParams {
-  double attention = 0;   // q, k, v, o projections and their biases
-  double mlp = 0;         // dense MLP, or the shared part of an MoE layer (router)
+  double attention = 0;   // q, k, v, o projections, their biases, MLA's latent norms, q/k norms, sinks
+  double mlp = 0;         // dense MLP, or the shared part of an MoE layer (router, shared experts)
   double experts = 0;     // all experts of an MoE layer (0 for dense)
   double norms = 0;       // the two norms
+  double attention_replicated = 0;  // the part of `attention` tensor parallel does not split
   double total() const { return attention + mlp + experts + norms; }
 };
 
+enum class LayerKind { dense, moe };
+// One layer of that kind (a dense layer of an MoE model has its dense_ffn_hidden_size MLP).
+LayerParams layer_params(const ModelSpec& model, LayerKind kind);
+// The mean layer: dense and MoE layers weighted by their counts (exact for uniform models).
 LayerParams layer_params(const ModelSpec& model);
 
 // Parameters of the whole model, exact (Llama-3-8B = 8,030,261,248): embedding, learned position
@@ -58,7 +103,8 @@ LayerParams layer_params(const ModelSpec& model);
 // model's vocabulary (for padded vocabularies); 0 means the model's own.
 double num_params(const ModelSpec& model, int vocab_size = 0);
 
-// Parameters a token activates: like num_params, but only experts_per_token experts per layer.
+// Parameters a token activates: like num_params, but only experts_per_token experts per layer
+// (the input embedding counted, as for Mixtral's 12.9 B; gpt-oss's model card leaves it out).
 double num_active_params(const ModelSpec& model);
 
 // Reads a Hugging Face config.json. `file` names the source in error messages. Throws

@@ -192,8 +192,12 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
         bwd_s = flops / (bwd * gpu.sustained_fraction);
       } else if (gpu.attention_forward_efficiency > 0) {
         // Forward: QK^T (d wide) and PV (d_v wide), the causal half; backward 2.5x that.
+        // A context-parallel ring runs cp calls of seq / cp keys each (Megatron-Core / TE's p2p
+        // context parallel, Liu et al. 2023), so each call sees keys / cp.
         const double work = flops * (1 + d_v / d) * causal;
-        const double peak = peak_flops_per_s(gpu, core_prec) * gpu.sustained_fraction;
+        const double call_keys = keys / p.cp;
+        const double peak = peak_flops_per_s(gpu, core_prec) * gpu.sustained_fraction * call_keys /
+                            (call_keys + gpu.attention_half_keys);
         fwd_s = work / (peak * gpu.attention_forward_efficiency) + gpu.kernel_overhead_s;
         bwd_s = 2.5 * work / (peak * gpu.attention_backward_efficiency) + gpu.kernel_overhead_s;
       }

@@ -175,6 +175,7 @@ GpuSpec gpu_from_json(const json& j, const std::string& file) {
     ObjectReader attention = r.object("attention");
     g.attention_forward_efficiency = efficiency_fraction(attention, "forward_efficiency");
     g.attention_backward_efficiency = efficiency_fraction(attention, "backward_efficiency");
+    if (attention.has("half_keys")) g.attention_half_keys = attention.number_in("half_keys", 0, kMaxSeqLen);
     attention.finish();
   }
   g.memory_efficiency = efficiency_fraction(r, "memory_efficiency");
@@ -312,7 +313,8 @@ json to_json(const GpuSpec& g) {
            {"sources", g.sources}};
   if (g.attention_forward_efficiency > 0)
     out["attention"] = {{"forward_efficiency", g.attention_forward_efficiency},
-                        {"backward_efficiency", g.attention_backward_efficiency}};
+                        {"backward_efficiency", g.attention_backward_efficiency},
+                        {"half_keys", g.attention_half_keys}};
   return out;
 }
 

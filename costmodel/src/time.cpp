@@ -99,6 +99,7 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
   const OptimizerTime optimizer = optimizer_time(gpu, cluster, t, p, mem);
   r.optimizer_s = optimizer.optimizer_s;
   r.offload_s = optimizer.offload_s;
+  r.overhead_s = step_overhead_s(net, gpu, t, p, mem);
   summarize(r, m, cluster, t, p);
   return r;
 }

@@ -257,6 +257,29 @@ OptimizerTime optimizer_time(const GpuSpec& gpu, const ClusterSpec& cluster, con
   return r;
 }
 
+// Per-step work outside the phases above, on the critical path (Megatron-LM's training step,
+// megatron/core/optimizer: zero_grad_buffer, clip_grad_norm / get_grad_norm_fp32, and the loss
+// averaged over data-parallel ranks for logging): zeroing the gradient buffer (write its bytes),
+// the gradient norm (read the local, possibly sharded, gradients; one fp32 all-reduce over every
+// rank, latency-bound), and the loss's all-reduce over the data-parallel group. Two kernels each
+// for the memory-bound parts.
+double step_overhead_s(const Network& net, const GpuSpec& gpu, const TrainingSpec& t, const ParallelConfig& p,
+                       const MemoryEstimate& mem) {
+  const BytesPerParam bpp = bytes_per_param(t);
+  double grad_bytes = 0;
+  for (const StageMemory& s : mem.stages) grad_bytes = std::max(grad_bytes, s.grads_bytes);
+  const int shards = (p.zero_stage >= 1 || p.distributed_optimizer) ? p.dp * p.cp : 1;
+  double local_params = 0;
+  for (const StageMemory& s : mem.stages) local_params = std::max(local_params, s.num_params / shards);
+  double seconds = memory_time_s(gpu, grad_bytes) + memory_time_s(gpu, local_params * bpp.grads) +
+                   4 * gpu.kernel_overhead_s;
+  const int world = p.world_size();
+  if (world > 1) seconds += net.cost(Collective::all_reduce, 4, GroupShape{world, 1}).time_s;
+  const GroupShape dp_shape = data_parallel_shape(p);
+  if (dp_shape.size > 1) seconds += net.cost(Collective::all_reduce, 4, dp_shape).time_s;
+  return seconds;
+}
+
 // Step time is the sum of the critical-path phases. MFU counts the model's FLOPs
 // (model_flops_per_step), HFU adds what recompute replays (every layer's forward, or its attention
 // core for selective recompute), both against the dense peak of every GPU of the layout

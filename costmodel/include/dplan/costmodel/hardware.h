@@ -56,6 +56,9 @@ struct GpuSpec {
   // 0: the profile gives none, and the core is priced as batched GEMMs (compute.h).
   double attention_forward_efficiency = 0;
   double attention_backward_efficiency = 0;
+  // Each call reaches efficiency x keys / (keys + attention_half_keys): short key blocks (a
+  // context-parallel ring step sees seq / cp keys) leave the kernel's pipeline less to overlap.
+  double attention_half_keys = 0;
   int sm_count = 0;
   double kernel_overhead_s = 0;
   // A probe's GEMM timings (optional). For a precision they cover, a GEMM's

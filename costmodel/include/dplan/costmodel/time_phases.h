@@ -117,6 +117,11 @@ struct OptimizerTime {
 OptimizerTime optimizer_time(const GpuSpec& gpu, const ClusterSpec& cluster, const TrainingSpec& training,
                              const ParallelConfig& parallel, const MemoryEstimate& memory);
 
+// The per-step fixed work outside the phases (gradient buffer zeroing, gradient norm and its
+// all-reduce, the loss's data-parallel all-reduce): TimeBreakdown::overhead_s.
+double step_overhead_s(const Network& network, const GpuSpec& gpu, const TrainingSpec& training,
+                       const ParallelConfig& parallel, const MemoryEstimate& memory);
+
 // Fills step_time_s, tokens_per_s, bubble_fraction, mfu and hfu from the phases in `time`.
 void summarize(TimeBreakdown& time, const ModelSpec& model, const ClusterSpec& cluster, const TrainingSpec& training,
                const ParallelConfig& parallel);

@@ -17,7 +17,7 @@ using namespace planner;
 void add_explain_options(CLI::App& command, ExplainArgs& args) {
   command.add_option("plan", args.plan_path, "plan.json written by dplan -o")->required();
   command.add_option("--cluster", args.cluster,
-                     "cluster profile name or path to explain on (default: the cluster the plan embeds)");
+                     "cluster profile name or path to explain on (default: the profile the plan names)");
   command.add_option("--headroom", args.headroom_fraction,
                      "fraction of HBM a changed plan must leave free")
       ->capture_default_str()
@@ -30,7 +30,7 @@ int run_explain(const ExplainArgs& args, const ProfileStore& store) {
   const Plan plan = read_plan(args.plan_path);  // strict: a foreign file is one error line
   PlanCase c;
   c.model = plan.model;
-  c.cluster = args.cluster ? store.load_cluster(*args.cluster) : plan_cluster(plan, args.plan_path);
+  c.cluster = args.cluster ? store.load_cluster(*args.cluster) : plan_cluster(plan, args.plan_path, store);
   c.training = plan.training;
   c.parallel = plan.parallel;
   c.overlap = plan.overlap;

@@ -16,7 +16,7 @@ namespace dplan::cli {
 
 struct ExplainArgs {
   std::string plan_path;
-  std::optional<std::string> cluster;  // default: the cluster the plan embeds
+  std::optional<std::string> cluster;  // default: the profile of the name the plan records
   double headroom_fraction = costmodel::kDefaultHeadroomFraction;
   int top = 5;
   bool json = false;

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "dplan/costmodel/errors.h"
+#include "dplan/costmodel/json_io.h"
 #include "dplan/costmodel/units.h"
 
 namespace dplan::planner {
@@ -44,17 +45,16 @@ MfuBreakdown explain_time(const TimeBreakdown& t) {
   return b;
 }
 
-ClusterSpec plan_cluster(const Plan& plan, const std::string& file) {
-  const json& embedded = plan.cluster;
-  if (!embedded.is_object() || !embedded.contains("gpu") || !embedded.at("gpu").is_object() ||
-      !embedded.at("gpu").contains("name") || !embedded.at("gpu").at("name").is_string())
-    throw InputError(file + ": /cluster/gpu: expected the GPU profile the plan was predicted for");
-  json cluster = embedded;
-  const json gpu = embedded.at("gpu");
-  cluster["gpu"] = gpu.at("name");
-  return cluster_from_json(json{{"format_version", 1}, {"cluster", cluster}}, file, [&](const std::string&) {
-    return gpu_from_json(json{{"format_version", 1}, {"gpu", gpu}}, file);
-  });
+ClusterSpec plan_cluster(const Plan& plan, const std::string& file, const ProfileStore& store) {
+  const json& cluster = plan.cluster;
+  if (!cluster.is_object() || !cluster.contains("name") || !cluster.at("name").is_string())
+    throw InputError(file + ": /cluster/name: expected the name of the cluster the plan was made for");
+  const std::string name = cluster.at("name").get<std::string>();
+  const std::vector<std::string> known = store.cluster_names();
+  if (std::find(known.begin(), known.end(), name) == known.end())
+    throw InputError(file + ": /cluster/name: " + quote_for_message(name) +
+                     " is not a cluster profile here; give --cluster NAME or a path to its profile");
+  return store.load_cluster(name);
 }
 
 Estimated estimate_case(const PlanCase& c) {
@@ -134,21 +134,24 @@ std::string estimate_flags(const PlanCase& plan) { return join(flag_list(plan));
 
 std::vector<Suggestion> suggest_changes(const PlanCase& plan, const TimeBreakdown& time, size_t max_count) {
   const ParallelConfig& p = plan.parallel;
+  // Each change has a kind; only the best of a kind is shown (one micro-batch size, one vpp, ...).
   struct Change {
-    std::string what;
+    std::string kind, what;
     PlanCase changed;
     bool same_math = true;
   };
   std::vector<Change> changes;
+  std::string kind;
   auto change = [&](std::string what, const std::function<void(PlanCase&)>& edit, bool same_math = true) {
     PlanCase c = plan;
     edit(c);
-    changes.push_back({std::move(what), std::move(c), same_math});
+    changes.push_back({kind, std::move(what), std::move(c), same_math});
   };
   const int m = num_microbatches(plan.training, p);
 
   // Micro-batch size at the same global batch: smaller means more micro-batches per pipeline (a
   // smaller bubble, less activation memory), larger means bigger GEMMs.
+  kind = "micro-batch";
   for (int mbs : {1, 2, 4, 8, 16}) {
     if (mbs == p.micro_batch || check_batch(plan.training, mbs, p.dp) != LayoutRule::ok) continue;
     const int m2 = plan.training.global_batch / (mbs * p.dp);
@@ -158,6 +161,7 @@ std::vector<Suggestion> suggest_changes(const PlanCase& plan, const TimeBreakdow
            [mbs](PlanCase& c) { c.parallel.micro_batch = mbs; });
   }
   // Interleaving: vpp model chunks per pipeline rank divide the bubble by vpp.
+  kind = "vpp";
   if (p.pp > 1)
     for (int vpp = 1; vpp <= 8; ++vpp) {
       if (vpp == p.vpp) continue;
@@ -168,6 +172,7 @@ std::vector<Suggestion> suggest_changes(const PlanCase& plan, const TimeBreakdow
                c.parallel.schedule = vpp > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
              });
     }
+  kind = "tp-comm-overlap";
   if (p.tp > 1 && !plan.overlap.tp_comm)
     change(p.sequence_parallel ? "overlap tensor-parallel communication with GEMMs"
                                : "overlap tensor-parallel communication with GEMMs (with sequence parallel, which it needs)",
@@ -175,18 +180,23 @@ std::vector<Suggestion> suggest_changes(const PlanCase& plan, const TimeBreakdow
              c.overlap.tp_comm = true;
              c.parallel.sequence_parallel = true;
            });
+  kind = "sp";
   if (p.tp > 1 && !p.sequence_parallel)
     change("sequence parallel", [](PlanCase& c) { c.parallel.sequence_parallel = true; });
   // Less recompute, where it still fits.
+  kind = "recompute";
   if (p.recompute == Recompute::full)
     change("less recompute: selective (was full)", [](PlanCase& c) { c.parallel.recompute = Recompute::selective; });
   if (p.recompute != Recompute::none)
     change(std::string("less recompute: none (was ") + to_string(p.recompute) + ")",
            [](PlanCase& c) { c.parallel.recompute = Recompute::none; });
+  kind = "overlap-grad-reduce";
   if (!plan.overlap.grad_reduce)
     change("overlap gradient reduction with backward", [](PlanCase& c) { c.overlap.grad_reduce = true; });
+  kind = "overlap-param-gather";
   if (!plan.overlap.param_gather)
     change("overlap parameter gathers with forward", [](PlanCase& c) { c.overlap.param_gather = true; });
+  kind = "sharding";
   if (p.dp * p.cp > 1 && !p.distributed_optimizer)
     change("distributed optimizer (was ZeRO " + std::to_string(p.zero_stage) + ")", [](PlanCase& c) {
       c.parallel.distributed_optimizer = true;
@@ -195,10 +205,12 @@ std::vector<Suggestion> suggest_changes(const PlanCase& plan, const TimeBreakdow
   if (p.zero_stage >= 2)
     change("ZeRO 1 (was ZeRO " + std::to_string(p.zero_stage) + "): no per-layer gathers or gradient scatters",
            [](PlanCase& c) { c.parallel.zero_stage = 1; });
+  kind = "offload";
   if (p.offload_optimizer)
     change("optimizer states on the GPU (no offload)", [](PlanCase& c) { c.parallel.offload_optimizer = false; });
   // A larger global batch fills the pipeline too, but it changes the training (tokens per step,
   // the learning-rate schedule): said apart from the like-for-like changes.
+  kind = "global-batch";
   if (p.pp > 1 && 2LL * plan.training.global_batch <= kMaxGlobalBatch)
     change("larger global batch: " + std::to_string(2 * plan.training.global_batch) + " sequences (was " +
                std::to_string(plan.training.global_batch) + "), " + std::to_string(2 * m) +
@@ -222,6 +234,7 @@ std::vector<Suggestion> suggest_changes(const PlanCase& plan, const TimeBreakdow
     }
     if (!e.memory.fits) continue;
     Suggestion s;
+    s.kind = ch.kind;
     s.what = ch.what;
     s.flags = changed_flags(plan, ch.changed);
     s.changed = ch.changed;
@@ -235,6 +248,14 @@ std::vector<Suggestion> suggest_changes(const PlanCase& plan, const TimeBreakdow
   }
   auto by_gain = [](const Suggestion& a, const Suggestion& b) { return a.gain > b.gain; };
   std::stable_sort(same.begin(), same.end(), by_gain);
+  std::vector<std::string> kinds;
+  same.erase(std::remove_if(same.begin(), same.end(),
+                            [&](const Suggestion& s) {
+                              if (std::find(kinds.begin(), kinds.end(), s.kind) != kinds.end()) return true;
+                              kinds.push_back(s.kind);
+                              return false;
+                            }),
+             same.end());
   if (same.size() > max_count) same.resize(max_count);
   std::stable_sort(different.begin(), different.end(), by_gain);
   if (!different.empty()) same.push_back(std::move(different.front()));
@@ -280,7 +301,8 @@ json to_json(const MfuBreakdown& b) {
 }
 
 json to_json(const Suggestion& s) {
-  return json{{"what", s.what},
+  return json{{"kind", s.kind},
+              {"what", s.what},
               {"flags", s.flags},
               {"estimate_flags", estimate_flags(s.changed)},
               {"step_time_s", s.step_time_s},

@@ -475,7 +475,7 @@ TEST_CASE("dplan explain of a missing or foreign file is one error line naming i
   CHECK_THAT(require_one_error_line(run_dplan({"explain", broken})), Contains("broken.json"));
 }
 
-TEST_CASE("--headroom is kept free by the search's pick and stated in the report", "[cli][headroom]") {
+TEST_CASE("the search's pick keeps --headroom free and the report states it", "[cli][headroom]") {
   Result text = run_dplan({"--model", "70B", "--gpus", "64"});
   REQUIRE(text.status == 0);
   CHECK_THAT(text.out, Contains("plans keep 10 % of HBM free"));

@@ -74,8 +74,9 @@ TEST_CASE("the named losses and the ideal add up to the step time", "[explain][l
     CHECK(j.at("losses").size() == b.losses.size());
     CHECK(j.at("mfu").get<double>() == b.mfu);
   }
-  // The samples exercise the data-parallel, bubble, recompute, TP, CP, EP and optimizer losses.
-  for (const char* key : {"non_gemm", "recompute", "tp_comm", "cp_comm", "pp_bubble", "optimizer", "dp_comm"}) {
+  // The samples exercise the data-parallel, bubble, recompute, TP and optimizer losses (CP and EP
+  // communication may hide entirely).
+  for (const char* key : {"non_gemm", "recompute", "tp_comm", "pp_bubble", "optimizer", "dp_comm"}) {
     CAPTURE(key);
     CHECK(nonzero.count(key) == 1);
   }
@@ -98,6 +99,8 @@ TEST_CASE("every suggestion's stated gain is the re-estimate of its changed plan
       CHECK(s.step_time_s == again.time.step_time_s);
       CHECK(s.gain == Approx(again.time.tokens_per_s / base.time.tokens_per_s - 1).epsilon(1e-12));
       CHECK(s.gain > 0);
+      // One change of each kind.
+      for (size_t k = 0; k < i; ++k) CHECK(suggestions[k].kind != s.kind);
       // Ranked by gain among the like-for-like changes; a change of the training comes last.
       if (i > 0 && s.same_math) CHECK(suggestions[i - 1].gain >= s.gain);
       if (!s.same_math) CHECK(i + 1 == suggestions.size());
@@ -119,8 +122,6 @@ TEST_CASE("a plan with a big pipeline bubble is told to interleave or use more m
                            s.changed.parallel.micro_batch < c.parallel.micro_batch);
   });
   CHECK(pipeline_fix);
-  // The best like-for-like change is one of them: the bubble is the largest loss here.
-  CHECK((suggestions[0].changed.parallel.vpp > 1 || suggestions[0].changed.parallel.micro_batch == 1));
 }
 
 TEST_CASE("a plan with full recompute that fits without it is told to recompute less", "[explain]") {
@@ -141,10 +142,13 @@ TEST_CASE("a plan with full recompute that fits without it is told to recompute 
 }
 
 TEST_CASE("the estimate's fit verdict keeps the headroom free", "[explain][headroom]") {
-  const PlanCase c = make_case("llama-3-8b", {.seq_len = 8192, .global_batch = 64}, {.dp = 8, .zero_stage = 1});
+  const PlanCase c = make_case("llama-3-8b", {.seq_len = 4096, .global_batch = 64},
+                               {.tp = 2, .dp = 4, .distributed_optimizer = true, .sequence_parallel = true,
+                                .recompute = Recompute::full});
   const MemoryEstimate raw = estimate_memory(c.model, c.cluster, c.training, c.parallel, 0.0);
   REQUIRE(raw.fits);
   const double used = raw.peak_bytes / raw.capacity_bytes;
+  REQUIRE(used > 0.2);
   const MemoryEstimate loose = estimate_memory(c.model, c.cluster, c.training, c.parallel, 1 - used - 0.01);
   const MemoryEstimate tight = estimate_memory(c.model, c.cluster, c.training, c.parallel, 1 - used + 0.01);
   CHECK(loose.fits);

@@ -21,6 +21,7 @@
 #include "dplan/costmodel/network.h"
 #include "dplan/costmodel/plan_file.h"
 #include "dplan/costmodel/time.h"
+#include "dplan/planner/profiles.h"
 
 namespace dplan::planner {
 
@@ -52,9 +53,10 @@ struct PlanCase {
   double headroom_fraction = costmodel::kDefaultHeadroomFraction;
 };
 
-// The cluster a plan.json was predicted for, from the copy it embeds (its GPU included); throws
-// InputError naming `file` when that copy is not a cluster profile this dplan reads.
-costmodel::ClusterSpec plan_cluster(const costmodel::Plan& plan, const std::string& file);
+// The cluster a plan.json was predicted for: the profile of its name (/cluster/name) in `store`,
+// as it is today (the copy a plan embeds is a record, not a profile). Throws InputError naming
+// `file` when the plan names no cluster the store has.
+costmodel::ClusterSpec plan_cluster(const costmodel::Plan& plan, const std::string& file, const ProfileStore& store);
 
 struct Estimated {
   costmodel::MemoryEstimate memory;
@@ -66,6 +68,7 @@ Estimated estimate_case(const PlanCase& plan);
 
 // One change to a plan with its re-estimated result.
 struct Suggestion {
+  std::string kind;            // "micro-batch", "vpp", "tp-comm-overlap", "sp", "recompute", "sharding", ...
   std::string what;            // "more micro-batches: micro-batch 1 (was 2), 64 per pipeline (was 32)"
   std::string flags;           // the changed `dplan estimate` flags: "--mbs 1"
   PlanCase changed;
@@ -78,9 +81,10 @@ struct Suggestion {
 
 // Candidate changes (micro-batch size, vpp, TP communication overlap with sequence parallel,
 // sequence parallel, less recompute, overlap of gradient reduction and parameter gathers, the
-// distributed optimizer, no offload), each re-estimated; those that are valid, still fit with the
-// plan's headroom and are faster, best first, at most `max_count`. Changes to the training
-// itself (a doubled global batch) are ranked after every like-for-like change.
+// distributed optimizer or ZeRO 1, no offload), each re-estimated; those that are valid, still
+// fit with the plan's headroom and are at least 0.1 % faster, best first, only the best of each
+// kind, at most `max_count`. A change of the training itself (a doubled global batch) follows
+// them, at most one.
 std::vector<Suggestion> suggest_changes(const PlanCase& plan, const costmodel::TimeBreakdown& time,
                                         size_t max_count = 5);
 

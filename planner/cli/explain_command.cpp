@@ -73,7 +73,7 @@ int run_explain(const ExplainArgs& args, const ProfileStore& store) {
               e.memory.peak_bytes / kGiB, e.memory.capacity_bytes / kGiB, 100 * c.headroom_fraction,
               c.headroom_fraction, e.memory.fits ? "" : ": this plan does not fit");
   std::printf("throughput: %.0f tokens/s, step %.3f s\n\n", e.time.tokens_per_s, e.time.step_time_s);
-  std::cout << std::flush << explain_table(breakdown, suggestions);
+  std::cout << std::flush << explain_table(breakdown, suggestions, &c);
   return 0;
 }
 

@@ -294,7 +294,7 @@ int run_plan(const Options& o, const ProfileStore& store) {
   }
   std::cout << std::setprecision(2) << "\n" << memory_table(in.cluster, mem) << "\n" << time_table(time, in.training);
   std::cout << "time to train " << format_params(o.tokens) << " tokens: " << days(o.tokens / time.tokens_per_s) << "\n";
-  std::cout << "\n" << explain_table(breakdown, suggestions);
+  std::cout << "\n" << explain_table(breakdown, suggestions, &chosen);
 
   std::cout << "\nnext best layouts\n"
             << " #  layout                        mbs  sharding / recompute          step (s)  tokens/s   mem/GPU (GiB)\n";

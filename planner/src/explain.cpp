@@ -262,7 +262,7 @@ std::vector<Suggestion> suggest_changes(const PlanCase& plan, const TimeBreakdow
   return same;
 }
 
-std::string explain_table(const MfuBreakdown& b, const std::vector<Suggestion>& suggestions) {
+std::string explain_table(const MfuBreakdown& b, const std::vector<Suggestion>& suggestions, const PlanCase* plan) {
   std::ostringstream o;
   o << "why MFU is " << fmt("%.1f", 100 * b.mfu)
     << " %: the step against its ideal (model FLOPs at the GPUs' dense peak)\n";
@@ -278,6 +278,16 @@ std::string explain_table(const MfuBreakdown& b, const std::vector<Suggestion>& 
   }
   std::snprintf(line, sizeof line, "%-22s %10.1f  100.0 %%\n", "step", b.step_time_s * 1e3);
   o << line;
+  const auto bubble = std::find_if(b.losses.begin(), b.losses.end(), [](const Loss& l) { return l.key == "pp_bubble"; });
+  if (plan && plan->parallel.pp > 1 && bubble != b.losses.end() && bubble->seconds > 0) {
+    // The textbook fill-and-drain idle fraction (Narayanan et al. 2021, Sec. 2.2): (pp - 1) / (vpp * m)
+    // of the ideal time, m the micro-batches per pipeline; the bubble above is the cost model's play-out.
+    const ParallelConfig& p = plan->parallel;
+    const int m = num_microbatches(plan->training, p);
+    o << "the bubble shrinks as (pp - 1) / (vpp x m): pp " << p.pp << ", vpp " << p.vpp << ", m = " << m
+      << " micro-batches per pipeline (global batch " << plan->training.global_batch << " / (micro-batch "
+      << p.micro_batch << " x dp " << p.dp << ")); m counts micro-batches, it is not the micro-batch size\n";
+  }
   o << "\nchanges that recover the most (each re-estimated; it must still fit in memory with the headroom)\n";
   if (suggestions.empty()) {
     o << "  none found: no single change tried is faster and still fits\n";

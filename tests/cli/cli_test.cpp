@@ -463,6 +463,18 @@ TEST_CASE("dplan explain re-estimates a plan.json and its losses add up to the s
     CHECK_THAT(s["estimate_flags"].get<std::string>(), StartsWith("--model llama-3-70b"));
   }
   CHECK_FALSE(j.contains("note"));  // written and explained by the same cost model
+  CHECK_THAT(text.out, Contains("micro-batches per pipeline"));  // the bubble's terms
+
+  // A stored prediction that is not today's is named, and today's is explained.
+  json stored = json::parse(read_file(plan));
+  stored["prediction"]["step_time_s"] = 2 * j["step_time_s"].get<double>();
+  const std::string edited = dir.write("edited/plan.json", stored.dump(1));
+  Result n = run_dplan({"explain", edited, "--json"});
+  REQUIRE(n.status == 0);
+  const json k = json::parse(n.out);
+  REQUIRE(k.contains("note"));
+  CHECK_THAT(k["note"].get<std::string>(), Contains("differs"));
+  CHECK(k["step_time_s"] == j["step_time_s"]);
 }
 
 TEST_CASE("dplan explain of a missing or foreign file is one error line naming it", "[cli][explain][error]") {

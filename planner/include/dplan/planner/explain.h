@@ -91,8 +91,10 @@ std::vector<Suggestion> suggest_changes(const PlanCase& plan, const costmodel::T
 // The flags that make `dplan estimate` evaluate `plan` (model and cluster by name).
 std::string estimate_flags(const PlanCase& plan);
 
-// Report text: the losses, then the suggestions with their flags.
-std::string explain_table(const MfuBreakdown& breakdown, const std::vector<Suggestion>& suggestions);
+// Report text: the losses, then the suggestions with their flags. With the plan, a bubble is
+// explained by its terms (pp, vpp, micro-batches per pipeline: the count m, not the micro-batch size).
+std::string explain_table(const MfuBreakdown& breakdown, const std::vector<Suggestion>& suggestions,
+                          const PlanCase* plan = nullptr);
 
 json to_json(const MfuBreakdown& breakdown);
 json to_json(const Suggestion& suggestion);

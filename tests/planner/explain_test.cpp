@@ -4,6 +4,7 @@
 // numbers change under these tests.
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 #include <string>
 
@@ -80,6 +81,31 @@ TEST_CASE("the named losses and the ideal add up to the step time", "[explain][l
     CAPTURE(key);
     CHECK(nonzero.count(key) == 1);
   }
+}
+
+TEST_CASE("every phase of the step lands in exactly one loss", "[explain][law]") {
+  // Distinct powers of two: a phase dropped or counted twice changes the sum.
+  TimeBreakdown t;
+  t.forward_s = 1, t.backward_s = 2, t.recompute_s = 4, t.tp_comm_s = 8, t.cp_comm_s = 16, t.ep_comm_s = 32;
+  t.pp_p2p_s = 64, t.pp_bubble_s = 128, t.dp_comm_s = 256, t.param_gather_s = 512, t.optimizer_s = 1024;
+  t.offload_s = 2048, t.overhead_s = 4096, t.hidden_comm_s = 8192;  // hidden: not on the critical path
+  double step = 0;
+  for (const auto& [name, seconds] : t.phases()) step += seconds;
+  t.step_time_s = step;
+  t.gemm_s = 2.5;          // of forward + backward = 3
+  t.mfu = 1.0 / step;      // ideal = 1 s
+  const MfuBreakdown b = explain_time(t);
+  CHECK(b.ideal_s == Approx(1.0));
+  CHECK(b.ideal_s + b.losses_s() == Approx(step).epsilon(1e-12));
+  std::map<std::string, double> by_key;
+  for (const Loss& l : b.losses) by_key[l.key] = l.seconds;
+  CHECK(by_key.at("gemm_efficiency") == Approx(1.5));
+  CHECK(by_key.at("non_gemm") == Approx(0.5));
+  CHECK(by_key.at("recompute") == 4);
+  CHECK(by_key.at("dp_comm") == 256 + 512);
+  CHECK(by_key.at("optimizer") == 1024 + 2048);
+  CHECK(by_key.at("overhead") == 4096);
+  CHECK(by_key.at("pp_bubble") == 128);
 }
 
 TEST_CASE("every suggestion's stated gain is the re-estimate of its changed plan, which fits", "[explain][law]") {

@@ -1,6 +1,7 @@
 #include "dplan/costmodel/memory.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "dplan/costmodel/errors.h"
@@ -89,7 +90,7 @@ ModelStateBytes model_state_bytes(double n, int shard_ranks, const TrainingSpec&
 }
 
 MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t,
-                               const ParallelConfig& p) {
+                               const ParallelConfig& p, double headroom_fraction) {
   const int microbatches = num_microbatches(t, p);
   const std::vector<int> layers = assign_layers(m.num_layers, p);
   const double h = m.hidden_size;
@@ -107,6 +108,7 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
 
   MemoryEstimate est;
   est.capacity_bytes = c.gpu.hbm_bytes;
+  est.headroom_fraction = headroom_fraction;
   est.host_capacity_bytes = c.host_memory_bytes;
   for (int stage = 0; stage < p.pp; ++stage) {
     const bool first = stage == 0, last = stage == p.pp - 1;
@@ -180,12 +182,16 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
   est.host_bytes_per_node = host_per_gpu * c.gpus_per_node;
   est.fits = true;
   for (const auto& s : est.stages) {
-    if (s.total_bytes() <= est.capacity_bytes) continue;
+    if (s.total_bytes() <= est.usable_bytes()) continue;
     est.fits = false;
     LargestPart largest = largest_part(s);
-    est.reasons.push_back("stage " + std::to_string(s.stage) + " needs " + gib(s.total_bytes()) + " > " +
-                          gib(est.capacity_bytes) + " of HBM (largest: " + largest.name + " " +
-                          gib(largest.bytes) + ")");
+    const std::string limit = headroom_fraction > 0
+                                  ? gib(est.usable_bytes()) + " (" + gib(est.capacity_bytes) + " of HBM less " +
+                                        std::to_string(static_cast<int>(std::lround(100 * headroom_fraction))) +
+                                        " % headroom)"
+                                  : gib(est.capacity_bytes) + " of HBM";
+    est.reasons.push_back("stage " + std::to_string(s.stage) + " needs " + gib(s.total_bytes()) + " > " + limit +
+                          " (largest: " + largest.name + " " + gib(largest.bytes) + ")");
   }
   if (est.host_bytes_per_node > est.host_capacity_bytes) {
     est.fits = false;

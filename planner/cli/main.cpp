@@ -4,6 +4,7 @@
 //   dplan list                               presets, size shorthands, clusters
 //   dplan run plan.json                      train with that layout (executor), write run.json
 //   dplan compare plan.json run.json         predicted vs measured, phase by phase
+//   dplan explain plan.json                  why MFU is low, and the changes that recover the most
 // Errors in input print "dplan: error: ..." on stderr and exit 2.
 #include <charconv>
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "dplan/costmodel/run_record.h"
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/time.h"
+#include "dplan/planner/explain.h"
 #include "dplan/planner/plan.h"
 #include "dplan/planner/profiles.h"
 #include "dplan/planner/report.h"
@@ -28,6 +30,7 @@
 
 #include "calibrate_command.h"
 #include "compare_command.h"
+#include "explain_command.h"
 #include "probe_command.h"
 #include "run_command.h"
 
@@ -58,6 +61,7 @@ struct Options {
   bool no_overlap_grad = false, no_overlap_param = false, tp_overlap = false;
   bool runnable = false;            // search only layouts dplan run executes
   bool force = false;               // -o may replace a file dplan did not write
+  double headroom = kDefaultHeadroomFraction;  // of HBM a plan leaves free (--headroom)
   // estimate only
   int tp = 1, pp = 1, cp = 1, ep = 1, vpp = 1, mbs = 1, zero = 0;
   std::optional<int> dp;
@@ -161,7 +165,7 @@ int run_estimate(const Options& o, const ProfileStore& store) {
   }
   validate(in.model, in.cluster, in.training, p, o.gpus);
   Network net(in.cluster, o.gpus);
-  MemoryEstimate mem = estimate_memory(in.model, in.cluster, in.training, p);
+  MemoryEstimate mem = estimate_memory(in.model, in.cluster, in.training, p, o.headroom);
   TimeBreakdown time = estimate_time(in.model, net, in.training, p, mem, in.overlap);
   if (o.json) {
     json out = {{"model", to_json(in.model)},
@@ -170,6 +174,7 @@ int run_estimate(const Options& o, const ProfileStore& store) {
                 {"training", to_json(in.training)},
                 {"parallel", to_json(p)},
                 {"num_microbatches", num_microbatches(in.training, p)},
+                {"headroom_fraction", o.headroom},
                 {"fits", mem.fits},
                 {"memory", to_json(mem)}};
     out.update(to_json(time));
@@ -227,14 +232,14 @@ std::optional<Planned> plan_best(const Options& o, const ProfileStore& store) {
     throw InputError("no parallel layout of " + std::to_string(o.gpus) + " GPUs divides global batch " +
                      std::to_string(in.training.global_batch) + " of " + in.model.name +
                      "; choose a --global-batch with more factors of 2 or another --gpus");
-  pl.result = search(layouts, dplan_cost_function(in.model, net, in.training, in.overlap), o.top_k);
+  pl.result = search(layouts, dplan_cost_function(in.model, net, in.training, in.overlap, o.headroom), o.top_k);
   pl.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (pl.result.ranked.empty()) {
     std::string reasons;
     for (const auto& [why, n] : pl.result.rejected) reasons += "; " + std::to_string(n) + " " + why;
     std::cerr << "dplan: error: none of the " << pl.result.evaluated << " layouts of " << in.model.name << " on "
-              << o.gpus << " x " << in.cluster.gpu.name << " fits in memory" << reasons
-              << "; add GPUs or pick a GPU with more memory\n";
+              << o.gpus << " x " << in.cluster.gpu.name << " fits in memory with " << std::lround(100 * o.headroom)
+              << " % headroom" << reasons << "; add GPUs, pick a GPU with more memory or lower --headroom\n";
     return std::nullopt;
   }
   pl.best = pl.result.ranked[0].parallel;
@@ -253,10 +258,19 @@ int run_plan(const Options& o, const ProfileStore& store) {
   const TimeBreakdown& time = planned->time;
   const double search_s = planned->search_s;
   Network net(in.cluster, o.gpus);
+  // Why MFU is what it is, and what would recover the most (planner/explain.h).
+  const PlanCase chosen{in.model, in.cluster, in.training, best, in.overlap, o.headroom};
+  const MfuBreakdown breakdown = explain_time(time);
+  const std::vector<Suggestion> suggestions = suggest_changes(chosen, time, 3);
   if (o.json) {
     PlanInputs plan{in.model, in.cluster, in.training, best, in.overlap};
     json out = plan_to_json(plan, mem, time);
     out.erase("rank_layout");
+    out["headroom_fraction"] = o.headroom;
+    out["explain"] = to_json(breakdown);
+    json suggestion_list = json::array();
+    for (const Suggestion& s : suggestions) suggestion_list.push_back(to_json(s));
+    out["suggestions"] = suggestion_list;
     json ranked = json::array();
     for (const auto& c : result.ranked)
       ranked.push_back({{"parallel", to_json(c.parallel)}, {"step_time_s", c.evaluation.step_time_s},
@@ -280,6 +294,7 @@ int run_plan(const Options& o, const ProfileStore& store) {
   }
   std::cout << std::setprecision(2) << "\n" << memory_table(in.cluster, mem) << "\n" << time_table(time, in.training);
   std::cout << "time to train " << format_params(o.tokens) << " tokens: " << days(o.tokens / time.tokens_per_s) << "\n";
+  std::cout << "\n" << explain_table(breakdown, suggestions, &chosen);
 
   std::cout << "\nnext best layouts\n"
             << " #  layout                        mbs  sharding / recompute          step (s)  tokens/s   mem/GPU (GiB)\n";
@@ -431,6 +446,10 @@ CLI::Option* add_common(CLI::App& app, Options& o) {
   app.add_flag("--no-overlap-grad-reduce", o.no_overlap_grad, "reduce gradients after backward, not during");
   app.add_flag("--no-overlap-param-gather", o.no_overlap_param, "all-gather parameters after the step, not under forward");
   app.add_flag("--tp-comm-overlap", o.tp_overlap, "overlap tensor-parallel collectives with GEMMs (needs --sp)");
+  app.add_option("--headroom", o.headroom,
+                 "fraction of HBM a plan must leave free (allocator fragmentation, NCCL buffers)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, kMaxHeadroomFraction));
   app.add_option("-o,--output", o.output, "write the plan to this file (plan.json)");
   add_force(app, o.force);
   app.add_flag("--json", o.json, "print JSON instead of tables");
@@ -485,6 +504,11 @@ int main(int argc, char** argv) {
   CLI::App* compare = app.add_subcommand("compare", "a plan's prediction next to a run's measurement");
   cli::add_compare_options(*compare, compare_args);
 
+  cli::ExplainArgs explain_args;
+  CLI::App* explain = app.add_subcommand("explain", "why a plan's MFU is low, and the changes that recover the most");
+  cli::add_explain_options(*explain, explain_args);
+  add_profiles(*explain, o);
+
   ScaleOptions scale_opts;
   CLI::App* scale = app.add_subcommand("scale", "plan and run each size, predicted against measured scaling, and an SVG");
   scale->add_option("--model", o.model, "preset, size shorthand or path to a config.json")->required();
@@ -518,13 +542,14 @@ int main(int argc, char** argv) {
     if (*list) return run_list(store);
     if (*run) return cli::run_run(run_args);
     if (*compare) return cli::run_compare(compare_args);
+    if (*explain) return cli::run_explain(explain_args, store);
     if (*probe) return cli::run_probe(probe_args, store);
     if (*calibrate) return cli::run_calibrate(calibrate_args, store);
     if (*scale) return run_scale(o, scale_opts, store);
     if (*estimate) return run_estimate(o, store);
     if (o.model.empty() || top_gpus->count() == 0) {
       std::cerr << "dplan: error: give --model and --gpus (e.g. dplan --model 70B --gpus 64), or a subcommand: "
-                   "estimate, list, run, compare, probe, calibrate, scale; see dplan --help\n";
+                   "estimate, list, run, compare, explain, probe, calibrate, scale; see dplan --help\n";
       return 2;
     }
     return run_plan(o, store);

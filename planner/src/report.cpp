@@ -72,6 +72,8 @@ std::string memory_table(const ClusterSpec& cluster, const MemoryEstimate& mem) 
     o << "does not fit:\n";
     for (const auto& r : mem.reasons) o << "  - " << r << "\n";
   }
+  o << "plans keep " << fmt("%.0f", 100 * mem.headroom_fraction)
+    << " % of HBM free for allocator fragmentation and communication buffers: --headroom\n";
   return o.str();
 }
 

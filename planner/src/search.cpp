@@ -174,15 +174,17 @@ SearchResult search(const std::vector<ParallelConfig>& layouts, const CostFuncti
 }
 
 CostFunction dplan_cost_function(const ModelSpec& m, const Network& net, const TrainingSpec& t,
-                                 const OverlapOptions& overlap) {
-  return [&m, &net, t, overlap](const ParallelConfig& p) {
+                                 const OverlapOptions& overlap, double headroom_fraction) {
+  return [&m, &net, t, overlap, headroom_fraction](const ParallelConfig& p) {
     Evaluation e;
-    MemoryEstimate mem = estimate_memory(m, net.cluster(), t, p);
+    MemoryEstimate mem = estimate_memory(m, net.cluster(), t, p, headroom_fraction);
     e.peak_bytes = mem.peak_bytes;
     if (!mem.fits) {
-      e.reject_reason = mem.peak_bytes <= mem.capacity_bytes
-                            ? "offloaded optimizer exceeds host memory"
-                            : std::string("exceeds HBM, largest part ") + largest_part(mem.stages[mem.worst_stage]).name;
+      const char* largest = largest_part(mem.stages[mem.worst_stage]).name;
+      e.reject_reason = mem.peak_bytes <= mem.usable_bytes() ? "offloaded optimizer exceeds host memory"
+                        : mem.peak_bytes <= mem.capacity_bytes
+                            ? std::string("leaves less than the headroom free, largest part ") + largest
+                            : std::string("exceeds HBM, largest part ") + largest;
       return e;
     }
     e.fits = true;

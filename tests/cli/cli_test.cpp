@@ -343,7 +343,8 @@ TEST_CASE("estimate --json gives per-stage memory whose worst stage is the peak"
   CHECK(layers == 80);  // llama-3-70b's 80 layers, split over the 4 stages
   CHECK(mem["peak_bytes"].get<double>() == max_total);
   // the fit verdict agrees with the numbers
-  CHECK(j["fits"].get<bool>() == (max_total <= mem["capacity_bytes"].get<double>()));
+  CHECK(j["fits"].get<bool>() ==
+        (max_total <= mem["capacity_bytes"].get<double>() * (1 - j["headroom_fraction"].get<double>())));
 }
 
 TEST_CASE("A preset, its size shorthand and its config.json path give the same estimate", "[cli]") {
@@ -429,4 +430,79 @@ TEST_CASE("dplan --runnable refuses a model the executor cannot train, with the 
   INFO(r.err);
   REQUIRE(r.status == 0);
   CHECK(json::parse(read_file(plan))["parallel"]["recompute"] == "none");
+}
+
+// dplan explain and --headroom (planner/explain.h): structure, not figures.
+TEST_CASE("dplan explain re-estimates a plan.json and its losses add up to the step", "[cli][explain]") {
+  TempDir dir;
+  const std::string plan = (dir.path() / "plan.json").string();
+  Result w = run_dplan({"estimate", "--model", "llama-3-70b", "--gpus", "64", "--tp", "8", "--pp", "8", "--mbs", "2",
+                        "--global-batch", "32", "--seq", "4096", "--sp", "-o", plan});
+  INFO("stderr: " << w.err);
+  REQUIRE(w.status == 0);
+
+  Result text = run_dplan({"explain", plan});
+  INFO("explain stderr: " << text.err);
+  CHECK(text.status == 0);
+  CHECK(text.err.empty());
+  CHECK_THAT(text.out, Contains("why MFU is"));
+  CHECK_THAT(text.out, Contains("pipeline bubble"));
+  CHECK_THAT(text.out, Contains("dplan estimate --model llama-3-70b"));
+  CHECK_THAT(text.out, Contains("--headroom"));
+
+  Result r = run_dplan({"explain", plan, "--json"});
+  REQUIRE(r.status == 0);
+  const json j = json::parse(r.out);
+  double sum = j["explain"]["ideal_s"].get<double>();
+  for (const json& loss : j["explain"]["losses"]) sum += loss["seconds"].get<double>();
+  CHECK_THAT(sum, Catch::Matchers::WithinRel(j["step_time_s"].get<double>(), 1e-9));
+  REQUIRE(j["suggestions"].is_array());
+  REQUIRE_FALSE(j["suggestions"].empty());  // a 30 % bubble has a remedy
+  for (const json& s : j["suggestions"]) {
+    CHECK(s["gain"].get<double>() > 0);
+    CHECK_THAT(s["estimate_flags"].get<std::string>(), StartsWith("--model llama-3-70b"));
+  }
+  CHECK_FALSE(j.contains("note"));  // written and explained by the same cost model
+  CHECK_THAT(text.out, Contains("micro-batches per pipeline"));  // the bubble's terms
+
+  // A stored prediction that is not today's is named, and today's is explained.
+  json stored = json::parse(read_file(plan));
+  stored["prediction"]["step_time_s"] = 2 * j["step_time_s"].get<double>();
+  const std::string edited = dir.write("edited/plan.json", stored.dump(1));
+  Result n = run_dplan({"explain", edited, "--json"});
+  REQUIRE(n.status == 0);
+  const json k = json::parse(n.out);
+  REQUIRE(k.contains("note"));
+  CHECK_THAT(k["note"].get<std::string>(), Contains("differs"));
+  CHECK(k["step_time_s"] == j["step_time_s"]);
+}
+
+TEST_CASE("dplan explain of a missing or foreign file is one error line naming it", "[cli][explain][error]") {
+  TempDir dir;
+  const std::string missing = (dir.path() / "nope.json").string();
+  CHECK_THAT(require_one_error_line(run_dplan({"explain", missing})), Contains("nope.json"));
+  const std::string foreign = dir.write("cluster.json", read_file(fs::path(DPLAN_PROFILES_DIR) / "clusters" / "dgx-h100.json"));
+  CHECK_THAT(require_one_error_line(run_dplan({"explain", foreign})), Contains("cluster.json"));
+  const std::string broken = dir.write("broken.json", "{\"format_version\": 1,");
+  CHECK_THAT(require_one_error_line(run_dplan({"explain", broken})), Contains("broken.json"));
+}
+
+TEST_CASE("the search's pick keeps --headroom free and the report states it", "[cli][headroom]") {
+  Result text = run_dplan({"--model", "70B", "--gpus", "64"});
+  REQUIRE(text.status == 0);
+  CHECK_THAT(text.out, Contains("plans keep 10 % of HBM free"));
+  CHECK_THAT(text.out, Contains("why MFU is"));
+  for (const char* headroom : {"0.05", "0.25"}) {
+    Result r = run_dplan({"--model", "70B", "--gpus", "64", "--headroom", headroom, "--json", "--top", "3"});
+    INFO("stderr: " << r.err);
+    REQUIRE(r.status == 0);
+    const json j = json::parse(r.out);
+    const double fraction = std::stod(headroom);
+    CHECK(j["headroom_fraction"].get<double>() == fraction);
+    const double capacity = j["prediction"]["memory"]["capacity_bytes"].get<double>();
+    for (const json& c : j["search"]["ranked"]) CHECK(c["peak_bytes"].get<double>() <= capacity * (1 - fraction));
+    CHECK(j.contains("explain"));
+  }
+  CHECK_THAT(require_one_error_line(run_dplan({"--model", "70B", "--gpus", "64", "--headroom", "1.5"})),
+             Contains("--headroom"));
 }

@@ -79,20 +79,38 @@ struct LargestPart {
 };
 LargestPart largest_part(const StageMemory& stage);
 
+// The fraction of HBM a plan leaves free, beyond the profile's framework reserve: what a run needs
+// to survive the caching allocator's fragmentation (reserved-but-unallocated blocks, which PyTorch
+// documents and `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` reduces but does not remove:
+// https://pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf),
+// NCCL's lazily created communicator buffers, and the variance of activation sizes between steps.
+// No framework publishes a number. 10 % is an assumption: the low end of the 10-15 % that memory
+// planning guides recommend, the margin under which dplan already warned ("under 10 % memory
+// headroom"), and below the bigscience rule of thumb (model states under 75 % of the GPU,
+// USERS.md ask 12) because activations and buffers are counted here, not guessed. A plan with
+// less than this free is reported as not fitting. --headroom sets it per command.
+inline constexpr double kDefaultHeadroomFraction = 0.10;
+// The largest --headroom accepted: beyond it no layout of any model fits.
+inline constexpr double kMaxHeadroomFraction = 0.9;
+
 struct MemoryEstimate {
   std::vector<StageMemory> stages;
   int worst_stage = 0;
   double peak_bytes = 0;             // total of the worst stage
   double capacity_bytes = 0;         // the GPU's HBM
+  double headroom_fraction = 0;      // of capacity_bytes, kept free: a stage fits in usable_bytes()
+  double usable_bytes() const { return capacity_bytes * (1 - headroom_fraction); }
   double host_bytes_per_node = 0;    // offload: what a node's host memory must hold
   double host_capacity_bytes = 0;
   bool fits = false;
   std::vector<std::string> reasons;  // why it does not fit (empty when it fits)
 };
 
-// REQUIRES: validate(model, cluster, training, parallel, parallel.world_size()) passed.
+// REQUIRES: validate(model, cluster, training, parallel, parallel.world_size()) passed, and
+// 0 <= headroom_fraction <= kMaxHeadroomFraction.
 MemoryEstimate estimate_memory(const ModelSpec& model, const ClusterSpec& cluster,
-                               const TrainingSpec& training, const ParallelConfig& parallel);
+                               const TrainingSpec& training, const ParallelConfig& parallel,
+                               double headroom_fraction = kDefaultHeadroomFraction);
 
 json to_json(const MemoryEstimate& memory);
 

@@ -87,8 +87,10 @@ std::vector<costmodel::ParallelConfig> enumerate_layouts(const costmodel::ModelS
 // is empty (no valid layout at all).
 SearchResult search(const std::vector<costmodel::ParallelConfig>& layouts, const CostFunction& cost, int top_k);
 
-// The dplan cost model as a CostFunction: memory first (cheap), time only for layouts that fit.
+// The dplan cost model as a CostFunction: memory first (cheap), time only for layouts that fit,
+// fitting meaning the worst stage leaves `headroom_fraction` of HBM free (costmodel::estimate_memory).
 CostFunction dplan_cost_function(const costmodel::ModelSpec& model, const costmodel::Network& network,
-                                 const costmodel::TrainingSpec& training, const costmodel::OverlapOptions& overlap);
+                                 const costmodel::TrainingSpec& training, const costmodel::OverlapOptions& overlap,
+                                 double headroom_fraction = costmodel::kDefaultHeadroomFraction);
 
 }  // namespace dplan::planner

@@ -29,7 +29,8 @@ MfuBreakdown explain_time(const TimeBreakdown& t) {
   const double compute_s = t.forward_s + t.backward_s;
   const std::tuple<const char*, const char*, double> rows[] = {
       {"gemm_efficiency", "GEMM efficiency", t.gemm_s - b.ideal_s},
-      {"non_gemm", "non-GEMM work", compute_s - t.gemm_s},
+      {"non_gemm", "non-GEMM work", compute_s - t.gemm_s - t.comm_contention_s},
+      {"comm_contention", "SMs taken by hidden comm", t.comm_contention_s},
       {"recompute", "recompute", t.recompute_s},
       {"tp_comm", "exposed TP comm", t.tp_comm_s},
       {"cp_comm", "exposed CP comm", t.cp_comm_s},

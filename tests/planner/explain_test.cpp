@@ -93,6 +93,7 @@ TEST_CASE("every phase of the step lands in exactly one loss", "[explain][law]")
   for (const auto& [name, seconds] : t.phases()) step += seconds;
   t.step_time_s = step;
   t.gemm_s = 2.5;          // of forward + backward = 3
+  t.comm_contention_s = 0.25;  // of the rest, 0.5
   t.mfu = 1.0 / step;      // ideal = 1 s
   const MfuBreakdown b = explain_time(t);
   CHECK(b.ideal_s == Approx(1.0));
@@ -100,7 +101,8 @@ TEST_CASE("every phase of the step lands in exactly one loss", "[explain][law]")
   std::map<std::string, double> by_key;
   for (const Loss& l : b.losses) by_key[l.key] = l.seconds;
   CHECK(by_key.at("gemm_efficiency") == Approx(1.5));
-  CHECK(by_key.at("non_gemm") == Approx(0.5));
+  CHECK(by_key.at("non_gemm") == Approx(0.25));
+  CHECK(by_key.at("comm_contention") == Approx(0.25));
   CHECK(by_key.at("recompute") == 4);
   CHECK(by_key.at("dp_comm") == 256 + 512);
   CHECK(by_key.at("optimizer") == 1024 + 2048);

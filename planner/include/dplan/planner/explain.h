@@ -5,7 +5,9 @@
 // The decomposition (every term seconds per step on the critical path):
 //   step_time_s = ideal_s                                   model FLOPs / (GPUs x dense peak) = mfu x step
 //               + gemm efficiency   (gemm_s - ideal_s)      matrix multiplies below peak
-//               + non-GEMM work     (forward_s + backward_s - gemm_s)   norms, activations, softmax, loss
+//               + non-GEMM work     (forward_s + backward_s - gemm_s - comm_contention_s)
+//                                                           norms, activations, softmax, loss
+//               + comm_contention_s                         compute slowed by hidden communication
 //               + recompute_s
 //               + exposed tp_comm_s, cp_comm_s, ep_comm_s, pp_p2p_s
 //               + data parallel     (dp_comm_s + param_gather_s)

@@ -54,6 +54,8 @@ std::string synthetic_output(const ClusterSpec& c, Collective op, int ranks, int
 // sustained fraction is 1), over transformer-like shapes and squares in bf16 and fp32.
 nlohmann::json synthetic_probe(costmodel::GpuSpec g, double copy_bytes_per_s, int devices) {
   g.sustained_fraction = 1;
+  // The GEMMs' memory-bound part runs at the bandwidth the probe's copy measures.
+  g.memory_efficiency = copy_bytes_per_s / g.hbm_bandwidth_bytes_per_s;
   nlohmann::json gemms = nlohmann::json::array();
   for (auto [p, name] : {std::pair{costmodel::Precision::bf16, "bf16"}, {costmodel::Precision::fp32, "fp32"}})
     for (double h : {1024.0, 4096.0, 8192.0})

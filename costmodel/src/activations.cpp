@@ -81,12 +81,14 @@ LayerActivations activations_per_layer(const ModelSpec& m, const TrainingSpec& t
   mlp_inner += x.gemm * tokens * x.f_local;                                        // fc2 input
   a.mlp_bytes = norm_bytes(m, x);
   if (m.is_moe()) {
-    // Every token visits top-k experts: k copies of the (tp-gathered) expert input and of the
-    // expert's inner activations; the router keeps fp32 probabilities per expert.
+    // Every token visits top-k experts: k copies of the expert input and of the expert's inner
+    // activations; the router keeps fp32 probabilities per expert. With MoE parallel folding a
+    // rank's experts see etp/tp of the tokens' copies (gathered over etp, compute.cpp), each with
+    // f/etp inner columns: the inner part is k*tokens*f/tp whatever etp, the input k*tokens*h*etp/tp.
     double k = m.experts_per_token;
     a.mlp_bytes += x.gemm * tokens * x.h / x.sp;          // router / dispatch input
     a.mlp_bytes += 4.0 * tokens * m.num_experts / x.sp;    // router probabilities
-    a.mlp_bytes += k * (x.gemm * tokens * x.h + mlp_inner);
+    a.mlp_bytes += k * (x.gemm * tokens * x.h * p.expert_tp() / p.tp + mlp_inner);
   } else {
     a.mlp_bytes += x.gemm * tokens * x.h / x.sp + mlp_inner;
   }

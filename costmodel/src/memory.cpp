@@ -17,8 +17,11 @@ std::string gib(double bytes) {
 }
 
 // Parameters one GPU holds for one layer, split into the part sharded over dp*cp by ZeRO and the
-// expert part sharded over dp*cp/ep. Megatron splits q,k,v,o, fc1 (gate, up) and fc2 over tp;
-// row-parallel biases, norms and the router stay replicated (Shoeybi et al. 2019, Sec. 3).
+// expert part sharded over the expert data-parallel group, edp = tp*cp*dp/(etp*ep). Megatron splits
+// q,k,v,o, fc1 (gate, up) and fc2 over tp; row-parallel biases, norms and the router stay
+// replicated (Shoeybi et al. 2019, Sec. 3). Each GPU holds E/ep experts, each split over etp
+// (Megatron-Core MoE parallel folding: experts are sharded by ep and etp, replicated over edp, and
+// the distributed optimizer shards their states over edp: Liu et al. 2025, arXiv 2504.14960).
 struct GpuLayerParams {
   double dense = 0, expert = 0;
 };
@@ -29,10 +32,11 @@ GpuLayerParams gpu_layer_params(const ModelSpec& m, const ParallelConfig& p) {
   GpuLayerParams g;
   g.dense = (h * (q + 2 * kv) + q * h) / t + (m.qkv_bias ? (q + 2 * kv) / t : 0) + (m.out_bias ? h : 0);
   g.dense += layer_params(m).norms;
-  double mlp = (gated + 1) * h * f / t + (m.mlp_bias ? gated * f / t + h : 0);
+  auto mlp_split = [&](double ways) { return (gated + 1) * h * f / ways + (m.mlp_bias ? gated * f / ways + h : 0); };
+  const double mlp = mlp_split(t);
   if (m.is_moe()) {
-    g.dense += h * m.num_experts;                          // router
-    g.expert = double(m.num_experts) / p.ep * mlp;         // E/ep experts, each split over tp
+    g.dense += h * m.num_experts;                                        // router
+    g.expert = double(m.num_experts) / p.ep * mlp_split(p.expert_tp());  // E/ep experts, each split over etp
   } else {
     g.dense += mlp;
   }
@@ -90,7 +94,7 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
   const double stored_per_layer = stored_activation_bytes_per_layer(m, t, p);
   const BytesPerParam bpp = bytes_per_param(t);
   const int dense_shards = p.dp * p.cp;
-  const int expert_shards = std::max(1, p.dp * p.cp / p.ep);
+  const int expert_shards = p.expert_dp();
   const double final_norm = m.norm == NormKind::layernorm ? 2 * h : h;
 
   MemoryEstimate est;
@@ -111,6 +115,7 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
     if (first) dense += vocab * h / p.tp + (m.position == PositionKind::learned ? double(m.max_seq_len) * h : 0);
     if (last) dense += final_norm + ((!m.tied_embeddings || p.pp > 1) ? vocab * h / p.tp : 0);
     s.num_params = dense + expert;
+    s.expert_params = expert;
     ModelStateBytes dense_state = model_state_bytes(dense, dense_shards, t, p);
     ModelStateBytes expert_state = model_state_bytes(expert, expert_shards, t, p);
     s.weights_bytes = dense_state.weights_bytes + expert_state.weights_bytes;

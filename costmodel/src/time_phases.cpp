@@ -208,7 +208,7 @@ DataParallelComm data_parallel_comm(const ModelSpec& m, const Network& net, cons
   const double dense_params = s0.num_params - s0.expert_params;
   auto dp_and_edp = [&](Collective op, double bytes_per_param) {
     return net.cost(op, dense_params * bytes_per_param, dp_shape).time_s +
-           net.cost(op, s0.expert_params * bytes_per_param, edp_shape).time_s;
+           (s0.expert_params > 0 ? net.cost(op, s0.expert_params * bytes_per_param, edp_shape).time_s : 0.0);
   };
   if ((dp_shape.size > 1 || edp_shape.size > 1) && p.zero_stage < 3) {
     bool sharded = p.zero_stage >= 1 || p.distributed_optimizer;

@@ -137,8 +137,8 @@ LayoutRule check_context_parallel(const TrainingSpec& t, int cp) {
 
 LayoutRule check_expert_parallel(const ModelSpec& model, const ParallelConfig& p) {
   if (p.etp < 0) return LayoutRule::etp_positive;
-  if (p.ep > 1 && !model.is_moe()) return LayoutRule::ep_needs_moe;
-  if (!model.is_moe()) return LayoutRule::ok;  // etp has nothing to split in a dense model
+  if (!model.is_moe())  // etp equal to tp is Megatron's default, which a dense model may name
+    return p.ep > 1 || (p.etp > 0 && p.etp != p.tp) ? LayoutRule::ep_needs_moe : LayoutRule::ok;
   if (model.num_experts % p.ep != 0) return LayoutRule::ep_divides_experts;
   if (model.ffn_hidden_size % p.expert_tp() != 0) return LayoutRule::etp_divides_expert_ffn;
   // Megatron-Core's parallel_state.py builds the expert groups from the tp*cp*dp ranks of each
@@ -279,7 +279,8 @@ std::string rule_message(LayoutRule rule, const ModelSpec& model, const Training
       return "sequence length " + std::to_string(t.seq_len) + " exceeds the " + std::to_string(model.max_seq_len) +
              " learned positions of " + model.name;
     case LayoutRule::ep_needs_moe:
-      return "--ep " + std::to_string(p.ep) + " needs a mixture-of-experts model; " + model.name + " is dense";
+      return (p.ep > 1 ? "--ep " + std::to_string(p.ep) : "--etp " + std::to_string(p.etp)) +
+             " needs a mixture-of-experts model; " + model.name + " is dense";
     case LayoutRule::ep_divides_experts:
       return "ep " + std::to_string(p.ep) + " does not divide the " + std::to_string(model.num_experts) +
              " experts; valid ep: " + divisors_of(model.num_experts);

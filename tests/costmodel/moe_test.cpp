@@ -47,6 +47,11 @@ TEST_CASE("MoE folding: ep may exceed dp*cp when ep*etp divides tp*cp*dp", "[moe
   CHECK_THAT(error_of(m, c, t, ParallelConfig{.tp = 1, .dp = 8, .ep = 1, .etp = 3}),
              Contains("etp 3 does not divide the expert FFN size 14336"));
   CHECK(check_expert_parallel(m, ParallelConfig{.dp = 8, .etp = -1}) == LayoutRule::etp_positive);
+  // A dense model has no expert groups: etp other than tp is refused, etp = tp (the default) is not.
+  ModelSpec dense = store().load_model("llama-2-7b");
+  CHECK_THAT(error_of(dense, c, t, ParallelConfig{.tp = 1, .dp = 8, .etp = 2}),
+             Contains("--etp 2 needs a mixture-of-experts model"));
+  CHECK(error_of(dense, c, t, ParallelConfig{.tp = 2, .dp = 4, .etp = 2}) == "");
 }
 
 TEST_CASE("MoE folding: the expert groups tile each stage's tp*cp*dp ranks, etp fastest", "[moe][network]") {

@@ -3,6 +3,7 @@
 // expert weights sharded by ep, etp and expert dp, and the plan files carrying etp.
 #include <catch2/catch.hpp>
 
+#include "dplan/costmodel/compute.h"
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/plan_file.h"
 #include "dplan/costmodel/time_phases.h"
@@ -178,4 +179,30 @@ TEST_CASE("the search plans Mixtral 8x7B on 8 and 64 GPUs with folded expert lay
     CHECK(r.ranked[0].evaluation.fits);
     CHECK(r.ranked[0].parallel.ep > 1);
   }
+}
+
+TEST_CASE("the experts run as one grouped GEMM beside the router GEMM", "[moe][compute]") {
+  // Mixtral's MoE layer against the same layer with one dense MLP of the expert's size: the GEMM
+  // time differs only in the MLP. tp 2, etp 1, ep 4: a rank brings 4096/2 tokens, its 2 local
+  // experts see 2048*2*1*4/8 = 2048 tokens each at the full expert FFN width.
+  ModelSpec moe = store().load_model("mixtral-8x7b");
+  ModelSpec dense = moe;
+  dense.num_experts = 0;
+  dense.experts_per_token = 0;
+  const GpuSpec gpu = store().load_cluster("dgx-h100").gpu;
+  TrainingSpec t{.seq_len = 4096, .global_batch = 64};
+  ParallelConfig p{.tp = 2, .pp = 1, .dp = 4, .ep = 4, .etp = 1, .sequence_parallel = true};
+  const double h = moe.hidden_size, f = moe.ffn_hidden_size, T = 4096;
+  const Precision bf16 = Precision::bf16;
+  const double experts = 2, tokens = 2048;
+  const double grouped = gemm_time_s(gpu, bf16, tokens, 2 * f, h, experts, GemmOp::forward) +
+                         gemm_time_s(gpu, bf16, tokens, h, f, experts, GemmOp::forward);
+  const double router = gemm_time_s(gpu, bf16, T / 2, moe.num_experts, h, 1, GemmOp::forward);
+  const double dense_mlp = linear_times(gpu, bf16, T, 2 * f / 2, h).forward_s + linear_times(gpu, bf16, T, h, f / 2).forward_s;
+  const double difference = layer_times(moe, gpu, t, p).gemm_forward_s - layer_times(dense, gpu, t, p).gemm_forward_s;
+  CHECK_THAT(difference, WithinRel(grouped + router - dense_mlp, 1e-9));
+  // One grouped launch is never slower than the experts one after the other.
+  const double one_by_one = experts * (gemm_time_s(gpu, bf16, tokens, 2 * f, h, 1, GemmOp::forward) +
+                                       gemm_time_s(gpu, bf16, tokens, h, f, 1, GemmOp::forward));
+  CHECK(grouped <= one_by_one);
 }

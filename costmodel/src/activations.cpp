@@ -85,14 +85,17 @@ LayerActivations activations_per_layer(const ModelSpec& m, const TrainingSpec& t
   };
   a.mlp_bytes = norm_bytes(m, x);
   if (m.is_moe()) {
-    // Every token visits top-k experts: k copies of the (tp-gathered) expert input and of the
-    // expert's inner activations; the router keeps fp32 probabilities per expert. Shared experts
-    // are a dense MLP on the router's input. Dense layers of an MoE model count by their share
-    // (the mean layer, as layer_params).
+    // Every token visits top-k experts: k copies of the expert input and of the expert's inner
+    // activations; the router keeps fp32 probabilities per expert. With MoE parallel folding a
+    // rank's experts see etp/tp of the tokens' copies (gathered over etp, compute.cpp), each with
+    // f/etp inner columns: the inner part is k*tokens*f/tp whatever etp, the input k*tokens*h*etp/tp.
+    // Shared experts are a dense MLP on the router's input. Dense layers of an MoE model count by
+    // their share (the mean layer, as layer_params).
     double k = m.experts_per_token, moe = m.moe_layer_fraction();
-    a.mlp_bytes += x.gemm * tokens * x.h / x.sp;          // router / dispatch input
+    a.mlp_bytes += x.gemm * tokens * x.h / x.sp;               // router / dispatch input
     a.mlp_bytes += moe * 4.0 * tokens * m.num_experts / x.sp;  // router probabilities
-    a.mlp_bytes += moe * (k * (x.gemm * tokens * x.h + inner(x.f_local)) + inner(m.shared_expert_ffn_size / x.t));
+    a.mlp_bytes += moe * (k * (x.gemm * tokens * x.h * p.expert_tp() / p.tp + inner(x.f_local)) +
+                          inner(m.shared_expert_ffn_size / x.t));
     a.mlp_bytes += (1 - moe) * inner(m.dense_ffn_hidden_size / x.t);
   } else {
     a.mlp_bytes += x.gemm * tokens * x.h / x.sp + inner(x.f_local);

@@ -96,9 +96,11 @@ GroupShape group_shape(const ParallelConfig& p, Dim dim) {
   switch (dim) {
     case Dim::tp: return {p.tp, 1};
     case Dim::cp: return {p.cp, p.tp};
-    case Dim::ep: return {p.ep, p.tp * p.cp};
+    case Dim::ep: return {p.ep, p.expert_tp()};
     case Dim::dp: return {p.dp, p.tp * p.cp};
     case Dim::pp: return {p.pp, p.tp * p.cp * p.dp};
+    case Dim::etp: return {p.expert_tp(), 1};
+    case Dim::edp: return {p.expert_dp(), p.expert_tp() * p.ep};
   }
   return {};
 }
@@ -192,6 +194,8 @@ const char* to_string(Dim dim) {
     case Dim::ep: return "ep";
     case Dim::dp: return "dp";
     case Dim::pp: return "pp";
+    case Dim::etp: return "etp";
+    case Dim::edp: return "edp";
   }
   return "?";
 }

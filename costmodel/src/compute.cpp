@@ -215,13 +215,30 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
   }
   const LinearTimes out = linear_times(gpu, prec, T, h, m.attn_out_dim() / tp);
   LinearTimes mlp;
+  // MoE (Megatron-Core with parallel folding and the alltoall dispatcher; time_phases.cpp prices
+  // its communication): a rank enters the layer with T/tp tokens (sequence-parallel split), routes
+  // them (router GEMM T/tp x E x h, then fp32 softmax and top-k over the T/tp x E logits), permutes
+  // its k copies of each token into expert order, and after the all-to-all over ep and the
+  // all-gather over etp holds etp*(T/tp)*k tokens for its E/ep local experts, each expert's FFN
+  // split over etp: T*k*etp*ep/(tp*E) tokens per expert under balanced routing (the load-balancing
+  // aux loss keeps routing near balanced; the imbalance left is not priced). The local experts run
+  // as one grouped GEMM (Megatron's --moe-grouped-gemm, TE GroupedLinear): priced as a batched GEMM
+  // of E/ep problems, so one launch and wave quantization over all experts' tiles instead of E/ep
+  // sequential small GEMMs.
+  const double moe_tokens_in = T / tp;  // tokens a rank brings to the MoE layer
+  const double moe_tokens = moe_tokens_in * m.experts_per_token * p.expert_tp();  // tokens its experts see
   if (m.is_moe()) {
-    // E/ep experts per GPU, each seeing T*k*ep/E tokens (balanced routing); the router is a small GEMM.
-    double experts_local = double(m.num_experts) / p.ep;
-    double tokens_per_expert = T * m.experts_per_token * p.ep / m.num_experts;
-    add(mlp, linear_times(gpu, prec, tokens_per_expert, gated * f, h), experts_local);
-    add(mlp, linear_times(gpu, prec, tokens_per_expert, h, f), experts_local);
-    add(mlp, linear_times(gpu, prec, T, m.num_experts, h));
+    const double experts_local = double(m.num_experts) / p.ep;
+    const double tokens_per_expert = moe_tokens / experts_local;
+    const double fe = double(m.ffn_hidden_size) / p.expert_tp();  // expert FFN columns per rank
+    auto grouped = [&](double out, double in) {
+      return LinearTimes{gemm_time_s(gpu, prec, tokens_per_expert, out, in, experts_local, GemmOp::forward),
+                         gemm_time_s(gpu, prec, tokens_per_expert, in, out, experts_local, GemmOp::dgrad) +
+                             gemm_time_s(gpu, prec, out, in, tokens_per_expert, experts_local, GemmOp::wgrad)};
+    };
+    add(mlp, grouped(gated * fe, h));
+    add(mlp, grouped(h, fe));
+    add(mlp, linear_times(gpu, prec, moe_tokens_in, m.num_experts, h));  // router
     // Shared experts: a dense MLP over all T tokens, split over tp like any MLP.
     if (m.shared_expert_ffn_size > 0) {
       const double fs = m.shared_expert_ffn_size / tp;
@@ -250,11 +267,14 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
   double elementwise = 2 * (2 * T * h * B) / sp;
   elementwise += 2 * (3 * T * h * B + (m.hidden_dropout > 0 ? T * h : 0)) / sp;
   if (m.position == PositionKind::rotary) elementwise += 2 * T * (q + kv) * B;
-  // The MLP activation: MoE layers as below plus their shared experts, dense layers at their width.
+  // The MLP activation: on T tokens x f/tp columns; an MoE rank's on its experts' tokens x f/etp,
+  // plus its shared experts on T x f_shared/tp; dense layers of an MoE model at their width (the
+  // mean layer).
   if (m.is_moe()) {
     const double moe = m.moe_layer_fraction();
-    elementwise += (moe * (f + m.shared_expert_ffn_size / tp) + (1 - moe) * m.dense_ffn_hidden_size / tp) * T * B *
-                   (gated + 1);
+    elementwise += (moe * (moe_tokens * m.ffn_hidden_size / p.expert_tp() + T * m.shared_expert_ffn_size / tp) +
+                    (1 - moe) * T * m.dense_ffn_hidden_size / tp) *
+                   B * (gated + 1);
   } else {
     elementwise += T * f * B * (gated + 1);
   }
@@ -263,8 +283,21 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
     double scores = b * heads * s_q * s_kv;  // eager attention materialises every score, windowed or not
     attention_elementwise = 2 * scores * B + (m.attention_dropout > 0 ? 2 * scores * B + scores : 0);
   }
-  if (m.is_moe()) elementwise += m.moe_layer_fraction() * 2 * T * m.experts_per_token * h * B;  // permute and un-permute tokens
-  double elementwise_s = memory_time_s(gpu, elementwise) + 8 * gpu.kernel_overhead_s;
+  double moe_kernels = 0;
+  if (m.is_moe()) {
+    // Permute: gather the k copies of each token into expert order (read and write (T/tp)*k*h);
+    // un-permute: read them back, weight by the routing probabilities and sum into T/tp tokens;
+    // with etp > 1 the gathered tokens are re-sorted by expert once more each way
+    // (sort_chunks_by_idxs). Router: fp32 logits written by the GEMM, read by softmax and top-k,
+    // probabilities written (3 passes of 4 bytes over T/tp x E).
+    // Per mean layer: the dense layers of an MoE model route nothing.
+    const double k = m.experts_per_token, etp = p.expert_tp(), moe = m.moe_layer_fraction();
+    elementwise += moe * (2 * k + (k + 1)) * moe_tokens_in * h * B;
+    if (etp > 1) elementwise += moe * 2 * 2 * moe_tokens * h * B;
+    elementwise += moe * 3 * 4.0 * moe_tokens_in * m.num_experts;
+    moe_kernels = 6 * moe;  // softmax, top-k, permute, un-permute, aux loss, and the probabilities' scatter
+  }
+  double elementwise_s = memory_time_s(gpu, elementwise) + (8 + moe_kernels) * gpu.kernel_overhead_s;
   double attention_elementwise_s = memory_time_s(gpu, attention_elementwise);
   // FP8 (Transformer Engine): before each of the four linear layers' GEMMs its input is cast to
   // FP8 together with the transpose the weight-gradient GEMM needs (read 2 bytes, write 1 + 1; TE's

@@ -18,10 +18,13 @@ std::string gib(double bytes) {
 }
 
 // Parameters one GPU holds for one layer, split into the part sharded over dp*cp by ZeRO and the
-// expert part sharded over dp*cp/ep. Megatron splits q,k,v,o, fc1 (gate, up) and fc2 over tp;
-// row-parallel biases, norms and the router stay replicated (Shoeybi et al. 2019, Sec. 3), and so do
-// MLA's down projections and latent norms (LayerParams::attention_replicated). Shared experts are
-// dense parameters split over tp.
+// expert part sharded over the expert data-parallel group, edp = tp*cp*dp/(etp*ep). Megatron splits
+// q,k,v,o, fc1 (gate, up) and fc2 over tp; row-parallel biases, norms and the router stay
+// replicated (Shoeybi et al. 2019, Sec. 3), and so do MLA's down projections and latent norms
+// (LayerParams::attention_replicated). Shared experts are dense parameters split over tp. Each GPU
+// holds E/ep experts, each split over etp (Megatron-Core MoE parallel folding: experts are sharded
+// by ep and etp, replicated over edp, and the distributed optimizer shards their states over edp:
+// Liu et al. 2025, arXiv 2504.14960).
 struct GpuLayerParams {
   double dense = 0, expert = 0;
 };
@@ -29,8 +32,10 @@ struct GpuLayerParams {
 GpuLayerParams gpu_layer_params(const ModelSpec& m, const ParallelConfig& p) {
   const double h = m.hidden_size, t = p.tp;
   const double gated = m.mlp == MlpKind::swiglu ? 2.0 : 1.0;
-  // One MLP of width f split over tp: its weights and column-parallel biases; fc2's bias replicated.
-  auto mlp = [&](double f) { return (gated + 1) * h * f / t + (m.mlp_bias ? gated * f / t + h : 0); };
+  // One MLP of width f split `ways` ways: its weights and column-parallel biases; fc2's bias replicated.
+  auto mlp = [&](double f, double ways) {
+    return (gated + 1) * h * f / ways + (m.mlp_bias ? gated * f / ways + h : 0);
+  };
   // A layer of each kind; models with dense and MoE layers hold their mean (layer_params).
   auto of = [&](LayerKind kind) {
     const LayerParams lp = layer_params(m, kind);
@@ -38,10 +43,11 @@ GpuLayerParams gpu_layer_params(const ModelSpec& m, const ParallelConfig& p) {
     g.dense = (lp.attention - lp.attention_replicated) / t + lp.attention_replicated + lp.norms;
     if (kind == LayerKind::moe && m.is_moe()) {
       g.dense += h * m.num_experts + (m.router_bias ? m.num_experts : 0);  // router
-      if (m.shared_expert_ffn_size > 0) g.dense += mlp(m.shared_expert_ffn_size) + (m.shared_expert_gate ? h : 0);
-      g.expert = double(m.num_experts) / p.ep * mlp(m.ffn_hidden_size);  // E/ep experts, each split over tp
+      if (m.shared_expert_ffn_size > 0)
+        g.dense += mlp(m.shared_expert_ffn_size, t) + (m.shared_expert_gate ? h : 0);
+      g.expert = double(m.num_experts) / p.ep * mlp(m.ffn_hidden_size, p.expert_tp());  // E/ep experts, split over etp
     } else {
-      g.dense += mlp(m.is_moe() ? m.dense_ffn_hidden_size : m.ffn_hidden_size);
+      g.dense += mlp(m.is_moe() ? m.dense_ffn_hidden_size : m.ffn_hidden_size, t);
     }
     return g;
   };
@@ -103,7 +109,7 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
   const double stored_per_layer = stored_activation_bytes_per_layer(m, t, p);
   const BytesPerParam bpp = bytes_per_param(t);
   const int dense_shards = p.dp * p.cp;
-  const int expert_shards = std::max(1, p.dp * p.cp / p.ep);
+  const int expert_shards = p.expert_dp();
   const double final_norm = m.norm == NormKind::layernorm ? 2 * h : h;
 
   MemoryEstimate est;
@@ -125,6 +131,7 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
     if (first) dense += vocab * h / p.tp + (m.position == PositionKind::learned ? double(m.max_seq_len) * h : 0);
     if (last) dense += final_norm + ((!m.tied_embeddings || p.pp > 1) ? vocab * h / p.tp : 0);
     s.num_params = dense + expert;
+    s.expert_params = expert;
     ModelStateBytes dense_state = model_state_bytes(dense, dense_shards, t, p);
     ModelStateBytes expert_state = model_state_bytes(expert, expert_shards, t, p);
     s.weights_bytes = dense_state.weights_bytes + expert_state.weights_bytes;

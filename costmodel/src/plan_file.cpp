@@ -31,7 +31,13 @@ RankCoordinates rank_coordinates(const ParallelConfig& p, int gpus_per_node, int
   c.dp = r % p.dp;
   r /= p.dp;
   c.pp = r;
-  c.ep = c.dp % p.ep;
+  // MoE parallel folding: within the stage's tp*cp*dp ranks, etp fastest, then ep, then expert dp
+  // (Megatron-Core parallel_state.py; network.h group_shape).
+  int local = rank % (p.tp * p.cp * p.dp);
+  c.etp = local % p.expert_tp();
+  local /= p.expert_tp();
+  c.ep = local % p.ep;
+  c.edp = local / p.ep;
   return c;
 }
 
@@ -73,10 +79,18 @@ Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Trainin
 
 json to_json(const Plan& plan) {
   const ParallelConfig& p = plan.parallel;
+  // The MoE layers' folded groups (etp, ep, edp) exist only in a mixture-of-experts model; a dense
+  // model's plan keeps the layout it always had (ep 0 on every rank).
+  const bool moe = plan.model.is_moe();
   json ranks = json::array();
-  for (const RankCoordinates& c : plan.ranks)
-    ranks.push_back({{"rank", c.rank}, {"node", c.node}, {"local_rank", c.local_rank}, {"tp", c.tp},
-                     {"cp", c.cp}, {"dp", c.dp}, {"pp", c.pp}, {"ep", c.ep}});
+  for (const RankCoordinates& c : plan.ranks) {
+    json rank{{"rank", c.rank}, {"node", c.node}, {"local_rank", c.local_rank}, {"tp", c.tp},
+              {"cp", c.cp},     {"dp", c.dp},     {"pp", c.pp},                 {"ep", c.ep}};
+    if (moe) rank.update({{"etp", c.etp}, {"edp", c.edp}});
+    ranks.push_back(rank);
+  }
+  json rank_layout{{"order", "tp-cp-dp-pp"}, {"ep_within", moe ? "tp-cp-dp" : "dp"}, {"ranks", ranks}};
+  if (moe) rank_layout["expert_order"] = "etp-ep-edp";
   json stages = json::array();
   for (size_t i = 0; i < plan.stages.size(); ++i) {
     const PlanStage& s = plan.stages[i];
@@ -100,7 +114,7 @@ json to_json(const Plan& plan) {
                 {"param_gather", plan.overlap.param_gather},
                 {"tp_comm", plan.overlap.tp_comm}}},
               {"num_microbatches", plan.num_microbatches},
-              {"rank_layout", {{"order", "tp-cp-dp-pp"}, {"ep_within", "dp"}, {"ranks", ranks}}},
+              {"rank_layout", rank_layout},
               {"stages", stages},
               {"prediction", plan.prediction}};
 }
@@ -131,7 +145,9 @@ Plan plan_from_json(const json& j, const std::string& file) {
 
   ObjectReader layout = r.object("rank_layout");
   layout.one_of("order", {"tp-cp-dp-pp"});
-  layout.one_of("ep_within", {"dp"});
+  // "dp": a dense model's plan (no expert groups), or one written before MoE parallel folding.
+  layout.one_of("ep_within", {"tp-cp-dp", "dp"});
+  if (layout.has("expert_order")) layout.one_of("expert_order", {"etp-ep-edp"});
   const json& ranks = array(layout, "ranks", world, "ranks (tp*cp*dp*pp)");
   plan.ranks.resize(world);
   std::vector<bool> seen(world, false);
@@ -146,6 +162,11 @@ Plan plan_from_json(const json& j, const std::string& file) {
     c.dp = index_below(rank, "dp", p.dp);
     c.pp = index_below(rank, "pp", p.pp);
     c.ep = index_below(rank, "ep", p.ep);
+    // Absent in a dense model's plan and in plans written before MoE folding: derived from the
+    // rank, as make_plan does.
+    const RankCoordinates folded = rank_coordinates(p, 1, c.rank);
+    c.etp = rank.has("etp") ? index_below(rank, "etp", p.expert_tp()) : folded.etp;
+    c.edp = rank.has("edp") ? index_below(rank, "edp", p.expert_dp()) : folded.edp;
     rank.finish();
     if (seen[c.rank]) rank.fail("rank", "a rank not listed before");
     seen[c.rank] = true;

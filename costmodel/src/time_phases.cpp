@@ -67,12 +67,29 @@ ContextParallelComm context_parallel_comm(const ModelSpec& m, const Network& net
   return c;
 }
 
-// Expert parallel: all-to-all dispatch and combine of the routed tokens, forward and backward.
+// Expert parallel, as Megatron-Core's alltoall token dispatcher runs it (MoEAlltoAllTokenDispatcher,
+// with MoE parallel folding, Liu et al. 2025, arXiv 2504.14960): a rank enters the MoE layer with
+// its T/tp tokens (the sequence-parallel split; Megatron refuses MoE with tp > 1 in training without
+// sequence parallel, moe_layer.py, so that is the layout priced even when --sp is off) and sends
+// each token's k routed copies to the ranks of its ep group that hold their experts: an all-to-all
+// of (T/tp)*k*h elements per rank (dispatch), and the same back (combine). With etp > 1 the tokens a
+// rank received are all-gathered over its etp group before the experts, etp*(T/tp)*k*h gathered,
+// and the experts' partial outputs reduce-scattered after. Backward runs the same collectives on
+// the gradients; full recompute replays the forward's. Routing is taken as balanced (Megatron's
+// load-balancing auxiliary loss keeps it near; the imbalance left is not priced), so each rank
+// receives what it sends. Token dropping / capacity factors are not modelled (Megatron's default
+// is dropless).
 double expert_parallel_comm_s(const ModelSpec& m, const Network& net, const TrainingSpec& t, const ParallelConfig& p) {
-  if (!m.is_moe() || p.ep <= 1) return 0;
-  double bytes = tokens_per_microbatch(t, p) * m.experts_per_token * m.hidden_size * activation_bytes(t.precision);
+  const int etp = p.expert_tp();
+  if (!m.is_moe() || (p.ep <= 1 && etp <= 1)) return 0;
+  const double bytes = tokens_per_microbatch(t, p) / p.tp * m.experts_per_token * m.hidden_size *
+                       activation_bytes(t.precision);
+  double forward_s = 2 * net.cost(Collective::all_to_all, bytes, group_shape(p, Dim::ep)).time_s;
+  if (etp > 1)
+    forward_s += net.cost(Collective::all_gather, etp * bytes, group_shape(p, Dim::etp)).time_s +
+                 net.cost(Collective::reduce_scatter, etp * bytes, group_shape(p, Dim::etp)).time_s;
   // Per mean layer (ModelSpec): the dense layers of an MoE model dispatch nothing.
-  return m.moe_layer_fraction() * 4 * net.cost(Collective::all_to_all, bytes, group_shape(p, Dim::ep)).time_s;
+  return m.moe_layer_fraction() * forward_s * (2 + (p.recompute == Recompute::full ? 1 : 0));
 }
 
 // ZeRO-3: every layer's parameters are gathered before its forward and its backward, and its
@@ -125,7 +142,9 @@ std::vector<StageTime> stage_times(const ModelSpec& m, const GpuSpec& gpu, const
     s.cp_s = n * comm.cp.layer_s;
     s.ep_s = n * comm.ep_s;
     s.zero3_s = n * comm.zero3.layer_s + comm.zero3.first_s;
-    s.forward_comm_s += n * (comm.cp.layer_forward_s + comm.ep_s / 2 + comm.zero3.layer_forward_s) + comm.zero3.first_s;
+    const double ep_forward_share = p.recompute == Recompute::full ? 1.0 / 3 : 0.5;  // see expert_parallel_comm_s
+    s.forward_comm_s +=
+        n * (comm.cp.layer_forward_s + comm.ep_s * ep_forward_share + comm.zero3.layer_forward_s) + comm.zero3.first_s;
     s.hidden_s += n * (comm.cp.hidden_layer_s + comm.zero3.hidden_layer_s);
   }
   return st;
@@ -204,13 +223,26 @@ DataParallelComm data_parallel_comm(const ModelSpec& m, const Network& net, cons
   const GroupShape dp_shape = data_parallel_shape(p);
   const StageMemory& s0 = mem.stages[0];
   double grad_bytes = s0.num_params * bpp.grads;
-  if (dp_shape.size > 1 && p.zero_stage < 3) {
+  // MoE: the experts' gradients reduce over their expert data-parallel group (tp*cp*dp/(etp*ep)
+  // ranks), the rest over dp*cp; Megatron-Core keeps them in separate buffers and reduces them one
+  // after the other (DistributedDataParallel's expert_parallel_buffers), so the times add.
+  const GroupShape edp_shape = group_shape(p, Dim::edp);
+  const double dense_params = s0.num_params - s0.expert_params;
+  // `buckets` collectives in all, split between the two groups by their bytes (at least one each).
+  auto dp_and_edp = [&](Collective op, double bytes_per_param, double buckets) {
+    auto bucketed = [&](double params, const GroupShape& shape) {
+      if (params <= 0) return 0.0;
+      const double n = std::max(1.0, std::round(buckets * params / s0.num_params));
+      return n * net.cost(op, params * bytes_per_param / n, shape).time_s;
+    };
+    return bucketed(dense_params, dp_shape) + bucketed(s0.expert_params, edp_shape);
+  };
+  if ((dp_shape.size > 1 || edp_shape.size > 1) && p.zero_stage < 3) {
     bool sharded = p.zero_stage >= 1 || p.distributed_optimizer;
     // One collective per bucket, each paying its latency: at hundreds of ranks a ring's latency
     // ((n-1) hops) rivals its transfer, so the bucket count matters as much as the bytes.
     const double buckets = std::max(1.0, std::ceil(grad_bytes / gradient_bucket_bytes(t, p)));
-    const Collective op = sharded ? Collective::reduce_scatter : Collective::all_reduce;
-    double comm = buckets * net.cost(op, grad_bytes / buckets, dp_shape).time_s;
+    double comm = dp_and_edp(sharded ? Collective::reduce_scatter : Collective::all_reduce, bpp.grads, buckets);
     double exposed = overlap.grad_reduce ? exposed_s(comm, c.backward_s + c.recompute_s, comm / buckets, hide) : comm;
     // ZeRO-2 keeps only its gradient shard, so every micro-batch's gradients are reduce-scattered in
     // its backward (Rajbhandari et al. 2020, Sec. 5.2; DeepSpeed stage 2 with gradient
@@ -219,8 +251,7 @@ DataParallelComm data_parallel_comm(const ModelSpec& m, const Network& net, cons
     r.grad_reduce_s = times * exposed;
     r.grad_reduce_hidden_s = times * (comm - exposed);
     if (sharded) {
-      const double weight_bytes = s0.num_params * bpp.weights;
-      double gather = buckets * net.cost(Collective::all_gather, weight_bytes / buckets, dp_shape).time_s;
+      double gather = dp_and_edp(Collective::all_gather, bpp.weights, buckets);
       double gather_exposed = overlap.param_gather ? exposed_s(gather, c.forward_s, 0, hide) : gather;
       r.param_gather_s = gather_exposed;
       r.param_gather_hidden_s = gather - gather_exposed;
@@ -244,9 +275,11 @@ OptimizerTime optimizer_time(const GpuSpec& gpu, const ClusterSpec& cluster, con
                              const ParallelConfig& p, const MemoryEstimate& mem) {
   OptimizerTime r;
   const BytesPerParam bpp = bytes_per_param(t);
-  int shards = (p.zero_stage >= 1 || p.distributed_optimizer) ? p.dp * p.cp : 1;
+  const bool sharded = p.zero_stage >= 1 || p.distributed_optimizer;
+  const int shards = sharded ? p.dp * p.cp : 1, expert_shards = sharded ? p.expert_dp() : 1;  // memory.cpp
   double local_params = 0;
-  for (const auto& s : mem.stages) local_params = std::max(local_params, s.num_params / shards);
+  for (const auto& s : mem.stages)
+    local_params = std::max(local_params, (s.num_params - s.expert_params) / shards + s.expert_params / expert_shards);
   if (p.offload_optimizer) {
     double transfer = local_params * (bpp.grads + bpp.weights) / kHostLinkBytesPerS;
     double host = local_params * 28.0 * cluster.gpus_per_node / kHostMemoryBytesPerS;

@@ -136,11 +136,15 @@ LayoutRule check_context_parallel(const TrainingSpec& t, int cp) {
 }
 
 LayoutRule check_expert_parallel(const ModelSpec& model, const ParallelConfig& p) {
-  if (p.ep > 1) {
-    if (!model.is_moe()) return LayoutRule::ep_needs_moe;
-    if (model.num_experts % p.ep != 0) return LayoutRule::ep_divides_experts;
-    if ((p.dp * p.cp) % p.ep != 0) return LayoutRule::ep_divides_dp_cp;
-  }
+  if (p.etp < 0) return LayoutRule::etp_positive;
+  if (!model.is_moe())  // etp equal to tp is Megatron's default, which a dense model may name
+    return p.ep > 1 || (p.etp > 0 && p.etp != p.tp) ? LayoutRule::ep_needs_moe : LayoutRule::ok;
+  if (model.num_experts % p.ep != 0) return LayoutRule::ep_divides_experts;
+  if (model.ffn_hidden_size % p.expert_tp() != 0) return LayoutRule::etp_divides_expert_ffn;
+  // Megatron-Core's parallel_state.py builds the expert groups from the tp*cp*dp ranks of each
+  // pipeline stage (etp fastest, then ep, then expert dp), so ep*etp must divide them.
+  if ((static_cast<long long>(p.tp) * p.cp * p.dp) % (static_cast<long long>(p.ep) * p.expert_tp()) != 0)
+    return LayoutRule::ep_etp_divides_tp_cp_dp;
   return LayoutRule::ok;
 }
 
@@ -174,7 +178,7 @@ LayoutRule check_layout(const ModelSpec& model, const TrainingSpec& t, const Par
   for (const auto& [rule, size] : sizes)
     if (size < 1) return rule;
   if (gpus > kMaxGpus || p.tp > kMaxGpus || p.pp > kMaxGpus || p.dp > kMaxGpus || p.cp > kMaxGpus ||
-      p.ep > kMaxGpus || p.vpp > kMaxVirtualStages || p.micro_batch > kMaxGlobalBatch ||
+      p.ep > kMaxGpus || p.etp > kMaxGpus || p.vpp > kMaxVirtualStages || p.micro_batch > kMaxGlobalBatch ||
       t.global_batch > kMaxGlobalBatch || t.seq_len > kMaxSeqLen)
     return LayoutRule::size_limit;
   if (bounded_world_size(p.tp, p.pp, p.dp, p.cp) != gpus) return LayoutRule::world_size;
@@ -212,7 +216,7 @@ std::string rule_message(LayoutRule rule, const ModelSpec& model, const Training
     case LayoutRule::global_batch_positive: return not_positive("--global-batch", t.global_batch);
     case LayoutRule::seq_positive: return not_positive("--seq", t.seq_len);
     case LayoutRule::size_limit:
-      return "sizes must be at most: --gpus, tp, pp, dp, cp and ep " + std::to_string(kMaxGpus) + ", vpp " +
+      return "sizes must be at most: --gpus, tp, pp, dp, cp, ep and etp " + std::to_string(kMaxGpus) + ", vpp " +
              std::to_string(kMaxVirtualStages) + ", micro-batch and global batch " + std::to_string(kMaxGlobalBatch) +
              ", --seq " + std::to_string(kMaxSeqLen);
     case LayoutRule::world_size: {
@@ -275,13 +279,22 @@ std::string rule_message(LayoutRule rule, const ModelSpec& model, const Training
       return "sequence length " + std::to_string(t.seq_len) + " exceeds the " + std::to_string(model.max_seq_len) +
              " learned positions of " + model.name;
     case LayoutRule::ep_needs_moe:
-      return "--ep " + std::to_string(p.ep) + " needs a mixture-of-experts model; " + model.name + " is dense";
+      return (p.ep > 1 ? "--ep " + std::to_string(p.ep) : "--etp " + std::to_string(p.etp)) +
+             " needs a mixture-of-experts model; " + model.name + " is dense";
     case LayoutRule::ep_divides_experts:
       return "ep " + std::to_string(p.ep) + " does not divide the " + std::to_string(model.num_experts) +
              " experts; valid ep: " + divisors_of(model.num_experts);
-    case LayoutRule::ep_divides_dp_cp:
-      return "ep " + std::to_string(p.ep) + " must divide dp*cp = " + std::to_string(p.dp * p.cp) +
-             " (expert parallel ranks are carved out of the data-parallel ranks)";
+    case LayoutRule::etp_positive:
+      return "--etp must be a positive integer (or 0: same as tp), got " + std::to_string(p.etp);
+    case LayoutRule::etp_divides_expert_ffn:
+      return "etp " + std::to_string(p.expert_tp()) + " does not divide the expert FFN size " +
+             std::to_string(model.ffn_hidden_size) + "; valid etp: " + divisors_of(model.ffn_hidden_size);
+    case LayoutRule::ep_etp_divides_tp_cp_dp: {
+      const long long ranks = static_cast<long long>(p.tp) * p.cp * p.dp;
+      return "ep*etp = " + std::to_string(p.ep) + "*" + std::to_string(p.expert_tp()) + " must divide tp*cp*dp = " +
+             std::to_string(ranks) + " (the MoE layers fold etp, ep and expert dp over those ranks); valid ep*etp: " +
+             divisors_of(static_cast<int>(ranks));
+    }
     case LayoutRule::zero_stage_exists:
       return "ZeRO stage " + std::to_string(p.zero_stage) + " does not exist; choose 0, 1, 2 or 3";
     case LayoutRule::dist_opt_needs_zero_0_or_1:
@@ -313,7 +326,7 @@ json to_json(const TrainingSpec& t) {
 }
 
 json to_json(const ParallelConfig& p) {
-  return json{{"tp", p.tp},
+  json j{{"tp", p.tp},
               {"pp", p.pp},
               {"dp", p.dp},
               {"cp", p.cp},
@@ -327,6 +340,10 @@ json to_json(const ParallelConfig& p) {
               {"recompute", to_string(p.recompute)},
               {"schedule", to_string(p.schedule)},
               {"layers_per_stage", p.layers_per_stage}};
+  // etp only when set: absent means "same as tp" (Megatron's default), so plans written before
+  // expert tensor parallel read back unchanged.
+  if (p.etp > 0) j["etp"] = p.etp;
+  return j;
 }
 
 TrainingSpec training_from_json(const json& j, const std::string& file, const std::string& pointer) {
@@ -350,6 +367,7 @@ ParallelConfig parallel_from_json(const json& j, const std::string& file, const 
     *size = static_cast<int>(r.int_in(key, 1, kMaxGpus));
   if (bounded_world_size(p.tp, p.pp, p.dp, p.cp) > kMaxGpus)
     r.fail("dp", "sizes whose product tp*pp*dp*cp is at most " + std::to_string(kMaxGpus));
+  if (r.has("etp")) p.etp = static_cast<int>(r.int_in("etp", 1, kMaxGpus));  // absent: as tp
   p.vpp = static_cast<int>(r.int_in("vpp", 1, kMaxVirtualStages));
   p.micro_batch = static_cast<int>(r.int_in("micro_batch", 1, kMaxGlobalBatch));
   p.zero_stage = static_cast<int>(r.int_in("zero_stage", 0, 3));

@@ -64,6 +64,7 @@ struct Options {
   double headroom = kDefaultHeadroomFraction;  // of HBM a plan leaves free (--headroom)
   // estimate only
   int tp = 1, pp = 1, cp = 1, ep = 1, vpp = 1, mbs = 1, zero = 0;
+  int etp = 0;                      // 0: same as tp (Megatron's default)
   std::optional<int> dp;
   bool dist_opt = false, sp = false, offload = false;
   std::string recompute = "none";
@@ -138,6 +139,7 @@ int run_estimate(const Options& o, const ProfileStore& store) {
   p.pp = o.pp;
   p.cp = o.cp;
   p.ep = o.ep;
+  p.etp = o.etp;
   p.vpp = o.vpp;
   p.micro_batch = o.mbs;
   p.zero_stage = o.zero;
@@ -196,6 +198,7 @@ std::string short_layout(const ParallelConfig& p) {
   o << "tp " << p.tp << " pp " << p.pp << " dp " << p.dp;
   if (p.cp > 1) o << " cp " << p.cp;
   if (p.ep > 1) o << " ep " << p.ep;
+  if (p.etp > 0 && p.etp != p.tp) o << " etp " << p.etp;
   if (p.schedule == Schedule::interleaved) o << " vpp " << p.vpp;
   return o.str();
 }
@@ -481,7 +484,9 @@ int main(int argc, char** argv) {
   estimate->add_option("--pp", o.pp, "pipeline parallel size")->capture_default_str()->check(sizes_up_to(kMaxGpus));
   estimate->add_option("--dp", o.dp, "data parallel size (default: gpus / (tp*pp*cp))")->check(sizes_up_to(kMaxGpus));
   estimate->add_option("--cp", o.cp, "context parallel size")->capture_default_str()->check(sizes_up_to(kMaxGpus));
-  estimate->add_option("--ep", o.ep, "expert parallel size (MoE)")->capture_default_str()->check(sizes_up_to(kMaxGpus));
+  estimate->add_option("--ep", o.ep, "expert parallel size (MoE; ep*etp divides tp*cp*dp)")->capture_default_str()->check(sizes_up_to(kMaxGpus));
+  estimate->add_option("--etp", o.etp, "expert tensor parallel size (MoE; default: same as tp)")
+      ->check(integer_in(0, kMaxGpus, "a positive integer up to " + std::to_string(kMaxGpus) + " (0: same as tp)"));
   estimate->add_option("--vpp", o.vpp, "virtual pipeline stages per rank (interleaved)")
       ->capture_default_str()
       ->check(sizes_up_to(kMaxVirtualStages));

@@ -26,7 +26,7 @@ std::string format_params(double params) {
 std::string describe_layout(const ModelSpec& model, const TrainingSpec& t, const ParallelConfig& p) {
   std::ostringstream o;
   o << "tp " << p.tp << " · pp " << p.pp << " · dp " << p.dp << " · cp " << p.cp;
-  if (model.is_moe()) o << " · ep " << p.ep;
+  if (model.is_moe()) o << " · ep " << p.ep << " · etp " << p.expert_tp();
   if (p.schedule == Schedule::interleaved) o << " · vpp " << p.vpp;
   o << ", micro-batch " << p.micro_batch << ", global batch " << t.global_batch << " ("
     << num_microbatches(t, p) << (num_microbatches(t, p) == 1 ? " micro-batch" : " micro-batches")

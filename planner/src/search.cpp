@@ -15,7 +15,7 @@ int global_batch_for_tokens(double tokens, int seq_len) {
 }
 
 int layout_complexity(const ParallelConfig& p) {
-  return (p.tp > 1) + (p.pp > 1) + (p.cp > 1) + (p.ep > 1) + (p.zero_stage > 0 || p.distributed_optimizer) +
+  return (p.tp > 1) + (p.pp > 1) + (p.cp > 1) + (p.ep > 1) + (p.etp > 0 && p.etp != p.tp) + (p.zero_stage > 0 || p.distributed_optimizer) +
          (p.zero_stage > 1) + (p.recompute != Recompute::none) + (p.recompute == Recompute::full) +
          p.sequence_parallel + p.offload_optimizer + (p.schedule == Schedule::interleaved);
 }
@@ -70,10 +70,18 @@ std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const Training
       for (p.pp = 1; p.tp * p.cp * p.pp <= n; ++p.pp) {
         if ((n / (p.tp * p.cp)) % p.pp || !ok(check_pipeline_parallel(m, p))) continue;
         p.dp = n / (p.tp * p.cp * p.pp);
-        std::vector<int> eps = {1};
-        if (m.is_moe() && space.allow_expert_parallel)
-          for (p.ep = 2; p.ep <= m.num_experts; ++p.ep)
-            if (ok(check_expert_parallel(m, p))) eps.push_back(p.ep);
+        // MoE parallel folding (training.h): every ep dividing the experts, with the expert tensor
+        // parallel size Megatron defaults to (etp = tp) and the one the folding paper recommends
+        // (etp = 1, Liu et al. 2025, arXiv 2504.14960), where ep*etp divides tp*cp*dp.
+        std::vector<std::pair<int, int>> eps;  // (ep, etp)
+        if (!m.is_moe()) eps.push_back({1, 0});
+        else
+          for (p.ep = 1; p.ep <= (space.allow_expert_parallel ? m.num_experts : 1); ++p.ep)
+            for (int etp : p.tp == 1 ? std::vector<int>{1} : std::vector<int>{p.tp, 1}) {
+              p.etp = etp;
+              if (ok(check_expert_parallel(m, p))) eps.push_back({p.ep, etp});
+            }
+        p.ep = 1, p.etp = 0;
         for (int mbs : space.micro_batches) {
           if (!ok(check_batch(t, mbs, p.dp))) continue;
           p.micro_batch = mbs;
@@ -81,7 +89,7 @@ std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const Training
           p.schedule = Schedule::interleaved;
           for (p.vpp = 2; p.vpp <= space.max_vpp; ++p.vpp)
             if (ok(check_schedule(m, t, p))) schedules.push_back({Schedule::interleaved, p.vpp});
-          for (int ep : eps)
+          for (auto [ep, etp] : eps)
             for (auto [schedule, vpp] : schedules)
               for (int zero = 0; zero <= 4; ++zero) {  // 4 stands for the distributed optimizer
                 // Sharding over one data-parallel rank changes nothing: left out.
@@ -97,6 +105,7 @@ std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const Training
                       if (offload && (!space.allow_offload || zero == 0)) continue;
                       ParallelConfig q = p;
                       q.ep = ep;
+                      q.etp = etp;
                       q.vpp = vpp;
                       q.schedule = schedule;
                       q.zero_stage = zero == 4 ? 0 : zero;

@@ -505,4 +505,24 @@ TEST_CASE("the search's pick keeps --headroom free and the report states it", "[
   }
   CHECK_THAT(require_one_error_line(run_dplan({"--model", "70B", "--gpus", "64", "--headroom", "1.5"})),
              Contains("--headroom"));
+
+TEST_CASE("dplan plans Mixtral 8x7B on 64 GPUs and writes etp into the plan", "[cli][moe]") {
+  // Before MoE parallel folding this search failed: an ep group larger than dp did not tile.
+  TempDir dir;
+  const std::string plan = (dir.path() / "plan.json").string();
+  Result r = run_dplan({"--model", "8x7B", "--gpus", "64", "-o", plan});
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.out, Contains("etp"));
+  const json written = json::parse(read_file(plan));
+  CHECK(written["parallel"].contains("etp"));
+  CHECK(written["rank_layout"]["expert_order"] == "etp-ep-edp");
+}
+
+TEST_CASE("dplan estimate --etp that breaks the folding rule is one error line naming the valid sizes",
+          "[cli][error][moe]") {
+  std::string line = require_one_error_line(
+      run_dplan({"estimate", "--model", "8x7B", "--gpus", "16", "--tp", "2", "--ep", "8", "--etp", "4"}));
+  CHECK_THAT(line, Contains("ep*etp = 8*4 must divide tp*cp*dp = 16"));
+  CHECK_THAT(line, Contains("valid ep*etp: 1, 2, 4, 8 or 16"));
 }

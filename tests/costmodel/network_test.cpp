@@ -46,11 +46,12 @@ ClusterSpec round_cluster() {
 }  // namespace
 
 TEST_CASE("group_shape places each dimension in Megatron's rank order", "[network]") {
-  // rank = tp_rank + tp*(cp_rank + cp*(dp_rank + dp*pp_rank)), tp=4 cp=2 dp=8 pp=3, ep=2 inside dp.
+  // rank = tp_rank + tp*(cp_rank + cp*(dp_rank + dp*pp_rank)), tp=4 cp=2 dp=8 pp=3; the MoE
+  // groups fold over each stage's 64 ranks, etp (= tp 4) fastest, then ep 2, then edp 8.
   ParallelConfig p{.tp = 4, .pp = 3, .dp = 8, .cp = 2, .ep = 2};
   std::vector<GroupShape> result;
-  for (Dim d : {Dim::tp, Dim::cp, Dim::ep, Dim::dp, Dim::pp}) result.push_back(group_shape(p, d));
-  std::vector<GroupShape> expected = {{4, 1}, {2, 4}, {2, 8}, {8, 8}, {3, 64}};
+  for (Dim d : {Dim::tp, Dim::cp, Dim::ep, Dim::dp, Dim::pp, Dim::etp, Dim::edp}) result.push_back(group_shape(p, d));
+  std::vector<GroupShape> expected = {{4, 1}, {2, 4}, {2, 4}, {8, 8}, {3, 64}, {4, 1}, {8, 8}};
   CHECK(result == expected);
 }
 

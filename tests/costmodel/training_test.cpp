@@ -97,7 +97,7 @@ TEST_CASE("impossible layouts are rejected with the valid choices", "[training]"
   CHECK_THAT(error_of(m, store().load_cluster("dgx-a100-80g"), fp8, ok, 64), Contains("no fp8 peak"));
 }
 
-TEST_CASE("mixture-of-experts layouts check expert parallel against experts and dp", "[training]") {
+TEST_CASE("mixture-of-experts layouts check expert parallel against experts and tp*cp*dp", "[training]") {
   ModelSpec m = store().load_model("mixtral-8x7b");
   ClusterSpec c = store().load_cluster("dgx-h100");
   TrainingSpec t{.seq_len = 4096, .global_batch = 256};
@@ -105,7 +105,7 @@ TEST_CASE("mixture-of-experts layouts check expert parallel against experts and 
       ep4{.tp = 8, .pp = 1, .dp = 2, .ep = 4};
   CHECK_NOTHROW(validate(m, c, t, ep8, 16));
   CHECK_THAT(error_of(m, c, t, ep3, 16), Contains("valid ep: 1, 2, 4 or 8"));
-  CHECK_THAT(error_of(m, c, t, ep4, 16), Contains("must divide dp*cp"));
+  CHECK_THAT(error_of(m, c, t, ep4, 16), Contains("ep*etp = 4*8 must divide tp*cp*dp = 16"));
 }
 
 TEST_CASE("training and parallel specs round-trip through JSON", "[training]") {

@@ -91,13 +91,14 @@ std::set<std::string> layouts_by_the_rules(const ModelSpec& m, const TrainingSpe
         if (n % (tp * cp * pp)) continue;
         const int dp = n / (tp * cp * pp);
         for (int ep = 1; ep <= std::max(1, m.num_experts); ++ep)
+         for (int etp : m.is_moe() ? std::vector<int>{tp, 1} : std::vector<int>{0})  // the search's etp choices
           for (int mbs : {1, 2, 4, 8})
             for (int vpp = 1; vpp <= 8; ++vpp)
               for (int zero = 0; zero <= 4; ++zero)
                 for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full})
                   for (bool sp : {false, true})
                     for (bool offload : {false, true}) {
-                      ParallelConfig p{.tp = tp, .pp = pp, .dp = dp, .cp = cp, .ep = ep, .vpp = vpp,
+                      ParallelConfig p{.tp = tp, .pp = pp, .dp = dp, .cp = cp, .ep = ep, .etp = etp, .vpp = vpp,
                                        .micro_batch = mbs, .zero_stage = zero == 4 ? 0 : zero,
                                        .distributed_optimizer = zero == 4, .sequence_parallel = sp,
                                        .offload_optimizer = offload, .recompute = rc,

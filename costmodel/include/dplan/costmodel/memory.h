@@ -56,6 +56,7 @@ struct StageMemory {
   int stage = 0;
   int num_layers = 0;
   double num_params = 0;             // parameters held by one GPU of this stage before ZeRO sharding
+  double expert_params = 0;          // of num_params, the MoE experts' (sharded over expert dp, not dp*cp)
   double microbatches_in_flight = 0;
   double weights_bytes = 0;
   double grads_bytes = 0;

@@ -12,7 +12,8 @@
 
 namespace dplan::costmodel {
 
-enum class Dim { tp, cp, ep, dp, pp };
+// etp, ep and edp are the MoE layers' groups: expert tensor, expert and expert data parallel.
+enum class Dim { tp, cp, ep, dp, pp, etp, edp };
 
 // `size` ranks spaced `stride` apart in the global rank order (group 0 starts at rank 0; the other
 // groups of the shape are its translates that tile the world).
@@ -23,8 +24,10 @@ struct GroupShape {
 };
 
 // Megatron's rank order, tp fastest: rank = tp_rank + tp*(cp_rank + cp*(dp_rank + dp*pp_rank)).
-// tp:{tp,1} cp:{cp,tp} ep:{ep,tp*cp} (ep consecutive data-parallel members) dp:{dp,tp*cp}
-// pp:{pp,tp*cp*dp}.
+// tp:{tp,1} cp:{cp,tp} dp:{dp,tp*cp} pp:{pp,tp*cp*dp}. The MoE layers fold their groups over the
+// same tp*cp*dp consecutive ranks of a stage, etp fastest (Megatron-Core parallel_state.py, the
+// expert RankGenerator with order tp-ep-dp-pp over etp, ep, edp): etp:{etp,1} ep:{ep,etp}
+// edp:{edp,etp*ep}, with etp = parallel.expert_tp() and edp = parallel.expert_dp().
 GroupShape group_shape(const ParallelConfig& parallel, Dim dim);
 
 // A tier's measured time for `op` over `ranks` ranks at `bytes`: log-log

@@ -2,7 +2,8 @@
 // `dplan run`, `dplan compare` and `dplan calibrate` read). One type, one writer, one strict reader.
 // Versioned ("format_version": 1). Holds the model, cluster, training spec, parallel config,
 // overlap switches, the rank layout (each global rank's tp/cp/ep/dp/pp coordinates, node and local
-// rank, in Megatron's order: tp fastest, then cp, dp, pp; ep a sub-group of dp), the layer -> stage
+// rank, in Megatron's order: tp fastest, then cp, dp, pp; the MoE layers' etp, ep, edp folded over
+// each stage's tp*cp*dp ranks, etp fastest), the layer -> stage
 // (and model chunk) assignment, and the prediction: memory per stage by component, step time by
 // phase, throughput, MFU.
 #pragma once
@@ -20,6 +21,7 @@ constexpr int kPlanFormatVersion = 1;
 struct RankCoordinates {
   int rank = 0, node = 0, local_rank = 0;
   int tp = 0, cp = 0, dp = 0, pp = 0, ep = 0;
+  int etp = 0, edp = 0;  // expert tensor and expert data parallel coordinates (MoE folding)
   bool operator==(const RankCoordinates&) const = default;
 };
 // REQUIRES: 0 <= rank < parallel.world_size().

@@ -1,10 +1,14 @@
 // How the model is trained (TrainingSpec: sequence length, global batch, precision, attention
 // kernel, optimizer) and how the work is split over GPUs (ParallelConfig: tensor, pipeline, data,
 // context and expert parallel sizes, virtual stages, micro-batch, ZeRO stage, recompute, ...).
-// Conventions follow Megatron-LM: global batch counts sequences; dp = gpus / (tp*pp*cp); expert
-// parallel is carved out of dp*cp; ranks are ordered tp fastest, then cp, dp, pp.
+// Conventions follow Megatron-LM: global batch counts sequences; dp = gpus / (tp*pp*cp); ranks are
+// ordered tp fastest, then cp, dp, pp. MoE layers fold their own groups over the same tp*cp*dp ranks
+// of a pipeline stage (Megatron-Core's MoE parallel folding, Liu et al. 2025, arXiv 2504.14960):
+// expert tensor parallel etp fastest, then expert parallel ep, then expert data parallel
+// edp = tp*cp*dp / (etp*ep); so ep may exceed dp*cp.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -34,7 +38,9 @@ struct ParallelConfig {
   int pp = 1;                 // pipeline parallel
   int dp = 1;                 // data parallel
   int cp = 1;                 // context parallel
-  int ep = 1;                 // expert parallel (divides dp*cp)
+  int ep = 1;                 // expert parallel: experts split over ep ranks (ep*etp divides tp*cp*dp)
+  int etp = 0;                // expert tensor parallel; 0: same as tp (Megatron's default when
+                              // --expert-tensor-parallel-size is unset)
   int vpp = 1;                // virtual pipeline stages (model chunks) per pipeline rank
   int micro_batch = 1;        // sequences per micro-batch
   int zero_stage = 0;         // 0..3 (DeepSpeed ZeRO / FSDP)
@@ -46,6 +52,10 @@ struct ParallelConfig {
   std::vector<int> layers_per_stage;   // empty: even split (see assign_layers)
 
   int world_size() const { return tp * pp * dp * cp; }
+  int expert_tp() const { return etp > 0 ? etp : tp; }
+  // Expert data parallel: the ranks holding the same expert shard, tp*cp*dp / (etp*ep); its
+  // gradients reduce (and the distributed optimizer shards) over these.
+  int expert_dp() const { return std::max(1, tp * cp * dp / std::max(1, expert_tp() * ep)); }
   bool operator==(const ParallelConfig&) const = default;
 };
 
@@ -106,9 +116,11 @@ enum class LayoutRule {
   vpp_needs_interleaved,          // vpp > 1 only with the interleaved schedule
   cp_divides_seq,                 // 2*cp divides the sequence
   seq_within_positions,           // learned positions cover the sequence
+  etp_positive,                   // etp 0 (as tp) or positive
   ep_needs_moe,
   ep_divides_experts,
-  ep_divides_dp_cp,
+  etp_divides_expert_ffn,         // etp divides the expert FFN size
+  ep_etp_divides_tp_cp_dp,        // ep*etp divides tp*cp*dp (MoE parallel folding)
   zero_stage_exists,              // ZeRO 0..3
   dist_opt_needs_zero_0_or_1,
   sp_needs_tp,
@@ -120,7 +132,7 @@ LayoutRule check_pipeline_parallel(const ModelSpec& model, const ParallelConfig&
 LayoutRule check_batch(const TrainingSpec& training, int micro_batch, int dp);
 LayoutRule check_schedule(const ModelSpec& model, const TrainingSpec& training, const ParallelConfig& parallel);
 LayoutRule check_context_parallel(const TrainingSpec& training, int cp);
-LayoutRule check_expert_parallel(const ModelSpec& model, const ParallelConfig& parallel);  // ep, dp, cp
+LayoutRule check_expert_parallel(const ModelSpec& model, const ParallelConfig& parallel);  // ep, etp, tp, dp, cp
 LayoutRule check_sharding(const ParallelConfig& parallel);                                 // ZeRO, dist-opt
 LayoutRule check_sequence_parallel(const ParallelConfig& parallel);
 // Every rule, the sizes' positivity and tp*pp*dp*cp == gpus first.
@@ -130,7 +142,7 @@ LayoutRule check_layout(const ModelSpec& model, const TrainingSpec& training, co
 // Checks every rule a launcher would assert (check_layout, then that the GPU has the precision's
 // math) and throws InputError naming the problem and the valid choices: sizes positive,
 // tp*pp*dp*cp == gpus, tp divides heads and kv heads, pp <= layers, global batch divisible by
-// micro_batch*dp, ep divides experts and dp*cp, vpp only with the interleaved schedule, zero stage
+// micro_batch*dp, ep divides experts, etp the expert FFN, ep*etp divides tp*cp*dp, vpp only with the interleaved schedule, zero stage
 // 0..3, sequence parallel only with tp > 1, seq divisible by cp.
 void validate(const ModelSpec& model, const ClusterSpec& cluster, const TrainingSpec& training,
               const ParallelConfig& parallel, int gpus);

@@ -66,8 +66,8 @@ struct SearchResult {
 // Global batch (sequences) closest to `tokens` tokens, at least 1.
 int global_batch_for_tokens(double tokens, int seq_len);
 
-// How many "things" a layout turns on (tp, pp, cp, ep > 1, sharding, recompute, SP, offload,
-// interleaving): the users' rule is start with DDP, add sharding, then model parallelism.
+// How many "things" a layout turns on (tp, pp, cp, ep > 1, an etp other than tp, sharding,
+// recompute, SP, offload, interleaving): the users' rule is start with DDP, add sharding, then model parallelism.
 int layout_complexity(const costmodel::ParallelConfig& parallel);
 
 // The most layouts one search evaluates (about 200 us each): a space beyond it is refused with a
@@ -76,7 +76,8 @@ int layout_complexity(const costmodel::ParallelConfig& parallel);
 inline constexpr size_t kMaxLayouts = 1'000'000;
 
 // All layouts of `space.gpus` GPUs in `space` that follow the layout rules (check_layout in
-// costmodel/training.h, which validate() enforces), in a fixed order: tp, cp, pp, ep, micro-batch,
+// costmodel/training.h, which validate() enforces), in a fixed order: tp, cp, pp, (ep, etp) with
+// etp = tp then 1 for a mixture of experts, micro-batch,
 // schedule, ZeRO stage, recompute, sequence parallel, offload, each ascending.
 // Throws InputError when there are more than kMaxLayouts.
 std::vector<costmodel::ParallelConfig> enumerate_layouts(const costmodel::ModelSpec& model,

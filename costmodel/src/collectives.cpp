@@ -20,6 +20,8 @@
 //   tree (all-reduce across nodes): latency = base + 2((n/N - 1) x intra_hop + floor(log2 N) x net_hop),
 //        bandwidth: NCCL's tree algbw is busBw/2 with busBw x 0.92 (tuning.cc, Tree AllReduce), so
 //        transfer = 2 x max_t (bytes + half_t) / (0.92 busbw_t).
+//   PAT (all-gather, reduce-scatter with one rank per node): latency = 8.0 + ceil(log2 N) x net_hop,
+//        bandwidth 0.75 of the ring's (see Network::cost).
 //   NVLS (all-reduce with every group inside one NVSwitch node, nvls true): latency 25 us (NVLS
 //        Simple hardware latency, base 0), algbw = nvls_efficiency x NVLink line rate independent
 //        of n (every GPU sends its buffer to the switch once and reads the reduced result once):
@@ -59,6 +61,8 @@ constexpr double kRingBaseLatency_s = 8.4e-6;  // tuning.cc baseLat Ring/Simple
 constexpr double kTreeBaseLatency_s = 8.4e-6;  // tuning.cc baseLat Tree/Simple
 constexpr double kNvlsLatency_s = 25e-6;       // tuning.cc hwLat NVLink NVLS/Simple (baseLat 0)
 constexpr double kTreeBandwidthFraction = 0.92;  // ncclTopoTuneModel: Tree AllReduce busBw x 0.92
+constexpr double kPatBaseLatency_s = 8.0e-6;     // tuning.cc baseLat PAT
+constexpr double kPatBandwidthFraction = 0.75;   // ncclTopoTuneModel: PAT busBw x 0.75
 
 Pattern pattern_of(Collective op) {
   switch (op) {
@@ -172,6 +176,16 @@ CollectiveCost Network::cost(Collective op, double bytes, GroupShape shape) cons
                             2 * ((ranks_per_node - 1) * intra_hop_s + std::floor(std::log2(N)) * net_hop_s) +
                             2 * transfer_s(bw, c, bytes, kTreeBandwidthFraction);
       time_s = std::min(time_s, tree_s);
+    }
+    // PAT (NCCL 2.23+, all-gather and reduce-scatter with one rank per node): a binomial tree
+    // that reaches every node in log2 N network hops instead of the ring's N - 1, at 0.75 of the
+    // ring's bus bandwidth (tuning.cc: baseLat PAT 8.0 us; ncclTopoTuneModel: PAT busBw x 0.75).
+    // At hundreds of nodes (data-parallel groups across nodes with tp 8 inside them) the ring's
+    // latency is what it saves.
+    if ((op == Collective::all_gather || op == Collective::reduce_scatter) && N > 1 && n == N) {
+      const double pat_s = kPatBaseLatency_s + std::ceil(std::log2(N)) * net_hop_s +
+                           factor * transfer_s(bw, c, bytes, kPatBandwidthFraction);
+      time_s = std::min(time_s, pat_s);
     }
     const double nvls_algbw = c.nvls_efficiency_fraction * c.intra_node.bandwidth_bytes_per_s;
     if (all_reduce && N == 1 && c.nvls && c.intra_node_kind == IntraNodeKind::nvswitch && nvls_algbw > 0) {

@@ -99,13 +99,20 @@ Zero3Comm zero3_comm(const Network& net, const TrainingSpec& t, const ParallelCo
                      const LayerTimes& lt, double hide) {
   Zero3Comm c;
   const GroupShape dp_shape = data_parallel_shape(p);
-  if (p.zero_stage >= 3 && dp_shape.size > 1) {
+  // MoE: a layer's experts are sharded over their expert data-parallel group (memory.cpp), so
+  // their gather and reduce-scatter run there, beside the dense part's over dp*cp.
+  const GroupShape edp_shape = group_shape(p, Dim::edp);
+  if (p.zero_stage >= 3 && (dp_shape.size > 1 || edp_shape.size > 1)) {
     const BytesPerParam bpp = bytes_per_param(t);
-    double layer_params = mem.stages[0].num_layers > 0
-                              ? (mem.stages[0].num_params) / std::max(1, mem.stages[0].num_layers)
-                              : 0;
-    double gather = net.cost(Collective::all_gather, layer_params * bpp.weights, dp_shape).time_s;
-    double scatter = net.cost(Collective::reduce_scatter, layer_params * bpp.grads, dp_shape).time_s;
+    const StageMemory& s0 = mem.stages[0];
+    const double layers = std::max(1, s0.num_layers);
+    const double expert_params = s0.expert_params / layers, dense_params = (s0.num_params - s0.expert_params) / layers;
+    auto both = [&](Collective op, double bytes_per_param) {
+      return net.cost(op, dense_params * bytes_per_param, dp_shape).time_s +
+             (expert_params > 0 ? net.cost(op, expert_params * bytes_per_param, edp_shape).time_s : 0.0);
+    };
+    double gather = both(Collective::all_gather, bpp.weights);
+    double scatter = both(Collective::reduce_scatter, bpp.grads);
     double fwd = exposed_s(gather, lt.forward_s, 0, hide), bwd = exposed_s(gather + scatter, lt.backward_s, 0, hide);
     c.layer_s = fwd + bwd;
     c.layer_forward_s = fwd;

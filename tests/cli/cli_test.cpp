@@ -505,6 +505,7 @@ TEST_CASE("the search's pick keeps --headroom free and the report states it", "[
   }
   CHECK_THAT(require_one_error_line(run_dplan({"--model", "70B", "--gpus", "64", "--headroom", "1.5"})),
              Contains("--headroom"));
+}
 
 TEST_CASE("dplan plans Mixtral 8x7B on 64 GPUs and writes etp into the plan", "[cli][moe]") {
   // Before MoE parallel folding this search failed: an ep group larger than dp did not tile.

@@ -75,6 +75,9 @@ struct StageTime {
   double hidden_s = 0;        // communication hidden under compute
   double forward_comm_s = 0;  // the part of tp + cp + ep + zero3 in the forward pass
   double gemm_s = 0;          // the matrix multiplies inside forward_s + backward_s
+  // Per model chunk (one unless interleaved): its part of forward_s + forward_comm_s, and of the
+  // rest of total_s() (pipeline_time plays uneven chunks out with them).
+  std::vector<double> chunk_forward_s, chunk_backward_s;
   double total_s() const { return forward_s + backward_s + recompute_s + tp_s + cp_s + ep_s + zero3_s; }
 };
 std::vector<StageTime> stage_times(const ModelSpec& model, const GpuSpec& gpu, const TrainingSpec& training,

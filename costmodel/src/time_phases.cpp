@@ -148,17 +148,19 @@ int critical_stage(const std::vector<StageTime>& st) {
   return critical;
 }
 
-// Bubble: (p-1) micro-batch slots for GPipe and 1F1B, (p-1)/v with v model chunks (Narayanan et
-// al. 2021, Sec. 2.2: bubble fraction (p-1)/m, and (p-1)/(v m) interleaved). That closed form
-// holds where every chunk takes the same time; a split whose chunks hold different layer counts
-// (Megatron's first/last stage counts, the embedding or loss accounted as a layer, a listed
-// assignment) is played out instead (pipeline.h, every stage at full speed on dedicated devices),
-// each chunk at its own time, and the step is the play-out's makespan: the bubble is what the
-// critical stage waits. With equal chunk times the play-out gives the closed form exactly
-// (tests/costmodel/pipeline_test.cpp), so even splits keep it (and its cost). Where ranks share
-// cores, a stage that waits hands its cores to the stages that work, so the fill, the drain and
-// the waits inside 1F1B's steady state run faster than the steady state: the schedule is played
-// out too; the critical stage's phases take the pace it ran at, and its waits are the bubble.
+// Bubble: the schedule (GPipe, 1F1B, or interleaved 1F1B in Megatron-LM's order) played out
+// (pipeline.h), each model chunk at its own time (its layers, plus the embedding or the LM head
+// where it holds them: StageTime::chunk_forward_s), and the bubble is what the critical stage
+// waits. Where every chunk takes the same time the play-out gives the closed forms exactly
+// (Narayanan et al. 2021, Sec. 2.2: (p-1) micro-batch slots for GPipe and 1F1B, (p-1)/v with v
+// chunks; tests/costmodel/pipeline_test.cpp); where chunks differ (the edges, Megatron's
+// first/last stage counts, an accounted embedding or loss) no closed form holds, and the critical
+// stage's (p-1) slots would overstate the fill and drain of the lighter stages. On dedicated
+// devices every stage runs at full speed, and a step too long to play (pipeline_playable: GPipe
+// over millions of micro-batches, thousands of stages) takes the closed form with the critical
+// stage's time (what the play-out gives where chunks are equal). Where ranks share cores, a stage that waits hands its
+// cores to the stages that work, so the fill, the drain and the waits inside 1F1B's steady state
+// run faster than the steady state; the critical stage's phases take the pace it ran at.
 PipelineTime pipeline_time(const ModelSpec& m, const Network& net, const TrainingSpec& t, const ParallelConfig& p,
                            const std::vector<StageTime>& st, int critical, const CoreSharing& sharing) {
   PipelineTime r;
@@ -166,8 +168,9 @@ PipelineTime pipeline_time(const ModelSpec& m, const Network& net, const Trainin
   const StageTime& c = st[critical];
   const int microbatches = num_microbatches(t, p);
   const double v = p.schedule == Schedule::interleaved ? p.vpp : 1;
-  const bool uneven = !chunks_even(assign_chunks(m.num_layers, p));
-  if (sharing.fills_waits() || uneven) {
+  if (!sharing.fills_waits() && !pipeline_playable(p.pp, microbatches, p.schedule, p.vpp)) {
+    r.bubble_s = (p.pp - 1) * c.total_s() / v;
+  } else {
     std::vector<PipelineStage> stages;
     for (const StageTime& s : st)
       stages.push_back({s.forward_s + s.forward_comm_s, s.total_s() - s.forward_s - s.forward_comm_s,
@@ -177,8 +180,6 @@ PipelineTime pipeline_time(const ModelSpec& m, const Network& net, const Trainin
     const double busy_s = run.busy_s[critical];
     r.pace = c.total_s() > 0 ? busy_s / (microbatches * c.total_s()) : 1;
     r.bubble_s = run.makespan_s - busy_s;
-  } else {
-    r.bubble_s = (p.pp - 1) * c.total_s() / v;
   }
   // Send/recv of one activation per micro-batch each way, per model chunk; with tp > 1 each
   // rank sends its 1/tp slice (Megatron's scatter/gather optimisation, Sec. 4.1).

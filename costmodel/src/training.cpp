@@ -162,13 +162,6 @@ std::vector<int> assign_layers(int num_layers, const ParallelConfig& p) {
   return layers;
 }
 
-bool chunks_even(const std::vector<std::vector<ModelChunk>>& chunks) {
-  for (const auto& stage : chunks)
-    for (const ModelChunk& c : stage)
-      if (c.num_layers != chunks[0][0].num_layers) return false;
-  return true;
-}
-
 // The search's split for a (pp, vpp) that does not divide the layers (documented in
 // docs/cost-model.md, "Uneven pipelines"). Megatron without flags requires pp * vpp to divide L, so
 // the search uses the flags as users do (e.g. Llama-3.1-405B's 126 layers on pp 8 x vpp 8 with the

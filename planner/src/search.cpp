@@ -68,7 +68,8 @@ std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const Training
     for (p.cp = 1; p.cp <= space.max_cp && p.tp * p.cp <= n; p.cp *= 2) {
       if ((n / p.tp) % p.cp || !ok(check_context_parallel(t, p.cp))) continue;
       for (p.pp = 1; p.tp * p.cp * p.pp <= n; ++p.pp) {
-        if ((n / (p.tp * p.cp)) % p.pp || !ok(check_pipeline_parallel(m, p))) continue;
+        // The layers' split is checked per schedule, with the split megatron_split gives it.
+        if ((n / (p.tp * p.cp)) % p.pp) continue;
         p.dp = n / (p.tp * p.cp * p.pp);
         std::vector<int> eps = {1};
         if (m.is_moe() && space.allow_expert_parallel)

@@ -95,10 +95,6 @@ std::vector<std::vector<ModelChunk>> assign_chunks(int num_layers, const Paralle
 // Transformer layers per pipeline stage (its chunks' sum), from assign_chunks.
 std::vector<int> assign_layers(int num_layers, const ParallelConfig& parallel);
 
-// True where every model chunk holds the same number of transformer layers (the even split whose
-// bubble has the closed form; see pipeline_time).
-bool chunks_even(const std::vector<std::vector<ModelChunk>>& chunks);
-
 // The split the search gives a (pp, vpp) (vpp of the interleaved schedule) that does not divide
 // the layers, the way Megatron users split them (docs/cost-model.md, "Uneven pipelines"): the
 // loss, the embedding, or both accounted as a layer where pp*vpp then divides the slots, else

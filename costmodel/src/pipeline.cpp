@@ -143,10 +143,6 @@ PlayLengths play_lengths(int p, int microbatches, Schedule schedule, int chunks,
 }
 }  // namespace
 
-bool pipeline_playable(int stages, int microbatches, Schedule schedule, int chunks) {
-  return play_lengths(stages, microbatches, schedule, chunks, true).operations <= kMaxPlayedOperations;
-}
-
 PipelineTimeline play_pipeline(const std::vector<PipelineStage>& stages, int microbatches, Schedule schedule,
                                int chunks, const std::function<double(int)>& speed, bool extrapolate) {
   if (schedule != Schedule::interleaved) chunks = 1;

@@ -134,11 +134,33 @@ std::vector<StageTime> stage_times(const ModelSpec& m, const GpuSpec& gpu, const
       s.forward_comm_s += n * (comm.cp.layer_forward_s + comm.ep_s / 2 + comm.zero3.layer_forward_s) + zero3_first;
       s.hidden_s += n * (comm.cp.hidden_layer_s + comm.zero3.hidden_layer_s);
       const double forward = (s.forward_s + s.forward_comm_s) - (before.forward_s + before.forward_comm_s);
+      const double chunk_s = s.total_s() - before.total_s();
       s.chunk_forward_s.push_back(forward);
-      s.chunk_backward_s.push_back((s.total_s() - before.total_s()) - forward);
+      s.chunk_backward_s.push_back(chunk_s - forward);
+      // Its layers' part: n layers of what one costs on this stage (LayerTimes and LayerComm).
+      const double layer_s = lt.forward_s + lt.backward_s + lt.recompute_s + comm.cp.layer_s + comm.ep_s +
+                             comm.zero3.layer_s + (overlap.tp_comm && p.sequence_parallel ? 0 : comm.tp.layer_s);
+      s.chunk_edge_s.push_back(chunk_s - n * layer_s);
+      s.chunk_layers.push_back(chunk.num_layers);
     }
   }
   return st;
+}
+
+std::optional<double> uneven_chunk_slot_s(const std::vector<StageTime>& st) {
+  bool even = true;
+  for (const StageTime& s : st)
+    for (int n : s.chunk_layers) even = even && !st[0].chunk_layers.empty() && n == st[0].chunk_layers.front();
+  if (even) return std::nullopt;
+  double slot = 0;
+  for (const StageTime& s : st) {
+    double edges = 0;
+    for (double e : s.chunk_edge_s) edges += e;
+    for (size_t j = 0; j < s.chunk_edge_s.size(); ++j)
+      slot = std::max(slot, s.chunk_forward_s[j] + s.chunk_backward_s[j] - s.chunk_edge_s[j] +
+                                edges / double(s.chunk_edge_s.size()));
+  }
+  return slot;
 }
 
 int critical_stage(const std::vector<StageTime>& st) {
@@ -148,19 +170,19 @@ int critical_stage(const std::vector<StageTime>& st) {
   return critical;
 }
 
-// Bubble: the schedule (GPipe, 1F1B, or interleaved 1F1B in Megatron-LM's order) played out
-// (pipeline.h), each model chunk at its own time (its layers, plus the embedding or the LM head
-// where it holds them: StageTime::chunk_forward_s), and the bubble is what the critical stage
-// waits. Where every chunk takes the same time the play-out gives the closed forms exactly
-// (Narayanan et al. 2021, Sec. 2.2: (p-1) micro-batch slots for GPipe and 1F1B, (p-1)/v with v
-// chunks; tests/costmodel/pipeline_test.cpp); where chunks differ (the edges, Megatron's
-// first/last stage counts, an accounted embedding or loss) no closed form holds, and the critical
-// stage's (p-1) slots would overstate the fill and drain of the lighter stages. On dedicated
-// devices every stage runs at full speed, and a step too long to play (pipeline_playable: GPipe
-// over millions of micro-batches, thousands of stages) takes the closed form with the critical
-// stage's time (what the play-out gives where chunks are equal). Where ranks share cores, a stage that waits hands its
-// cores to the stages that work, so the fill, the drain and the waits inside 1F1B's steady state
-// run faster than the steady state; the critical stage's phases take the pace it ran at.
+// Bubble: (p-1) micro-batch slots for GPipe and 1F1B, (p-1)/v with v model chunks (Narayanan et
+// al. 2021, Sec. 2.2: bubble fraction (p-1)/m, and (p-1)/(v m) interleaved), a slot being the
+// critical stage's time per micro-batch and chunk. Uneven splits (chunks of different layer
+// counts: Megatron's first/last stage counts, an accounted embedding or loss, a listed
+// assignment): the same p-1 fill-and-drain slots, each as long as the longest chunk of any stage,
+// its stage's embedding and LM head spread over its chunks as the closed form spreads them. That
+// is the closed form wherever the chunks hold equal layer counts, and for uneven chunks it stays
+// within a few percent above the schedule played out (tests/costmodel/pipeline_split_test.cpp),
+// at the closed form's cost (playing every layout out made the search ~25x slower).
+// Where ranks share cores, a stage that waits hands its cores to the stages that work, so the
+// fill, the drain and the waits inside 1F1B's steady state run faster than the steady state: the
+// schedule is played out instead (pipeline.h), each chunk at its own time; the critical stage's
+// phases take the pace it ran at, and its waits are the bubble.
 PipelineTime pipeline_time(const ModelSpec& m, const Network& net, const TrainingSpec& t, const ParallelConfig& p,
                            const std::vector<StageTime>& st, int critical, const CoreSharing& sharing) {
   PipelineTime r;
@@ -168,18 +190,19 @@ PipelineTime pipeline_time(const ModelSpec& m, const Network& net, const Trainin
   const StageTime& c = st[critical];
   const int microbatches = num_microbatches(t, p);
   const double v = p.schedule == Schedule::interleaved ? p.vpp : 1;
-  if (!sharing.fills_waits() && !pipeline_playable(p.pp, microbatches, p.schedule, p.vpp)) {
-    r.bubble_s = (p.pp - 1) * c.total_s() / v;
-  } else {
+  if (sharing.fills_waits()) {
     std::vector<PipelineStage> stages;
     for (const StageTime& s : st)
       stages.push_back({s.forward_s + s.forward_comm_s, s.total_s() - s.forward_s - s.forward_comm_s,
                         s.chunk_forward_s, s.chunk_backward_s});
-    const auto speed = [&](int running) { return sharing.fills_waits() ? sharing.pipeline_speed(running) : 1.0; };
-    const PipelineTimeline run = play_pipeline(stages, microbatches, p.schedule, p.vpp, speed);
+    const PipelineTimeline run = play_pipeline(stages, microbatches, p.schedule, p.vpp,
+                                               [&](int running) { return sharing.pipeline_speed(running); });
     const double busy_s = run.busy_s[critical];
     r.pace = c.total_s() > 0 ? busy_s / (microbatches * c.total_s()) : 1;
     r.bubble_s = run.makespan_s - busy_s;
+  } else {
+    const std::optional<double> slot = uneven_chunk_slot_s(st);
+    r.bubble_s = slot ? (p.pp - 1) * *slot : (p.pp - 1) * c.total_s() / v;
   }
   // Send/recv of one activation per micro-batch each way, per model chunk; with tp > 1 each
   // rank sends its 1/tp slice (Megatron's scatter/gather optimisation, Sec. 4.1).

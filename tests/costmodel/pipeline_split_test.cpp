@@ -11,6 +11,7 @@
 #include "dplan/costmodel/pipeline.h"
 #include "dplan/costmodel/plan_file.h"
 #include "dplan/costmodel/time.h"
+#include "dplan/costmodel/time_phases.h"
 #include "dplan/costmodel/training.h"
 #include "dplan/planner/profiles.h"
 #include "test_profiles.h"
@@ -233,4 +234,52 @@ TEST_CASE("law: an uneven split never beats the balanced one it came from", "[pi
       CHECK(estimate_time(m, net, t, p).step_time_s >= base);
     }
   }
+}
+
+TEST_CASE("uneven chunks: the closed form's p - 1 slots of the longest chunk stay just above the play-out",
+          "[pipeline-split]") {
+  // Stages built from the assignment: 1 s forward and 2 s backward a layer, the embedding 0.05 s
+  // forward and 0.1 s backward on chunk 0 of stage 0, the LM head 0.4 s and 0.8 s on the last chunk.
+  struct Case {
+    int layers;
+    ParallelConfig p;
+    int microbatches;
+  };
+  const Case cases[] = {
+      {126, llama405b_pp8_vpp8(), 64},
+      {126, ParallelConfig{.pp = 8, .account_for_embedding = true, .account_for_loss = true}, 64},
+      {80, ParallelConfig{.pp = 4, .first_stage_layers = 18, .last_stage_layers = 18}, 32},
+      {80, ParallelConfig{.pp = 4, .vpp = 2, .schedule = Schedule::interleaved, .first_stage_layers = 18,
+                          .last_stage_layers = 18}, 32},
+      {80, ParallelConfig{.pp = 4, .layers_per_stage = {20, 21, 19, 20}}, 128},
+      {80, ParallelConfig{.pp = 6, .first_stage_layers = 12, .last_stage_layers = 12}, 24}};
+  for (const Case& c : cases) {
+    INFO(to_json(c.p).dump());
+    std::vector<StageTime> st;
+    std::vector<PipelineStage> played;
+    for (const auto& stage : assign_chunks(c.layers, c.p)) {
+      StageTime s;
+      for (const ModelChunk& chunk : stage) {
+        const double f = chunk.num_layers + (chunk.embedding ? 0.05 : 0) + (chunk.loss ? 0.4 : 0);
+        const double b = 2.0 * chunk.num_layers + (chunk.embedding ? 0.1 : 0) + (chunk.loss ? 0.8 : 0);
+        s.forward_s += f, s.backward_s += b;
+        s.chunk_forward_s.push_back(f), s.chunk_backward_s.push_back(b);
+        s.chunk_edge_s.push_back(f + b - 3.0 * chunk.num_layers);
+        s.chunk_layers.push_back(chunk.num_layers);
+      }
+      st.push_back(s);
+      played.push_back({s.forward_s, s.backward_s, s.chunk_forward_s, s.chunk_backward_s});
+    }
+    const std::optional<double> slot = uneven_chunk_slot_s(st);
+    REQUIRE(slot);
+    const double closed = c.microbatches * st[critical_stage(st)].total_s() + (c.p.pp - 1) * *slot;
+    const double makespan =
+        play_pipeline(played, c.microbatches, c.p.schedule, c.p.vpp, [](int) { return 1.0; }).makespan_s;
+    CHECK(closed >= makespan * (1 - 1e-9));
+    CHECK(closed <= makespan * 1.05);
+  }
+  // Equal layer counts: the closed form's own slot.
+  std::vector<StageTime> even(4);
+  for (StageTime& s : even) s.chunk_layers = {5, 5};
+  CHECK_FALSE(uneven_chunk_slot_s(even));
 }

@@ -38,8 +38,6 @@ struct PipelineTimeline {
 // At most this many forward and backward operations are played (about 14 bytes each); a longer
 // schedule is refused (InputError) rather than allocated.
 inline constexpr long long kMaxPlayedOperations = 1LL << 24;
-// Whether play_pipeline (extrapolating) plays such a step within kMaxPlayedOperations.
-bool pipeline_playable(int stages, int microbatches, Schedule schedule, int chunks);
 PipelineTimeline play_pipeline(const std::vector<PipelineStage>& stages, int microbatches, Schedule schedule,
                                int chunks, const std::function<double(int)>& speed, bool extrapolate = true);
 

@@ -105,6 +105,7 @@ Plan plan_from_json(const json& j, const std::string& file) {
   // The layout first: what every reader needs (and what tells a plan from a run.json).
   plan.parallel = parallel_from_json(r.raw("parallel"), file, "/parallel");
   plan.model = model_from_json(r.raw("model"), file, "/model");
+  if (auto problem = pipeline_split_problem(plan.model, plan.parallel)) throw InputError(file + ": /parallel: " + *problem);
   r.object("cluster");  // an object; its figures are the prediction's context, not read back
   plan.cluster = r.raw("cluster");
   plan.training = training_from_json(r.raw("training"), file, "/training");

@@ -396,8 +396,11 @@ std::string rule_message(LayoutRule rule, const ModelSpec& model, const Training
       if (p.first_stage_layers != 0 || p.last_stage_layers != 0) {
         const int others = p.pp - (p.first_stage_layers != 0) - (p.last_stage_layers != 0);
         const long long rest = (long long)model.num_layers - p.first_stage_layers - p.last_stage_layers;
-        return "--first-stage-layers " + std::to_string(p.first_stage_layers) + " and --last-stage-layers " +
-               std::to_string(p.last_stage_layers) + " leave " + std::to_string(rest) + " of the " +
+        std::string given;
+        if (p.first_stage_layers) given = "--first-stage-layers " + std::to_string(p.first_stage_layers);
+        if (p.first_stage_layers && p.last_stage_layers) given += " and ";
+        if (p.last_stage_layers) given += "--last-stage-layers " + std::to_string(p.last_stage_layers);
+        return given + " leave " + std::to_string(rest) + " of the " +
                std::to_string(model.num_layers) + " layers of " + model.name + " to " + std::to_string(others) +
                " other stages; choose counts that leave a multiple of " + std::to_string(std::max(others, 1)) +
                (others == 0 ? " (exactly none)" : "");
@@ -462,6 +465,12 @@ std::string rule_message(LayoutRule rule, const ModelSpec& model, const Training
 }
 
 }  // namespace
+
+std::optional<std::string> pipeline_split_problem(const ModelSpec& model, const ParallelConfig& p) {
+  const LayoutRule rule = stage_slots(model.num_layers, p).rule;
+  if (rule == LayoutRule::ok) return std::nullopt;
+  return rule_message(rule, model, TrainingSpec{}, p, p.world_size());
+}
 
 void validate(const ModelSpec& model, const ClusterSpec& cluster, const TrainingSpec& t, const ParallelConfig& p,
               int gpus) {

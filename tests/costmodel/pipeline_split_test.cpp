@@ -141,6 +141,9 @@ TEST_CASE("plan.json: an uneven split writes its chunks and flags and reads back
   CHECK(plan_from_json(to_json(plan), "plan.json") == plan);
   // Even splits write no new keys (files written before read and write back unchanged).
   CHECK_FALSE(to_json(ParallelConfig{}).contains("account_for_loss"));
+  json split = to_json(plan);
+  split["parallel"]["account_for_embedding"] = false;  // 127 slots do not split over 8 x 8
+  CHECK_THROWS_WITH(plan_from_json(split, "plan.json"), Contains("plan.json: /parallel: pp 8 does not divide"));
   json bad = to_json(p);
   bad["first_stage_layers"] = -1;
   CHECK_THROWS_WITH(parallel_from_json(bad, "plan.json", "/parallel"), Contains("/parallel/first_stage_layers"));

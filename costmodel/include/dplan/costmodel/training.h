@@ -189,6 +189,11 @@ LayoutRule check_layout(const ModelSpec& model, const TrainingSpec& training, co
 void validate(const ModelSpec& model, const ClusterSpec& cluster, const TrainingSpec& training,
               const ParallelConfig& parallel, int gpus);
 
+// The pipeline split's rules alone (check_pipeline_parallel, and the per-chunk ones of
+// check_schedule): validate()'s one-line message for the first broken, or nullopt. For readers of
+// files that hold a layout (plan.json), so that assign_chunks' requirement holds after a read.
+std::optional<std::string> pipeline_split_problem(const ModelSpec& model, const ParallelConfig& parallel);
+
 json to_json(const TrainingSpec& training);
 json to_json(const ParallelConfig& parallel);
 TrainingSpec training_from_json(const json& j, const std::string& file, const std::string& pointer);

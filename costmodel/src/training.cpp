@@ -400,7 +400,8 @@ std::string rule_message(LayoutRule rule, const ModelSpec& model, const Training
         if (p.first_stage_layers) given = "--first-stage-layers " + std::to_string(p.first_stage_layers);
         if (p.first_stage_layers && p.last_stage_layers) given += " and ";
         if (p.last_stage_layers) given += "--last-stage-layers " + std::to_string(p.last_stage_layers);
-        return given + " leave " + std::to_string(rest) + " of the " +
+        return given + (p.first_stage_layers && p.last_stage_layers ? " leave " : " leaves ") + std::to_string(rest) +
+               " of the " +
                std::to_string(model.num_layers) + " layers of " + model.name + " to " + std::to_string(others) +
                " other stages; choose counts that leave a multiple of " + std::to_string(std::max(others, 1)) +
                (others == 0 ? " (exactly none)" : "");

@@ -73,7 +73,7 @@ TEST_CASE("Megatron's first and last stage counts: the other stages share the re
   CHECK(check_layout(m, t, p, 64) == LayoutRule::ok);
   p.last_stage_layers = 0;  // only the first given: the other three share 62 - not evenly
   CHECK(check_pipeline_parallel(m, p) == LayoutRule::split_adds_up);
-  CHECK_THAT(error_of(m, t, p, 64), Contains("leave 62 of the 80 layers of"));
+  CHECK_THAT(error_of(m, t, p, 64), Contains("--first-stage-layers 18 leaves 62 of the 80 layers of"));
   p.first_stage_layers = 17;  // 63 = 3 x 21
   CHECK(assign_layers(80, p) == std::vector<int>{17, 21, 21, 21});
   // Interleaved: every stage's count divides by vpp, chunks equal within a stage.

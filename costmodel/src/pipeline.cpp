@@ -123,31 +123,17 @@ PipelineTimeline play_all(const std::vector<PipelineStage>& stages, int microbat
 
 }  // namespace
 
-namespace {
-// Past 1F1B's fill, every further group of p micro-batches adds the same time to the step (the
-// steady state repeats), so a long step is played for two lengths that keep its last, possibly
-// partial, group and extended linearly: the planner's cost stays that of ~4p micro-batches.
-// (GPipe's forwards queue up in front of a slower stage, so its step is not linear in them.)
-struct PlayLengths {
-  int shorter, longer;
-  bool all;
-  double operations;
-};
-PlayLengths play_lengths(int p, int microbatches, Schedule schedule, int chunks, bool extrapolate) {
-  if (schedule != Schedule::interleaved) chunks = 1;
-  PlayLengths l;
-  l.shorter = 3 * p + microbatches % p, l.longer = l.shorter + p;
-  l.all = !extrapolate || schedule == Schedule::gpipe || microbatches < l.longer + p;
-  l.operations = 2.0 * p * chunks * (l.all ? microbatches : l.longer);
-  return l;
-}
-}  // namespace
-
 PipelineTimeline play_pipeline(const std::vector<PipelineStage>& stages, int microbatches, Schedule schedule,
                                int chunks, const std::function<double(int)>& speed, bool extrapolate) {
   if (schedule != Schedule::interleaved) chunks = 1;
   const int p = static_cast<int>(stages.size());
-  const auto [shorter, longer, all, operations] = play_lengths(p, microbatches, schedule, chunks, extrapolate);
+  // Past 1F1B's fill, every further group of p micro-batches adds the same time to the step (the
+  // steady state repeats), so a long step is played for two lengths that keep its last, possibly
+  // partial, group and extended linearly: the planner's cost stays that of ~4p micro-batches.
+  // (GPipe's forwards queue up in front of a slower stage, so its step is not linear in them.)
+  const int shorter = 3 * p + microbatches % p, longer = shorter + p;
+  const bool all = !extrapolate || schedule == Schedule::gpipe || microbatches < longer + p;
+  const double operations = 2.0 * p * chunks * (all ? microbatches : longer);
   if (operations > kMaxPlayedOperations)
     throw InputError("a pipeline of " + std::to_string(p) + " stages x " + std::to_string(chunks) + " chunks and " +
                      std::to_string(microbatches) + " micro-batches" + (all ? "" : " (played for fewer)") + " is " +

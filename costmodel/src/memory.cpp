@@ -98,7 +98,7 @@ ModelStateBytes model_state_bytes(double n, int shard_ranks, const TrainingSpec&
 MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t,
                                const ParallelConfig& p, double headroom_fraction) {
   const int microbatches = num_microbatches(t, p);
-  const std::vector<int> layers = assign_layers(m.num_layers, p);
+  const std::vector<std::vector<ModelChunk>> chunks = assign_chunks(m.num_layers, p);
   const double h = m.hidden_size;
   const double vocab = padded_vocab(m, t, p.tp);
   const double act = activation_bytes(t.precision);
@@ -120,7 +120,7 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
     const bool first = stage == 0, last = stage == p.pp - 1;
     StageMemory s;
     s.stage = stage;
-    s.num_layers = layers[stage];
+    for (const ModelChunk& chunk : chunks[stage]) s.num_layers += chunk.num_layers;
     s.microbatches_in_flight = microbatches_in_flight(p, stage, microbatches);
 
     // Parameters: layers, plus the vocabulary-parallel embedding (and learned positions) on the
@@ -139,9 +139,10 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
     s.optimizer_bytes = dense_state.optimizer_bytes + expert_state.optimizer_bytes;
     s.host_bytes = dense_state.host_optimizer_bytes + expert_state.host_optimizer_bytes;
 
-    // Activations: what each layer stores, for every micro-batch in flight, plus the working set
-    // of the one layer being recomputed in backward.
-    s.activations_bytes = stored_per_layer * s.num_layers * s.microbatches_in_flight;
+    // Activations: what each layer stores, for every micro-batch in flight (per chunk where the
+    // interleaved chunks differ: layer_microbatches_in_flight), plus the working set of the one
+    // layer being recomputed in backward.
+    s.activations_bytes = stored_per_layer * layer_microbatches_in_flight(p, chunks[stage], stage, microbatches);
     if (p.recompute != Recompute::none) s.activations_bytes += full_layer.total() - stored_per_layer;
     // With full recompute the gradient arriving at that layer's output is live beside its
     // recomputed activations (the stored input is all the layer kept).

@@ -92,7 +92,10 @@ PipelineTimeline play_all(const std::vector<PipelineStage>& stages, int microbat
       const Op op = order[i][next[i]];
       if (left[i] < 0) {
         if (!ready(i, op)) continue;
-        left[i] = (op.backward ? stages[i].backward_s : stages[i].forward_s) / chunks;
+        const PipelineStage& s = stages[i];
+        const std::vector<double>& per_chunk = op.backward ? s.chunk_backward_s : s.chunk_forward_s;
+        left[i] = int(per_chunk.size()) == chunks ? per_chunk[op.chunk]
+                                                  : (op.backward ? s.backward_s : s.forward_s) / chunks;
       }
       running.push_back(i);
     }

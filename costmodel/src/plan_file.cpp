@@ -52,24 +52,16 @@ Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Trainin
   plan.overlap = overlap;
   plan.num_microbatches = num_microbatches(training, p);
   for (int r = 0; r < p.world_size(); ++r) plan.ranks.push_back(rank_coordinates(p, cluster.gpus_per_node, r));
-  // Layers per stage; with v model chunks, chunk j of stage i holds the (j*pp + i)-th block of
-  // L/(pp*v) consecutive layers (Megatron's interleaved assignment).
-  std::vector<int> layers = assign_layers(model.num_layers, p);
-  const int v = p.schedule == Schedule::interleaved ? p.vpp : 1;
-  int first = 0;
-  for (int i = 0; i < p.pp; ++i) {
+  // Layers per stage and model chunk, as assign_chunks (training.h) owns them.
+  for (const std::vector<ModelChunk>& chunks : assign_chunks(model.num_layers, p)) {
     PlanStage stage;
-    stage.num_layers = layers[i];
-    stage.embedding = i == 0;
-    stage.lm_head = i == p.pp - 1;
-    if (v == 1) {
-      stage.chunks.push_back({first, layers[i]});
-    } else {
-      int per_chunk = layers[i] / v;
-      for (int j = 0; j < v; ++j) stage.chunks.push_back({(j * p.pp + i) * per_chunk, per_chunk});
+    for (const ModelChunk& c : chunks) {
+      stage.num_layers += c.num_layers;
+      stage.embedding = stage.embedding || c.embedding;
+      stage.lm_head = stage.lm_head || c.loss;
+      stage.chunks.push_back({c.first_layer, c.num_layers});
     }
     plan.stages.push_back(stage);
-    first += layers[i];
   }
   plan.prediction = to_json(time);
   plan.prediction["fits"] = memory.fits;
@@ -127,6 +119,7 @@ Plan plan_from_json(const json& j, const std::string& file) {
   // The layout first: what every reader needs (and what tells a plan from a run.json).
   plan.parallel = parallel_from_json(r.raw("parallel"), file, "/parallel");
   plan.model = model_from_json(r.raw("model"), file, "/model");
+  if (auto problem = pipeline_split_problem(plan.model, plan.parallel)) throw InputError(file + ": /parallel: " + *problem);
   r.object("cluster");  // an object; its figures are the prediction's context, not read back
   plan.cluster = r.raw("cluster");
   plan.training = training_from_json(r.raw("training"), file, "/training");

@@ -123,38 +123,71 @@ Zero3Comm zero3_comm(const Network& net, const TrainingSpec& t, const ParallelCo
 }
 
 // Per stage, per micro-batch: the stage's layers' compute and the communication inside it; the
-// first stage adds the embedding, the last the LM head (EdgeTimes), and their tp collectives.
+// chunk holding the embedding adds it, the chunk holding the loss the LM head (EdgeTimes), and
+// their tp collectives. Summed over the stage's model chunks (assign_chunks), each chunk's share
+// kept for the pipeline's play-out (StageTime::chunk_forward_s).
 std::vector<StageTime> stage_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpec& t,
                                    const ParallelConfig& p, const LayerTimes& lt, const LayerComm& comm,
                                    const OverlapOptions& overlap) {
-  const std::vector<int> layers = assign_layers(m.num_layers, p);
+  const std::vector<std::vector<ModelChunk>> chunks = assign_chunks(m.num_layers, p);
   const EdgeTimes et = edge_times(m, gpu, t, p);
   std::vector<StageTime> st(p.pp);
   for (int i = 0; i < p.pp; ++i) {
-    const bool first = i == 0, last = i == p.pp - 1;
     StageTime& s = st[i];
-    double n = layers[i];
-    s.forward_s = n * lt.forward_s + (first ? et.embedding_forward_s : 0) + (last ? et.head_forward_s : 0);
-    s.backward_s = n * lt.backward_s + (first ? et.embedding_backward_s : 0) + (last ? et.head_backward_s : 0);
-    s.recompute_s = n * lt.recompute_s;
-    s.gemm_s = n * (lt.gemm_forward_s + lt.gemm_backward_s) +
-               (last ? et.head_gemm_forward_s + et.head_gemm_backward_s : 0);
-    double tp = n * comm.tp.layer_s + (first ? comm.tp.edge_s : 0) + (last ? 2 * comm.tp.edge_s : 0);
-    if (overlap.tp_comm && p.sequence_parallel) {
-      s.hidden_s += tp;  // collective-GEMM overlap (Megatron --tp-comm-overlap)
-    } else {
-      s.tp_s = tp;
-      s.forward_comm_s += n * comm.tp.layer_forward_s + (first ? comm.tp.edge_s : 0) + (last ? comm.tp.edge_s : 0);
+    for (size_t j = 0; j < chunks[i].size(); ++j) {
+      const ModelChunk& chunk = chunks[i][j];
+      const bool first = chunk.embedding, last = chunk.loss;
+      const double n = chunk.num_layers;
+      const StageTime before = s;
+      s.forward_s += n * lt.forward_s + (first ? et.embedding_forward_s : 0) + (last ? et.head_forward_s : 0);
+      s.backward_s += n * lt.backward_s + (first ? et.embedding_backward_s : 0) + (last ? et.head_backward_s : 0);
+      s.recompute_s += n * lt.recompute_s;
+      s.gemm_s += n * (lt.gemm_forward_s + lt.gemm_backward_s) +
+                  (last ? et.head_gemm_forward_s + et.head_gemm_backward_s : 0);
+      double tp = n * comm.tp.layer_s + (first ? comm.tp.edge_s : 0) + (last ? 2 * comm.tp.edge_s : 0);
+      if (overlap.tp_comm && p.sequence_parallel) {
+        s.hidden_s += tp;  // collective-GEMM overlap (Megatron --tp-comm-overlap)
+      } else {
+        s.tp_s += tp;
+        s.forward_comm_s += n * comm.tp.layer_forward_s + (first ? comm.tp.edge_s : 0) + (last ? comm.tp.edge_s : 0);
+      }
+      s.cp_s += n * comm.cp.layer_s;
+      s.ep_s += n * comm.ep_s;
+      // ZeRO-3's first gather is not hidden: once a stage, before its first chunk.
+      const double zero3_first = j == 0 ? comm.zero3.first_s : 0;
+      s.zero3_s += n * comm.zero3.layer_s + zero3_first;
+      const double ep_forward_share = p.recompute == Recompute::full ? 1.0 / 3 : 0.5;  // see expert_parallel_comm_s
+      s.forward_comm_s +=
+          n * (comm.cp.layer_forward_s + comm.ep_s * ep_forward_share + comm.zero3.layer_forward_s) + zero3_first;
+      s.hidden_s += n * (comm.cp.hidden_layer_s + comm.zero3.hidden_layer_s);
+      const double forward = (s.forward_s + s.forward_comm_s) - (before.forward_s + before.forward_comm_s);
+      const double chunk_s = s.total_s() - before.total_s();
+      s.chunk_forward_s.push_back(forward);
+      s.chunk_backward_s.push_back(chunk_s - forward);
+      // Its layers' part: n layers of what one costs on this stage (LayerTimes and LayerComm).
+      const double layer_s = lt.forward_s + lt.backward_s + lt.recompute_s + comm.cp.layer_s + comm.ep_s +
+                             comm.zero3.layer_s + (overlap.tp_comm && p.sequence_parallel ? 0 : comm.tp.layer_s);
+      s.chunk_edge_s.push_back(chunk_s - n * layer_s);
+      s.chunk_layers.push_back(chunk.num_layers);
     }
-    s.cp_s = n * comm.cp.layer_s;
-    s.ep_s = n * comm.ep_s;
-    s.zero3_s = n * comm.zero3.layer_s + comm.zero3.first_s;
-    const double ep_forward_share = p.recompute == Recompute::full ? 1.0 / 3 : 0.5;  // see expert_parallel_comm_s
-    s.forward_comm_s +=
-        n * (comm.cp.layer_forward_s + comm.ep_s * ep_forward_share + comm.zero3.layer_forward_s) + comm.zero3.first_s;
-    s.hidden_s += n * (comm.cp.hidden_layer_s + comm.zero3.hidden_layer_s);
   }
   return st;
+}
+
+std::optional<double> uneven_chunk_slot_s(const std::vector<StageTime>& st) {
+  bool even = true;
+  for (const StageTime& s : st)
+    for (int n : s.chunk_layers) even = even && !st[0].chunk_layers.empty() && n == st[0].chunk_layers.front();
+  if (even) return std::nullopt;
+  double slot = 0;
+  for (const StageTime& s : st) {
+    double edges = 0;
+    for (double e : s.chunk_edge_s) edges += e;
+    for (size_t j = 0; j < s.chunk_edge_s.size(); ++j)
+      slot = std::max(slot, s.chunk_forward_s[j] + s.chunk_backward_s[j] - s.chunk_edge_s[j] +
+                                edges / double(s.chunk_edge_s.size()));
+  }
+  return slot;
 }
 
 int critical_stage(const std::vector<StageTime>& st) {
@@ -165,11 +198,18 @@ int critical_stage(const std::vector<StageTime>& st) {
 }
 
 // Bubble: (p-1) micro-batch slots for GPipe and 1F1B, (p-1)/v with v model chunks (Narayanan et
-// al. 2021, Sec. 2.2: bubble fraction (p-1)/m, and (p-1)/(v m) interleaved). Where ranks share
-// cores, a stage that waits hands its cores to the stages that work, so the fill, the drain and
-// the waits inside 1F1B's steady state run faster than the steady state: the schedule is played
-// out instead (pipeline.h); the critical stage's phases take the pace it ran at, and its waits are
-// the bubble.
+// al. 2021, Sec. 2.2: bubble fraction (p-1)/m, and (p-1)/(v m) interleaved), a slot being the
+// critical stage's time per micro-batch and chunk. Uneven splits (chunks of different layer
+// counts: Megatron's first/last stage counts, an accounted embedding or loss, a listed
+// assignment): the same p-1 fill-and-drain slots, each as long as the longest chunk of any stage,
+// its stage's embedding and LM head spread over its chunks as the closed form spreads them. That
+// is the closed form wherever the chunks hold equal layer counts, and for uneven chunks it stays
+// within a few percent above the schedule played out (tests/costmodel/pipeline_split_test.cpp),
+// at the closed form's cost (playing every layout out made the search ~25x slower).
+// Where ranks share cores, a stage that waits hands its cores to the stages that work, so the
+// fill, the drain and the waits inside 1F1B's steady state run faster than the steady state: the
+// schedule is played out instead (pipeline.h), each chunk at its own time; the critical stage's
+// phases take the pace it ran at, and its waits are the bubble.
 PipelineTime pipeline_time(const ModelSpec& m, const Network& net, const TrainingSpec& t, const ParallelConfig& p,
                            const std::vector<StageTime>& st, int critical, const CoreSharing& sharing) {
   PipelineTime r;
@@ -180,14 +220,16 @@ PipelineTime pipeline_time(const ModelSpec& m, const Network& net, const Trainin
   if (sharing.fills_waits()) {
     std::vector<PipelineStage> stages;
     for (const StageTime& s : st)
-      stages.push_back({s.forward_s + s.forward_comm_s, s.total_s() - s.forward_s - s.forward_comm_s});
+      stages.push_back({s.forward_s + s.forward_comm_s, s.total_s() - s.forward_s - s.forward_comm_s,
+                        s.chunk_forward_s, s.chunk_backward_s});
     const PipelineTimeline run = play_pipeline(stages, microbatches, p.schedule, p.vpp,
                                                [&](int running) { return sharing.pipeline_speed(running); });
     const double busy_s = run.busy_s[critical];
     r.pace = c.total_s() > 0 ? busy_s / (microbatches * c.total_s()) : 1;
     r.bubble_s = run.makespan_s - busy_s;
   } else {
-    r.bubble_s = (p.pp - 1) * c.total_s() / v;
+    const std::optional<double> slot = uneven_chunk_slot_s(st);
+    r.bubble_s = slot ? (p.pp - 1) * *slot : (p.pp - 1) * c.total_s() / v;
   }
   // Send/recv of one activation per micro-batch each way, per model chunk; with tp > 1 each
   // rank sends its 1/tp slice (Megatron's scatter/gather optimisation, Sec. 4.1).

@@ -1,6 +1,7 @@
 #include "dplan/costmodel/training.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "dplan/costmodel/errors.h"
@@ -59,17 +60,139 @@ int num_microbatches(const TrainingSpec& t, const ParallelConfig& p) {
   return t.global_batch / (p.micro_batch * p.dp);
 }
 
+namespace {
+
+int interleaved_chunks(const ParallelConfig& p) { return p.schedule == Schedule::interleaved ? p.vpp : 1; }
+
+// Slots per pipeline stage (transformer layers, plus the embedding and the loss where accounted as
+// a layer each) and the first rule the split breaks; see assign_chunks in training.h. Megatron-LM:
+// get_num_layers_to_build (megatron/core/transformer/transformer_block.py), with the checks of
+// TransformerConfig.__post_init__ (megatron/core/transformer/transformer_config.py): first/last
+// counts exclude the accounting flags, the other stages split the rest evenly, with vpp every
+// stage's count divides by vpp, and with the accounting flags pp (* vpp) divides the slots.
+struct StageSlots {
+  std::vector<int> slots;
+  LayoutRule rule = LayoutRule::ok;
+};
+
+StageSlots stage_slots(int num_layers, const ParallelConfig& p) {
+  StageSlots out;
+  auto broken = [&](LayoutRule rule) {
+    out.rule = rule;
+    return out;
+  };
+  const int pp = p.pp, v = interleaved_chunks(p);
+  const bool listed = !p.layers_per_stage.empty();
+  const bool first_last = p.first_stage_layers != 0 || p.last_stage_layers != 0;
+  const bool accounted = p.account_for_embedding || p.account_for_loss;
+  const int extra = int(p.account_for_embedding) + int(p.account_for_loss);
+  if (int(listed) + int(first_last) + int(accounted) > 1) return broken(LayoutRule::split_one_way);
+  if (pp > num_layers + extra) return broken(LayoutRule::pp_within_layers);
+  if (listed) {
+    if (int(p.layers_per_stage.size()) != pp) return broken(LayoutRule::stages_listed);
+    out.slots = p.layers_per_stage;
+  } else if (first_last) {
+    if (pp < 2) return broken(LayoutRule::first_last_need_pp);
+    if (p.first_stage_layers < 0 || p.last_stage_layers < 0) return broken(LayoutRule::split_adds_up);
+    // The stages without a given count share the rest evenly (Megatron asserts it divides).
+    long long rest = num_layers;
+    int others = pp;
+    if (p.first_stage_layers) rest -= p.first_stage_layers, --others;
+    if (p.last_stage_layers) rest -= p.last_stage_layers, --others;
+    if (rest < 0 || (others == 0 && rest != 0) || (others > 0 && rest % others != 0))
+      return broken(LayoutRule::split_adds_up);
+    const int middle = others > 0 ? int(rest / others) : 0;
+    out.slots.assign(pp, middle);
+    if (p.first_stage_layers) out.slots.front() = p.first_stage_layers;
+    if (p.last_stage_layers) out.slots.back() = p.last_stage_layers;
+  } else if (accounted) {
+    // Megatron: (L + embedding + loss) % pp == 0, and % (pp * vpp) == 0 interleaved.
+    if ((num_layers + extra) % pp != 0) return broken(LayoutRule::split_adds_up);
+    out.slots.assign(pp, (num_layers + extra) / pp);
+  } else {
+    // dplan's default: even, any remainder to the middle stages first (the first stage also runs
+    // the embedding, the last the LM head and loss), then the last, then the first.
+    out.slots.assign(pp, num_layers / pp);
+    std::vector<int> order;
+    for (int s = 1; s + 1 < pp; ++s) order.push_back(s);
+    if (pp > 1) order.push_back(pp - 1);
+    order.push_back(0);
+    for (int i = 0; i < num_layers % pp; ++i) out.slots[order[i]] += 1;
+  }
+  long long sum = 0;
+  for (int n : out.slots) sum += n;
+  if (sum != num_layers + extra) return broken(LayoutRule::split_adds_up);
+  for (int n : out.slots)
+    if (n % v != 0) return broken(LayoutRule::vpp_divides_stage_layers);
+  for (int n : out.slots)
+    if (n / v < 1) return broken(LayoutRule::chunks_hold_a_layer);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::vector<ModelChunk>> assign_chunks(int num_layers, const ParallelConfig& p) {
+  const StageSlots split = stage_slots(num_layers, p);
+  DPLAN_CHECK(split.rule == LayoutRule::ok);
+  const int v = interleaved_chunks(p);
+  std::vector<std::vector<ModelChunk>> chunks(p.pp, std::vector<ModelChunk>(v));
+  // Through the model: virtual stage j of ranks 0..pp-1, then j+1 (get_transformer_layer_offset).
+  int next = 0;
+  for (int j = 0; j < v; ++j)
+    for (int i = 0; i < p.pp; ++i) {
+      ModelChunk& c = chunks[i][j];
+      c.embedding = i == 0 && j == 0;
+      c.loss = i == p.pp - 1 && j == v - 1;
+      c.first_layer = next;
+      c.num_layers = split.slots[i] / v - (c.embedding && p.account_for_embedding ? 1 : 0) -
+                     (c.loss && p.account_for_loss ? 1 : 0);
+      next += c.num_layers;
+    }
+  DPLAN_CHECK(next == num_layers);
+  return chunks;
+}
+
 std::vector<int> assign_layers(int num_layers, const ParallelConfig& p) {
-  if (!p.layers_per_stage.empty()) return p.layers_per_stage;
-  std::vector<int> layers(p.pp, num_layers / p.pp);
-  int remainder = num_layers % p.pp;
-  // Middle stages first: the first stage also runs the embedding, the last the LM head and loss.
-  std::vector<int> order;
-  for (int s = 1; s + 1 < p.pp; ++s) order.push_back(s);
-  if (p.pp > 1) order.push_back(p.pp - 1);
-  order.push_back(0);
-  for (int i = 0; i < remainder; ++i) layers[order[i]] += 1;
+  std::vector<int> layers;
+  for (const auto& stage : assign_chunks(num_layers, p)) {
+    int n = 0;
+    for (const ModelChunk& c : stage) n += c.num_layers;
+    layers.push_back(n);
+  }
   return layers;
+}
+
+// The search's split for a (pp, vpp) that does not divide the layers (documented in
+// docs/cost-model.md, "Uneven pipelines"). Megatron without flags requires pp * vpp to divide L, so
+// the search uses the flags as users do (e.g. Llama-3.1-405B's 126 layers on pp 8 x vpp 8 with the
+// embedding and the loss accounted):
+//  1. account the loss (L + 1), the embedding (L + 1) or both (L + 2) where pp * vpp then divides
+//     the slots: the loss first, as the LM head and cross-entropy outweigh the embedding lookup;
+//  2. else --decoder-first/last-pipeline-num-layers: the pp - 2 middle stages hold m = ceil(L /
+//     (pp vpp)) vpp layers each, the first and last share the rest R = L - (pp - 2) m in multiples
+//     of vpp, the last the smaller half (it holds the LM head), each at least vpp and at most m;
+//  3. else none (nullopt): the search leaves that (pp, vpp) out.
+std::optional<ParallelConfig> megatron_split(int num_layers, ParallelConfig p) {
+  const int v = interleaved_chunks(p), slots = p.pp * v;
+  p.layers_per_stage.clear();
+  p.first_stage_layers = p.last_stage_layers = 0;
+  p.account_for_embedding = p.account_for_loss = false;
+  if (num_layers % slots == 0) return p;
+  for (auto [embedding, loss] : {std::pair{false, true}, {true, false}, {true, true}}) {
+    if ((num_layers + int(embedding) + int(loss)) % slots != 0) continue;
+    ParallelConfig q = p;
+    q.account_for_embedding = embedding, q.account_for_loss = loss;
+    if (stage_slots(num_layers, q).rule == LayoutRule::ok) return q;
+  }
+  if (p.pp < 2 || num_layers % v != 0) return std::nullopt;
+  const int middle = (num_layers + slots - 1) / slots * v;
+  const int rest = num_layers - (p.pp - 2) * middle;
+  if (rest < 2 * v) return std::nullopt;
+  p.last_stage_layers = rest / v / 2 * v;
+  p.first_stage_layers = rest - p.last_stage_layers;
+  if (p.first_stage_layers > middle && p.pp > 2) return std::nullopt;
+  if (stage_slots(num_layers, p).rule != LayoutRule::ok) return std::nullopt;
+  return p;
 }
 
 int padded_vocab(const ModelSpec& m, const TrainingSpec& t, int tp) {
@@ -93,24 +216,37 @@ double microbatches_in_flight(const ParallelConfig& p, int stage, int m) {
   return m;
 }
 
+double layer_microbatches_in_flight(const ParallelConfig& p, const std::vector<ModelChunk>& chunks, int stage,
+                                    int m) {
+  int layers = 0;
+  for (const ModelChunk& c : chunks) layers += c.num_layers;
+  const double in_flight = microbatches_in_flight(p, stage, m);
+  const int v = int(chunks.size());
+  if (p.pp == 1 || p.schedule != Schedule::interleaved || v == 1) return layers * in_flight;
+  // The first in_flight * v forwards of the stage, in schedules.py's order.
+  long long left = std::llround(in_flight * v), sum = 0;
+  for (int first = 0; first < m && left > 0; first += p.pp)
+    for (int c = 0; c < v && left > 0; ++c) {
+      const long long n = std::min<long long>(left, std::min(p.pp, m - first));
+      sum += n * chunks[c].num_layers;
+      left -= n;
+    }
+  return double(sum);
+}
+
 LayoutRule check_tensor_parallel(const ModelSpec& model, int tp) {
   if (std::gcd(model.num_heads, model.num_kv_heads) % tp != 0) return LayoutRule::tp_divides_heads;
   if (model.ffn_hidden_size % tp != 0) return LayoutRule::tp_divides_ffn;
   return LayoutRule::ok;
 }
 
+// The split's rules (stage_slots) with one chunk a stage: pp within the layers, one way to split,
+// the counts adding up, every stage holding a layer, the embedding or the loss. The chunks' rules
+// need the schedule: check_schedule's.
 LayoutRule check_pipeline_parallel(const ModelSpec& model, const ParallelConfig& p) {
-  if (p.pp > model.num_layers) return LayoutRule::pp_within_layers;
-  if (!p.layers_per_stage.empty()) {
-    if (int(p.layers_per_stage.size()) != p.pp) return LayoutRule::stages_listed;
-    int sum = 0;
-    for (int n : p.layers_per_stage) {
-      if (n < 1) return LayoutRule::stages_hold_a_layer;
-      sum += n;
-    }
-    if (sum != model.num_layers) return LayoutRule::stages_hold_the_model;
-  }
-  return LayoutRule::ok;
+  ParallelConfig one_chunk = p;
+  one_chunk.schedule = Schedule::one_f_one_b;
+  return stage_slots(model.num_layers, one_chunk).rule;  // one chunk a stage: vpp divides every count
 }
 
 LayoutRule check_batch(const TrainingSpec& t, int micro_batch, int dp) {
@@ -122,8 +258,9 @@ LayoutRule check_schedule(const ModelSpec& model, const TrainingSpec& t, const P
   if (p.schedule == Schedule::interleaved) {
     if (p.pp < 2) return LayoutRule::interleaved_needs_pp;
     if (p.vpp < 2) return LayoutRule::interleaved_needs_vpp;
-    for (int n : assign_layers(model.num_layers, p))
-      if (n % p.vpp != 0) return LayoutRule::vpp_divides_stages;
+    if (LayoutRule rule = stage_slots(model.num_layers, p).rule;
+        rule == LayoutRule::vpp_divides_stage_layers || rule == LayoutRule::chunks_hold_a_layer)
+      return rule;
     if (num_microbatches(t, p) < p.pp) return LayoutRule::interleaved_needs_microbatches;
   } else if (p.vpp != 1) {
     return LayoutRule::vpp_needs_interleaved;
@@ -241,16 +378,42 @@ std::string rule_message(LayoutRule rule, const ModelSpec& model, const Training
       return "tp " + std::to_string(p.tp) + " does not divide the FFN size " + std::to_string(model.ffn_hidden_size);
     case LayoutRule::pp_within_layers:
       return "pp " + std::to_string(p.pp) + " exceeds the " + std::to_string(model.num_layers) + " layers of " +
-             model.name + "; pp must be at most the layer count";
+             model.name + (p.account_for_embedding || p.account_for_loss ? " (plus the accounted embedding/loss)" : "") +
+             "; pp must be at most the layer count";
+    case LayoutRule::split_one_way:
+      return "choose one way to split the layers over the pipeline: a layers_per_stage list, --first-stage-layers/"
+             "--last-stage-layers, or --account-for-embedding/--account-for-loss (Megatron-LM refuses both of the "
+             "last two)";
+    case LayoutRule::first_last_need_pp:
+      return "--first-stage-layers/--last-stage-layers need pp >= 2, got pp " + std::to_string(p.pp);
     case LayoutRule::stages_listed:
       return "the layer assignment lists " + std::to_string(p.layers_per_stage.size()) + " stages but pp is " +
              std::to_string(p.pp);
-    case LayoutRule::stages_hold_a_layer: return "every pipeline stage needs at least one layer";
-    case LayoutRule::stages_hold_the_model: {
-      int sum = 0;
-      for (int n : p.layers_per_stage) sum += n;
-      return "the layer assignment holds " + std::to_string(sum) + " layers but " + model.name + " has " +
-             std::to_string(model.num_layers);
+    case LayoutRule::split_adds_up: {
+      const int extra = int(p.account_for_embedding) + int(p.account_for_loss);
+      if (!p.layers_per_stage.empty()) {
+        long long sum = 0;
+        for (int n : p.layers_per_stage) sum += n;
+        return "the layer assignment holds " + std::to_string(sum) + " layers but " + model.name + " has " +
+               std::to_string(model.num_layers);
+      }
+      if (p.first_stage_layers != 0 || p.last_stage_layers != 0) {
+        const int others = p.pp - (p.first_stage_layers != 0) - (p.last_stage_layers != 0);
+        const long long rest = (long long)model.num_layers - p.first_stage_layers - p.last_stage_layers;
+        std::string given;
+        if (p.first_stage_layers) given = "--first-stage-layers " + std::to_string(p.first_stage_layers);
+        if (p.first_stage_layers && p.last_stage_layers) given += " and ";
+        if (p.last_stage_layers) given += "--last-stage-layers " + std::to_string(p.last_stage_layers);
+        return given + (p.first_stage_layers && p.last_stage_layers ? " leave " : " leaves ") + std::to_string(rest) +
+               " of the " +
+               std::to_string(model.num_layers) + " layers of " + model.name + " to " + std::to_string(others) +
+               " other stages; choose counts that leave a multiple of " + std::to_string(std::max(others, 1)) +
+               (others == 0 ? " (exactly none)" : "");
+      }
+      return "pp " + std::to_string(p.pp) + " does not divide the " + std::to_string(model.num_layers) +
+             " layers of " + model.name + " plus " + std::to_string(extra) +
+             " accounted (embedding/loss); choose pp among " + divisors_of(model.num_layers + extra) +
+             ", or other --account-for-embedding/--account-for-loss, or --first-stage-layers/--last-stage-layers";
     }
     case LayoutRule::batch_divisible:
       return "global batch " + std::to_string(t.global_batch) + " is not divisible by micro-batch * dp = " +
@@ -261,12 +424,21 @@ std::string rule_message(LayoutRule rule, const ModelSpec& model, const Training
     case LayoutRule::interleaved_needs_pp: return "the interleaved schedule needs pp >= 2";
     case LayoutRule::interleaved_needs_vpp:
       return "the interleaved schedule needs --vpp >= 2 (virtual stages per pipeline rank)";
-    case LayoutRule::vpp_divides_stages:
-      for (int n : assign_layers(model.num_layers, p))
+    case LayoutRule::vpp_divides_stage_layers: {
+      ParallelConfig one_chunk = p;
+      one_chunk.schedule = Schedule::one_f_one_b;
+      for (int n : stage_slots(model.num_layers, one_chunk).slots)
         if (n % p.vpp != 0)
           return "vpp " + std::to_string(p.vpp) + " does not divide the " + std::to_string(n) +
-                 " layers of a pipeline stage; choose vpp among " + divisors_of(n);
+                 " layers (embedding/loss accounted) of a pipeline stage; choose vpp among " + divisors_of(n) +
+                 ", or a split whose stages' counts it divides (--first-stage-layers/--last-stage-layers, "
+                 "--account-for-embedding/--account-for-loss)";
       return "";
+    }
+    case LayoutRule::chunks_hold_a_layer:
+      return "every pipeline stage and model chunk needs at least one layer, the embedding or the loss; pp " +
+             std::to_string(p.pp) + " x vpp " + std::to_string(p.schedule == Schedule::interleaved ? p.vpp : 1) +
+             " leaves one empty";
     case LayoutRule::interleaved_needs_microbatches:
       return "the interleaved schedule needs at least pp = " + std::to_string(p.pp) + " micro-batches, got " +
              std::to_string(num_microbatches(t, p));
@@ -308,6 +480,12 @@ std::string rule_message(LayoutRule rule, const ModelSpec& model, const Training
 
 }  // namespace
 
+std::optional<std::string> pipeline_split_problem(const ModelSpec& model, const ParallelConfig& p) {
+  const LayoutRule rule = stage_slots(model.num_layers, p).rule;
+  if (rule == LayoutRule::ok) return std::nullopt;
+  return rule_message(rule, model, TrainingSpec{}, p, p.world_size());
+}
+
 void validate(const ModelSpec& model, const ClusterSpec& cluster, const TrainingSpec& t, const ParallelConfig& p,
               int gpus) {
   if (LayoutRule rule = check_layout(model, t, p, gpus); rule != LayoutRule::ok)
@@ -343,6 +521,11 @@ json to_json(const ParallelConfig& p) {
   // etp only when set: absent means "same as tp" (Megatron's default), so plans written before
   // expert tensor parallel read back unchanged.
   if (p.etp > 0) j["etp"] = p.etp;
+  // Megatron's uneven split: written where given, so that files of even splits stay as before.
+  if (p.first_stage_layers) j["first_stage_layers"] = p.first_stage_layers;
+  if (p.last_stage_layers) j["last_stage_layers"] = p.last_stage_layers;
+  if (p.account_for_embedding) j["account_for_embedding"] = true;
+  if (p.account_for_loss) j["account_for_loss"] = true;
   return j;
 }
 
@@ -383,6 +566,12 @@ ParallelConfig parallel_from_json(const json& j, const std::string& file, const 
       r.fail("layers_per_stage", "a list of layer counts from 1 to 65536");
     p.layers_per_stage.push_back(n.get<int>());
   }
+  // Megatron's uneven split, optional so that files written before it still read (absent: not
+  // given); first/last 0 means not given (Megatron's None).
+  if (r.has("first_stage_layers")) p.first_stage_layers = static_cast<int>(r.int_in("first_stage_layers", 0, 1 << 16));
+  if (r.has("last_stage_layers")) p.last_stage_layers = static_cast<int>(r.int_in("last_stage_layers", 0, 1 << 16));
+  if (r.has("account_for_embedding")) p.account_for_embedding = r.boolean("account_for_embedding");
+  if (r.has("account_for_loss")) p.account_for_loss = r.boolean("account_for_loss");
   r.finish();
   return p;
 }

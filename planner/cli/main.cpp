@@ -69,6 +69,8 @@ struct Options {
   bool dist_opt = false, sp = false, offload = false;
   std::string recompute = "none";
   std::string schedule;
+  int first_stage_layers = 0, last_stage_layers = 0;  // Megatron's uneven split (0: not given)
+  bool account_embedding = false, account_loss = false;
 };
 
 struct Inputs {
@@ -147,6 +149,10 @@ int run_estimate(const Options& o, const ProfileStore& store) {
   p.sequence_parallel = o.sp;
   p.offload_optimizer = o.offload;
   p.recompute = recompute_from_string(o.recompute);
+  p.first_stage_layers = o.first_stage_layers;
+  p.last_stage_layers = o.last_stage_layers;
+  p.account_for_embedding = o.account_embedding;
+  p.account_for_loss = o.account_loss;
   p.schedule = o.schedule.empty() ? (o.vpp > 1 ? Schedule::interleaved : Schedule::one_f_one_b)
                                   : schedule_from_string(o.schedule);
   const long long model_parallel = bounded_world_size(p.tp, p.pp, 1, p.cp);  // each flag is at most kMaxGpus
@@ -497,6 +503,17 @@ int main(int argc, char** argv) {
   estimate->add_flag("--sp", o.sp, "sequence parallel");
   estimate->add_flag("--offload", o.offload, "optimizer states in host memory");
   estimate->add_option("--schedule", o.schedule, "gpipe, 1f1b or interleaved (default 1f1b; interleaved with --vpp)");
+  // Megatron-LM's uneven pipeline split (--decoder-first/last-pipeline-num-layers,
+  // --account-for-embedding/loss-in-pipeline-split); training.h assign_chunks.
+  estimate->add_option("--first-stage-layers", o.first_stage_layers,
+                       "transformer layers on the first pipeline stage (the other stages share the rest evenly)")
+      ->check(integer_in(1, 1 << 16, "a layer count from 1 to 65536"));
+  estimate->add_option("--last-stage-layers", o.last_stage_layers,
+                       "transformer layers on the last pipeline stage (the other stages share the rest evenly)")
+      ->check(integer_in(1, 1 << 16, "a layer count from 1 to 65536"));
+  estimate->add_flag("--account-for-embedding", o.account_embedding,
+                     "count the embedding as one layer in the pipeline split");
+  estimate->add_flag("--account-for-loss", o.account_loss, "count the LM head and loss as one layer in the pipeline split");
 
   CLI::App* list = app.add_subcommand("list", "model presets, size shorthands and clusters");
   add_profiles(*list, o);

@@ -28,6 +28,12 @@ std::string describe_layout(const ModelSpec& model, const TrainingSpec& t, const
   o << "tp " << p.tp << " · pp " << p.pp << " · dp " << p.dp << " · cp " << p.cp;
   if (model.is_moe()) o << " · ep " << p.ep << " · etp " << p.expert_tp();
   if (p.schedule == Schedule::interleaved) o << " · vpp " << p.vpp;
+  // Megatron's uneven pipeline split, named by its flags.
+  if (p.first_stage_layers) o << " (first stage " << p.first_stage_layers << " layers)";
+  if (p.last_stage_layers) o << " (last stage " << p.last_stage_layers << " layers)";
+  if (p.account_for_embedding || p.account_for_loss)
+    o << " (" << (p.account_for_embedding ? "embedding" : "") << (p.account_for_embedding && p.account_for_loss ? " and " : "")
+      << (p.account_for_loss ? "loss" : "") << " counted as a layer)";
   o << ", micro-batch " << p.micro_batch << ", global batch " << t.global_batch << " ("
     << num_microbatches(t, p) << (num_microbatches(t, p) == 1 ? " micro-batch" : " micro-batches")
     << " per pipeline), seq " << t.seq_len << "\n"

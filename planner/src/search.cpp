@@ -68,7 +68,8 @@ std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const Training
     for (p.cp = 1; p.cp <= space.max_cp && p.tp * p.cp <= n; p.cp *= 2) {
       if ((n / p.tp) % p.cp || !ok(check_context_parallel(t, p.cp))) continue;
       for (p.pp = 1; p.tp * p.cp * p.pp <= n; ++p.pp) {
-        if ((n / (p.tp * p.cp)) % p.pp || !ok(check_pipeline_parallel(m, p))) continue;
+        // The layers' split is checked per schedule, with the split megatron_split gives it.
+        if ((n / (p.tp * p.cp)) % p.pp) continue;
         p.dp = n / (p.tp * p.cp * p.pp);
         // MoE parallel folding (training.h): every ep dividing the experts, with the expert tensor
         // parallel size Megatron defaults to (etp = tp) and the one the folding paper recommends
@@ -85,12 +86,19 @@ std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const Training
         for (int mbs : space.micro_batches) {
           if (!ok(check_batch(t, mbs, p.dp))) continue;
           p.micro_batch = mbs;
-          std::vector<std::pair<Schedule, int>> schedules = {{Schedule::one_f_one_b, 1}};
+          // Each schedule with the split Megatron users give a pp (x vpp) that does not divide the
+          // layers (megatron_split, training.h); a (pp, vpp) without one is left out.
+          std::vector<ParallelConfig> schedules;
+          p.schedule = Schedule::one_f_one_b, p.vpp = 1;
+          if (auto split = megatron_split(m.num_layers, p); split && ok(check_pipeline_parallel(m, *split)))
+            schedules.push_back(*split);
           p.schedule = Schedule::interleaved;
           for (p.vpp = 2; p.vpp <= space.max_vpp; ++p.vpp)
-            if (ok(check_schedule(m, t, p))) schedules.push_back({Schedule::interleaved, p.vpp});
+            if (auto split = megatron_split(m.num_layers, p);
+                split && ok(check_pipeline_parallel(m, *split)) && ok(check_schedule(m, t, *split)))
+              schedules.push_back(*split);
           for (auto [ep, etp] : eps)
-            for (auto [schedule, vpp] : schedules)
+            for (const ParallelConfig& split : schedules)
               for (int zero = 0; zero <= 4; ++zero) {  // 4 stands for the distributed optimizer
                 // Sharding over one data-parallel rank changes nothing: left out.
                 if (p.dp * p.cp == 1 && zero > 0) continue;
@@ -106,8 +114,12 @@ std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const Training
                       ParallelConfig q = p;
                       q.ep = ep;
                       q.etp = etp;
-                      q.vpp = vpp;
-                      q.schedule = schedule;
+                      q.vpp = split.vpp;
+                      q.schedule = split.schedule;
+                      q.first_stage_layers = split.first_stage_layers;
+                      q.last_stage_layers = split.last_stage_layers;
+                      q.account_for_embedding = split.account_for_embedding;
+                      q.account_for_loss = split.account_for_loss;
                       q.zero_stage = zero == 4 ? 0 : zero;
                       q.distributed_optimizer = zero == 4;
                       q.offload_optimizer = offload;

@@ -258,6 +258,30 @@ TEST_CASE("Virtual pipeline stages without the interleaved schedule are an error
   CHECK_THAT(line, Contains("interleaved"));
 }
 
+TEST_CASE("Megatron's first/last stage counts with the accounting flags are one error naming both ways", "[cli][error]") {
+  std::string line = require_one_error_line(run_dplan({"estimate", "--model", "70B", "--gpus", "64", "--tp", "8", "--pp",
+                                                       "4", "--first-stage-layers", "18", "--account-for-loss"}));
+  CHECK_THAT(line, Contains("--first-stage-layers"));
+  CHECK_THAT(line, Contains("--account-for-embedding"));
+}
+
+TEST_CASE("estimate runs Llama-3.1-405B's 126 layers on pp 8 x vpp 8 with the embedding and loss accounted", "[cli]") {
+  TempDir dir;
+  const std::string plan = (fs::path(dir.path()) / "plan.json").string();
+  Result r = run_dplan({"estimate", "--model", "llama-3.1-405b", "--gpus", "1024", "--tp", "8", "--pp", "8", "--vpp",
+                        "8", "--account-for-embedding", "--account-for-loss", "--global-batch", "1024", "--json",
+                        "-o", plan});
+  INFO("stderr: " << r.err);
+  REQUIRE(r.status == 0);
+  const json j = json::parse(r.out);
+  std::vector<int> layers;
+  for (const json& stage : j["memory"]["stages"]) layers.push_back(stage["num_layers"].get<int>());
+  CHECK(layers == std::vector<int>{15, 16, 16, 16, 16, 16, 16, 15});
+  CHECK(j["parallel"]["account_for_loss"] == true);
+  const json written = json::parse(read_file(plan));
+  CHECK(written["stages"][0]["chunks"][0] == json{{"first_layer", 0}, {"num_layers", 1}});
+}
+
 TEST_CASE("A GPU profile with a negative HBM size is an error naming the file and the key", "[cli][error]") {
   // A copy of the profiles tree whose H100 claims -80 GB; dgx-h100 (the default cluster) uses it.
   TempDir dir;

@@ -139,12 +139,12 @@ TEST_CASE("the layout rules name the first one broken, in validate's order", "[t
   CHECK(check_tensor_parallel(m, 16) == LayoutRule::tp_divides_heads);
   CHECK(check_pipeline_parallel(m, ParallelConfig{.pp = 81}) == LayoutRule::pp_within_layers);
   CHECK(check_pipeline_parallel(m, ParallelConfig{.pp = 2, .layers_per_stage = {40, 41}}) ==
-        LayoutRule::stages_hold_the_model);
+        LayoutRule::split_adds_up);
   CHECK(check_context_parallel(t, 3) == LayoutRule::cp_divides_seq);
   CHECK(check_context_parallel(t, 4) == LayoutRule::ok);
   CHECK(check_batch(t, 3, 2) == LayoutRule::batch_divisible);
   ParallelConfig interleaved{.tp = 8, .pp = 4, .dp = 2, .vpp = 3, .schedule = Schedule::interleaved};
-  CHECK(check_schedule(m, t, interleaved) == LayoutRule::vpp_divides_stages);  // 20 layers a stage
+  CHECK(check_schedule(m, t, interleaved) == LayoutRule::vpp_divides_stage_layers);  // 20 layers a stage
   interleaved.vpp = 5;
   CHECK(check_schedule(m, t, interleaved) == LayoutRule::ok);
   CHECK(check_schedule(m, TrainingSpec{.seq_len = 8192, .global_batch = 6}, interleaved) ==

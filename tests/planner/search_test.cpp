@@ -80,7 +80,7 @@ TEST_CASE("every enumerated layout is valid, and the chosen one is never slower 
 }
 
 namespace {
-// Every layout in a box around the search space, kept when the layout rules (training.h) pass and
+// Every layout in a box around the search space, with megatron_split's split, kept when the layout rules (training.h) pass and
 // the search's own choices allow it (sharding only over more than one data-parallel rank, offload
 // only with sharding), in no particular order.
 std::set<std::string> layouts_by_the_rules(const ModelSpec& m, const TrainingSpec& t, int n) {
@@ -103,6 +103,10 @@ std::set<std::string> layouts_by_the_rules(const ModelSpec& m, const TrainingSpe
                                        .distributed_optimizer = zero == 4, .sequence_parallel = sp,
                                        .offload_optimizer = offload, .recompute = rc,
                                        .schedule = vpp > 1 ? Schedule::interleaved : Schedule::one_f_one_b};
+                      // With the split the search gives a pp x vpp that does not divide the layers.
+                      const std::optional<ParallelConfig> split = megatron_split(m.num_layers, p);
+                      if (!split) continue;
+                      p = *split;
                       if (check_layout(m, t, p, n) != LayoutRule::ok) continue;
                       if ((dp * cp == 1 && zero > 0) || (offload && zero == 0)) continue;
                       out.insert(to_json(p).dump());

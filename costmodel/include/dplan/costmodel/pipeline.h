@@ -18,6 +18,9 @@ namespace dplan::costmodel {
 struct PipelineStage {
   double forward_s = 0;   // one micro-batch's forward, at the pace of every stage running
   double backward_s = 0;  // and its backward (with recompute)
+  // Per model chunk where they differ (uneven layer counts): each chunk's forward and backward;
+  // empty: every chunk takes forward_s / chunks and backward_s / chunks.
+  std::vector<double> chunk_forward_s, chunk_backward_s;
 };
 
 struct PipelineTimeline {

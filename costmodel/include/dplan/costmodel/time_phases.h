@@ -6,6 +6,8 @@
 // enter only through CoreSharing (core_sharing.h).
 #pragma once
 
+#include <optional>
+
 #include <vector>
 
 #include "dplan/costmodel/compute.h"
@@ -75,11 +77,21 @@ struct StageTime {
   double hidden_s = 0;        // communication hidden under compute
   double forward_comm_s = 0;  // the part of tp + cp + ep + zero3 in the forward pass
   double gemm_s = 0;          // the matrix multiplies inside forward_s + backward_s
+  // Per model chunk (one unless interleaved): its part of forward_s + forward_comm_s, and of the
+  // rest of total_s(); of these, the part that is not its layers' (embedding, LM head and their
+  // tp collectives, ZeRO-3's first gather). pipeline_time prices uneven chunks with them.
+  std::vector<double> chunk_forward_s, chunk_backward_s, chunk_edge_s;
+  std::vector<int> chunk_layers;
   double total_s() const { return forward_s + backward_s + recompute_s + tp_s + cp_s + ep_s + zero3_s; }
 };
 std::vector<StageTime> stage_times(const ModelSpec& model, const GpuSpec& gpu, const TrainingSpec& training,
                                    const ParallelConfig& parallel, const LayerTimes& layer, const LayerComm& comm,
                                    const OverlapOptions& overlap);
+
+// The fill-and-drain slot of a pipeline whose chunks hold different layer counts (see
+// pipeline_time): the longest chunk's time, its stage's embedding and LM head spread over the
+// stage's chunks; nullopt where every chunk holds the same count (the closed form's slot).
+std::optional<double> uneven_chunk_slot_s(const std::vector<StageTime>& stages);
 
 // The stage with the longest micro-batch (the first of equals): it sets the pipeline's pace.
 int critical_stage(const std::vector<StageTime>& stages);

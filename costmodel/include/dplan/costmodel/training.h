@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,14 @@ struct ParallelConfig {
   Recompute recompute = Recompute::none;
   Schedule schedule = Schedule::one_f_one_b;
   std::vector<int> layers_per_stage;   // empty: even split (see assign_layers)
+  // Megatron-LM's uneven pipeline split (see assign_chunks): transformer layers on the first and
+  // last pipeline stage (--decoder-first/last-pipeline-num-layers; 0: not given), and the
+  // embedding / the loss counted as one layer each in the split
+  // (--account-for-embedding/loss-in-pipeline-split).
+  int first_stage_layers = 0;
+  int last_stage_layers = 0;
+  bool account_for_embedding = false;
+  bool account_for_loss = false;
 
   int world_size() const { return tp * pp * dp * cp; }
   int expert_tp() const { return etp > 0 ? etp : tp; }
@@ -66,9 +75,43 @@ double activation_bytes(Precision precision);
 // Micro-batches per pipeline per step: global_batch / (micro_batch * dp).
 int num_microbatches(const TrainingSpec& training, const ParallelConfig& parallel);
 
-// Layers per pipeline stage: `parallel.layers_per_stage` if given, else an even split with any
-// remainder going to the middle stages (the first holds the embedding, the last the LM head).
+// One model chunk (virtual pipeline stage): the transformer layers [first_layer, first_layer +
+// num_layers) and whether it holds the embedding (chunk 0 of stage 0) or the LM head and loss
+// (the last chunk of the last stage).
+struct ModelChunk {
+  int first_layer = 0, num_layers = 0;
+  bool embedding = false, loss = false;
+  bool operator==(const ModelChunk&) const = default;
+};
+
+// The layer assignment, [pipeline stage][model chunk] (one chunk per stage unless interleaved,
+// vpp with it): the one owner of which layers each rank holds, used by memory, time, the plan file,
+// the search and the executor. As Megatron-LM builds them (megatron/core/transformer/
+// transformer_block.py get_num_layers_to_build, transformer_layer.py get_transformer_layer_offset):
+//  - each stage holds a number of "slots": with --account-for-embedding/loss-in-pipeline-split the
+//    L layers plus the embedding and/or the loss as one slot each, split evenly over pp;
+//    with --decoder-first/last-pipeline-num-layers the given counts on the first/last stage and
+//    the rest evenly over the others; an explicit layers_per_stage list; else (none of these) an
+//    even split with any remainder to the middle stages (dplan's default; Megatron requires pp to
+//    divide L there);
+//  - with vpp chunks each stage's slots split evenly over its chunks, and the chunks follow each
+//    other through the model in the order virtual stage j of every rank 0..pp-1, then j+1
+//    (Megatron's interleaved order, Narayanan et al. 2021 Sec. 2.2);
+//  - an accounted embedding takes a slot of chunk 0 of stage 0, an accounted loss one of the last
+//    chunk of the last stage.
+// REQUIRES: check_pipeline_parallel and check_schedule give ok (DPLAN_CHECK otherwise).
+std::vector<std::vector<ModelChunk>> assign_chunks(int num_layers, const ParallelConfig& parallel);
+
+// Transformer layers per pipeline stage (its chunks' sum), from assign_chunks.
 std::vector<int> assign_layers(int num_layers, const ParallelConfig& parallel);
+
+// The split the search gives a (pp, vpp) (vpp of the interleaved schedule) that does not divide
+// the layers, the way Megatron users split them (docs/cost-model.md, "Uneven pipelines"): the
+// loss, the embedding, or both accounted as a layer where pp*vpp then divides the slots, else
+// first/last stage counts around middle stages of ceil(L / (pp vpp)) vpp layers (training.cpp).
+// Returns `parallel` with the split's fields set (cleared where pp*vpp divides L), or nullopt
+// where no such split exists.
+std::optional<ParallelConfig> megatron_split(int num_layers, ParallelConfig parallel);
 
 // Vocabulary after Megatron's padding to a multiple of vocab_pad_multiple * tp.
 int padded_vocab(const ModelSpec& model, const TrainingSpec& training, int tp);
@@ -80,6 +123,14 @@ int padded_vocab(const ModelSpec& model, const TrainingSpec& training, int tp);
 //   stage each (Megatron's warm-up count + 1), i.e. stage 0 holds L(1 + (p-1)/(p v)) layers'
 //   worth (Korthikanti et al. 2022, Sec. 4.2.3). With pp = 1 one micro-batch at a time.
 double microbatches_in_flight(const ParallelConfig& parallel, int stage, int num_microbatches);
+
+// Layer-micro-batches whose activations stage `stage` holds at its peak: its layers times
+// microbatches_in_flight, except that with interleaved chunks of unequal sizes it counts the
+// layers of the chunks the warm-up forwards ran through (groups of pp micro-batches through chunk
+// 0, then 1, ...: Megatron-LM's schedules.py order), the peak being the warm-up plus one forward.
+// Equal chunks give num_layers * microbatches_in_flight exactly.
+double layer_microbatches_in_flight(const ParallelConfig& parallel, const std::vector<ModelChunk>& stage_chunks,
+                                    int stage, int num_microbatches);
 
 // Bounds on sizes, checked where a size is read (flags, files) and by check_layout, so that every
 // product of sizes the model forms fits in int and the search stays finite. A larger size is
@@ -104,14 +155,17 @@ enum class LayoutRule {
   world_size,                     // tp*pp*dp*cp == gpus
   tp_divides_heads,               // tp divides the attention heads and key/value heads
   tp_divides_ffn,
-  pp_within_layers,               // pp <= layers
+  pp_within_layers,               // pp <= layers (plus the embedding and loss where accounted)
+  split_one_way,                  // one way to split: a stage list, first/last counts, or accounting
+  first_last_need_pp,             // first/last stage counts need pp >= 2
   stages_listed,                  // an explicit layer assignment lists pp stages,
-  stages_hold_a_layer,            // each with a layer,
-  stages_hold_the_model,          // adding up to the model's layers
+  split_adds_up,                  // the stages' layers add up to the model's (and split evenly
+                                  //   where Megatron splits them evenly),
   batch_divisible,                // micro_batch * dp divides the global batch
   interleaved_needs_pp,           // the interleaved schedule needs pp >= 2,
   interleaved_needs_vpp,          // vpp >= 2,
-  vpp_divides_stages,             // vpp dividing every stage's layers,
+  vpp_divides_stage_layers,       // vpp dividing every stage's layers (embedding/loss accounted),
+  chunks_hold_a_layer,            // every chunk holding a layer, the embedding or the loss,
   interleaved_needs_microbatches, // and at least pp micro-batches
   vpp_needs_interleaved,          // vpp > 1 only with the interleaved schedule
   cp_divides_seq,                 // 2*cp divides the sequence
@@ -146,6 +200,11 @@ LayoutRule check_layout(const ModelSpec& model, const TrainingSpec& training, co
 // 0..3, sequence parallel only with tp > 1, seq divisible by cp.
 void validate(const ModelSpec& model, const ClusterSpec& cluster, const TrainingSpec& training,
               const ParallelConfig& parallel, int gpus);
+
+// The pipeline split's rules alone (check_pipeline_parallel, and the per-chunk ones of
+// check_schedule): validate()'s one-line message for the first broken, or nullopt. For readers of
+// files that hold a layout (plan.json), so that assign_chunks' requirement holds after a read.
+std::optional<std::string> pipeline_split_problem(const ModelSpec& model, const ParallelConfig& parallel);
 
 json to_json(const TrainingSpec& training);
 json to_json(const ParallelConfig& parallel);

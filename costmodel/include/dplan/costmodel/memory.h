@@ -85,9 +85,11 @@ LargestPart largest_part(const StageMemory& stage);
 // documents and `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` reduces but does not remove:
 // https://pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf),
 // NCCL's lazily created communicator buffers, and the variance of activation sizes between steps.
-// No framework publishes a number. 10 % is an assumption: the low end of the 10-15 % that memory
-// planning guides recommend, the margin under which dplan already warned ("under 10 % memory
-// headroom"), and below the bigscience rule of thumb (model states under 75 % of the GPU,
+// No training framework publishes a margin. The one engine that ships a default fraction of HBM
+// to plan into is vLLM: --gpu-memory-utilization defaults to 0.9 ("the fraction of GPU memory to
+// be used for the model executor", vllm EngineArgs; vllm-project/vllm#2162), leaving 10 % for the
+// same allocator, CUDA-context and NCCL costs. We take its 10 %: also the margin under which dplan
+// already warned, and below the bigscience rule of thumb (model states under 75 % of the GPU,
 // USERS.md ask 12) because activations and buffers are counted here, not guessed. A plan with
 // less than this free is reported as not fitting. --headroom sets it per command.
 inline constexpr double kDefaultHeadroomFraction = 0.10;

@@ -51,6 +51,10 @@ TensorParallelComm tensor_parallel_comm(const ModelSpec& m, const Network& net, 
 
 // Context parallel: ring attention passes each K,V chunk cp-1 times around the ring, hidden
 // behind the attention core; backward also returns dK, dV (Liu et al. 2023, Ring Attention).
+// Causal load balance: Megatron-Core splits the sequence into 2*cp chunks and gives rank i chunks
+// i and 2cp-1-i (hence seq divisible by 2*cp), so every rank does the same causal work and the
+// core's time per rank is the causal half of its s/cp queries over s keys (compute.cpp); each
+// ring step runs on s/cp keys, which the attention kernel's efficiency by key length prices.
 ContextParallelComm context_parallel_comm(const ModelSpec& m, const Network& net, const TrainingSpec& t,
                                           const ParallelConfig& p, const LayerTimes& lt, double hide) {
   ContextParallelComm c;

@@ -123,9 +123,11 @@ std::string changed_flags(const PlanCase& from, const PlanCase& to) {
   for (const auto& f : b)
     if (std::find(a.begin(), a.end(), f) == a.end()) changed.push_back(f);
   std::string s = join(changed);
-  for (const auto& [flag, value] : a)
+  for (const auto& f : a) {
+    const std::string& flag = f.first;
     if (std::none_of(b.begin(), b.end(), [&](const auto& g) { return g.first == flag; }))
       s += (s.empty() ? "" : " ") + std::string("(drop ") + flag + ")";
+  }
   return s;
 }
 

@@ -138,6 +138,11 @@ std::vector<StageTime> stage_times(const ModelSpec& m, const GpuSpec& gpu, const
   std::vector<StageTime> st(p.pp);
   for (int i = 0; i < p.pp; ++i) {
     StageTime& s = st[i];
+    const size_t n_chunks = chunks[i].size();  // the search prices many layouts: one allocation each
+    s.chunk_forward_s.reserve(n_chunks);
+    s.chunk_backward_s.reserve(n_chunks);
+    s.chunk_edge_s.reserve(n_chunks);
+    s.chunk_layers.reserve(n_chunks);
     for (size_t j = 0; j < chunks[i].size(); ++j) {
       const ModelChunk& chunk = chunks[i][j];
       const bool first = chunk.embedding, last = chunk.loss;

@@ -111,15 +111,10 @@ std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const Training
                     for (bool offload : {false, true}) {
                       // Offload is tried only with sharded optimizer states (ZeRO 1-3, distributed optimizer).
                       if (offload && (!space.allow_offload || zero == 0)) continue;
-                      ParallelConfig q = p;
+                      ParallelConfig q = split;  // p with its schedule and layer split
+                      q.sequence_parallel = sp;
                       q.ep = ep;
                       q.etp = etp;
-                      q.vpp = split.vpp;
-                      q.schedule = split.schedule;
-                      q.first_stage_layers = split.first_stage_layers;
-                      q.last_stage_layers = split.last_stage_layers;
-                      q.account_for_embedding = split.account_for_embedding;
-                      q.account_for_loss = split.account_for_loss;
                       q.zero_stage = zero == 4 ? 0 : zero;
                       q.distributed_optimizer = zero == 4;
                       q.offload_optimizer = offload;

@@ -188,25 +188,28 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
     host_per_gpu = std::max(host_per_gpu, s.host_bytes);
   }
   est.host_bytes_per_node = host_per_gpu * c.gpus_per_node;
-  est.fits = true;
+  est.fits = est.host_bytes_per_node <= est.host_capacity_bytes;
+  for (const auto& s : est.stages) est.fits = est.fits && s.total_bytes() <= est.usable_bytes();
+  return est;
+}
+
+std::vector<std::string> memory_problems(const MemoryEstimate& est) {
+  std::vector<std::string> problems;
   for (const auto& s : est.stages) {
     if (s.total_bytes() <= est.usable_bytes()) continue;
-    est.fits = false;
     LargestPart largest = largest_part(s);
-    const std::string limit = headroom_fraction > 0
+    const std::string limit = est.headroom_fraction > 0
                                   ? gib(est.usable_bytes()) + " (" + gib(est.capacity_bytes) + " of HBM less " +
-                                        std::to_string(static_cast<int>(std::lround(100 * headroom_fraction))) +
+                                        std::to_string(static_cast<int>(std::lround(100 * est.headroom_fraction))) +
                                         " % headroom)"
                                   : gib(est.capacity_bytes) + " of HBM";
-    est.reasons.push_back("stage " + std::to_string(s.stage) + " needs " + gib(s.total_bytes()) + " > " + limit +
-                          " (largest: " + largest.name + " " + gib(largest.bytes) + ")");
+    problems.push_back("stage " + std::to_string(s.stage) + " needs " + gib(s.total_bytes()) + " > " + limit +
+                       " (largest: " + largest.name + " " + gib(largest.bytes) + ")");
   }
-  if (est.host_bytes_per_node > est.host_capacity_bytes) {
-    est.fits = false;
-    est.reasons.push_back("offloaded optimizer states need " + gib(est.host_bytes_per_node) + " per node > " +
-                          gib(est.host_capacity_bytes) + " of host memory");
-  }
-  return est;
+  if (est.host_bytes_per_node > est.host_capacity_bytes)
+    problems.push_back("offloaded optimizer states need " + gib(est.host_bytes_per_node) + " per node > " +
+                       gib(est.host_capacity_bytes) + " of host memory");
+  return problems;
 }
 
 json to_json(const MemoryEstimate& e) {
@@ -233,7 +236,7 @@ json to_json(const MemoryEstimate& e) {
               {"capacity_bytes", e.capacity_bytes},
               {"host_bytes_per_node", e.host_bytes_per_node},
               {"host_capacity_bytes", e.host_capacity_bytes},
-              {"reasons", e.reasons},
+              {"reasons", memory_problems(e)},
               {"stages", stages}};
 }
 

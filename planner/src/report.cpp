@@ -76,7 +76,7 @@ std::string memory_table(const ClusterSpec& cluster, const MemoryEstimate& mem) 
       << fmt("%.0f", 100.0 * headroom / mem.capacity_bytes) << " %)\n";
   } else {
     o << "does not fit:\n";
-    for (const auto& r : mem.reasons) o << "  - " << r << "\n";
+    for (const auto& r : memory_problems(mem)) o << "  - " << r << "\n";
   }
   o << "plans keep " << fmt("%.0f", 100 * mem.headroom_fraction)
     << " % of HBM free for allocator fragmentation and communication buffers: --headroom\n";

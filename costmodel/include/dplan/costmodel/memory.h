@@ -106,8 +106,12 @@ struct MemoryEstimate {
   double host_bytes_per_node = 0;    // offload: what a node's host memory must hold
   double host_capacity_bytes = 0;
   bool fits = false;
-  std::vector<std::string> reasons;  // why it does not fit (empty when it fits)
 };
+
+// Why an estimate does not fit, a line per stage over the usable bytes and one for host memory
+// (empty when it fits). Formatted on demand: the search rejects most layouts and needs only
+// `fits` and largest_part.
+std::vector<std::string> memory_problems(const MemoryEstimate& estimate);
 
 // REQUIRES: validate(model, cluster, training, parallel, parallel.world_size()) passed, and
 // 0 <= headroom_fraction <= kMaxHeadroomFraction.

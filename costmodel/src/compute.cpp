@@ -10,15 +10,24 @@ namespace dplan::costmodel {
 
 namespace {
 
-// Keys each query attends to on average over the layers, in the full-s^2 convention of
-// layer_forward_flops (the causal half is taken off where it is skipped). A causal window of w
-// keys over s queries does sum_i min(i, w) ~= s*w - w^2/2 score products, that share of the
-// causal s^2/2: the full-convention key count is 2w - w^2/s (s itself when w >= s).
+// Sliding-window attention (gpt_oss): whether the window is shorter than the sequence, the keys a
+// windowed layer's query attends to in the full-s^2 convention of layer_forward_flops (the causal
+// half is taken off where it is skipped): a causal window of w keys over s queries does
+// sum_i min(i, w) ~= s*w - w^2/2 score products, that share of the causal s^2/2, so 2w - w^2/s
+// keys; and the share of the layers that are windowed.
+bool has_window(const ModelSpec& m, double seq_len) {
+  return m.num_sliding_layers > 0 && m.sliding_window < seq_len;
+}
+double windowed_keys(const ModelSpec& m, double seq_len) {
+  const double w = m.sliding_window;
+  return 2 * w - w * w / seq_len;
+}
+double sliding_share(const ModelSpec& m) { return double(m.num_sliding_layers) / m.num_layers; }
+
+// Keys each query attends to on average over the layers (s where no window is shorter).
 double mean_attended_keys(const ModelSpec& m, double seq_len) {
-  if (m.num_sliding_layers == 0 || m.sliding_window >= seq_len) return seq_len;
-  const double w = m.sliding_window, windowed = 2 * w - w * w / seq_len;
-  const double share = double(m.num_sliding_layers) / m.num_layers;
-  return (1 - share) * seq_len + share * windowed;
+  if (!has_window(m, seq_len)) return seq_len;
+  return (1 - sliding_share(m)) * seq_len + sliding_share(m) * windowed_keys(m, seq_len);
 }
 
 // Forward FLOPs of one MLP of width f over `tokens` tokens: 4Thf plain, 6Thf gated.
@@ -119,10 +128,11 @@ double gemm_time_s(const GpuSpec& gpu, Precision precision, double m, double n, 
   return std::max(compute_s, memory_time_s(gpu, bytes)) + gpu.kernel_overhead_s;
 }
 
-LinearTimes linear_times(const GpuSpec& gpu, Precision precision, double tokens, double out, double in) {
-  return {gemm_time_s(gpu, precision, tokens, out, in, 1, GemmOp::forward),
-          gemm_time_s(gpu, precision, tokens, in, out, 1, GemmOp::dgrad) +
-              gemm_time_s(gpu, precision, out, in, tokens, 1, GemmOp::wgrad)};
+LinearTimes linear_times(const GpuSpec& gpu, Precision precision, double tokens, double out, double in,
+                         double batch) {
+  return {gemm_time_s(gpu, precision, tokens, out, in, batch, GemmOp::forward),
+          gemm_time_s(gpu, precision, tokens, in, out, batch, GemmOp::dgrad) +
+              gemm_time_s(gpu, precision, out, in, tokens, batch, GemmOp::wgrad)};
 }
 
 double memory_time_s(const GpuSpec& gpu, double bytes) {
@@ -207,9 +217,9 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
   // Sliding-window layers attend to their window only (layer_forward_flops' mean_attended_keys
   // derivation); the core is the layer-weighted mean of the windowed and the full one.
   auto [core, core_backward] = core_times(s_kv);
-  if (m.num_sliding_layers > 0 && m.sliding_window < t.seq_len) {
-    const double w = m.sliding_window, share = double(m.num_sliding_layers) / m.num_layers;
-    auto [wf, wb] = core_times(2 * w - w * w / t.seq_len);
+  if (has_window(m, t.seq_len)) {
+    const double share = sliding_share(m);
+    auto [wf, wb] = core_times(windowed_keys(m, t.seq_len));
     core = (1 - share) * core + share * wf;
     core_backward = (1 - share) * core_backward + share * wb;
   }
@@ -231,13 +241,8 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
     const double experts_local = double(m.num_experts) / p.ep;
     const double tokens_per_expert = moe_tokens / experts_local;
     const double fe = double(m.ffn_hidden_size) / p.expert_tp();  // expert FFN columns per rank
-    auto grouped = [&](double out, double in) {
-      return LinearTimes{gemm_time_s(gpu, prec, tokens_per_expert, out, in, experts_local, GemmOp::forward),
-                         gemm_time_s(gpu, prec, tokens_per_expert, in, out, experts_local, GemmOp::dgrad) +
-                             gemm_time_s(gpu, prec, out, in, tokens_per_expert, experts_local, GemmOp::wgrad)};
-    };
-    add(mlp, grouped(gated * fe, h));
-    add(mlp, grouped(h, fe));
+    add(mlp, linear_times(gpu, prec, tokens_per_expert, gated * fe, h, experts_local));
+    add(mlp, linear_times(gpu, prec, tokens_per_expert, h, fe, experts_local));
     add(mlp, linear_times(gpu, prec, moe_tokens_in, m.num_experts, h));  // router
     // Shared experts: a dense MLP over all T tokens, split over tp like any MLP.
     if (m.shared_expert_ffn_size > 0) {
@@ -317,10 +322,8 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
   x.gemm_forward_s = qkv.forward_s + core + out.forward_s + mlp.forward_s;
   x.gemm_backward_s = qkv.backward_s + out.backward_s + mlp.backward_s + core_backward;
   x.attention_core_s = core + attention_elementwise_s;
-  x.forward_s = qkv.forward_s + core + out.forward_s + mlp.forward_s + elementwise_s + attention_elementwise_s +
-                fp8_cast_forward_s;
-  x.backward_s = qkv.backward_s + out.backward_s + mlp.backward_s + core_backward +
-                 2 * (elementwise_s + attention_elementwise_s) + fp8_cast_backward_s;
+  x.forward_s = x.gemm_forward_s + elementwise_s + attention_elementwise_s + fp8_cast_forward_s;
+  x.backward_s = x.gemm_backward_s + 2 * (elementwise_s + attention_elementwise_s) + fp8_cast_backward_s;
   switch (p.recompute) {
     case Recompute::full: x.recompute_s = x.forward_s; break;
     case Recompute::selective: x.recompute_s = x.attention_core_s; break;

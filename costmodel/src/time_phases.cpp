@@ -96,27 +96,55 @@ double expert_parallel_comm_s(const ModelSpec& m, const Network& net, const Trai
   return m.moe_layer_fraction() * forward_s * (2 + (p.recompute == Recompute::full ? 1 : 0));
 }
 
+namespace {
+
+// A collective over a stage's parameters: the dense ones over dp*cp and, in an MoE model, the
+// experts' over their expert data-parallel group (tp*cp*dp/(etp*ep) ranks; memory.cpp shards them
+// there). Megatron-Core keeps the two in separate buffers and runs them one after the other
+// (DistributedDataParallel's expert_parallel_buffers), so the times add. `buckets` collectives in
+// all, split between the two by their bytes (at least one each).
+double dense_and_expert_cost(const Network& net, Collective op, const ParallelConfig& p, double dense_bytes,
+                             double expert_bytes, double buckets = 1) {
+  const double total = dense_bytes + expert_bytes;
+  auto bucketed = [&](double bytes, const GroupShape& shape) {
+    if (bytes <= 0) return 0.0;
+    const double n = std::max(1.0, std::round(buckets * bytes / total));
+    return n * net.cost(op, bytes / n, shape).time_s;
+  };
+  return bucketed(dense_bytes, data_parallel_shape(p)) + bucketed(expert_bytes, group_shape(p, Dim::edp));
+}
+
+// Parameters one rank's optimizer steps over, on its largest stage: all of them, or with ZeRO >= 1
+// or the distributed optimizer its shard, the dense part over dp*cp and the experts over their
+// expert data-parallel group (memory.cpp).
+double local_optimizer_params(const ParallelConfig& p, const MemoryEstimate& mem) {
+  const bool sharded = p.zero_stage >= 1 || p.distributed_optimizer;
+  const int shards = sharded ? p.dp * p.cp : 1, expert_shards = sharded ? p.expert_dp() : 1;
+  double local_params = 0;
+  for (const auto& s : mem.stages)
+    local_params = std::max(local_params, (s.num_params - s.expert_params) / shards + s.expert_params / expert_shards);
+  return local_params;
+}
+
+}  // namespace
+
 // ZeRO-3: every layer's parameters are gathered before its forward and its backward, and its
 // gradients reduce-scattered after backward; the next layer's gather is prefetched under the
 // current layer's compute (FSDP / DeepSpeed), so only the excess and the first gather show.
 Zero3Comm zero3_comm(const Network& net, const TrainingSpec& t, const ParallelConfig& p, const MemoryEstimate& mem,
                      const LayerTimes& lt, double hide) {
   Zero3Comm c;
-  const GroupShape dp_shape = data_parallel_shape(p);
-  // MoE: a layer's experts are sharded over their expert data-parallel group (memory.cpp), so
-  // their gather and reduce-scatter run there, beside the dense part's over dp*cp.
-  const GroupShape edp_shape = group_shape(p, Dim::edp);
-  if (p.zero_stage >= 3 && (dp_shape.size > 1 || edp_shape.size > 1)) {
+  // MoE: a layer's experts gather and reduce-scatter over their expert data-parallel group, beside
+  // the dense part's over dp*cp (dense_and_expert_cost).
+  if (p.zero_stage >= 3 && (data_parallel_shape(p).size > 1 || group_shape(p, Dim::edp).size > 1)) {
     const BytesPerParam bpp = bytes_per_param(t);
     const StageMemory& s0 = mem.stages[0];
     const double layers = std::max(1, s0.num_layers);
     const double expert_params = s0.expert_params / layers, dense_params = (s0.num_params - s0.expert_params) / layers;
-    auto both = [&](Collective op, double bytes_per_param) {
-      return net.cost(op, dense_params * bytes_per_param, dp_shape).time_s +
-             (expert_params > 0 ? net.cost(op, expert_params * bytes_per_param, edp_shape).time_s : 0.0);
-    };
-    double gather = both(Collective::all_gather, bpp.weights);
-    double scatter = both(Collective::reduce_scatter, bpp.grads);
+    double gather = dense_and_expert_cost(net, Collective::all_gather, p, dense_params * bpp.weights,
+                                          expert_params * bpp.weights);
+    double scatter = dense_and_expert_cost(net, Collective::reduce_scatter, p, dense_params * bpp.grads,
+                                           expert_params * bpp.grads);
     double fwd = exposed_s(gather, lt.forward_s, 0, hide), bwd = exposed_s(gather + scatter, lt.backward_s, 0, hide);
     c.layer_s = fwd + bwd;
     c.layer_forward_s = fwd;
@@ -135,6 +163,11 @@ std::vector<StageTime> stage_times(const ModelSpec& m, const GpuSpec& gpu, const
                                    const OverlapOptions& overlap) {
   const std::vector<std::vector<ModelChunk>> chunks = assign_chunks(m.num_layers, p);
   const EdgeTimes et = edge_times(m, gpu, t, p);
+  const double ep_forward_share = p.recompute == Recompute::full ? 1.0 / 3 : 0.5;  // see expert_parallel_comm_s
+  // One layer's part of a chunk's time: what one costs on this stage (LayerTimes and LayerComm); the
+  // rest of a chunk is its edge (embedding, LM head).
+  const double layer_s = lt.forward_s + lt.backward_s + lt.recompute_s + comm.cp.layer_s + comm.ep_s +
+                         comm.zero3.layer_s + (overlap.tp_comm && p.sequence_parallel ? 0 : comm.tp.layer_s);
   std::vector<StageTime> st(p.pp);
   for (int i = 0; i < p.pp; ++i) {
     StageTime& s = st[i];
@@ -147,7 +180,7 @@ std::vector<StageTime> stage_times(const ModelSpec& m, const GpuSpec& gpu, const
       const ModelChunk& chunk = chunks[i][j];
       const bool first = chunk.embedding, last = chunk.loss;
       const double n = chunk.num_layers;
-      const StageTime before = s;
+      const double forward_before = s.forward_s + s.forward_comm_s, total_before = s.total_s();
       s.forward_s += n * lt.forward_s + (first ? et.embedding_forward_s : 0) + (last ? et.head_forward_s : 0);
       s.backward_s += n * lt.backward_s + (first ? et.embedding_backward_s : 0) + (last ? et.head_backward_s : 0);
       s.recompute_s += n * lt.recompute_s;
@@ -165,17 +198,13 @@ std::vector<StageTime> stage_times(const ModelSpec& m, const GpuSpec& gpu, const
       // ZeRO-3's first gather is not hidden: once a stage, before its first chunk.
       const double zero3_first = j == 0 ? comm.zero3.first_s : 0;
       s.zero3_s += n * comm.zero3.layer_s + zero3_first;
-      const double ep_forward_share = p.recompute == Recompute::full ? 1.0 / 3 : 0.5;  // see expert_parallel_comm_s
       s.forward_comm_s +=
           n * (comm.cp.layer_forward_s + comm.ep_s * ep_forward_share + comm.zero3.layer_forward_s) + zero3_first;
       s.hidden_s += n * (comm.cp.hidden_layer_s + comm.zero3.hidden_layer_s);
-      const double forward = (s.forward_s + s.forward_comm_s) - (before.forward_s + before.forward_comm_s);
-      const double chunk_s = s.total_s() - before.total_s();
+      const double forward = (s.forward_s + s.forward_comm_s) - forward_before;
+      const double chunk_s = s.total_s() - total_before;
       s.chunk_forward_s.push_back(forward);
       s.chunk_backward_s.push_back(chunk_s - forward);
-      // Its layers' part: n layers of what one costs on this stage (LayerTimes and LayerComm).
-      const double layer_s = lt.forward_s + lt.backward_s + lt.recompute_s + comm.cp.layer_s + comm.ep_s +
-                             comm.zero3.layer_s + (overlap.tp_comm && p.sequence_parallel ? 0 : comm.tp.layer_s);
       s.chunk_edge_s.push_back(chunk_s - n * layer_s);
       s.chunk_layers.push_back(chunk.num_layers);
     }
@@ -281,21 +310,14 @@ DataParallelComm data_parallel_comm(const ModelSpec& m, const Network& net, cons
   const GroupShape dp_shape = data_parallel_shape(p);
   const StageMemory& s0 = mem.stages[0];
   double grad_bytes = s0.num_params * bpp.grads;
-  // MoE: the experts' gradients reduce over their expert data-parallel group (tp*cp*dp/(etp*ep)
-  // ranks), the rest over dp*cp; Megatron-Core keeps them in separate buffers and reduces them one
-  // after the other (DistributedDataParallel's expert_parallel_buffers), so the times add.
-  const GroupShape edp_shape = group_shape(p, Dim::edp);
+  // MoE: the experts' gradients reduce over their expert data-parallel group, the rest over dp*cp
+  // (dense_and_expert_cost).
   const double dense_params = s0.num_params - s0.expert_params;
-  // `buckets` collectives in all, split between the two groups by their bytes (at least one each).
   auto dp_and_edp = [&](Collective op, double bytes_per_param, double buckets) {
-    auto bucketed = [&](double params, const GroupShape& shape) {
-      if (params <= 0) return 0.0;
-      const double n = std::max(1.0, std::round(buckets * params / s0.num_params));
-      return n * net.cost(op, params * bytes_per_param / n, shape).time_s;
-    };
-    return bucketed(dense_params, dp_shape) + bucketed(s0.expert_params, edp_shape);
+    return dense_and_expert_cost(net, op, p, dense_params * bytes_per_param, s0.expert_params * bytes_per_param,
+                                 buckets);
   };
-  if ((dp_shape.size > 1 || edp_shape.size > 1) && p.zero_stage < 3) {
+  if ((dp_shape.size > 1 || group_shape(p, Dim::edp).size > 1) && p.zero_stage < 3) {
     bool sharded = p.zero_stage >= 1 || p.distributed_optimizer;
     // One collective per bucket, each paying its latency: at hundreds of ranks a ring's latency
     // ((n-1) hops) rivals its transfer, so the bucket count matters as much as the bytes.
@@ -333,11 +355,7 @@ OptimizerTime optimizer_time(const GpuSpec& gpu, const ClusterSpec& cluster, con
                              const ParallelConfig& p, const MemoryEstimate& mem) {
   OptimizerTime r;
   const BytesPerParam bpp = bytes_per_param(t);
-  const bool sharded = p.zero_stage >= 1 || p.distributed_optimizer;
-  const int shards = sharded ? p.dp * p.cp : 1, expert_shards = sharded ? p.expert_dp() : 1;  // memory.cpp
-  double local_params = 0;
-  for (const auto& s : mem.stages)
-    local_params = std::max(local_params, (s.num_params - s.expert_params) / shards + s.expert_params / expert_shards);
+  const double local_params = local_optimizer_params(p, mem);
   if (p.offload_optimizer) {
     double transfer = local_params * (bpp.grads + bpp.weights) / kHostLinkBytesPerS;
     double host = local_params * 28.0 * cluster.gpus_per_node / kHostMemoryBytesPerS;
@@ -359,10 +377,7 @@ double step_overhead_s(const Network& net, const GpuSpec& gpu, const TrainingSpe
   const BytesPerParam bpp = bytes_per_param(t);
   double grad_bytes = 0;
   for (const StageMemory& s : mem.stages) grad_bytes = std::max(grad_bytes, s.grads_bytes);
-  const int shards = (p.zero_stage >= 1 || p.distributed_optimizer) ? p.dp * p.cp : 1;
-  double local_params = 0;
-  for (const StageMemory& s : mem.stages) local_params = std::max(local_params, s.num_params / shards);
-  double seconds = memory_time_s(gpu, grad_bytes) + memory_time_s(gpu, local_params * bpp.grads) +
+  double seconds = memory_time_s(gpu, grad_bytes) + memory_time_s(gpu, local_optimizer_params(p, mem) * bpp.grads) +
                    4 * gpu.kernel_overhead_s;
   const int world = p.world_size();
   if (world > 1) seconds += net.cost(Collective::all_reduce, 4, GroupShape{world, 1}).time_s;

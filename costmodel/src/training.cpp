@@ -505,19 +505,19 @@ json to_json(const TrainingSpec& t) {
 
 json to_json(const ParallelConfig& p) {
   json j{{"tp", p.tp},
-              {"pp", p.pp},
-              {"dp", p.dp},
-              {"cp", p.cp},
-              {"ep", p.ep},
-              {"vpp", p.vpp},
-              {"micro_batch", p.micro_batch},
-              {"zero_stage", p.zero_stage},
-              {"distributed_optimizer", p.distributed_optimizer},
-              {"sequence_parallel", p.sequence_parallel},
-              {"offload_optimizer", p.offload_optimizer},
-              {"recompute", to_string(p.recompute)},
-              {"schedule", to_string(p.schedule)},
-              {"layers_per_stage", p.layers_per_stage}};
+         {"pp", p.pp},
+         {"dp", p.dp},
+         {"cp", p.cp},
+         {"ep", p.ep},
+         {"vpp", p.vpp},
+         {"micro_batch", p.micro_batch},
+         {"zero_stage", p.zero_stage},
+         {"distributed_optimizer", p.distributed_optimizer},
+         {"sequence_parallel", p.sequence_parallel},
+         {"offload_optimizer", p.offload_optimizer},
+         {"recompute", to_string(p.recompute)},
+         {"schedule", to_string(p.schedule)},
+         {"layers_per_stage", p.layers_per_stage}};
   // etp only when set: absent means "same as tp" (Megatron's default), so plans written before
   // expert tensor parallel read back unchanged.
   if (p.etp > 0) j["etp"] = p.etp;

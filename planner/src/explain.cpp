@@ -58,14 +58,27 @@ ClusterSpec plan_cluster(const Plan& plan, const std::string& file, const Profil
   return store.load_cluster(name);
 }
 
-Estimated estimate_case(const PlanCase& c) {
-  const int gpus = c.parallel.world_size();
-  validate(c.model, c.cluster, c.training, c.parallel, gpus);
-  Network net(c.cluster, gpus);
+namespace {
+
+// Memory with the case's headroom, then time, of a validated case.
+Estimated priced(const PlanCase& c, const Network& net) {
   Estimated e;
   e.memory = estimate_memory(c.model, c.cluster, c.training, c.parallel, c.headroom_fraction);
   e.time = estimate_time(c.model, net, c.training, c.parallel, e.memory, c.overlap);
   return e;
+}
+
+}  // namespace
+
+Estimated estimate_case(const PlanCase& c) {
+  // Validated before a network is built for its world size.
+  validate(c.model, c.cluster, c.training, c.parallel, c.parallel.world_size());
+  return priced(c, Network(c.cluster, c.parallel.world_size()));
+}
+
+Estimated estimate_case(const PlanCase& c, const Network& net) {
+  validate(c.model, c.cluster, c.training, c.parallel, net.world_size());
+  return priced(c, net);
 }
 
 namespace {
@@ -220,6 +233,8 @@ std::vector<Suggestion> suggest_changes(const PlanCase& plan, const TimeBreakdow
                " micro-batches per pipeline; changes the training, not only its speed",
            [](PlanCase& c) { c.training.global_batch *= 2; }, false);
 
+  // Every change keeps the cluster and the world size: one network prices them all.
+  const Network net(plan.cluster, p.world_size());
   std::vector<Suggestion> same, different;
   std::vector<PlanCase> seen;
   for (Change& ch : changes) {
@@ -231,7 +246,7 @@ std::vector<Suggestion> suggest_changes(const PlanCase& plan, const TimeBreakdow
     seen.push_back(ch.changed);
     Estimated e;
     try {
-      e = estimate_case(ch.changed);
+      e = estimate_case(ch.changed, net);
     } catch (const InputError&) {
       continue;  // a layout the rules refuse (vpp not dividing the stages' layers, ...)
     }

@@ -80,15 +80,20 @@ TEST_CASE("Hugging Face configs of each family map to the right structure", "[mo
   }
 }
 
+namespace {
+// The InputError a config.json gives, or "(no error)".
+std::string config_error(const json& c) {
+  try {
+    model_from_hf_config(c, "c.json", "x");
+  } catch (const InputError& e) {
+    return std::string(e.what());
+  }
+  return std::string("(no error)");
+}
+}  // namespace
+
 TEST_CASE("unsupported or inconsistent configs are rejected with the choices", "[model]") {
-  auto msg = [](const json& c) {
-    try {
-      model_from_hf_config(c, "c.json", "x");
-    } catch (const InputError& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no error)");
-  };
+  const auto msg = config_error;
   json llama = {{"model_type", "llama"}, {"hidden_size", 64}, {"intermediate_size", 128},
                 {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"vocab_size", 100},
                 {"max_position_embeddings", 128}};
@@ -227,14 +232,7 @@ TEST_CASE("sliding-window layers price attention over their window", "[model]") 
 }
 
 TEST_CASE("config.json of the new families", "[model]") {
-  auto msg = [](const json& c) {
-    try {
-      model_from_hf_config(c, "c.json", "x");
-    } catch (const InputError& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no error)");
-  };
+  const auto msg = config_error;
   SECTION("gpt_neox with relu2 stays a plain MLP with biases") {
     json c = {{"model_type", "gpt_neox"}, {"hidden_size", 64}, {"intermediate_size", 256},
               {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"vocab_size", 100},

@@ -51,7 +51,10 @@ double measured_gemm_flops_per_s(const GpuSpec& gpu, Precision precision, double
 struct LinearTimes {
   double forward_s = 0, backward_s = 0;
 };
-LinearTimes linear_times(const GpuSpec& gpu, Precision precision, double tokens, double out, double in);
+// `batch` independent such layers of the same shape run as one batched (grouped) GEMM each way,
+// as MoE experts do (Megatron's --moe-grouped-gemm).
+LinearTimes linear_times(const GpuSpec& gpu, Precision precision, double tokens, double out, double in,
+                         double batch = 1);
 
 // Time to stream `bytes` through HBM at the achieved bandwidth (memory-bound kernels).
 double memory_time_s(const GpuSpec& gpu, double bytes);

@@ -67,6 +67,9 @@ struct Estimated {
 // validate (throws InputError for a layout the rules refuse), estimate_memory with the case's
 // headroom, estimate_time.
 Estimated estimate_case(const PlanCase& plan);
+// The same on a network already built for the plan's cluster and world size (Network caches
+// routes: suggest_changes prices every change on one).
+Estimated estimate_case(const PlanCase& plan, const costmodel::Network& network);
 
 // One change to a plan with its re-estimated result.
 struct Suggestion {

@@ -104,7 +104,12 @@ std::vector<std::pair<std::string, std::string>> flag_list(const PlanCase& c) {
       {"--dp", std::to_string(p.dp)}};
   if (p.cp > 1) f.push_back({"--cp", std::to_string(p.cp)});
   if (p.ep > 1) f.push_back({"--ep", std::to_string(p.ep)});
+  if (p.etp > 0 && p.etp != p.tp) f.push_back({"--etp", std::to_string(p.etp)});
   if (p.vpp > 1) f.push_back({"--vpp", std::to_string(p.vpp)});
+  if (p.first_stage_layers) f.push_back({"--first-stage-layers", std::to_string(p.first_stage_layers)});
+  if (p.last_stage_layers) f.push_back({"--last-stage-layers", std::to_string(p.last_stage_layers)});
+  if (p.account_for_embedding) f.push_back({"--account-for-embedding", ""});
+  if (p.account_for_loss) f.push_back({"--account-for-loss", ""});
   if (p.pp > 1) f.push_back({"--schedule", to_string(p.schedule)});
   f.push_back({"--mbs", std::to_string(p.micro_batch)});
   if (p.distributed_optimizer)

@@ -221,3 +221,23 @@ TEST_CASE("more headroom never picks a plan that needs more memory", "[explain][
     CHECK(picked >= 2);
   }
 }
+
+TEST_CASE("the dplan estimate flags of a plan name its expert tensor parallel size and its pipeline split",
+          "[explain]") {
+  // Without them the command a suggestion prints would estimate another layout (etp = tp, an even split).
+  ParallelConfig moe{.tp = 2, .pp = 2, .dp = 4, .ep = 8};
+  moe.etp = 1;
+  const std::string flags = estimate_flags(make_case("mixtral-8x7b", {.seq_len = 4096, .global_batch = 64}, moe));
+  CHECK_THAT(flags, Catch::Contains("--ep 8 --etp 1"));
+  ParallelConfig split{.tp = 8, .pp = 8, .dp = 1};
+  split.account_for_embedding = split.account_for_loss = true;
+  const std::string split_flags =
+      estimate_flags(make_case("llama-3.1-405b", {.seq_len = 4096, .global_batch = 64}, split));
+  CHECK_THAT(split_flags, Catch::Contains("--account-for-embedding"));
+  CHECK_THAT(split_flags, Catch::Contains("--account-for-loss"));
+  split.account_for_embedding = split.account_for_loss = false;
+  split.first_stage_layers = 14;
+  split.last_stage_layers = 14;
+  CHECK_THAT(estimate_flags(make_case("llama-3.1-405b", {.seq_len = 4096, .global_batch = 64}, split)),
+             Catch::Contains("--first-stage-layers 14 --last-stage-layers 14"));
+}

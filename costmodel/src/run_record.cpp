@@ -176,9 +176,10 @@ RunRecord run_record_from_json(const json& j, const std::string& file) {
       throw InputError(file + ": /memory: missing key \"" + key + "\" (rank " + key + ", which runs stage " +
                        std::to_string(run.stage_of_rank[rank]) + ")");
     ObjectReader components = memory.object(key);
+    auto& rank_bytes = run.memory_bytes[static_cast<int>(rank)];  // kept when empty, so it is written back
     for (const auto& [name, value] : memory.raw(key).items()) {
       check_name(r, "/memory/" + key, name);
-      run.memory_bytes[static_cast<int>(rank)][name] = components.int_in(name, 0, 1LL << 53);  // bytes
+      rank_bytes[name] = components.int_in(name, 0, 1LL << 53);  // bytes
     }
     components.finish();
   }

@@ -123,6 +123,15 @@ TEST_CASE("run.json: every run the executor wrote reads strictly, and the writer
   CHECK_FALSE(run.steps[0].grad_norm);  // written before grad_norm was recorded
 }
 
+TEST_CASE("run.json: a rank with no memory figures is written back and reads again", "[formats]") {
+  json j = read_json_file(kData + "/compare/run.json");
+  j["memory"]["1"] = json::object();  // found by fuzz/run.sh: the empty rank was dropped on writing
+  const RunRecord run = run_record_from_json(j, "run.json");
+  CHECK(run.memory_bytes.at(1).empty());
+  CHECK(to_json(run).at("memory").at("1") == json::object());
+  CHECK(run_record_from_json(to_json(run), "run.json") == run);
+}
+
 TEST_CASE("run.json: a newer format, a missing key and a wrong type are one line naming file and pointer", "[formats]") {
   const json good = read_json_file(kData + "/compare/run.json");
   json j = good;

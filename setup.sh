@@ -2,20 +2,31 @@
 # Installs what dplan needs from Debian's packages (only what is missing), then configures and
 # builds it in Release under build/. Idempotent: a second run installs nothing and only rebuilds
 # what changed.
-#   ./setup.sh          the planner: dplan (plan, estimate, compare, calibrate, probe imports)
-#   ./setup.sh --all    everything: also the executor (dplan-worker, for dplan run / probe / scale),
-#                       the test suite and the benchmarks, with what the tests launch (torchrun)
-# Environment: BUILD_DIR (default build), JOBS (default: number of cores).
+#   ./setup.sh            the planner: dplan (plan, estimate, compare, calibrate, probe imports)
+#   ./setup.sh --all      everything: also the executor (dplan-worker, for dplan run / probe / scale),
+#                         the test suite and the benchmarks, with what the tests launch (torchrun)
+#   ./setup.sh --executor dplan, the executor, dplan-gpu-probe and the executor's tests only
+#   --torch=CHOICE        which LibTorch the executor builds against (with --all or --executor):
+#                         auto (default): the PyTorch 2.x that python3 imports when it has one
+#                         (with CUDA and NCCL when that install has them), else Debian's LibTorch
+#                         1.13 (CPU); debian: Debian's; PYTHON: the PyTorch 2.x that PYTHON imports
+#                         (e.g. the one scripts/torch-venv.sh makes). Also DPLAN_TORCH=CHOICE.
+# Environment: BUILD_DIR (default build), JOBS (default: number of cores), DPLAN_TORCH.
 set -euo pipefail
 cd "$(dirname "$0")"
 
 all=0
-case "${1:-}" in
-  "") ;;
-  --all) all=1 ;;
-  -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-  *) echo "setup: unknown option '$1'; valid: --all, --help" >&2; exit 2 ;;
-esac
+executor_only=0
+torch=${DPLAN_TORCH:-auto}
+for arg in "$@"; do
+  case "$arg" in
+    --all) all=1 ;;
+    --executor) all=1; executor_only=1 ;;
+    --torch=*) torch=${arg#--torch=} ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "setup: unknown option '$arg'; valid: --all, --executor, --torch=auto|debian|PYTHON, --help" >&2; exit 2 ;;
+  esac
+done
 
 # The planner needs only these; the executor LibTorch with c10d and Gloo, the tests Catch2, the
 # torchrun launch test and the DDP benchmark Debian's PyTorch, and the sanitizer tests and fuzz
@@ -36,16 +47,76 @@ fi
 
 build_dir=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
+# torch_of PYTHON: "VERSION CUDA_VERSION_OR_none TORCH_DIR" of the PyTorch that PYTHON imports,
+# when it is 2.x; nothing (and status 1) otherwise. Debian's python3-torch is 1.13: not taken.
+torch_of() {
+  "$1" -c '
+import os, sys
+import torch
+if int(torch.__version__.split(".")[0]) < 2:
+    sys.exit(1)
+print(torch.__version__, torch.version.cuda or "none", os.path.dirname(os.path.dirname(torch.utils.cmake_prefix_path)))
+' 2>/dev/null
+}
+
 if ((all)); then
+  # Which LibTorch: printed, and recorded in the cache so that a build directory switched from
+  # one to the other is configured afresh (every LibTorch path in the cache would be stale).
+  torch_args=(-DCMAKE_PREFIX_PATH= -DDPLAN_TORCH_PYTHON=)
+  choice=debian
+  reason="(--torch=debian)"
+  case "$torch" in
+    debian) ;;
+    auto)
+      if found=$(torch_of python3); then
+        choice=python3
+      else
+        reason="(python3 has no PyTorch 2.x; --torch=PYTHON picks one, scripts/torch-venv.sh makes one)"
+      fi ;;
+    *)
+      if ! command -v "$torch" >/dev/null || ! found=$(torch_of "$torch"); then
+        echo "setup: --torch=$torch: not a python that imports PyTorch 2.x; valid: auto, debian, or such a python" >&2
+        exit 2
+      fi
+      choice=$torch ;;
+  esac
+  if [[ $choice == debian ]]; then
+    echo "setup: executor against Debian's LibTorch 1.13, CPU only $reason" >&2
+  else
+    read -r version cuda torch_dir <<<"$found"
+    python_path=$(command -v "$choice")
+    if [[ $cuda == none ]]; then with="CPU only"; else with="CUDA $cuda and NCCL"; fi
+    echo "setup: executor against PyTorch $version from $python_path ($torch_dir), $with" >&2
+    torch_args=(-DCMAKE_PREFIX_PATH="$torch_dir" -DDPLAN_TORCH_PYTHON="$python_path")
+    choice="$python_path $version"
+  fi
+  fresh=()
+  if [[ -f $build_dir/CMakeCache.txt ]] &&
+     ! grep -qxF "DPLAN_TORCH_CHOICE:INTERNAL=$choice" "$build_dir/CMakeCache.txt"; then
+    fresh=(--fresh)
+  fi
   # Configured again each time (seconds): a build first set up for the planner alone finds the
-  # executor and the tests now.
-  cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DDPLAN_BUILD_TESTS=ON -DDPLAN_EXECUTOR=ON >/dev/null
-  if ! grep -q '^DPLAN_HAVE_EXECUTOR:INTERNAL=ON' "$build_dir/CMakeCache.txt"; then
-    echo "setup: LibTorch was not found, so the executor (dplan-worker) cannot be built; see cmake's output" >&2
+  # executor and the tests now. cmake's own output goes to a log; its dplan lines are shown.
+  mkdir -p "$build_dir"
+  log=$build_dir/configure.log
+  if ! cmake "${fresh[@]}" -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DDPLAN_BUILD_TESTS=ON \
+       -DDPLAN_EXECUTOR=ON "${torch_args[@]}" -DDPLAN_TORCH_CHOICE:INTERNAL="$choice" >"$log" 2>&1; then
+    tail -n 20 "$log" >&2
     exit 1
   fi
-  cmake --build "$build_dir" -j "$jobs"
+  grep '^-- dplan: ' "$log" | sed 's/^-- /setup: /' >&2
+  if ! grep -q '^DPLAN_HAVE_EXECUTOR:INTERNAL=ON' "$build_dir/CMakeCache.txt"; then
+    echo "setup: LibTorch was not found, so the executor (dplan-worker) cannot be built; see $log" >&2
+    exit 1
+  fi
+  targets=()
+  if ((executor_only)); then
+    targets=(--target dplan dplan-worker executor_tests executor_unit_tests)
+    if grep -q '^DPLAN_HAVE_GPU_PROBE:INTERNAL=ON' "$build_dir/CMakeCache.txt"; then targets+=(dplan-gpu-probe); fi
+  fi
+  cmake --build "$build_dir" -j "$jobs" "${targets[@]}"
 else
+
   if [[ ! -f $build_dir/CMakeCache.txt ]]; then
     cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DDPLAN_BUILD_TESTS=OFF >/dev/null
   fi

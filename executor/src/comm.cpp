@@ -60,8 +60,38 @@ void Work::wait() {
 struct Group::Impl {
   c10::intrusive_ptr<BackendBase> pg;
   Backend backend = Backend::gloo;
+  // Reduce-scatter and all-gather as one-tensor collectives (comm.h).
+  bool one_tensor = false;
   // Gloo's kernels stop at fp16: bf16 is summed in fp32 and gathered as fp16 bits (a gather only moves bytes).
   bool lacks(const at::Tensor& t) const { return backend == Backend::gloo && t.scalar_type() == at::kBFloat16; }
+
+  // Starts a one-tensor collective; a Gloo that refuses it (c10d's Backend throws "does not
+  // support" before anything is sent, so no peer has started either) turns them off for good, and
+  // the caller falls back. Every member makes the same call on the same LibTorch, so all fall back.
+  template <typename Start>
+  c10::intrusive_ptr<c10d::Work> try_one_tensor(Start start) {
+    if (!one_tensor) return {};
+    try {
+      return start();
+    } catch (const c10::Error&) {
+      if (backend != Backend::gloo) throw;
+      one_tensor = false;
+      return {};
+    }
+  }
+
+  // The sum of flat over the group, this member's slice into shard, as one collective; a Work that
+  // is not pending when there is none (then flat is untouched).
+  Work reduce_scatter(at::Tensor& flat, at::Tensor& shard) {
+    if (lacks(flat)) {  // summed in fp32, this member's slice converted back when done
+      at::Tensor wide_flat = flat.to(at::kFloat), wide_shard = at::empty(shard.sizes(), wide_flat.options());
+      if (auto work = try_one_tensor([&] { return pg->_reduce_scatter_base(wide_shard, wide_flat); }))
+        return Work(std::move(work), [shard, wide_shard, wide_flat]() mutable { shard.copy_(wide_shard); });
+      return Work();
+    }
+    if (auto work = try_one_tensor([&] { return pg->_reduce_scatter_base(shard, flat); })) return Work(std::move(work));
+    return Work();
+  }
 };
 
 Group Group::create(const c10::intrusive_ptr<c10d::Store>& store, const std::string& name, std::vector<int> ranks,
@@ -75,6 +105,7 @@ Group Group::create(const c10::intrusive_ptr<c10d::Store>& store, const std::str
   if (g.rank_ < 0) throw std::logic_error("rank " + std::to_string(global_rank) + " is not in group " + name);
   g.impl_ = std::make_shared<Impl>();
   g.impl_->backend = options.backend;
+  g.impl_->one_tensor = options.backend == Backend::nccl || (TORCH_VERSION_MAJOR >= 2 && !options.legacy_gloo_collectives);
   if (g.size() == 1) return g;  // nothing to connect
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("dplan/group/" + name, store);
   if (options.backend == Backend::gloo) {
@@ -115,6 +146,17 @@ at::Tensor Group::all_gather(const at::Tensor& tensor, int64_t dim) {
   if (size() == 1) return tensor;
   if (impl_->lacks(tensor)) return all_gather(tensor.contiguous().view(at::kHalf), dim).view(at::kBFloat16);
   at::Tensor input = tensor.contiguous();
+  if (impl_->one_tensor) {
+    // Member i's tensor at [i] of a [size, ...] buffer, then laid side by side along dim.
+    std::vector<int64_t> shape = input.sizes().vec();
+    shape.insert(shape.begin(), size());
+    at::Tensor stacked = at::empty(shape, input.options());
+    at::Tensor flat = stacked.view(-1);
+    if (auto work = impl_->try_one_tensor([&] { return impl_->pg->_allgather_base(flat, input); })) {
+      work->wait();
+      return dim == 0 ? stacked.flatten(0, 1) : at::cat(stacked.unbind(0), dim);
+    }
+  }
   std::vector<at::Tensor> in{input};
   std::vector<std::vector<at::Tensor>> out(1);
   for (int i = 0; i < size(); ++i) out[0].push_back(at::empty_like(input));
@@ -127,14 +169,17 @@ at::Tensor Group::reduce_scatter(const at::Tensor& tensor, int64_t dim) {
   if (tensor.size(dim) % size() != 0)
     throw std::logic_error("reduce_scatter: dimension " + std::to_string(dim) + " of size " +
                            std::to_string(tensor.size(dim)) + " does not split over " + std::to_string(size()));
-  if (impl_->backend == Backend::nccl) {
-    // NCCL has a real reduce-scatter: each rank sends and receives (n-1)/n of the tensor.
+  if (impl_->one_tensor) {
+    // A real reduce-scatter: each rank sends and receives (n-1)/n of the tensor.
     at::Tensor input = tensor.movedim(dim, 0).contiguous();
     std::vector<int64_t> shape = input.sizes().vec();
     shape[0] /= size();
     at::Tensor output = at::empty(shape, input.options());
-    impl_->pg->_reduce_scatter_base(output, input)->wait();
-    return output.movedim(0, dim);
+    at::Tensor flat = input.view(-1), shard = output.view(-1);
+    if (Work work = impl_->reduce_scatter(flat, shard); work.pending()) {
+      work.wait();
+      return output.movedim(0, dim);
+    }
   }
   // Gloo in LibTorch 1.13 has no reduce_scatter: an all-reduce followed by taking this rank's
   // slice gives the same values but moves 2(n-1)/n of the tensor per rank instead of (n-1)/n,
@@ -149,14 +194,13 @@ Work Group::all_gather_async(at::Tensor& flat, const at::Tensor& shard) {
     if (flat.data_ptr() != shard.data_ptr()) flat.copy_(shard);
     return Work();
   }
-  if (impl_->backend == Backend::nccl) {
-    at::Tensor input = shard;  // in place when the shard is this member's slice of flat
-    return Work(impl_->pg->_allgather_base(flat, input));
-  }
   if (impl_->lacks(flat)) {
     at::Tensor bits = flat.view(at::kHalf);
     return all_gather_async(bits, shard.contiguous().view(at::kHalf));
   }
+  at::Tensor input = shard;  // in place when the shard is this member's slice of flat
+  if (auto work = impl_->try_one_tensor([&] { return impl_->pg->_allgather_base(flat, input); }))
+    return Work(std::move(work));
   // Gloo: the list form, each output a slice of the flat buffer.
   std::vector<at::Tensor> in{shard.contiguous()};
   std::vector<std::vector<at::Tensor>> out{flat.chunk(size(), 0)};
@@ -168,8 +212,8 @@ Work Group::reduce_scatter_async(at::Tensor& flat, at::Tensor& shard) {
     shard.copy_(flat);
     return Work();
   }
-  if (impl_->backend == Backend::nccl) return Work(impl_->pg->_reduce_scatter_base(shard, flat));
-  // Gloo: all-reduce, then keep this member's slice (twice the traffic; see reduce_scatter()).
+  if (Work work = impl_->reduce_scatter(flat, shard); work.pending()) return work;
+  // Gloo under 1.13: all-reduce, then keep this member's slice (twice the traffic; see reduce_scatter()).
   const int64_t n = shard.numel(), offset = int64_t(rank_) * n;
   return all_reduce_async(flat).and_then([flat, shard, offset, n]() mutable { shard.copy_(flat.narrow(0, offset, n)); });
 }
@@ -191,6 +235,8 @@ Work Group::recv(at::Tensor& tensor, int peer, int tag) {
   std::vector<at::Tensor> t{tensor};
   return Work(impl_->pg->recv(t, peer, tag));
 }
+
+bool Group::one_tensor_collectives() const { return impl_->one_tensor; }
 
 void Group::barrier() {
   if (size() == 1) return;

@@ -2,7 +2,11 @@
 // sees Group and Work, so the differences between LibTorch 1.13 and 2.x stay here:
 //   - 1.13: ProcessGroupGloo / ProcessGroupNCCL derive from c10d::ProcessGroup;
 //     2.x: they derive from c10d::Backend (ProcessGroup became a dispatching wrapper).
-//   - 1.13's Gloo has no reduce_scatter and no _allgather_base; see reduce_scatter() below.
+//   - 1.13's Gloo has no reduce-scatter and no all-gather into one tensor: a reduce-scatter is an
+//     all-reduce and a slice (twice the traffic), an all-gather the list form into slices of the
+//     output. 2.x's Gloo has both (reduce_scatter_single, all_gather_single, reached through the
+//     _reduce_scatter_base / _allgather_base names every 2.x has); a 2.x whose Gloo still refuses
+//     them falls back to the 1.13 forms at the first call. NCCL always has them.
 //   - Gloo has no bf16: sums go through an fp32 copy, gathers move the bits as fp16.
 // Groups of size 1 never touch the network: every collective is the identity on them.
 #pragma once
@@ -52,6 +56,9 @@ struct GroupOptions {
   // Gloo: the address this rank listens on ("127.0.0.1" for one machine); empty: the interface
   // named by GLOO_SOCKET_IFNAME, else the hostname's address (Gloo's default device).
   std::string gloo_address;
+  // Use the 1.13 forms of reduce-scatter and all-gather (above) on Gloo even where the LibTorch has
+  // the one-tensor collectives: the tests check that both give the same values.
+  bool legacy_gloo_collectives = false;
 };
 
 // A process group over `ranks` (global ranks, in group order) that this rank belongs to.
@@ -87,6 +94,9 @@ class Group {
   Work send(const at::Tensor& tensor, int peer, int tag);
   Work recv(at::Tensor& tensor, int peer, int tag);
   void barrier();
+  // Whether reduce-scatter and all-gather run as one-tensor collectives (NCCL; Gloo under LibTorch
+  // 2.x) rather than the 1.13 forms; false after a Gloo refused them.
+  bool one_tensor_collectives() const;
 
  private:
   struct Impl;

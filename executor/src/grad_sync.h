@@ -24,16 +24,14 @@
 #pragma once
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include "comm.h"
 #include "gpt.h"
-
-namespace torch::autograd {
-struct Node;
-}
 
 namespace dplan::executor {
 
@@ -127,7 +125,11 @@ class GradSync : public UnitHooks {
   std::vector<Bucket> buckets_;
   std::vector<Unit> units_;
   std::vector<int> reducing_;  // stage 2, 3: buckets whose reduce-scatter is in flight, oldest first
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  // The gradient accumulators, kept alive for their hooks. Autograd holds its nodes by
+  // std::shared_ptr in LibTorch 1.13 and by c10::intrusive_ptr in later 2.x: whichever
+  // grad_accumulator() returns.
+  using NodePtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+  std::vector<NodePtr> accumulators_;
   bool armed_ = false;
 };
 

@@ -1,0 +1,132 @@
+// The collectives of executor/src/comm.h over a real two-member Gloo group (two threads of this
+// process on 127.0.0.1, one c10d::HashStore), in both forms comm.h describes: the one-tensor
+// reduce-scatter and all-gather that LibTorch 2.x's Gloo has, and the 1.13 forms (all-reduce and
+// slice; list all-gather) that GroupOptions::legacy_gloo_collectives forces. Each form, fp32 and
+// bf16, must give exactly the sums and concatenations computed here, and leave its input alone
+// where comm.h says it does. Under 1.13 the default is the legacy form; under 2.x the one-tensor
+// form, and a silent fall back to the legacy one fails the first case.
+#include <exception>
+#include <string>
+#include <thread>
+#include <vector>
+
+// LibTorch first: its glog defines CHECK, which must give way to Catch's.
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/torch.h>
+#include <torch/version.h>
+#undef CHECK
+#include <catch2/catch.hpp>
+
+#include "comm.h"
+
+namespace {
+using dplan::executor::Group;
+using dplan::executor::GroupOptions;
+
+// Runs body(group) on two members at once; rethrows the first member's failure.
+template <typename Body>
+void on_two_members(bool legacy, const std::string& name, Body body) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  GroupOptions options;
+  options.gloo_address = "127.0.0.1";
+  options.timeout = std::chrono::milliseconds(30000);
+  options.legacy_gloo_collectives = legacy;
+  std::exception_ptr failure[2];
+  std::vector<std::thread> members;
+  for (int rank = 0; rank < 2; ++rank) {
+    members.emplace_back([&, rank] {
+      try {
+        Group g = Group::create(store, name, {0, 1}, rank, options);
+        body(g);
+      } catch (...) {
+        failure[rank] = std::current_exception();
+      }
+    });
+  }
+  for (auto& m : members) m.join();
+  for (auto& f : failure)
+    if (f) std::rethrow_exception(f);
+}
+
+// Member r's input: distinct small integers, exact in bf16 and in any order of summation.
+at::Tensor input_of(int rank, at::ScalarType dtype) {
+  return (at::arange(24, at::kFloat).view({4, 6}) + 100 * rank).to(dtype);
+}
+
+bool same(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() && at::equal(a, b);
+}
+
+}  // namespace
+
+TEST_CASE("comm: one-tensor collectives under LibTorch 2.x, the 1.13 forms under 1.13 or when asked",
+          "[comm]") {
+  const bool legacy = GENERATE(false, true);
+  INFO((legacy ? "legacy forms" : "default forms"));
+  const bool expect_one_tensor = !legacy && TORCH_VERSION_MAJOR >= 2;
+  bool seen[2] = {!expect_one_tensor, !expect_one_tensor};
+  on_two_members(legacy, legacy ? "which-legacy" : "which", [&](Group& g) {
+    at::Tensor t = input_of(g.rank(), at::kFloat);
+    (void)g.reduce_scatter(t, 0);  // a Gloo that refuses the one-tensor form would turn it off here
+    seen[g.rank()] = g.one_tensor_collectives();
+  });
+  CHECK(seen[0] == expect_one_tensor);
+  CHECK(seen[1] == expect_one_tensor);
+}
+
+TEST_CASE("comm: all-gather and reduce-scatter along a dimension, both forms, fp32 and bf16", "[comm]") {
+  const bool legacy = GENERATE(false, true);
+  const at::ScalarType dtype = GENERATE(at::kFloat, at::kBFloat16);
+  INFO((legacy ? "legacy forms" : "default forms") << ", " << c10::toString(dtype));
+  const at::Tensor both[2] = {input_of(0, dtype), input_of(1, dtype)};
+  const at::Tensor sum = (both[0].to(at::kFloat) + both[1].to(at::kFloat)).to(dtype);
+  bool ok[2][4] = {};
+  on_two_members(legacy, "dims", [&](Group& g) {
+    const int r = g.rank();
+    at::Tensor mine = both[r].clone();
+    ok[r][0] = same(g.all_gather(mine, 0), at::cat({both[0], both[1]}, 0));
+    ok[r][1] = same(g.all_gather(mine, 1), at::cat({both[0], both[1]}, 1));
+    ok[r][2] = same(g.reduce_scatter(mine, 1), sum.chunk(2, 1)[r]);
+    ok[r][3] = same(mine, both[r]);  // reduce_scatter leaves its input alone
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("member " << r);
+    CHECK(ok[r][0]);
+    CHECK(ok[r][1]);
+    CHECK(ok[r][2]);
+    CHECK(ok[r][3]);
+  }
+}
+
+TEST_CASE("comm: the flat forms of ZeRO's buckets, in place and not, both forms, fp32 and bf16", "[comm]") {
+  const bool legacy = GENERATE(false, true);
+  const at::ScalarType dtype = GENERATE(at::kFloat, at::kBFloat16);
+  INFO((legacy ? "legacy forms" : "default forms") << ", " << c10::toString(dtype));
+  const at::Tensor both[2] = {input_of(0, dtype).view(-1), input_of(1, dtype).view(-1)};
+  const at::Tensor sum = (both[0].to(at::kFloat) + both[1].to(at::kFloat)).to(dtype);
+  bool ok[2][3] = {};
+  on_two_members(legacy, "flat", [&](Group& g) {
+    const int r = g.rank();
+    const int64_t n = both[r].numel() / 2;
+    // Reduce-scatter: the sum's slice r into shard.
+    at::Tensor flat = both[r].clone(), shard = at::empty({n}, flat.options());
+    g.reduce_scatter_async(flat, shard).wait();
+    ok[r][0] = same(shard, sum.narrow(0, r * n, n));
+    // All-gather with the shard in place as this member's slice of the output.
+    at::Tensor out = at::zeros({2 * n}, flat.options());
+    out.narrow(0, r * n, n).copy_(shard);
+    at::Tensor in_place = out.narrow(0, r * n, n);
+    g.all_gather_async(out, in_place).wait();
+    ok[r][1] = same(out, sum);
+    // And from a separate shard.
+    at::Tensor separate = at::zeros({2 * n}, flat.options());
+    g.all_gather_async(separate, both[r].narrow(0, 0, n)).wait();
+    ok[r][2] = same(separate, at::cat({both[0].narrow(0, 0, n), both[1].narrow(0, 0, n)}));
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("member " << r);
+    CHECK(ok[r][0]);
+    CHECK(ok[r][1]);
+    CHECK(ok[r][2]);
+  }
+}

@@ -33,7 +33,9 @@ done
 # targets (fuzz/sanitize.sh, fuzz/run.sh) clang with its ASan, UBSan and libFuzzer runtimes and
 # llvm-symbolizer for their stack traces.
 packages=(cmake g++ make pkg-config nlohmann-json3-dev libcli11-dev libboost-graph-dev)
-if ((all)); then packages+=(catch2 libtorch-dev libgloo-dev python3-torch clang libclang-rt-14-dev llvm-14); fi
+# ccache: the executor's second build (against PyTorch 2.x, BUILD_DIR=build-torch2) compiles the
+# cost model, the planner and their tests exactly as the first did, and takes them from the cache.
+if ((all)); then packages+=(catch2 libtorch-dev libgloo-dev python3-torch clang libclang-rt-14-dev llvm-14 ccache); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -99,8 +101,10 @@ if ((all)); then
   # executor and the tests now. cmake's own output goes to a log; its dplan lines are shown.
   mkdir -p "$build_dir"
   log=$build_dir/configure.log
+  # Paths relative to the clone in ccache's keys, so that one build directory hits another's objects.
+  export CCACHE_BASEDIR=$PWD
   if ! cmake "${fresh[@]}" -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DDPLAN_BUILD_TESTS=ON \
-       -DDPLAN_EXECUTOR=ON "${torch_args[@]}" -DDPLAN_TORCH_CHOICE:INTERNAL="$choice" >"$log" 2>&1; then
+       -DDPLAN_EXECUTOR=ON "${torch_args[@]}" -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DDPLAN_TORCH_CHOICE:INTERNAL="$choice" >"$log" 2>&1; then
     tail -n 20 "$log" >&2
     exit 1
   fi

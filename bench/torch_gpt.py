@@ -79,7 +79,12 @@ class Attention(nn.Module):
         q = self.q(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         k = self.k(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         v = self.v(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # exact softmax(q k^T / sqrt(d)) v
+        if hasattr(F, "scaled_dot_product_attention"):
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # exact softmax(q k^T / sqrt(d)) v
+        else:  # torch 1.13 (ddp only: a control on Debian's libtorch, the one dplan-worker links)
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+            future = torch.ones(s, s, dtype=torch.bool).triu(1)
+            y = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1) @ v
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -302,7 +307,10 @@ def clip_global_norm(params, max_norm, world):
     gradients: local squares summed over ranks; replicated ones and plain tensors: this rank's),
     then the executor's clipping: scale by max_norm / (norm + 1e-6) when the norm exceeds
     max_norm. Returns the norm before clipping."""
-    from torch.distributed.tensor import DTensor
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch 1.13 has no DTensor, so no gradient is one
+        DTensor = ()
 
     sharded = torch.zeros((), dtype=torch.float64)
     replicated = torch.zeros((), dtype=torch.float64)

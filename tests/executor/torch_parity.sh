@@ -11,10 +11,12 @@
 #   dplan dp 2, ZeRO-3    vs  torch FSDP2 (fully_shard, reshard_after_forward), world 2
 #   dplan tp 2            vs  torch tensor parallel (parallelize_module, Colwise/Rowwise), world 2
 #
-# both train those steps (fp32, CPU, Gloo) and every step's loss, and its gradient norm before
-# clipping, must agree within 1e-4 relative. Prints the table (step, dplan loss, torch loss,
-# relative difference, the gradient norms and theirs). Exit status 0 when every step of every pairing agrees, 1 otherwise; a missing
-# piece (a binary, torch < 2, a failed run) fails too: this test never passes by skipping.
+# and tp 2 once more on gpt-tiny with a vocabulary of 259 tokens (tests/data/executor/
+# gpt-tiny-odd-vocab), which the executor pads to a multiple of tp; both train those steps (fp32,
+# CPU, Gloo) and every step's loss, and its gradient norm before clipping, must agree within 1e-4
+# relative. Prints the table (step, dplan loss, torch loss, relative difference, the gradient
+# norms and theirs). Exit status 0 when every step of every pairing agrees, 1 otherwise; a
+# missing piece (a binary, torch < 2, a failed run) fails too: this test never passes by skipping.
 #
 # DPLAN_PARITY_PERTURB=NAME perturbs one weight in the PyTorch side's copy (torch_gpt.py
 # --perturb): the test must then fail, which shows it can.
@@ -47,10 +49,10 @@ version=$("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null) || 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/dplan-torch-parity-XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 
-estimate() {  # NAME TP DP [extra flags...]
-    local name=$1 tp=$2 dp=$3
-    shift 3
-    "$DPLAN" estimate --model gpt-tiny --cluster local-cpu --gpus $((tp * dp)) --tp "$tp" --pp 1 --dp "$dp" \
+estimate() {  # MODEL NAME TP DP [extra flags...]
+    local model=$1 name=$2 tp=$3 dp=$4
+    shift 4
+    "$DPLAN" estimate --model "$model" --cluster local-cpu --gpus $((tp * dp)) --tp "$tp" --pp 1 --dp "$dp" \
         --mbs 1 --global-batch $GLOBAL_BATCH --seq $SEQ --precision fp32 "$@" -o "$TMP/$name.json" >/dev/null ||
         fail "dplan estimate for $name failed"
 }
@@ -61,24 +63,34 @@ run() {  # NAME [extra flags...]
         2>"$TMP/$name.err" || { cat "$TMP/$name.err" >&2; fail "dplan run of $name failed"; }
 }
 
-# The reference inputs: one rank, the same seed and data stream as the two-rank runs.
-estimate one 1 1
-run one --save-reference "$TMP/reference.safetensors"
-[[ -s $TMP/reference.safetensors ]] || fail "dplan run --save-reference wrote no file"
-
 perturb=()
 [[ -n ${DPLAN_PARITY_PERTURB:-} ]] && perturb=(--perturb "$DPLAN_PARITY_PERTURB")
 status=0
-for pairing in "dp2 1 2 ddp" "zero3 1 2 fsdp2 --zero 3" "tp2 2 1 tp"; do
-    read -r name tp dp engine extra <<<"$pairing"
-    # shellcheck disable=SC2086  # extra is empty or "--zero 3"
-    estimate "$name" "$tp" "$dp" $extra
-    run "$name"
-    "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 2 "$TORCH_GPT" --engine "$engine" \
-        --reference "$TMP/reference.safetensors" "${perturb[@]}" >"$TMP/$name.torch.json" 2>"$TMP/$name.torch.err" ||
-        { tail -20 "$TMP/$name.torch.err" >&2; fail "torch_gpt.py --engine $engine failed"; }
-    "$PYTHON" - "$TMP/$name.run.json" "$TMP/$name.torch.json" "$name ($([[ -n $extra ]] && echo "$extra, ")tp $tp dp $dp)" \
-        "$engine" $TOLERANCE <<'EOF' || status=1
+# MODEL|pairing;pairing...: each pairing is "NAME TP DP ENGINE [dplan flags]". gpt-tiny-odd-vocab
+# (259 tokens) checks the executor's vocabulary padding: tp 2 pads it to 260 rows and masks the
+# padding out of the softmax, while PyTorch's tensor parallel leaves the embedding whole (259 rows).
+ODD_VOCAB=$ROOT/tests/data/executor/gpt-tiny-odd-vocab/config.json
+for suite in "gpt-tiny|dp2 1 2 ddp;zero3 1 2 fsdp2 --zero 3;tp2 2 1 tp" "$ODD_VOCAB|odd-tp2 2 1 tp"; do
+    model=${suite%%|*}
+    label=$model
+    [[ $model == */config.json ]] && label=$(basename "$(dirname "$model")")  # a config file's folder names it
+    IFS=';' read -r -a suite_pairings <<<"${suite#*|}"
+    # The reference inputs: one rank, the same seed and data stream as the two-rank runs.
+    ref=$TMP/$label.safetensors
+    estimate "$model" one 1 1
+    run one --save-reference "$ref"
+    [[ -s $ref ]] || fail "dplan run --save-reference wrote no file"
+    for pairing in "${suite_pairings[@]}"; do
+        read -r name tp dp engine extra <<<"$pairing"
+        # shellcheck disable=SC2086  # extra is empty or "--zero 3"
+        estimate "$model" "$name" "$tp" "$dp" $extra
+        run "$name"
+        "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 2 "$TORCH_GPT" --engine "$engine" \
+            --reference "$ref" "${perturb[@]}" >"$TMP/$name.torch.json" 2>"$TMP/$name.torch.err" ||
+            { tail -20 "$TMP/$name.torch.err" >&2; fail "torch_gpt.py --engine $engine failed"; }
+        "$PYTHON" - "$TMP/$name.run.json" "$TMP/$name.torch.json" \
+            "$label $name ($([[ -n $extra ]] && echo "$extra, ")tp $tp dp $dp)" \
+            "$engine" $TOLERANCE <<'EOF' || status=1
 import json, sys
 run_path, torch_path, what, engine, tol = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5])
 run = json.load(open(run_path))
@@ -103,6 +115,7 @@ verdict = "ok" if worst <= tol else "MISMATCH"
 print(f"largest relative difference (losses and gradient norms) {worst:.2e} (tolerance {tol:g}): {verdict}\n")
 sys.exit(0 if worst <= tol else 1)
 EOF
+    done
 done
 [[ $status -eq 0 ]] || fail "dplan and PyTorch disagree beyond $TOLERANCE relative (table above)"
 echo "torch_parity: all pairings agree within $TOLERANCE relative"

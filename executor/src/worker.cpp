@@ -94,6 +94,20 @@ void check_run_options(const RunOptions& args, const ExecPlan& plan, const Place
   if (!args.save_reference.empty() && place.world != 1)
     throw InputError("--save-reference needs a one-rank run (tp = pp = dp = 1); " + args.plan_path + " has " +
                      std::to_string(place.world) + " ranks");
+  // The rules of -o: never the plan, a link or a file dplan did not write (an earlier reference
+  // file is one it did) unless --force.
+  if (!args.save_reference.empty()) {
+    static const OutputKind reference_kind{"reference file", [](const std::string& text) {
+                                             std::map<std::string, std::string> metadata;
+                                             try {
+                                               parse_safetensors(text, &metadata);
+                                             } catch (const std::invalid_argument&) {
+                                               return false;
+                                             }
+                                             return metadata.count("dplan") == 1;
+                                           }};
+    check_output_path(args.save_reference, reference_kind, args.force);
+  }
   // Before training, not after it: the run's output must be writable (dplan run checked it too;
   // under torchrun or srun this is the only check).
   if (place.rank == 0 && !args.output.empty())

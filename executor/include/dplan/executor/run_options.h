@@ -39,7 +39,8 @@ void for_each_run_flag(Options& o, Visit&& visit) {
   visit("--data", o.data_path, "byte-level text file (default: a seeded synthetic stream)", !show_default);
   visit("--seed", o.seed, "seed for weights, data order and synthetic data", show_default);
   visit("-o,--output", o.output, "write the measurements to this run.json", !show_default);
-  visit("--force", o.force, "let -o replace an existing file dplan did not write (never the plan)", !show_default);
+  visit("--force", o.force, "let -o and --save-reference replace an existing file dplan did not write (never the plan)",
+        !show_default);
   visit("--timeout-s", o.timeout_s, "collective timeout; a dead rank is reported within it", show_default);
   visit("--device", o.device, "auto, cpu or cuda", show_default);
   visit("--precision", o.precision,

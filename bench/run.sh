@@ -2,18 +2,19 @@
 # Every benchmark, one after another, each printing its figures: the checks whose numbers depend on
 # how fast and how steady this machine is, kept out of the test suite (see bench/README.md).
 #   bench/run.sh            search speed, the probe, the closed loop's accuracy, the examples walk-through
-#   bench/run.sh --ddp      also dplan's executor against PyTorch DDP (four more runs of 30 steps)
+#   bench/run.sh --torch    also dplan's executor against PyTorch 2.x's DDP, FSDP2 and tensor parallel
+#                           (bench/torch_vs_dplan.sh: 3 rounds of 8 runs; DPLAN_TORCH_VENV or PYTHON names the torch)
 # Needs the full build (./setup.sh --all). Environment: BUILD_DIR (default build).
 # Exit status: 0 when every benchmark ran and met its bounds, 1 when one did not (the others still
 # run), 2 on bad usage.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
-ddp=0
+torch=0
 case "${1:-}" in
   "") ;;
-  --ddp) ddp=1 ;;
-  *) echo "bench/run.sh: unknown option '$1'; valid: --ddp" >&2; exit 2 ;;
+  --torch) torch=1 ;;
+  *) echo "bench/run.sh: unknown option '$1'; valid: --torch" >&2; exit 2 ;;
 esac
 build=${BUILD_DIR:-build}
 for program in "$build/dplan" "$build/dplan-worker" "$build/bench/search_bench" "$build/bench/machine_bench"; do
@@ -42,7 +43,7 @@ bench "search speed" "$build/bench/search_bench"
 bench "probe" "$build/bench/machine_bench" "[probe]"
 bench "accuracy" "$build/bench/machine_bench" "[accuracy]"
 bench "examples walk-through" env DPLAN="$build/dplan" examples/run_all.sh
-if ((ddp)); then bench "executor vs DDP" bench/ddp_vs_dplan.sh; fi
+if ((torch)); then bench "executor vs PyTorch" bench/torch_vs_dplan.sh; fi
 
 if ((${#failed[@]})); then
   echo "bench/run.sh: failed: ${failed[*]}"

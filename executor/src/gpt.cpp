@@ -20,7 +20,6 @@ using costmodel::NormKind;
 using costmodel::PositionKind;
 
 constexpr double kInitStd = 0.02;  // GPT-2 / Megatron --init-method-std
-constexpr double kNormEps = 1e-5;
 constexpr double kRopeBase = 10000.0;  // RoFormer (Su et al. 2021) base; the spec carries no rope_theta
 
 uint64_t name_seed(uint64_t seed, const std::string& name) {

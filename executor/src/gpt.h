@@ -24,6 +24,10 @@ namespace dplan::executor {
 class MemoryMeter;
 class PhaseClock;
 
+// LayerNorm's and RMSNorm's epsilon (GPT-2's layer_norm_epsilon); written into the reference file
+// (--save-reference) so that an outside implementation uses the same.
+inline constexpr double kNormEps = 1e-5;
+
 // What every piece of one rank's model runs in: its process groups and layout choices, and where
 // it reports time (the phase clock) and communication buffers (the memory meter).
 struct ParallelContext {

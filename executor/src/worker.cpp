@@ -33,6 +33,7 @@
 #include "place.h"
 #include "plan_file.h"
 #include "run_record.h"
+#include "safetensors.h"
 #include "trainer.h"
 
 namespace {
@@ -89,6 +90,24 @@ void check_run_options(const RunOptions& args, const ExecPlan& plan, const Place
                      ") but " + std::to_string(place.world) + " were started; start " +
                      std::to_string(plan.world_size()));
   if (const std::string problem = run_options_problem(args); !problem.empty()) throw InputError(problem);
+  // The reference holds whole tensors, which only a one-rank run has without gathering them.
+  if (!args.save_reference.empty() && place.world != 1)
+    throw InputError("--save-reference needs a one-rank run (tp = pp = dp = 1); " + args.plan_path + " has " +
+                     std::to_string(place.world) + " ranks");
+  // The rules of -o: never the plan, a link or a file dplan did not write (an earlier reference
+  // file is one it did) unless --force.
+  if (!args.save_reference.empty()) {
+    static const OutputKind reference_kind{"reference file", [](const std::string& text) {
+                                             std::map<std::string, std::string> metadata;
+                                             try {
+                                               parse_safetensors(text, &metadata);
+                                             } catch (const std::invalid_argument&) {
+                                               return false;
+                                             }
+                                             return metadata.count("dplan") == 1;
+                                           }};
+    check_output_path(args.save_reference, reference_kind, args.force);
+  }
   // Before training, not after it: the run's output must be writable (dplan run checked it too;
   // under torchrun or srun this is the only check).
   if (place.rank == 0 && !args.output.empty())
@@ -184,17 +203,20 @@ GptStage build_model(const ExecPlan& plan, ParallelContext& ctx, uint64_t seed, 
   return GptStage(plan.model, plan.stages[ctx.stage], plan.training.seq_len, ctx, seed);
 }
 
-// AdamW over what `grads` gives the optimizer: weight decay 0.1 on matrices, none on norms and
-// biases, betas (0.9, 0.95), eps 1e-8.
+// AdamW's hyper-parameters besides the learning rate (GPT-3's betas; Megatron's defaults).
+constexpr double kAdamBeta1 = 0.9, kAdamBeta2 = 0.95, kAdamEps = 1e-8, kWeightDecay = 0.1;
+
+// AdamW over what `grads` gives the optimizer: weight decay on matrices and embeddings, none on
+// norms and biases.
 torch::optim::AdamW build_optimizer(GradSync& grads, double lr) {
   std::vector<at::Tensor> decay, no_decay;
   for (auto& op : grads.optimizer_params()) (op.weight_decay ? decay : no_decay).push_back(op.tensor);
   auto adamw = [&](double wd) {
     return std::make_unique<torch::optim::AdamWOptions>(
-        torch::optim::AdamWOptions(lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(wd));
+        torch::optim::AdamWOptions(lr).betas({kAdamBeta1, kAdamBeta2}).eps(kAdamEps).weight_decay(wd));
   };
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  if (!decay.empty()) groups.emplace_back(decay, adamw(0.1));
+  if (!decay.empty()) groups.emplace_back(decay, adamw(kWeightDecay));
   if (!no_decay.empty()) groups.emplace_back(no_decay, adamw(0.0));
   return torch::optim::AdamW(groups, torch::optim::AdamWOptions(lr));
 }
@@ -207,6 +229,47 @@ StepOptions step_options(const ExecPlan& plan, double max_grad_norm) {
   so.loss_scale = 1.0 / (double(plan.training.global_batch) * plan.training.seq_len);
   so.max_grad_norm = max_grad_norm;
   return so;
+}
+
+// --save-reference: what an outside implementation needs to train the same steps from the same
+// start (bench/torch_gpt.py --reference): every parameter as it is before step 1 under its global
+// name (a one-rank run holds them whole), "tokens.step<k>" int64 [global_batch, seq + 1] for each
+// step k (row j is global sample j: inputs row[:-1], targets row[1:]; data-parallel rank r of dp
+// reads rows r, r + dp, ...), and in the metadata "dplan" a JSON object with the model, the batch
+// and the optimizer's settings. Draws the steps' data from a copy of the run's data source, so
+// training sees the same batches.
+void save_reference(const RunOptions& args, const ExecPlan& plan, GptStage& stage, const DataSource& data) {
+  NamedTensors tensors;
+  for (const Parameter& p : stage.parameters()) tensors.emplace_back(p.name, p.tensor.detach().to(at::kFloat));
+  DataSource ahead = data;
+  for (int s = 0; s < args.steps; ++s) {
+    std::vector<at::Tensor> rows;
+    for (const Batch& b : ahead.next_step(plan.parallel.micro_batch))
+      rows.push_back(at::cat({b.inputs, b.targets.narrow(1, b.targets.size(1) - 1, 1)}, 1));
+    tensors.emplace_back("tokens.step" + std::to_string(s), at::cat(rows, 0));
+  }
+  const costmodel::ModelSpec& m = plan.model;
+  const json info = {
+      {"format_version", 1},
+      {"model",
+       {{"num_layers", m.num_layers}, {"hidden_size", m.hidden_size}, {"num_heads", m.num_heads},
+        {"num_kv_heads", m.num_kv_heads}, {"head_dim", m.head_dim}, {"ffn_hidden_size", m.ffn_hidden_size},
+        {"vocab_size", m.vocab_size}, {"padded_vocab_size", stage.padded_vocab()}, {"max_seq_len", m.max_seq_len},
+        {"mlp", m.mlp == costmodel::MlpKind::gelu ? "gelu" : "swiglu"},
+        {"norm", m.norm == costmodel::NormKind::layernorm ? "layernorm" : "rmsnorm"},
+        {"position", m.position == costmodel::PositionKind::learned ? "learned" : "rotary"},
+        {"tied_embeddings", m.tied_embeddings}, {"qkv_bias", m.qkv_bias}, {"out_bias", m.out_bias},
+        {"mlp_bias", m.mlp_bias}, {"attention_dropout", m.attention_dropout}, {"hidden_dropout", m.hidden_dropout},
+        {"norm_eps", kNormEps}}},
+      {"training",
+       {{"steps", args.steps}, {"global_batch", plan.training.global_batch}, {"seq_len", plan.training.seq_len},
+        {"loss", "mean over the global batch's tokens"}}},
+      {"optimizer",
+       {{"name", "AdamW"}, {"lr", args.lr}, {"betas", {kAdamBeta1, kAdamBeta2}}, {"eps", kAdamEps},
+        {"weight_decay", kWeightDecay}, {"weight_decay_on", "matrices and embeddings (not norms, not biases)"},
+        {"max_grad_norm", args.max_grad_norm}, {"clip_eps", 1e-6}}}};
+  write_safetensors(args.save_reference, tensors, {{"format", "pt"}, {"dplan", info.dump()}});
+  if (!args.quiet) std::fprintf(stderr, "wrote the reference inputs of %d steps to %s\n", args.steps, args.save_reference.c_str());
 }
 
 struct TrainLog {
@@ -356,6 +419,7 @@ int train(const RunOptions& args, const Place& place) {
                    plan.parallel.distributed_optimizer, device.grad_dtype);
     torch::optim::AdamW optimizer = build_optimizer(grads, args.lr);
     Trainer trainer(stage, ctx, grads, optimizer, step_options(plan, args.max_grad_norm));
+    if (!args.save_reference.empty()) save_reference(args, plan, stage, data);
 
     const TrainLog log = train_steps(args, place, plan, trainer, data, clock, meter);
 

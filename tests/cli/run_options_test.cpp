@@ -43,6 +43,7 @@ TEST_CASE("the run flags the launcher passes on read back as what was given", "[
   given.lr = 3e-4;
   given.max_grad_norm = 0;
   given.quiet = true;
+  given.save_reference = "ref.safetensors";
   std::vector<std::string> argv = {given.plan_path};
   for (const std::string& a : dplan::executor::run_flags_argv(given)) argv.push_back(a);
   const RunOptions got = parse_as_worker(argv);
@@ -59,6 +60,7 @@ TEST_CASE("the run flags the launcher passes on read back as what was given", "[
   CHECK(got.lr == given.lr);
   CHECK(got.max_grad_norm == given.max_grad_norm);
   CHECK(got.quiet == given.quiet);
+  CHECK(got.save_reference == given.save_reference);
 }
 
 TEST_CASE("the defaults survive the trip too, an unset flag stays unset", "[cli][run-options]") {

@@ -20,6 +20,7 @@ namespace dplan::executor {
 struct RunOptions {
   std::string plan_path;  // the positional plan.json (each binary declares it: the worker's is optional)
   std::string data_path, output, device = "auto", precision = "auto";
+  std::string save_reference;  // a world-size-1 run writes its initial weights and step batches here
   int steps = 20, warmup = 2, log_every = 1;
   unsigned long long seed = 1234;
   double timeout_s = 60, lr = 1e-3, max_grad_norm = 1.0;
@@ -38,7 +39,8 @@ void for_each_run_flag(Options& o, Visit&& visit) {
   visit("--data", o.data_path, "byte-level text file (default: a seeded synthetic stream)", !show_default);
   visit("--seed", o.seed, "seed for weights, data order and synthetic data", show_default);
   visit("-o,--output", o.output, "write the measurements to this run.json", !show_default);
-  visit("--force", o.force, "let -o replace an existing file dplan did not write (never the plan)", !show_default);
+  visit("--force", o.force, "let -o and --save-reference replace an existing file dplan did not write (never the plan)",
+        !show_default);
   visit("--timeout-s", o.timeout_s, "collective timeout; a dead rank is reported within it", show_default);
   visit("--device", o.device, "auto, cpu or cuda", show_default);
   visit("--precision", o.precision,
@@ -47,6 +49,10 @@ void for_each_run_flag(Options& o, Visit&& visit) {
         show_default);
   visit("--lr", o.lr, "AdamW learning rate", show_default);
   visit("--max-grad-norm", o.max_grad_norm, "clip the global gradient norm to this; 0: no clipping", show_default);
+  visit("--save-reference", o.save_reference,
+        "one rank only: write the initial parameters (full, fp32, global names) and every step's token ids "
+        "to this safetensors file, the inputs of bench/torch_gpt.py --reference",
+        !show_default);
   visit("--log-every", o.log_every, "progress line every N steps", show_default);
   visit("--quiet", o.quiet, "no progress lines", !show_default);
 }

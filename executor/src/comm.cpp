@@ -7,6 +7,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/version.h>
+
+#include "memory_meter.h"
 #ifdef DPLAN_WITH_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -72,6 +74,7 @@ struct Group::Impl {
   c10::intrusive_ptr<c10d::Work> try_one_tensor(Start start) {
     if (!one_tensor) return {};
     try {
+      CommunicationScope buffers;  // what the backend allocates here is the collective's
       return start();
     } catch (const c10::Error&) {
       if (backend != Backend::gloo) throw;

@@ -131,8 +131,17 @@ MemoryMeter::~MemoryMeter() {
 // Tensors a communication backend allocates on its own threads (Gloo stages gathers through flat
 // copies there) are buffers too. Intra-op worker threads (inside a parallel region) work for the
 // training thread, so theirs are not.
+namespace {
+thread_local bool in_communication_scope = false;
+}
+
+CommunicationScope::CommunicationScope() : outer_(!in_communication_scope) { in_communication_scope = true; }
+CommunicationScope::~CommunicationScope() {
+  if (outer_) in_communication_scope = false;
+}
+
 bool MemoryMeter::on_backend_thread() const {
-  return std::this_thread::get_id() != training_thread_ && !at::in_parallel_region();
+  return in_communication_scope || (std::this_thread::get_id() != training_thread_ && !at::in_parallel_region());
 }
 
 int64_t MemoryMeter::current_bytes() const {

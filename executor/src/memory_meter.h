@@ -19,6 +19,20 @@ namespace detail {
 class CountingCpuAllocator;
 }
 
+// While one lives on a thread, what that thread allocates counts as communication buffers: the
+// temporaries a backend makes on the caller's thread as a collective starts (LibTorch 2.x's Gloo
+// reduce-scatter copies its input there, before its own thread takes over). Nests.
+class CommunicationScope {
+ public:
+  CommunicationScope();
+  ~CommunicationScope();
+  CommunicationScope(const CommunicationScope&) = delete;
+  CommunicationScope& operator=(const CommunicationScope&) = delete;
+
+ private:
+  bool outer_;
+};
+
 class MemoryMeter {
  public:
   // cuda_device < 0: CPU (installs the counting allocator on the first meter and attaches this
@@ -42,7 +56,8 @@ class MemoryMeter {
 
  private:
   friend class detail::CountingCpuAllocator;
-  // Whether the calling thread is a communication backend's (its allocations are buffers).
+  // Whether the calling thread is a communication backend's, or inside a CommunicationScope (its
+  // allocations are buffers).
   bool on_backend_thread() const;
 
   int cuda_device_;

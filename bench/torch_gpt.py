@@ -140,7 +140,8 @@ def check_supported(cfg, where):
         if cfg.get(key) != value:
             raise InputProblem(f"{where}: {key} is {cfg.get(key)!r}; this reference implements only {value!r} (GPT-2)")
     if cfg["num_kv_heads"] != cfg["num_heads"]:
-        raise InputProblem(f"{where}: grouped-query attention ({cfg['num_kv_heads']} kv heads) is not implemented here")
+        raise InputProblem(f"{where}: {cfg['num_kv_heads']} kv heads for {cfg['num_heads']} heads; this reference "
+                           "implements only multi-head attention (GPT-2)")
     if cfg.get("attention_dropout", 0) or cfg.get("hidden_dropout", 0):
         raise InputProblem(f"{where}: dropout is not 0; runs with dropout cannot be compared step by step")
 

@@ -147,24 +147,15 @@ Work Group::all_reduce_async(at::Tensor& tensor) {
 
 at::Tensor Group::all_gather(const at::Tensor& tensor, int64_t dim) {
   if (size() == 1) return tensor;
-  if (impl_->lacks(tensor)) return all_gather(tensor.contiguous().view(at::kHalf), dim).view(at::kBFloat16);
+  // Member i's tensor at [i] of a [size, ...] buffer (either form of all_gather_async fills it, bf16
+  // included), then laid side by side along dim.
   at::Tensor input = tensor.contiguous();
-  if (impl_->one_tensor) {
-    // Member i's tensor at [i] of a [size, ...] buffer, then laid side by side along dim.
-    std::vector<int64_t> shape = input.sizes().vec();
-    shape.insert(shape.begin(), size());
-    at::Tensor stacked = at::empty(shape, input.options());
-    at::Tensor flat = stacked.view(-1);
-    if (auto work = impl_->try_one_tensor([&] { return impl_->pg->_allgather_base(flat, input); })) {
-      work->wait();
-      return dim == 0 ? stacked.flatten(0, 1) : at::cat(stacked.unbind(0), dim);
-    }
-  }
-  std::vector<at::Tensor> in{input};
-  std::vector<std::vector<at::Tensor>> out(1);
-  for (int i = 0; i < size(); ++i) out[0].push_back(at::empty_like(input));
-  impl_->pg->allgather(out, in)->wait();
-  return at::cat(out[0], dim);
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape.insert(shape.begin(), size());
+  at::Tensor stacked = at::empty(shape, input.options());
+  at::Tensor flat = stacked.view(-1);
+  all_gather_async(flat, input.view(-1)).wait();
+  return dim == 0 ? stacked.flatten(0, 1) : at::cat(stacked.unbind(0), dim);
 }
 
 at::Tensor Group::reduce_scatter(const at::Tensor& tensor, int64_t dim) {

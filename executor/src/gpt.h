@@ -35,6 +35,14 @@ struct ParallelContext {
   PhaseClock& clock;
   MemoryMeter& meter;
   Group world, tp, pp, dp;
+  // Context parallel: the ranks that share this rank's tp, dp and pp coordinates and split each
+  // sequence between them (2 cp chunks each, causally balanced). Gradients of parameters that every
+  // cp rank holds (all dense ones) are summed over dp x cp: dp_cp (the same ranks as dp when cp is 1).
+  Group cp, dp_cp;
+  // MoE parallel folding (Megatron-Core): within a stage's tp x cp x dp ranks, expert tensor
+  // parallel etp fastest, then expert parallel ep, then expert data parallel edp, over which the
+  // experts' gradients are summed (costmodel/plan_file.h rank_coordinates).
+  Group etp, ep, edp;
   Group embedding;                // first and last stage (same tp, dp): tied embedding gradients
   bool has_embedding_group = false;
   int stage = 0, num_stages = 1;

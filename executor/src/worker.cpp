@@ -188,6 +188,32 @@ ParallelContext build_parallel_context(const ExecPlan& plan, const Place& place,
                          along(p.dp, [&](int i) { return plan.rank_at(me.tp, me.cp, i, me.pp); }), place.rank, go);
   ctx.pp = Group::create(store, "pp" + coords({me.tp, me.cp, me.dp}),
                          along(p.pp, [&](int i) { return plan.rank_at(me.tp, me.cp, me.dp, i); }), place.rank, go);
+  ctx.cp = Group::create(store, "cp" + coords({me.tp, me.dp, me.pp}),
+                         along(p.cp, [&](int i) { return plan.rank_at(me.tp, i, me.dp, me.pp); }), place.rank, go);
+  ctx.dp_cp = p.cp == 1 ? ctx.dp
+                        : Group::create(store, "dpcp" + coords({me.tp, me.pp}),
+                                        along(p.dp * p.cp, [&](int i) { return plan.rank_at(me.tp, i % p.cp, i / p.cp, me.pp); }),
+                                        place.rank, go);
+  // The expert groups: this stage's ranks that share every expert coordinate but one, in the order
+  // of that one (rank_coordinates gives each rank its etp, ep and edp). `shared`: the name's
+  // coordinates, the same for every member.
+  using Coordinate = int costmodel::RankCoordinates::*;
+  auto expert_group = [&](const std::string& axis, int size, Coordinate varying, std::string shared) {
+    std::vector<int> members(size, -1);
+    for (const costmodel::RankCoordinates& r : plan.ranks) {
+      bool same = r.pp == me.pp;
+      for (Coordinate c : {&costmodel::RankCoordinates::etp, &costmodel::RankCoordinates::ep,
+                           &costmodel::RankCoordinates::edp})
+        same = same && (c == varying || r.*c == me.*c);
+      if (same) members.at(r.*varying) = r.rank;
+    }
+    return Group::create(store, axis + shared, members, place.rank, go);
+  };
+  if (plan.model.is_moe()) {
+    ctx.etp = expert_group("etp", p.expert_tp(), &costmodel::RankCoordinates::etp, coords({me.pp, me.ep, me.edp}));
+    ctx.ep = expert_group("ep", p.ep, &costmodel::RankCoordinates::ep, coords({me.pp, me.etp, me.edp}));
+    ctx.edp = expert_group("edp", p.expert_dp(), &costmodel::RankCoordinates::edp, coords({me.pp, me.etp, me.ep}));
+  }
   if (plan.model.tied_embeddings && p.pp > 1 && (me.pp == 0 || me.pp == p.pp - 1)) {
     ctx.embedding = Group::create(store, "embedding" + coords({me.tp, me.cp, me.dp}),
                                   {plan.rank_at(me.tp, me.cp, me.dp, 0), plan.rank_at(me.tp, me.cp, me.dp, p.pp - 1)},

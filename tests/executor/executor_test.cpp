@@ -29,6 +29,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "harness.h"
 #include "process.h"
 
 namespace {
@@ -40,99 +41,7 @@ using dplan::testing::Result;
 using dplan::testing::run_program;
 using dplan::testing::TempDir;
 using nlohmann::json;
-
-constexpr int kSteps = 10;
-constexpr double kParityTolerance = 1e-4;  // relative, per step (the issue's bound)
-const std::string kLlamaTiny = std::string(DPLAN_VALIDATION_DIR) + "/executor/llama-tiny/config.json";
-
-struct Layout {
-  int tp = 1, pp = 1, dp = 1;
-  std::string schedule = "1f1b";
-  bool sp = false;
-  int mbs = 1;
-  std::string recompute = "none";
-  std::string describe() const {
-    return "tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " dp " + std::to_string(dp) + " " + schedule +
-           (sp ? " sp" : "") + " mbs " + std::to_string(mbs) + " recompute " + recompute;
-  }
-};
-
-std::string write_plan(const TempDir& dir, const std::string& model, const Layout& l, int global_batch,
-                       const std::vector<std::string>& extra = {}) {
-  std::string name = "plan-" + std::to_string(l.tp) + std::to_string(l.pp) + std::to_string(l.dp) + l.schedule +
-                     (l.sp ? "-sp" : "") + "-" + l.recompute;
-  for (const std::string& e : extra) name += e;  // e.g. "--zero3"
-  std::string path = (dir.path() / (name + ".json")).string();
-  std::vector<std::string> args = {"estimate", "--model", model, "--cluster", "local-cpu", "--gpus",
-                                   std::to_string(l.tp * l.pp * l.dp), "--tp", std::to_string(l.tp), "--pp",
-                                   std::to_string(l.pp), "--dp", std::to_string(l.dp), "--mbs", std::to_string(l.mbs),
-                                   "--global-batch", std::to_string(global_batch), "--schedule", l.schedule,
-                                   "--recompute", l.recompute, "-o", path};
-  if (std::find(extra.begin(), extra.end(), "--precision") == extra.end()) args.insert(args.end(), {"--precision", "fp32"});
-  if (l.sp) args.push_back("--sp");
-  args.insert(args.end(), extra.begin(), extra.end());
-  Result r = run_program(DPLAN_BINARY, args);
-  INFO(r.err);
-  REQUIRE(r.status == 0);
-  return path;
-}
-
-json run_plan(const std::string& plan, const std::vector<std::string>& extra = {}, int steps = kSteps) {
-  std::string out = (fs::path(plan).replace_extension(".run.json")).string();
-  std::vector<std::string> args = {"run", plan, "--steps", std::to_string(steps), "--quiet", "-o", out};
-  args.insert(args.end(), extra.begin(), extra.end());
-  Result r = run_program(DPLAN_BINARY, args);
-  INFO("dplan run " << plan << "\nstderr: " << r.err);
-  REQUIRE(r.status == 0);
-  return json::parse(read_file(out));
-}
-
-std::vector<double> losses(const json& run) {
-  std::vector<double> out;
-  for (const auto& s : run.at("steps")) out.push_back(s.at("loss").get<double>());
-  return out;
-}
-
-void require_parity(const json& run, const std::vector<double>& reference, const std::string& what) {
-  INFO(what);
-  std::vector<double> got = losses(run);
-  REQUIRE(got.size() == reference.size());
-  REQUIRE(got.size() >= 10);
-  for (size_t i = 0; i < got.size(); ++i) {
-    INFO("step " << i << ": " << got[i] << " vs single process " << reference[i]);
-    CHECK(std::abs(got[i] - reference[i]) <= kParityTolerance * std::abs(reference[i]));
-  }
-  CHECK(run.at("replicas").at("identical").get<bool>());
-}
-
-// The single-process reference of a model, computed once per test binary run.
-const std::vector<double>& reference(const std::string& model, int global_batch) {
-  static std::map<std::string, std::vector<double>> cache;
-  std::string key = model + "/" + std::to_string(global_batch);
-  if (!cache.count(key)) {
-    static TempDir dir;
-    Layout single;
-    single.mbs = 2;  // micro-batching only reorders sums: the parity runs use mbs 1
-    cache[key] = losses(run_plan(write_plan(dir, model, single, global_batch)));
-  }
-  return cache[key];
-}
-
-void check_layouts(const std::string& model, const std::vector<Layout>& layouts) {
-  const std::vector<double>& ref = reference(model, 8);
-  // The loss must move, or parity would prove little.
-  CHECK(ref.back() < ref.front());
-  TempDir dir;
-  for (const Layout& l : layouts) require_parity(run_plan(write_plan(dir, model, l, 8)), ref, l.describe());
-}
-
-std::vector<Layout> issue_layouts(const std::string& schedule) {
-  std::vector<Layout> out;
-  for (auto [tp, pp, dp] : std::vector<std::tuple<int, int, int>>{
-           {2, 1, 1}, {1, 2, 1}, {1, 1, 2}, {2, 2, 1}, {2, 1, 2}, {1, 2, 2}, {2, 2, 2}})
-    out.push_back({tp, pp, dp, schedule});
-  return out;
-}
+using namespace dplan::testing::executor;
 
 }  // namespace
 
@@ -235,24 +144,8 @@ TEST_CASE("memory: measured weights, gradients and optimizer states match the pr
   for (const Case& c : cases) {
     std::string plan = write_plan(dir, c.model, c.layout, 8, c.flags);
     run_plan(plan, {}, 3);
-    Result r = run_program(DPLAN_BINARY, {"compare", plan, fs::path(plan).replace_extension(".run.json").string(), "--json"});
-    INFO(c.model << " " << c.layout.describe() << " " << c.flags.front() << " " << c.flags.back() << "\n" << r.err);
-    REQUIRE(r.status == 0);
-    json cmp = json::parse(r.out);
-    REQUIRE(cmp["memory"].size() == static_cast<size_t>(c.layout.pp));
-    for (const auto& stage : cmp["memory"]) {
-      INFO("stage " << stage["stage"]);
-      double predicted = 0, measured = 0;
-      for (const char* part : {"weights", "gradients", "optimizer"}) {
-        predicted += stage[part]["predicted"].get<double>();
-        measured += stage[part]["measured"].get<double>();
-      }
-      CHECK(std::abs(measured - predicted) <= 0.01 * predicted);
-      const double act_predicted = stage["activations"]["predicted"].get<double>();
-      const double act_measured = stage["activations"]["measured"].get<double>();
-      INFO("activations predicted " << act_predicted << " measured " << act_measured);
-      CHECK(std::abs(act_measured - act_predicted) <= 0.15 * act_predicted);
-    }
+    INFO(c.model << " " << c.layout.describe() << " " << c.flags.front() << " " << c.flags.back());
+    check_memory(plan, c.layout.pp);
   }
 }
 

@@ -261,7 +261,9 @@ LayoutRule check_schedule(const ModelSpec& model, const TrainingSpec& t, const P
     if (LayoutRule rule = stage_slots(model.num_layers, p).rule;
         rule == LayoutRule::vpp_divides_stage_layers || rule == LayoutRule::chunks_hold_a_layer)
       return rule;
-    if (num_microbatches(t, p) < p.pp) return LayoutRule::interleaved_needs_microbatches;
+    // Megatron-Core runs the micro-batches in groups of pp (microbatch_group_size_per_vp_stage) and
+    // refuses a last group smaller than pp, which stalls the pipeline (schedules.py): m a multiple of pp.
+    if (num_microbatches(t, p) % p.pp != 0) return LayoutRule::interleaved_needs_microbatches;
   } else if (p.vpp != 1) {
     return LayoutRule::vpp_needs_interleaved;
   }
@@ -440,7 +442,8 @@ std::string rule_message(LayoutRule rule, const ModelSpec& model, const Training
              std::to_string(p.pp) + " x vpp " + std::to_string(p.schedule == Schedule::interleaved ? p.vpp : 1) +
              " leaves one empty";
     case LayoutRule::interleaved_needs_microbatches:
-      return "the interleaved schedule needs at least pp = " + std::to_string(p.pp) + " micro-batches, got " +
+      return "the interleaved schedule needs a multiple of pp = " + std::to_string(p.pp) +
+             " micro-batches per pipeline (global batch / (micro-batch x dp)), got " +
              std::to_string(num_microbatches(t, p));
     case LayoutRule::vpp_needs_interleaved:
       return "--vpp " + std::to_string(p.vpp) + " needs --schedule interleaved";

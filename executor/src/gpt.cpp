@@ -83,14 +83,25 @@ GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, in
     return add("wte", shard(full, 0, tp, r), true, false, model.tied_embeddings && ctx.num_stages > 1);
   };
 
+  if (stage.chunks.empty()) throw std::logic_error("a pipeline stage without model chunks");
   if (stage.embedding) {
     wte_ = word_embedding();
     if (model.position == PositionKind::learned)
       wpe_ = add("wpe", draw(seed, "wpe", {model.max_seq_len, H}, kInitStd), true, true);
     ++num_units_;
+    chunk_of_unit_.push_back(0);
   }
   const bool ln = model.norm == NormKind::layernorm;
-  for (int i = stage.first_layer; i < stage.first_layer + stage.num_layers; ++i) {
+  std::vector<int> layers;  // this rank's layers, chunk by chunk
+  for (size_t c = 0; c < stage.chunks.size(); ++c) {
+    chunk_first_block_.push_back(static_cast<int>(layers.size()));
+    for (int i = 0; i < stage.chunks[c].num_layers; ++i) {
+      layers.push_back(stage.chunks[c].first_layer + i);
+      chunk_of_unit_.push_back(static_cast<int>(c));
+    }
+  }
+  chunk_first_block_.push_back(static_cast<int>(layers.size()));
+  for (int i : layers) {
     const std::string p = "layers." + std::to_string(i) + ".";
     Block b;
     b.norm1_w = replicated(p + "norm1.weight", H, 1.0);
@@ -124,6 +135,7 @@ GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, in
       head_w_ = add("lm_head.weight", shard(full, 0, tp, r), true, false);
     }
     head_unit_ = num_units_++;
+    chunk_of_unit_.push_back(static_cast<int>(stage.chunks.size()) - 1);
   }
   if (model.position == PositionKind::rotary) {
     at::Tensor inv = 1.0 / at::pow(kRopeBase, at::arange(0, d, 2, at::kDouble) / double(d));
@@ -268,24 +280,26 @@ at::Tensor GptStage::layer(const Block& blk, const at::Tensor& x_in) const {
   return x + mlp(blk, norm(x, blk.norm2_w, blk.norm2_b));
 }
 
-at::Tensor GptStage::forward(const at::Tensor& input, const at::Tensor& targets, double loss_scale) {
+at::Tensor GptStage::forward(int chunk, const at::Tensor& input, const at::Tensor& targets, double loss_scale) {
   // Each segment runs between its units' hooks (ZeRO-3's gather and release).
   auto segment = [this](std::vector<int> units, auto&& run) {
     if (hooks_) hooks_->before_forward(units);
     at::Tensor out = run();
     return hooks_ ? hooks_->after_forward(units, out) : out;
   };
-  int unit = 0;
+  // Units are numbered in this rank's forward order: the embedding, the layers chunk by chunk, the head.
+  int unit = (stage_.embedding ? 1 : 0) + chunk_first_block_.at(chunk);
   at::Tensor x = input;
-  if (stage_.embedding) x = segment({unit++}, [&] { return embed(input); });
-  for (const Block& blk : blocks_) {
+  if (has_embedding(chunk)) x = segment({0}, [&] { return embed(input); });
+  for (int i = chunk_first_block_[chunk]; i < chunk_first_block_[chunk + 1]; ++i) {
+    const Block& blk = blocks_[i];
     x = segment({unit++}, [&] {
       if (ctx_.recompute == costmodel::Recompute::full)
         return recompute([this, &blk](const std::vector<at::Tensor>& in) { return layer(blk, in[0]); }, {x});
       return layer(blk, x);
     });
   }
-  if (!stage_.lm_head) return x;
+  if (!has_head(chunk)) return x;
   std::vector<int> head{head_unit_};
   if (model_.tied_embeddings && stage_.embedding) head.push_back(0);  // the head is the embedding's matrix
   return segment(head, [&] { return head_loss(x, targets, loss_scale); });

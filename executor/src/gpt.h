@@ -55,8 +55,15 @@ struct ParallelContext {
   at::ScalarType dtype = at::kFloat;  // parameters and activations (bf16: mixed precision)
 };
 
+// What one pipeline rank holds: its model chunks, each a run of consecutive layers, in the order
+// this rank runs them forward (one chunk, or vpp of them under the interleaved schedule, chunk j
+// holding virtual stage j * pp + rank: costmodel::assign_chunks); the embedding comes first in
+// chunk 0, the final norm, head and loss last in the last chunk.
 struct StageSpec {
-  int first_layer = 0, num_layers = 0;
+  struct Chunk {
+    int first_layer = 0, num_layers = 0;
+  };
+  std::vector<Chunk> chunks;
   bool embedding = false, lm_head = false;
 };
 
@@ -86,10 +93,16 @@ class GptStage {
   GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, int seq_len, ParallelContext& ctx,
            uint64_t seed);
 
-  // Stage 0 takes token ids [b, s] (int64); the others the previous stage's output. Returns this
-  // stage's output [b, s / (tp if SP), h], or on the last stage the summed per-token loss times
-  // `loss_scale` (a scalar).
-  at::Tensor forward(const at::Tensor& input, const at::Tensor& targets, double loss_scale);
+  // Runs model chunk `chunk` of this rank. The embedding's chunk takes token ids [b, s] (int64),
+  // the others the previous virtual stage's output. Returns the chunk's output
+  // [b, s / (tp if SP), h], or from the head's chunk the summed per-token loss times `loss_scale`
+  // (a scalar).
+  at::Tensor forward(int chunk, const at::Tensor& input, const at::Tensor& targets, double loss_scale);
+  int num_chunks() const { return static_cast<int>(stage_.chunks.size()); }
+  bool has_embedding(int chunk) const { return stage_.embedding && chunk == 0; }
+  bool has_head(int chunk) const { return stage_.lm_head && chunk == num_chunks() - 1; }
+  // The chunk each unit belongs to (the embedding's is chunk 0, the head's the last).
+  int chunk_of_unit(int unit) const { return chunk_of_unit_.at(unit); }
 
   // Shape and dtype of what this stage receives from (sends to) the neighbouring stage.
   std::vector<int64_t> activation_shape(int64_t micro_batch) const;
@@ -128,6 +141,8 @@ class GptStage {
   int64_t padded_vocab_;
   std::vector<Parameter> params_;
   std::vector<int> unit_of_param_;
+  std::vector<int> chunk_of_unit_;
+  std::vector<int> chunk_first_block_;  // index into blocks_ of each chunk's first layer, and one past the last
   int num_units_ = 0;
   int head_unit_ = -1;
   UnitHooks* hooks_ = nullptr;

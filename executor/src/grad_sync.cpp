@@ -49,14 +49,16 @@ GradSync::GradSync(GptStage& stage, ParallelContext& ctx, int64_t bucket_bytes, 
       shard_optimizer_(shard_optimizer || zero_stage >= 1),
       grad_dtype_(grad_dtype) {
   // Assign parameters to buckets, last parameter first: a new bucket once the current one holds
-  // bucket_bytes (ZeRO-3: at each unit's boundary), and the tied word embedding in one of its own.
+  // bucket_bytes (ZeRO-3: at each unit's boundary), at each model chunk's boundary (Megatron keeps a
+  // grad buffer per chunk), and the tied word embedding in one of its own.
   const std::vector<int>& unit_of = stage.unit_of_parameter();
   auto alone = [&](int i) { return params_[i].tied_embedding && ctx.has_embedding_group; };
+  auto chunk_of = [&](int i) { return stage.chunk_of_unit(unit_of[i]); };
   std::vector<std::vector<int>> members;
   int64_t filled = 0;
   for (int i = static_cast<int>(params_.size()) - 1; i >= 0; --i) {
     const int64_t bytes = params_[i].tensor.nbytes();
-    bool fresh = members.empty() || alone(i) || alone(members.back().back());
+    bool fresh = members.empty() || alone(i) || alone(members.back().back()) || chunk_of(i) != chunk_of(members.back().back());
     if (!fresh) fresh = zero_stage >= 3 ? unit_of[i] != unit_of[members.back().back()] : filled + bytes > bucket_bytes;
     if (fresh) {
       members.emplace_back();
@@ -66,11 +68,13 @@ GradSync::GradSync(GptStage& stage, ParallelContext& ctx, int64_t bucket_bytes, 
     filled += bytes;
   }
 
+  armed_.assign(stage.num_chunks(), false);
   const int dp = ctx.dp.size(), r = ctx.dp.rank();
   if (zero_stage >= 3) units_.resize(stage.num_units());
   for (size_t b = 0; b < members.size(); ++b) {
     Bucket bucket;
     bucket.members = members[b];
+    bucket.chunk = chunk_of(bucket.members[0]);
     for (int i : bucket.members) bucket.numel += params_[i].tensor.numel();
     bucket.numel = (bucket.numel + dp - 1) / dp * dp;  // equal slices for the dp ranks
     const int64_t slice = bucket.numel / dp;
@@ -146,10 +150,11 @@ int64_t GradSync::gradient_bytes() const {
   return n;
 }
 
-void GradSync::arm_last_microbatch() {
-  armed_ = true;
+void GradSync::arm_last_microbatch(int chunk) {
+  armed_.at(chunk) = true;
   if (zero_stage_ < 2)
-    for (auto& b : buckets_) b.ready = 0;
+    for (auto& b : buckets_)
+      if (b.chunk == chunk) b.ready = 0;
 }
 
 void GradSync::mark_ready(int bucket, int param) {
@@ -159,7 +164,7 @@ void GradSync::mark_ready(int bucket, int param) {
     if (++b.ready == static_cast<int>(b.members.size())) launch_sharded_reduction(bucket);
     return;
   }
-  if (!armed_) return;  // an accumulation micro-batch: no communication
+  if (!armed_[b.chunk]) return;  // an accumulation micro-batch: no communication
   if (++b.ready == static_cast<int>(b.members.size())) b.work = ctx_.dp.all_reduce_async(b.grads);
 }
 
@@ -233,7 +238,7 @@ void for_each_piece(const std::vector<Parameter>& params, const std::vector<int>
 }
 
 void GradSync::finish() {
-  armed_ = false;
+  armed_.assign(armed_.size(), false);
   {
     PhaseScope scope(ctx_.clock, Phase::dp_comm);
     if (zero_stage_ >= 2) {
@@ -385,8 +390,11 @@ void GradSync::gather_all_units() {
 
 void GradSync::before_forward(const std::vector<int>& units) {
   for (int u : units) gather(u, true);
-  const int next = units[0] + 1;  // prefetch: the next unit's all-gather overlaps this one's compute
-  if (next < static_cast<int>(units_.size()) && std::find(units.begin(), units.end(), next) == units.end())
+  // Prefetch: the next unit's all-gather overlaps this one's compute (within the model chunk: the
+  // next chunk's turn may be several micro-batches away under the interleaved schedule).
+  const int next = units[0] + 1;
+  if (next < static_cast<int>(units_.size()) && std::find(units.begin(), units.end(), next) == units.end() &&
+      stage_.chunk_of_unit(next) == stage_.chunk_of_unit(units[0]))
     gather(next, false);
 }
 
@@ -405,8 +413,10 @@ void GradSync::before_backward(const std::vector<int>& units) {
     gather(u, true);
     for (int b : units_[u].buckets) provide_gradient_buffer(b);
   }
-  const int previous = units[0] - 1;  // prefetch: backward visits the units in reverse
-  if (previous >= 0 && std::find(units.begin(), units.end(), previous) == units.end()) gather(previous, false);
+  const int previous = units[0] - 1;  // prefetch: backward visits a chunk's units in reverse
+  if (previous >= 0 && std::find(units.begin(), units.end(), previous) == units.end() &&
+      stage_.chunk_of_unit(previous) == stage_.chunk_of_unit(units[0]))
+    gather(previous, false);
 }
 
 }  // namespace dplan::executor

@@ -46,8 +46,9 @@ class GradSync : public UnitHooks {
            at::ScalarType grad_dtype);
   ~GradSync() override;
 
-  // Before the backward of the step's last micro-batch: arm the buckets.
-  void arm_last_microbatch();
+  // Before the backward of the step's last micro-batch through model chunk `chunk`: arm that
+  // chunk's buckets (a bucket never spans two chunks, whose last backwards come at different times).
+  void arm_last_microbatch(int chunk);
   // After the last backward: wait for the buckets and do the tp / embedding sums.
   void finish();
   void zero();
@@ -91,6 +92,7 @@ class GradSync : public UnitHooks {
   struct Bucket {
     std::vector<int> members;
     int unit = -1;
+    int chunk = 0;          // the model chunk its members belong to
     int64_t numel = 0;      // padded to a multiple of dp
     at::Tensor params;      // the parameters' storage (flat, full); ZeRO-3: present only while gathered
     at::Tensor grads;       // flat, full: the .grads' storage for stages 0, 1; a scratch buffer for 2, 3
@@ -130,7 +132,7 @@ class GradSync : public UnitHooks {
   // grad_accumulator() returns.
   using NodePtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
   std::vector<NodePtr> accumulators_;
-  bool armed_ = false;
+  std::vector<bool> armed_;  // per model chunk: its last micro-batch's backward is running
 };
 
 }  // namespace dplan::executor

@@ -26,16 +26,27 @@ ExecPlan read_plan(const std::string& path) {
   // run differently.
   if (auto why = executor_refusal(plan.model, plan.training, plan.parallel)) throw InputError(path + ": " + *why);
   plan.ranks = file.ranks;
-  int next_layer = 0;
+  // Every layer once, in the plan's chunk order: virtual stage j * pp + i is chunk j of stage i.
+  std::vector<int> owner(plan.model.num_layers, -1);
   for (const PlanStage& s : file.stages) {
-    if (s.chunks.size() != 1) throw InputError(path + ": " + executor_does_not_run("more than one model chunk per stage"));
-    StageSpec spec{s.chunks[0].first_layer, s.chunks[0].num_layers, s.embedding, s.lm_head};
-    if (spec.first_layer != next_layer)
-      throw InputError(path + ": /stages: stage " + std::to_string(plan.stages.size()) + " starts at layer " +
-                       std::to_string(spec.first_layer) + ", expected " + std::to_string(next_layer));
-    next_layer += spec.num_layers;
+    StageSpec spec;
+    spec.embedding = s.embedding;
+    spec.lm_head = s.lm_head;
+    for (const PlanChunk& c : s.chunks) {
+      spec.chunks.push_back({c.first_layer, c.num_layers});
+      for (int l = c.first_layer; l < c.first_layer + c.num_layers; ++l) {
+        if (l < 0 || l >= plan.model.num_layers || owner[l] >= 0)
+          throw InputError(path + ": /stages: stage " + std::to_string(plan.stages.size()) + " holds layer " +
+                           std::to_string(l) + ", which is outside the model or held twice");
+        owner[l] = static_cast<int>(plan.stages.size());
+      }
+    }
+    if (spec.chunks.empty())
+      throw InputError(path + ": /stages: stage " + std::to_string(plan.stages.size()) + " has no model chunk");
     plan.stages.push_back(spec);
   }
+  for (int l = 0; l < plan.model.num_layers; ++l)
+    if (owner[l] < 0) throw InputError(path + ": /stages: no stage holds layer " + std::to_string(l));
   return plan;
 }
 

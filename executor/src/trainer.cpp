@@ -1,6 +1,7 @@
 #include "trainer.h"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include <torch/csrc/autograd/engine.h>
 
@@ -8,8 +9,48 @@
 #include "phase_clock.h"
 
 namespace dplan::executor {
-namespace {
-constexpr int kForwardTag = 0, kBackwardTag = 1;
+std::vector<PipelineOp> pipeline_schedule(PipelineSchedule schedule, int m, int chunks, int pp, int stage) {
+  std::vector<PipelineOp> ops;
+  if (schedule == PipelineSchedule::gpipe) {
+    for (int j = 0; j < m; ++j) ops.push_back({true, 0, j});
+    for (int j = 0; j < m; ++j) ops.push_back({false, 0, j});
+    return ops;
+  }
+  if (schedule == PipelineSchedule::one_f_one_b) {
+    // Stage i runs pp - i - 1 warm-up forwards, then alternates one forward and one backward,
+    // then drains the remaining backwards; at most pp - i micro-batches are in flight.
+    const int warmup = std::min(pp - stage - 1, m);
+    for (int j = 0; j < warmup; ++j) ops.push_back({true, 0, j});
+    for (int j = 0; j < m - warmup; ++j) {
+      ops.push_back({true, 0, warmup + j});
+      ops.push_back({false, 0, j});
+    }
+    for (int j = m - warmup; j < m; ++j) ops.push_back({false, 0, j});
+    return ops;
+  }
+  // Interleaved 1F1B as Megatron-Core runs it (pipeline_parallel/schedules.py,
+  // forward_backward_pipelining_with_interleaving and get_schedule_table, with
+  // microbatch_group_size_per_vp_stage = pp): the forwards go through the micro-batches in groups of
+  // pp, every chunk in turn per group; backwards take the same order with the chunks reversed.
+  // Warm-up: 2 (pp - stage - 1) + (chunks - 1) pp forwards (at most all), then one forward and one
+  // backward at a time, then the remaining backwards. m is a multiple of pp (check_schedule: a
+  // smaller last group stalls the pipeline, and Megatron refuses it).
+  if (m % pp != 0) throw std::invalid_argument("the interleaved schedule needs a multiple of pp micro-batches");
+  std::vector<std::pair<int, int>> table;  // (micro-batch, chunk) in forward order
+  for (int lo = 0; lo < m; lo += pp)
+    for (int c = 0; c < chunks; ++c)
+      for (int j = lo; j < lo + pp; ++j) table.emplace_back(j, c);
+  const int total = m * chunks;
+  const int warmup = std::min(2 * (pp - stage - 1) + (chunks - 1) * pp, total);
+  auto fwd = [&](int k) { return PipelineOp{true, table[k].second, table[k].first}; };
+  auto bwd = [&](int k) { return PipelineOp{false, chunks - 1 - table[k].second, table[k].first}; };
+  for (int k = 0; k < warmup; ++k) ops.push_back(fwd(k));
+  for (int k = 0; k < total - warmup; ++k) {
+    ops.push_back(fwd(warmup + k));
+    ops.push_back(bwd(k));
+  }
+  for (int k = total - warmup; k < total; ++k) ops.push_back(bwd(k));
+  return ops;
 }
 
 Trainer::Trainer(GptStage& stage, ParallelContext& ctx, GradSync& grads, torch::optim::Optimizer& optimizer,
@@ -17,13 +58,21 @@ Trainer::Trainer(GptStage& stage, ParallelContext& ctx, GradSync& grads, torch::
     : stage_(stage), ctx_(ctx), grads_(grads), optimizer_(optimizer), options_(options) {}
 
 StepResult Trainer::step(const std::vector<Batch>& batches) {
-  const int m = static_cast<int>(batches.size());
-  const bool first = ctx_.stage == 0, last = ctx_.stage == ctx_.num_stages - 1;
+  const int m = static_cast<int>(batches.size()), v = stage_.num_chunks(), pp = ctx_.num_stages;
   const auto shape = stage_.activation_shape(options_.micro_batch);
   const auto act_options = at::TensorOptions().dtype(ctx_.dtype).device(ctx_.device);
   grads_.zero();
 
-  std::vector<at::Tensor> inputs(m), outputs(m);
+  // Virtual stage c * pp + stage is model chunk c of this rank; its input comes from the virtual
+  // stage before (the previous rank, or the last rank's chunk c - 1) and its output goes to the one
+  // after. A boundary's messages carry the downstream virtual stage in their tag, so the chunks'
+  // messages between one pair of ranks never meet.
+  auto virtual_stage = [&](int chunk) { return chunk * pp + ctx_.stage; };
+  const int prev = (ctx_.stage + pp - 1) % pp, next = (ctx_.stage + 1) % pp;
+  auto forward_tag = [](int downstream) { return 2 * downstream; };
+  auto backward_tag = [](int downstream) { return 2 * downstream + 1; };
+
+  std::vector<std::vector<at::Tensor>> inputs(v, std::vector<at::Tensor>(m)), outputs = inputs;
   // Sends in flight. A sent activation's memory goes once its send is done: the output keeps its
   // graph but its data is swapped for an empty tensor (Megatron's deallocate_output_tensor), and
   // backward starts from its graph edge (Megatron's custom_backward). Send and receive buffers
@@ -31,99 +80,93 @@ StepResult Trainer::step(const std::vector<Batch>& batches) {
   struct Send {
     Work work;
     at::Tensor buffer;
-    int output = -1;  // the micro-batch whose output this is (forward sends)
+    int chunk = -1, output = -1;  // the chunk and micro-batch whose output this is (forward sends)
   };
   std::vector<Send> sends;
   // Retires the finished sends; `wait`: also waits for every send (all), or for the forward send of
-  // micro-batch `output` (which the next stage has received once its gradient came back).
-  auto retire_sends = [&](bool wait, int output = -1) {
+  // micro-batch `output` of `chunk` (which the next stage has received once its gradient came back).
+  auto retire_sends = [&](bool wait, int chunk = -1, int output = -1) {
     for (auto it = sends.begin(); it != sends.end();) {
-      const bool must = wait && (output < 0 || it->output == output);
+      const bool must = wait && (output < 0 || (it->chunk == chunk && it->output == output));
       if (!must && !it->work.completed()) {
         ++it;
         continue;
       }
       it->work.wait();
       const int64_t bytes = it->buffer.nbytes();
-      if (it->output >= 0 && outputs[it->output].defined())
-        outputs[it->output].set_data(at::empty({0}, outputs[it->output].options()));
+      if (it->output >= 0 && outputs[it->chunk][it->output].defined())
+        outputs[it->chunk][it->output].set_data(at::empty({0}, outputs[it->chunk][it->output].options()));
       it = sends.erase(it);  // the buffer goes with the send's own reference to it ...
       ctx_.meter.note_buffer_bytes(-bytes);  // ... before it leaves the buffers' count
     }
   };
-  auto send = [&](const at::Tensor& t, int peer, int tag, int output) {
+  auto send = [&](const at::Tensor& t, int peer, int tag, int chunk, int output) {
     PhaseScope wait(ctx_.clock, Phase::pp_wait);
     at::Tensor buf = t.detach().contiguous();
     ctx_.meter.note_buffer_bytes(buf.nbytes());
-    sends.push_back({ctx_.pp.send(buf, peer, tag), buf, output});
+    sends.push_back({ctx_.pp.send(buf, peer, tag), buf, chunk, output});
   };
   at::Tensor loss_sum = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(ctx_.device));
 
-  auto forward = [&](int j) {
+  auto forward = [&](int c, int j) {
+    const bool first = stage_.has_embedding(c), last = stage_.has_head(c);
     at::Tensor in;
     if (first) {
       in = batches[j].inputs;
     } else {
       PhaseScope wait(ctx_.clock, Phase::pp_wait);
       in = at::empty(shape, act_options);
-      ctx_.pp.recv(in, ctx_.stage - 1, kForwardTag).wait();
+      ctx_.pp.recv(in, prev, forward_tag(virtual_stage(c))).wait();
       in.requires_grad_(true);
     }
     at::Tensor out;
     {
       PhaseScope scope(ctx_.clock, Phase::forward);
-      out = stage_.forward(in, batches[j].targets, options_.loss_scale);
+      out = stage_.forward(c, in, batches[j].targets, options_.loss_scale);
     }
-    inputs[j] = in;
-    outputs[j] = out;
+    inputs[c][j] = in;
+    outputs[c][j] = out;
     if (last)
       loss_sum += out.detach().to(at::kDouble);
     else
-      send(out, ctx_.stage + 1, kForwardTag, j);
+      send(out, next, forward_tag(virtual_stage(c) + 1), c, j);
     retire_sends(false);
   };
 
-  auto backward = [&](int j) {
-    if (j == m - 1) grads_.arm_last_microbatch();
+  auto backward = [&](int c, int j) {
+    const bool first = stage_.has_embedding(c), last = stage_.has_head(c);
+    if (j == m - 1) grads_.arm_last_microbatch(c);
     at::Tensor grad;
     if (!last) {
       PhaseScope wait(ctx_.clock, Phase::pp_wait);
       ctx_.meter.note_buffer_bytes(at::elementSize(act_options.dtype().toScalarType()) * c10::multiply_integers(shape));
       grad = at::empty(shape, act_options);
-      ctx_.pp.recv(grad, ctx_.stage + 1, kBackwardTag).wait();
-      retire_sends(true, j);  // this micro-batch's forward send is done, and its output can go
+      ctx_.pp.recv(grad, next, backward_tag(virtual_stage(c) + 1)).wait();
+      retire_sends(true, c, j);  // this micro-batch's forward send is done, and its output can go
     }
     {
       PhaseScope scope(ctx_.clock, Phase::backward);
       if (last) {
-        outputs[j].backward();
+        outputs[c][j].backward();
       } else {
         const int64_t bytes = grad.nbytes();
-        torch::autograd::Engine::get_default_engine().execute({torch::autograd::impl::gradient_edge(outputs[j])},
-                                                              {grad}, false, false, true);
+        torch::autograd::Engine::get_default_engine().execute(
+            {torch::autograd::impl::gradient_edge(outputs[c][j])}, {grad}, false, false, true);
         grad = at::Tensor();
         ctx_.meter.note_buffer_bytes(-bytes);
       }
     }
-    if (!first) send(inputs[j].grad(), ctx_.stage - 1, kBackwardTag, -1);
-    inputs[j] = at::Tensor();  // the micro-batch's activations go now
-    outputs[j] = at::Tensor();
+    if (!first) send(inputs[c][j].grad(), prev, backward_tag(virtual_stage(c)), -1, -1);
+    inputs[c][j] = at::Tensor();  // the micro-batch's activations go now
+    outputs[c][j] = at::Tensor();
     retire_sends(false);
   };
 
-  if (options_.schedule == PipelineSchedule::gpipe) {
-    for (int j = 0; j < m; ++j) forward(j);
-    for (int j = 0; j < m; ++j) backward(j);
-  } else {
-    // 1F1B: stage i runs pp - i - 1 warm-up forwards, then alternates one forward and one
-    // backward, then drains the remaining backwards; at most pp - i micro-batches are in flight.
-    const int warmup = std::min(ctx_.num_stages - ctx_.stage - 1, m);
-    for (int j = 0; j < warmup; ++j) forward(j);
-    for (int j = 0; j < m - warmup; ++j) {
-      forward(warmup + j);
-      backward(j);
-    }
-    for (int j = m - warmup; j < m; ++j) backward(j);
+  for (const PipelineOp& op : pipeline_schedule(options_.schedule, m, v, pp, ctx_.stage)) {
+    if (op.forward)
+      forward(op.chunk, op.microbatch);
+    else
+      backward(op.chunk, op.microbatch);
   }
   {
     PhaseScope wait(ctx_.clock, Phase::pp_wait);

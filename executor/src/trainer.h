@@ -1,5 +1,6 @@
-// One training step of one rank: the pipeline schedule over the step's micro-batches (GPipe or
-// 1F1B, Narayanan et al. 2021 §2.2, over send/recv with the neighbouring stages), the gradient
+// One training step of one rank: the pipeline schedule over the step's micro-batches (GPipe, 1F1B
+// or interleaved 1F1B over model chunks, Narayanan et al. 2021 §2.2, over send/recv with the
+// neighbouring stages), the gradient
 // synchronisation, and the optimizer step. Time goes to the phases of the context's PhaseClock.
 #pragma once
 
@@ -11,7 +12,20 @@
 
 namespace dplan::executor {
 
-enum class PipelineSchedule { gpipe, one_f_one_b };
+enum class PipelineSchedule { gpipe, one_f_one_b, interleaved };
+
+// One step of a rank's pipeline schedule: the forward or the backward of a micro-batch through one
+// of its model chunks.
+struct PipelineOp {
+  bool forward = true;
+  int chunk = 0, microbatch = 0;
+  bool operator==(const PipelineOp&) const = default;
+};
+
+// The order in which stage `stage` of `pp` runs `m` micro-batches through its `chunks` model chunks
+// (chunks > 1 only interleaved). Every (chunk, micro-batch) appears once forward and once backward,
+// each chunk's micro-batches in increasing order.
+std::vector<PipelineOp> pipeline_schedule(PipelineSchedule schedule, int m, int chunks, int pp, int stage);
 
 struct StepOptions {
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;

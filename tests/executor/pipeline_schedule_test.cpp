@@ -1,0 +1,103 @@
+// The pipeline schedules' orders (trainer.h pipeline_schedule), checked without processes: every
+// (chunk, micro-batch) runs forward once and backward once after it, each chunk's micro-batches in
+// order (interleaved: m a multiple of pp, as the planner requires), the warm-up as Megatron-LM counts it, and the ranks' orders together never deadlock when a
+// receive waits for its sender's forward (or backward) and sends do not wait.
+#include <map>
+#include <ostream>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include <torch/torch.h>
+#undef CHECK
+#include <catch2/catch.hpp>
+
+#include "trainer.h"
+
+namespace dplan::executor {
+// How Catch prints an op in a failed check.
+std::ostream& operator<<(std::ostream& out, const PipelineOp& op) {
+  return out << (op.forward ? "F" : "B") << "(chunk " << op.chunk << ", mb " << op.microbatch << ")";
+}
+}  // namespace dplan::executor
+
+namespace {
+using dplan::executor::PipelineOp;
+using dplan::executor::PipelineSchedule;
+using dplan::executor::pipeline_schedule;
+
+// Plays the ranks' orders out together: an op runs once what it receives has been produced (a
+// forward of virtual stage s > 0 needs the forward of s - 1 for that micro-batch; a backward of s <
+// last needs the backward of s + 1; and a backward needs its own forward). Returns false on a deadlock.
+bool plays_out(PipelineSchedule schedule, int m, int chunks, int pp) {
+  std::vector<std::vector<PipelineOp>> orders;
+  for (int r = 0; r < pp; ++r) orders.push_back(pipeline_schedule(schedule, m, chunks, pp, r));
+  const int stages = pp * chunks;
+  std::set<std::tuple<bool, int, int>> done;  // (forward, virtual stage, micro-batch)
+  std::vector<size_t> next(pp, 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < pp; ++r) {
+      while (next[r] < orders[r].size()) {
+        const PipelineOp& op = orders[r][next[r]];
+        const int s = op.chunk * pp + r;
+        const bool ready = op.forward ? (s == 0 || done.count({true, s - 1, op.microbatch}))
+                                      : (done.count({true, s, op.microbatch}) &&
+                                         (s == stages - 1 || done.count({false, s + 1, op.microbatch})));
+        if (!ready) break;
+        done.insert({op.forward, s, op.microbatch});
+        ++next[r];
+        progress = true;
+      }
+    }
+  }
+  for (int r = 0; r < pp; ++r)
+    if (next[r] != orders[r].size()) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("pipeline schedules: each op once, in order, and the ranks never deadlock", "[executor][schedule]") {
+  for (auto schedule : {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b, PipelineSchedule::interleaved}) {
+    for (int pp : {1, 2, 3, 4, 8}) {
+      for (int chunks : {1, 2, 3, 4}) {
+        if ((schedule == PipelineSchedule::interleaved) != (chunks > 1) || (chunks > 1 && pp < 2)) continue;
+        for (int m = (chunks > 1 ? pp : 1); m <= 3 * pp + 2; m += (chunks > 1 ? pp : 1)) {
+          INFO("schedule " << int(schedule) << " pp " << pp << " chunks " << chunks << " m " << m);
+          for (int r = 0; r < pp; ++r) {
+            const auto ops = pipeline_schedule(schedule, m, chunks, pp, r);
+            REQUIRE(ops.size() == static_cast<size_t>(2 * m * chunks));
+            std::map<std::pair<int, int>, int> forwards, backwards;  // (chunk, mb) -> position
+            std::vector<int> last_forward(chunks, -1), last_backward(chunks, -1);
+            for (size_t i = 0; i < ops.size(); ++i) {
+              const PipelineOp& op = ops[i];
+              auto& seen = op.forward ? forwards : backwards;
+              REQUIRE(seen.count({op.chunk, op.microbatch}) == 0);
+              seen[{op.chunk, op.microbatch}] = static_cast<int>(i);
+              int& last = (op.forward ? last_forward : last_backward)[op.chunk];
+              REQUIRE(op.microbatch == last + 1);  // a chunk's micro-batches in order
+              last = op.microbatch;
+              if (!op.forward) REQUIRE(forwards.count({op.chunk, op.microbatch}) == 1);
+            }
+          }
+          CHECK(plays_out(schedule, m, chunks, pp));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("interleaved schedule: Megatron's warm-up and order", "[executor][schedule]") {
+  // pp 2, 2 chunks, 4 micro-batches, stage 0: warm-up 2 (2 - 0 - 1) + (2 - 1) 2 = 4 forwards, in
+  // groups of pp micro-batches per chunk: (0,c0) (1,c0) (0,c1) (1,c1); then forward (2,c0) and the
+  // first backward, which runs the last chunk first: (0,c1).
+  const auto ops = pipeline_schedule(PipelineSchedule::interleaved, 4, 2, 2, 0);
+  const std::vector<PipelineOp> head = {{true, 0, 0},  {true, 0, 1}, {true, 1, 0},
+                                        {true, 1, 1},  {true, 0, 2}, {false, 1, 0}};
+  CHECK(std::vector<PipelineOp>(ops.begin(), ops.begin() + 6) == head);
+  // The last stage warms up with (chunks - 1) pp = 2 forwards.
+  const auto last = pipeline_schedule(PipelineSchedule::interleaved, 4, 2, 2, 1);
+  CHECK(last[2] == PipelineOp{true, 1, 0});
+  CHECK(last[3] == PipelineOp{false, 1, 0});
+}

@@ -478,7 +478,7 @@ CLI::Option* add_common(CLI::App& app, Options& o) {
   app.add_option("--model", o.model, "preset, size shorthand (70B) or path to a config.json");
   CLI::Option* gpus = app.add_option("--gpus", o.gpus, "number of GPUs")->check(sizes_up_to(kMaxGpus));
   app.add_option("--cluster", o.cluster, "cluster profile name or path")->capture_default_str();
-  app.add_option("--global-batch", o.global_batch, "sequences per optimizer step (default: about 4M tokens)")
+  app.add_option("--global-batch", o.global_batch, "sequences per optimizer step (default: about 4M tokens; a step of about a second on a CPU cluster)")
       ->check(sizes_up_to(kMaxGlobalBatch));
   app.add_option("--seq", o.seq, "sequence length (default: the model's, at most 8192)")->check(sizes_up_to(kMaxSeqLen));
   app.add_option("--precision", o.precision, "bf16, fp16, fp8 or fp32")->capture_default_str();
@@ -574,7 +574,8 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->required()
       ->check(sizes_up_to(kMaxGpus));
-  scale->add_option("--global-batch", o.global_batch, "sequences per optimizer step");
+  scale->add_option("--global-batch", o.global_batch,
+                    "sequences per optimizer step (default: dplan's, sized on the first size, a multiple of every size)");
   scale->add_option("--seq", o.seq, "sequence length");
   scale->add_option("--precision", o.precision, "bf16, fp16, fp8 or fp32")->capture_default_str();
   scale->add_option("--steps", scale_opts.steps, "steps per run (the first two are warm-up)")->capture_default_str();

@@ -48,7 +48,7 @@ int default_global_batch(const ModelSpec& model, const ClusterSpec& cluster, con
     TrainingSpec t = training;
     t.global_batch = static_cast<int>(2 * batch);
     const MemoryEstimate mem = estimate_memory(model, cluster, t, layout);
-    if (estimate_time(model, net, t, layout, mem, overlap).step_time_s > kCpuStepTargetS) break;
+    if (estimate_time(model, net, t, layout, mem, overlap).step_time_s > kCpuStepTarget_s) break;
     batch *= 2;
   }
   return static_cast<int>(batch);

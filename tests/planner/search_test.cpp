@@ -206,7 +206,7 @@ TEST_CASE("the default global batch: about 4M tokens on GPU clusters, a step of 
     CHECK(default_global_batch(store().load_model("llama-3-70b"), gpu, TrainingSpec{.seq_len = 8192},
                                data_parallel_layout(64)) == 512);
   }
-  // local-cpu: the largest micro_batch * dp * 2^k within kCpuStepTargetS.
+  // local-cpu: the largest micro_batch * dp * 2^k within kCpuStepTarget_s.
   const ClusterSpec cpu = store().load_cluster("local-cpu");
   for (int gpus : {1, 2, 4, 8}) {
     INFO(gpus << " ranks");
@@ -215,8 +215,8 @@ TEST_CASE("the default global batch: about 4M tokens on GPU clusters, a step of 
     CHECK(batch % gpus == 0);
     CHECK(std::has_single_bit(static_cast<unsigned>(batch / gpus)));
     CHECK(batch <= 1024);  // not 32768 sequences of 128 tokens (a 2-minute predicted step)
-    CHECK(step_s(tiny, cpu, t, layout, batch) <= kCpuStepTargetS);
-    CHECK(step_s(tiny, cpu, t, layout, 2 * batch) > kCpuStepTargetS);
+    CHECK(step_s(tiny, cpu, t, layout, batch) <= kCpuStepTarget_s);
+    CHECK(step_s(tiny, cpu, t, layout, 2 * batch) > kCpuStepTarget_s);
   }
   // Sized on the layout it is given: micro-batch 2 and dp 2 (pp 2) take multiples of 4.
   ParallelConfig pp2 = data_parallel_layout(2);
@@ -224,10 +224,10 @@ TEST_CASE("the default global batch: about 4M tokens on GPU clusters, a step of 
   pp2.micro_batch = 2;
   const int pp_batch = default_global_batch(tiny, cpu, t, pp2);
   CHECK(pp_batch % 4 == 0);
-  CHECK(step_s(tiny, cpu, t, pp2, pp_batch) <= kCpuStepTargetS);
+  CHECK(step_s(tiny, cpu, t, pp2, pp_batch) <= kCpuStepTarget_s);
   // A model whose smallest batch already takes longer gets that smallest batch, one sequence per rank.
   const ModelSpec big = store().load_model("gpt-1.7b");
   const TrainingSpec long_seq{.seq_len = 1024};
-  REQUIRE(step_s(big, cpu, long_seq, data_parallel_layout(2), 2) > kCpuStepTargetS);
+  REQUIRE(step_s(big, cpu, long_seq, data_parallel_layout(2), 2) > kCpuStepTarget_s);
   CHECK(default_global_batch(big, cpu, long_seq, data_parallel_layout(2)) == 2);
 }

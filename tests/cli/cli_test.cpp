@@ -590,6 +590,7 @@ TEST_CASE("dplan run and dplan scale print the expected run time before the rank
   const std::string plan = (dir.path() / "plan.json").string();
   REQUIRE(run_dplan({"--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "2", "--runnable", "-o", plan}).status == 0);
   const double step_s = json::parse(read_file(plan))["prediction"]["step_time_s"].get<double>();
+  CHECK_THAT(run_dplan({"explain", plan}).out, Contains(kProbeCommand));  // explain re-estimates on local-cpu
   // A worker that fails at once: what the launcher printed before starting it is all there is.
   const std::map<std::string, std::string> failing_worker = {{"DPLAN_WORKER", "/bin/false"}};
   Result r = run_dplan({"run", plan, "--steps", "7"}, failing_worker);

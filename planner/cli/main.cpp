@@ -194,7 +194,8 @@ int run_estimate(const Options& o, const ProfileStore& store) {
     out.update(to_json(time));
     std::cout << out.dump(2) << "\n";
   } else {
-    std::cout << header(in, o.gpus) << unprobed_line(in.cluster) << "layout  " << describe_layout(in.model, in.training, p) << "\n\n"
+    std::cout << header(in, o.gpus) << unprobed_line(in.cluster) << "layout  "
+              << describe_layout(in.model, in.training, p) << "\n\n"
               << memory_table(in.cluster, mem) << "\n"
               << time_table(time, in.training);
     std::cout << "time to train " << format_params(o.tokens) << " tokens: " << days(o.tokens / time.tokens_per_s)
@@ -478,7 +479,8 @@ CLI::Option* add_common(CLI::App& app, Options& o) {
   app.add_option("--model", o.model, "preset, size shorthand (70B) or path to a config.json");
   CLI::Option* gpus = app.add_option("--gpus", o.gpus, "number of GPUs")->check(sizes_up_to(kMaxGpus));
   app.add_option("--cluster", o.cluster, "cluster profile name or path")->capture_default_str();
-  app.add_option("--global-batch", o.global_batch, "sequences per optimizer step (default: about 4M tokens; a step of about a second on a CPU cluster)")
+  app.add_option("--global-batch", o.global_batch,
+                 "sequences per optimizer step (default: about 4M tokens; a step of about a second on a CPU cluster)")
       ->check(sizes_up_to(kMaxGlobalBatch));
   app.add_option("--seq", o.seq, "sequence length (default: the model's, at most 8192)")->check(sizes_up_to(kMaxSeqLen));
   app.add_option("--precision", o.precision, "bf16, fp16, fp8 or fp32")->capture_default_str();

@@ -69,6 +69,8 @@ int run_explain(const ExplainArgs& args, const ProfileStore& store) {
   std::cout << plan.model.name << " on " << c.parallel.world_size() << " x " << c.cluster.gpu.name << " ("
             << c.cluster.name << ")\nlayout  " << describe_layout(c.model, c.training, c.parallel) << "\n";
   if (differs) std::cout << "note: " << note << "\n";
+  if (const std::string unprobed = unprobed_profile_note(c.cluster); !unprobed.empty())
+    std::cout << "! " << unprobed << "\n";
   std::printf("memory: worst stage needs %.1f of %.1f GiB; plans keep %.0f %% of HBM free (--headroom %g)%s\n",
               e.memory.peak_bytes / kGiB, e.memory.capacity_bytes / kGiB, 100 * c.headroom_fraction,
               c.headroom_fraction, e.memory.fits ? "" : ": this plan does not fit");

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <iostream>
 #include <iomanip>
+#include <numeric>
 #include <optional>
 
 #include <CLI/CLI.hpp>
@@ -40,7 +41,6 @@ using namespace dplan;
 using namespace dplan::costmodel;
 using namespace dplan::planner;
 
-constexpr double kDefaultBatchTokens = 4194304;  // about 4M tokens per global batch
 constexpr int kDefaultSeqCap = 8192;
 
 // Everything the command line says, parsed once and handed down.
@@ -111,6 +111,12 @@ std::string header(const Inputs& in, int gpus) {
   return o.str();
 }
 
+// The never-probed note (planner/profiles.h) as a line of the text report, or nothing.
+std::string unprobed_line(const ClusterSpec& cluster) {
+  const std::string note = unprobed_profile_note(cluster);
+  return note.empty() ? "" : "! " + note + "\n";
+}
+
 std::string days(double seconds) {
   char buf[64];
   if (seconds > 86400 * 2)
@@ -164,7 +170,7 @@ int run_estimate(const Options& o, const ProfileStore& store) {
     in.training.global_batch = *o.global_batch;
   } else {
     const long long multiple = std::max(1LL, static_cast<long long>(p.micro_batch) * std::max(1, p.dp));
-    const long long sequences = global_batch_for_tokens(kDefaultBatchTokens, in.training.seq_len);
+    const long long sequences = default_global_batch(in.model, in.cluster, in.training, p, in.overlap);
     const long long batch = std::max(1LL, (sequences + multiple / 2) / multiple) * multiple;
     if (batch > kMaxGlobalBatch)
       throw InputError("micro-batch * dp = " + std::to_string(multiple) + " makes the global batch larger than " +
@@ -188,7 +194,8 @@ int run_estimate(const Options& o, const ProfileStore& store) {
     out.update(to_json(time));
     std::cout << out.dump(2) << "\n";
   } else {
-    std::cout << header(in, o.gpus) << "layout  " << describe_layout(in.model, in.training, p) << "\n\n"
+    std::cout << header(in, o.gpus) << unprobed_line(in.cluster) << "layout  "
+              << describe_layout(in.model, in.training, p) << "\n\n"
               << memory_table(in.cluster, mem) << "\n"
               << time_table(time, in.training);
     std::cout << "time to train " << format_params(o.tokens) << " tokens: " << days(o.tokens / time.tokens_per_s)
@@ -231,7 +238,9 @@ std::optional<Planned> plan_best(const Options& o, const ProfileStore& store) {
   Planned pl;
   Inputs& in = pl.in;
   in = load_inputs(o, store);
-  in.training.global_batch = o.global_batch.value_or(global_batch_for_tokens(kDefaultBatchTokens, in.training.seq_len));
+  in.training.global_batch =
+      o.global_batch ? *o.global_batch
+                     : default_global_batch(in.model, in.cluster, in.training, data_parallel_layout(o.gpus), in.overlap);
   Network net(in.cluster, o.gpus);
   SearchSpace space = o.runnable ? SearchSpace::runnable_by_executor(o.gpus, in.model, in.training) : SearchSpace{};
   space.gpus = o.gpus;
@@ -290,7 +299,8 @@ int run_plan(const Options& o, const ProfileStore& store) {
     write_plan(o, in, best, mem, time);
     return 0;
   }
-  std::cout << header(in, o.gpus) << "layout  " << describe_layout(in.model, in.training, best) << "\n\n";
+  std::cout << header(in, o.gpus) << unprobed_line(in.cluster) << "layout  " << describe_layout(in.model, in.training, best)
+            << "\n\n";
   // Why it won.
   std::cout << "why: fastest of " << result.feasible << " layouts that fit, of " << result.evaluated
             << " evaluated in " << std::fixed << std::setprecision(2) << search_s << " s\n";
@@ -373,8 +383,23 @@ int run_scale(Options o, const ScaleOptions& so, const ProfileStore& store) {
   std::vector<std::string> layouts;
   o.runnable = true;
   o.json = false;
-  for (size_t i = 0; i < so.gpus.size(); ++i) {
-    const int n = so.gpus[i];
+  if (!o.global_batch) {
+    // One batch for every size (throughput at a fixed batch), sized on the first size, whose step
+    // is the longest (default_global_batch), and made a multiple of every size so that each can
+    // run it as data parallel.
+    const Inputs in = load_inputs(o, store);
+    long long batch = default_global_batch(in.model, in.cluster, in.training, data_parallel_layout(so.gpus[0]), in.overlap);
+    long long sizes_lcm = 1;
+    for (int n : so.gpus) sizes_lcm = std::min<long long>(std::lcm(sizes_lcm, n), kMaxGlobalBatch + 1LL);
+    if (sizes_lcm <= kMaxGlobalBatch) batch = std::max(sizes_lcm, batch / sizes_lcm * sizes_lcm);
+    o.global_batch = static_cast<int>(batch);
+    std::cerr << "scale: global batch " << batch << " sequences (the default on " << in.cluster.name
+              << "; --global-batch to choose)\n";
+  }
+  // Every size is planned before any trains, so that the expected time is known before the first run.
+  std::vector<Planned> plans;
+  double expected_s = 0;
+  for (int n : so.gpus) {
     o.gpus = n;
     o.output = (fs::path(dir) / ("plan-" + std::to_string(n) + ".json")).string();
     std::optional<Planned> planned = plan_best(o, store);
@@ -382,10 +407,21 @@ int run_scale(Options o, const ScaleOptions& so, const ProfileStore& store) {
     Options quiet = o;
     quiet.json = true;  // the progress line below names the plan's layout; the table names the folder
     write_plan(quiet, planned->in, planned->best, planned->mem, planned->time);
+    expected_s += planned->time.step_time_s * so.steps;
+    plans.push_back(std::move(*planned));
+  }
+  std::cerr << "scale: expected run time: about " << format_duration(expected_s) << " (" << so.gpus.size() << " runs x "
+            << so.steps << " steps, at the predicted step times)\n";
+  if (const std::string note = unprobed_profile_note(plans.front().in.cluster); !note.empty())
+    std::cerr << "scale: ! " << note << "\n";
+  for (size_t i = 0; i < so.gpus.size(); ++i) {
+    const int n = so.gpus[i];
+    const Planned& planned = plans[i];
     std::cerr << "scale: run " << i + 1 << "/" << so.gpus.size() << ": " << n << " rank" << (n == 1 ? "" : "s") << ", "
-              << short_layout(planned->best) << " (" << tricks(planned->best) << "), " << so.steps << " steps\n";
+              << short_layout(planned.best) << " (" << tricks(planned.best) << "), " << so.steps << " steps, about "
+              << format_duration(planned.time.step_time_s * so.steps) << " expected\n";
     cli::RunOptions ra;
-    ra.plan_path = o.output;
+    ra.plan_path = (fs::path(dir) / ("plan-" + std::to_string(n) + ".json")).string();
     ra.steps = so.steps;
     ra.warmup = 2;
     ra.output = (fs::path(dir) / ("run-" + std::to_string(n) + ".json")).string();
@@ -393,8 +429,8 @@ int run_scale(Options o, const ScaleOptions& so, const ProfileStore& store) {
     ra.timeout_s = so.timeout_s;
     ra.force = o.force;
     if (int status = cli::run_run(ra); status != 0) return status;
-    points.push_back({n, planned->time.tokens_per_s, costmodel::read_run_record(ra.output).tokens_per_s});
-    layouts.push_back(short_layout(planned->best) + ", " + tricks(planned->best));
+    points.push_back({n, planned.time.tokens_per_s, costmodel::read_run_record(ra.output).tokens_per_s});
+    layouts.push_back(short_layout(planned.best) + ", " + tricks(planned.best));
   }
   fill_efficiencies(points);
   std::printf("\n%5s  %-34s %14s %14s %8s %10s %10s\n", "gpus", "layout", "predicted tok/s", "measured tok/s",
@@ -443,7 +479,8 @@ CLI::Option* add_common(CLI::App& app, Options& o) {
   app.add_option("--model", o.model, "preset, size shorthand (70B) or path to a config.json");
   CLI::Option* gpus = app.add_option("--gpus", o.gpus, "number of GPUs")->check(sizes_up_to(kMaxGpus));
   app.add_option("--cluster", o.cluster, "cluster profile name or path")->capture_default_str();
-  app.add_option("--global-batch", o.global_batch, "sequences per optimizer step (default: about 4M tokens)")
+  app.add_option("--global-batch", o.global_batch,
+                 "sequences per optimizer step (default: about 4M tokens; a step of about a second on a CPU cluster)")
       ->check(sizes_up_to(kMaxGlobalBatch));
   app.add_option("--seq", o.seq, "sequence length (default: the model's, at most 8192)")->check(sizes_up_to(kMaxSeqLen));
   app.add_option("--precision", o.precision, "bf16, fp16, fp8 or fp32")->capture_default_str();
@@ -539,7 +576,8 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->required()
       ->check(sizes_up_to(kMaxGpus));
-  scale->add_option("--global-batch", o.global_batch, "sequences per optimizer step");
+  scale->add_option("--global-batch", o.global_batch,
+                    "sequences per optimizer step (default: dplan's, sized on the first size, a multiple of every size)");
   scale->add_option("--seq", o.seq, "sequence length");
   scale->add_option("--precision", o.precision, "bf16, fp16, fp8 or fp32")->capture_default_str();
   scale->add_option("--steps", scale_opts.steps, "steps per run (the first two are warm-up)")->capture_default_str();

@@ -23,6 +23,8 @@
 #include "dplan/costmodel/plan_file.h"
 #include "dplan/costmodel/run_record.h"
 #include "dplan/costmodel/training.h"
+#include "dplan/planner/profiles.h"
+#include "dplan/planner/report.h"
 
 extern char** environ;
 
@@ -152,10 +154,19 @@ std::set<int> read_diagnosis(const fs::path& dir, int rank, int world) {
 
 int run_run(const RunOptions& a) {
   // Check what can be checked before starting anything: the plan's shape and the output folder.
-  const int world = costmodel::read_plan(a.plan_path).parallel.world_size();
+  const costmodel::Plan plan = costmodel::read_plan(a.plan_path);
+  const int world = plan.parallel.world_size();
   if (!a.output.empty()) check_output_path(a.output, costmodel::run_record_output(), a.force);
   if (const std::string problem = executor::run_options_problem(a); !problem.empty()) throw InputError(problem);
   const std::string worker = find_worker();
+  // Before the ranks start (dplan scale says it for all its runs). On stdout: stderr is the ranks'
+  // progress and, for input a rank refuses, its one error line.
+  if (!a.quiet) {
+    std::cout << planner::expected_run_time(plan.prediction.value("step_time_s", 0.0), a.steps) << "\n";
+    if (const std::string note = planner::unprobed_profile_note(plan.cluster); !note.empty())
+      std::cout << "! " << note << "\n";
+    std::cout << std::flush;
+  }
 
   std::vector<std::string> args = {worker, a.plan_path};
   const std::vector<std::string> flags = executor::run_flags_argv(a);

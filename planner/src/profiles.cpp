@@ -106,6 +106,22 @@ ClusterSpec ProfileStore::load_cluster(const std::string& spec) const {
   });
 }
 
+std::string unprobed_profile_note(const dplan::json& cluster) {
+  if (!cluster.is_object() || cluster.value("cores_per_node", 0) <= 0) return "";
+  const dplan::json* gpu = cluster.contains("gpu") ? &cluster.at("gpu") : nullptr;
+  if (gpu && gpu->is_object() && gpu->contains("matmul") && gpu->at("matmul").is_object() &&
+      !gpu->at("matmul").value("measured", dplan::json::array()).empty())
+    return "";
+  const std::string name = cluster.value("name", std::string("the cluster"));
+  // 5-13x: gpt-tiny's predicted over measured throughput on a 2-core machine with the shipped
+  // local-cpu (docs/profiles.md's dplan scale table, docs/compare.md; issue 20).
+  return name + " has never been probed: its compute and network figures are guesses (predicted steps 5-13x "
+         "shorter than measured for gpt-tiny on a 2-core machine); measure this machine with `dplan probe --cluster " + name +
+         " -o my-machine.json` and plan with --cluster my-machine.json";
+}
+
+std::string unprobed_profile_note(const ClusterSpec& cluster) { return unprobed_profile_note(costmodel::to_json(cluster)); }
+
 std::string find_profiles_dir(const std::string& flag, const std::string& exe_path,
                               const std::string& compiled_default) {
   if (!flag.empty()) return flag;

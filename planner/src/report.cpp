@@ -23,6 +23,17 @@ std::string format_params(double params) {
   return fmt("%.0f", params);
 }
 
+std::string format_duration(double seconds) {
+  if (seconds < 90) return fmt("%.0f s", seconds);
+  if (seconds < 90 * 60) return fmt("%.1f min", seconds / 60);
+  return fmt("%.1f hours", seconds / 3600);
+}
+
+std::string expected_run_time(double step_s, int steps) {
+  return "expected run time: about " + format_duration(step_s * steps) + " (" + std::to_string(steps) + " steps x " +
+         fmt("%.2f", step_s) + " s predicted)";
+}
+
 std::string describe_layout(const ModelSpec& model, const TrainingSpec& t, const ParallelConfig& p) {
   std::ostringstream o;
   o << "tp " << p.tp << " · pp " << p.pp << " · dp " << p.dp << " · cp " << p.cp;

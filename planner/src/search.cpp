@@ -14,6 +14,46 @@ int global_batch_for_tokens(double tokens, int seq_len) {
   return static_cast<int>(std::max(1.0, std::round(tokens / seq_len)));
 }
 
+ParallelConfig data_parallel_layout(int gpus) {
+  ParallelConfig p;
+  p.dp = gpus;
+  p.micro_batch = 1;
+  return p;
+}
+
+int default_global_batch(const ModelSpec& model, const ClusterSpec& cluster, const TrainingSpec& training,
+                         const ParallelConfig& layout, const OverlapOptions& overlap) {
+  const int tokens_default = global_batch_for_tokens(kDefaultBatchTokens, training.seq_len);
+  if (cluster.cores_per_node <= 0) return tokens_default;  // dedicated devices: today's default, unchanged
+  const long long multiple = std::max(1LL, static_cast<long long>(layout.micro_batch) * std::max(1, layout.dp));
+  if (multiple > kMaxGlobalBatch) return tokens_default;  // validate() names the problem
+  const long long cap = std::max<long long>(multiple, std::min(tokens_default, kMaxGlobalBatch));
+  const long long world = bounded_world_size(layout.tp, layout.pp, layout.dp, layout.cp);
+  if (world > kMaxGpus) return tokens_default;  // validate() names the problem
+  // Whether the layout takes `batch` sequences (the caller's own validation names any problem).
+  auto valid = [&](long long batch) {
+    TrainingSpec t = training;
+    t.global_batch = static_cast<int>(batch);
+    try {
+      validate(model, cluster, t, layout, static_cast<int>(world));
+      return true;
+    } catch (const InputError&) {
+      return false;
+    }
+  };
+  if (!valid(multiple)) return tokens_default;
+  const Network net(cluster, static_cast<int>(world));
+  long long batch = multiple;
+  while (2 * batch <= cap && valid(2 * batch)) {
+    TrainingSpec t = training;
+    t.global_batch = static_cast<int>(2 * batch);
+    const MemoryEstimate mem = estimate_memory(model, cluster, t, layout);
+    if (estimate_time(model, net, t, layout, mem, overlap).step_time_s > kCpuStepTarget_s) break;
+    batch *= 2;
+  }
+  return static_cast<int>(batch);
+}
+
 int layout_complexity(const ParallelConfig& p) {
   return (p.tp > 1) + (p.pp > 1) + (p.cp > 1) + (p.ep > 1) + (p.etp > 0 && p.etp != p.tp) + (p.zero_stage > 0 || p.distributed_optimizer) +
          (p.zero_stage > 1) + (p.recompute != Recompute::none) + (p.recompute == Recompute::full) +

@@ -551,3 +551,77 @@ TEST_CASE("dplan estimate --etp that breaks the folding rule is one error line n
   CHECK_THAT(line, Contains("ep*etp = 8*4 must divide tp*cp*dp = 16"));
   CHECK_THAT(line, Contains("valid ep*etp: 1, 2, 4, 8 or 16"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Defaults a CPU user can live with (issue 20): the batch, the expected time, the probe
+
+namespace {
+const std::string kProbedMachine = std::string(DPLAN_VALIDATION_DIR) + "/accuracy/machine.json";
+constexpr const char* kNeverProbed = "local-cpu has never been probed";
+constexpr const char* kProbeCommand = "`dplan probe --cluster local-cpu -o my-machine.json`";
+}  // namespace
+
+TEST_CASE("a search and an estimate on the shipped local-cpu say it was never probed and name dplan probe",
+          "[cli][defaults]") {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "2"},
+        std::vector<std::string>{"estimate", "--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "2"}}) {
+    const Result r = run_dplan(args);
+    INFO(r.out << r.err);
+    REQUIRE(r.status == 0);
+    CHECK_THAT(r.out, Contains(kNeverProbed));
+    CHECK_THAT(r.out, Contains(kProbeCommand));
+    // The batch is sized to the machine: a step of about a second, not 32768 sequences of 128 tokens.
+    CHECK_FALSE(r.out.find("global batch 32768") != std::string::npos);
+  }
+  for (const std::string& cluster : {kProbedMachine, std::string("dgx-h100")}) {
+    INFO(cluster);
+    const Result r = run_dplan({"--model", "gpt-tiny", "--cluster", cluster, "--gpus", "2"});
+    REQUIRE(r.status == 0);
+    CHECK_FALSE(r.out.find("never been probed") != std::string::npos);
+  }
+  // A GPU cluster keeps the 4M-token default: 4194304 / 128.
+  CHECK_THAT(run_dplan({"--model", "gpt-tiny", "--cluster", "dgx-h100", "--gpus", "2"}).out,
+             Contains("global batch 32768"));
+}
+
+TEST_CASE("dplan run and dplan scale print the expected run time before the ranks start", "[cli][defaults]") {
+  TempDir dir;
+  const std::string plan = (dir.path() / "plan.json").string();
+  REQUIRE(run_dplan({"--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "2", "--runnable", "-o", plan}).status == 0);
+  const double step_s = json::parse(read_file(plan))["prediction"]["step_time_s"].get<double>();
+  CHECK_THAT(run_dplan({"explain", plan}).out, Contains(kProbeCommand));  // explain re-estimates on local-cpu
+  // A worker that fails at once: what the launcher printed before starting it is all there is.
+  const std::map<std::string, std::string> failing_worker = {{"DPLAN_WORKER", "/bin/false"}};
+  Result r = run_dplan({"run", plan, "--steps", "7"}, failing_worker);
+  INFO(r.out << r.err);
+  CHECK(r.status != 0);
+  char expected[64];
+  std::snprintf(expected, sizeof expected, "(7 steps x %.2f s predicted)", step_s);
+  CHECK_THAT(r.out, StartsWith("expected run time: about "));
+  CHECK_THAT(r.out, Contains(expected));
+  CHECK_THAT(r.out, Contains(kProbeCommand));
+
+  const std::string probed_plan = (dir.path() / "probed.json").string();
+  REQUIRE(run_dplan({"--model", "gpt-tiny", "--cluster", kProbedMachine, "--gpus", "2", "--runnable", "-o", probed_plan})
+              .status == 0);
+  r = run_dplan({"run", probed_plan, "--steps", "3"}, failing_worker);
+  CHECK_THAT(r.out, StartsWith("expected run time: about "));
+  CHECK_FALSE(r.out.find("never been probed") != std::string::npos);
+
+  r = run_dplan({"scale", "--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "1,2,4", "-o",
+                 (dir.path() / "scale").string()},
+                failing_worker);
+  CHECK(r.status != 0);
+  const size_t expected_at = r.err.find("scale: expected run time: about ");
+  REQUIRE(expected_at != std::string::npos);
+  CHECK(expected_at < r.err.find("scale: run 1/3"));
+  CHECK_THAT(r.err, Contains("(3 runs x 10 steps"));
+  CHECK_THAT(r.err, Contains(kNeverProbed));
+  // One batch for every size, sized to the machine and divisible by each.
+  const int batch = json::parse(read_file((dir.path() / "scale" / "plan-4.json").string()))["training"]["global_batch"];
+  CHECK(batch % 4 == 0);
+  CHECK(batch <= 1024);
+  for (const char* f : {"plan-1.json", "plan-2.json"})
+    CHECK(json::parse(read_file((dir.path() / "scale" / f).string()))["training"]["global_batch"] == batch);
+}

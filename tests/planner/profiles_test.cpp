@@ -70,3 +70,26 @@ TEST_CASE("an unknown model or cluster lists what exists", "[profiles]") {
   CHECK_THROWS_WITH(store().load_cluster("dgx-z"), Contains("dgx-h100"));
 }
 
+
+TEST_CASE("only a CPU profile no probe has measured is named as never probed, with the probe command", "[profiles]") {
+  const std::string note = unprobed_profile_note(store().load_cluster("local-cpu"));
+  CHECK_THAT(note, Contains("local-cpu has never been probed"));
+  CHECK_THAT(note, Contains("`dplan probe --cluster local-cpu -o my-machine.json`"));
+  CHECK(note.find('\n') == std::string::npos);  // one line
+  // A plan file holds the cluster as to_json writes it: the same answer from there.
+  CHECK(unprobed_profile_note(to_json(store().load_cluster("local-cpu"))) == note);
+  // The profile dplan probe wrote for this machine (tests/data/accuracy, with its measured GEMMs).
+  const ClusterSpec probed = store().load_cluster(std::string(DPLAN_VALIDATION_DIR) + "/accuracy/machine.json");
+  REQUIRE(probed.cores_per_node > 0);
+  CHECK(unprobed_profile_note(probed).empty());
+  CHECK(unprobed_profile_note(to_json(probed)).empty());
+  // The same machine without its measured GEMMs is a guess again.
+  ClusterSpec unmeasured = probed;
+  unmeasured.gpu.matmul_measured.clear();
+  CHECK_THAT(unprobed_profile_note(unmeasured), Contains("local-cpu-measured has never been probed"));
+  for (const auto& name : store().cluster_names()) {
+    const ClusterSpec c = store().load_cluster(name);
+    INFO(name);
+    if (c.cores_per_node == 0) CHECK(unprobed_profile_note(c).empty());  // every GPU cluster
+  }
+}

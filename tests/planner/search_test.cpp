@@ -1,5 +1,6 @@
 // The search with a toy cost model whose answers can be read off, and laws with the real one.
 #include <algorithm>
+#include <bit>
 #include <iterator>
 #include <set>
 #include <tuple>
@@ -181,4 +182,52 @@ TEST_CASE("the executor's search space holds only layouts dplan run executes, an
   ModelSpec moe = store().load_model("mixtral-8x7b");
   CHECK_THROWS_WITH(SearchSpace::runnable_by_executor(16, moe, t), *executor_refusal(moe, t, ParallelConfig{}));
   CHECK_THAT(*executor_refusal(moe, t, ParallelConfig{}), Catch::Contains("mixture-of-experts"));
+}
+
+namespace {
+// The predicted step of `batch` sequences on `layout` (the quantity default_global_batch bounds).
+double step_s(const ModelSpec& model, const ClusterSpec& cluster, TrainingSpec t, const ParallelConfig& layout, int batch) {
+  t.global_batch = batch;
+  validate(model, cluster, t, layout, layout.world_size());
+  const Network net(cluster, layout.world_size());
+  return estimate_time(model, net, t, layout, estimate_memory(model, cluster, t, layout)).step_time_s;
+}
+}  // namespace
+
+TEST_CASE("the default global batch: about 4M tokens on GPU clusters, a step of about a second on local-cpu",
+          "[search][defaults]") {
+  const ModelSpec tiny = store().load_model("gpt-tiny");
+  TrainingSpec t{.seq_len = 128};
+  // GPU clusters keep the 4M-token default, whatever the model or the layout it is sized on.
+  for (const char* name : {"dgx-h100", "dgx-a100-80g", "mi300x-8"}) {
+    INFO(name);
+    const ClusterSpec gpu = store().load_cluster(name);
+    CHECK(default_global_batch(tiny, gpu, t, data_parallel_layout(8)) == 32768);
+    CHECK(default_global_batch(store().load_model("llama-3-70b"), gpu, TrainingSpec{.seq_len = 8192},
+                               data_parallel_layout(64)) == 512);
+  }
+  // local-cpu: the largest micro_batch * dp * 2^k within kCpuStepTarget_s.
+  const ClusterSpec cpu = store().load_cluster("local-cpu");
+  for (int gpus : {1, 2, 4, 8}) {
+    INFO(gpus << " ranks");
+    const ParallelConfig layout = data_parallel_layout(gpus);
+    const int batch = default_global_batch(tiny, cpu, t, layout);
+    CHECK(batch % gpus == 0);
+    CHECK(std::has_single_bit(static_cast<unsigned>(batch / gpus)));
+    CHECK(batch <= 1024);  // not 32768 sequences of 128 tokens (a 2-minute predicted step)
+    CHECK(step_s(tiny, cpu, t, layout, batch) <= kCpuStepTarget_s);
+    CHECK(step_s(tiny, cpu, t, layout, 2 * batch) > kCpuStepTarget_s);
+  }
+  // Sized on the layout it is given: micro-batch 2 and dp 2 (pp 2) take multiples of 4.
+  ParallelConfig pp2 = data_parallel_layout(2);
+  pp2.pp = 2;
+  pp2.micro_batch = 2;
+  const int pp_batch = default_global_batch(tiny, cpu, t, pp2);
+  CHECK(pp_batch % 4 == 0);
+  CHECK(step_s(tiny, cpu, t, pp2, pp_batch) <= kCpuStepTarget_s);
+  // A model whose smallest batch already takes longer gets that smallest batch, one sequence per rank.
+  const ModelSpec big = store().load_model("gpt-1.7b");
+  const TrainingSpec long_seq{.seq_len = 1024};
+  REQUIRE(step_s(big, cpu, long_seq, data_parallel_layout(2), 2) > kCpuStepTarget_s);
+  CHECK(default_global_batch(big, cpu, long_seq, data_parallel_layout(2)) == 2);
 }

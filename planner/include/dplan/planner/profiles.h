@@ -41,6 +41,16 @@ class ProfileStore {
   std::string root_;
 };
 
+// One line saying that a prediction comes from a CPU profile no `dplan probe` has measured, naming
+// the command that measures this machine; empty for any other profile. The one test of "never
+// probed": the devices are a shared machine's cores (cores_per_node > 0) and the GPU holds no
+// measured GEMMs (matmul.measured), which every probe of a CPU machine writes (dplan probe keeps
+// them all) and no shipped profile has. GPU clusters' datasheet profiles are not named: their
+// figures are published measurements (profiles/clusters/SOURCES.md), not guesses.
+// `cluster` is to_json(ClusterSpec)'s form, as plan.json holds it.
+std::string unprobed_profile_note(const dplan::json& cluster);
+std::string unprobed_profile_note(const costmodel::ClusterSpec& cluster);
+
 // The profiles folder: --profiles if given, else $DPLAN_PROFILES, else share/dplan/profiles next
 // to an installed binary, else `compiled_default` (the source tree's profiles/).
 std::string find_profiles_dir(const std::string& flag, const std::string& exe_path,

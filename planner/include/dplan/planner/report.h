@@ -30,4 +30,10 @@ std::vector<std::string> layout_warnings(const costmodel::ParallelConfig& parall
 // "70.55 B" style parameter count.
 std::string format_params(double params);
 
+// "expected run time: about 4.2 min (10 steps x 25.10 s predicted)", the line dplan run and dplan
+// scale print before they train: `step_s` the predicted step, `steps` how many run.
+std::string expected_run_time(double step_s, int steps);
+// "45 s", "4.2 min", "3.1 hours" for a span of `seconds`.
+std::string format_duration(double seconds);
+
 }  // namespace dplan::planner

@@ -66,6 +66,30 @@ struct SearchResult {
 // Global batch (sequences) closest to `tokens` tokens, at least 1.
 int global_batch_for_tokens(double tokens, int seq_len);
 
+// The global batch when none is given (--global-batch): one owner for the rule, its two constants
+// below. Dedicated devices (every GPU cluster, cores_per_node 0): about kDefaultBatchTokens tokens,
+// unrounded (global_batch_for_tokens). A machine whose cores are the devices (local-cpu,
+// cores_per_node > 0): 4M tokens of gpt-tiny is a 2-minute predicted step there and several
+// times that measured, so `dplan scale` ran for hours; instead the largest batch of micro_batch *
+// dp * 2^k sequences whose predicted step on `layout` stays within kCpuStepTarget_s, at least
+// micro_batch * dp and never above the GPU default. `layout` is the layout it is sized on (its
+// global batch is ignored; the world is its tp * pp * dp * cp); the search passes
+// data_parallel_layout(gpus), the layout it starts from.
+int default_global_batch(const costmodel::ModelSpec& model, const costmodel::ClusterSpec& cluster,
+                         const costmodel::TrainingSpec& training, const costmodel::ParallelConfig& layout,
+                         const costmodel::OverlapOptions& overlap = {});
+// About 4M tokens per optimizer step: LLaMA's pre-training batch at every size (Touvron et al.
+// 2023, "LLaMA: Open and Efficient Foundation Language Models", table 2: batch size 4M); GPT-3
+// 175B's was 3.2M (Brown et al. 2020, table 2.1).
+inline constexpr double kDefaultBatchTokens = 4194304;
+// A predicted step of one second on shared CPU cores: with the shipped, never-probed local-cpu
+// profile predictions are 5-13x too fast for gpt-tiny (docs/profiles.md's dplan scale table,
+// docs/compare.md), so a measured step of seconds; with a probed profile, one second. A 10-step
+// run at three sizes (dplan scale's default) then takes a few minutes, not hours.
+inline constexpr double kCpuStepTarget_s = 1.0;
+// tp, pp, cp 1 and dp = gpus, micro-batch 1, nothing sharded or recomputed: DDP.
+costmodel::ParallelConfig data_parallel_layout(int gpus);
+
 // How many "things" a layout turns on (tp, pp, cp, ep > 1, an etp other than tp, sharding,
 // recompute, SP, offload, interleaving): the users' rule is start with DDP, add sharding, then model parallelism.
 int layout_complexity(const costmodel::ParallelConfig& parallel);

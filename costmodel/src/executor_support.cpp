@@ -18,11 +18,6 @@ std::optional<std::string> executor_refusal(const ModelSpec& model, const Traini
   if (model.mlp == MlpKind::plain ? model.activation.rfind("gelu", 0) != 0 : model.activation != "silu")
     return executor_does_not_run("the " + model.activation + " activation in a " + to_string(model.mlp) + " MLP");
   if (p.offload_optimizer) return executor_does_not_run("optimizer offload");
-  // Recompute replays the forward; with dropout it would draw other masks than the first forward.
-  if (p.recompute != Recompute::none && (model.attention_dropout > 0 || model.hidden_dropout > 0))
-    return std::string(
-        "recompute with dropout is not run: the recomputed forward would draw other masks; "
-        "use recompute none or a model with dropout 0");
   if (training.attention == Attention::flash && model.attention_dropout > 0)
     return "flash attention with attention dropout " + std::to_string(model.attention_dropout) +
            " is not run (the executor's flash attention has no dropout); plan with --attention standard";

@@ -3,8 +3,9 @@
 // and keeps only its inputs; backward runs `fn` again with the graph on and backpropagates
 // through it, so gradients reach the inputs and every parameter `fn` uses (through their
 // gradient accumulators, as in a normal backward). Collectives inside `fn` run again in backward,
-// in the same order on every rank. `fn` must be deterministic: the executor refuses recompute
-// with dropout.
+// in the same order on every rank. The random state `fn` started from in forward is restored
+// for the recomputation (torch.utils.checkpoint's preserve_rng_state), so dropout draws the same
+// masks twice.
 #pragma once
 
 #include <functional>

@@ -67,6 +67,27 @@ TEST_CASE("parity: full and selective recompute", "[executor][parity]") {
   check_layouts(kLlamaTiny, {{2, 2, 1, "1f1b", true, 1, "full"}, {2, 2, 1, "gpipe", false, 1, "selective"}});
 }
 
+TEST_CASE("recompute with dropout draws the same masks again: the same losses as without recompute",
+          "[executor][recompute]") {
+  // gpt-tiny with dropout 0.1 on attention probabilities, residuals and embeddings (standard
+  // attention: the flash path has no dropout). Each layout's ranks draw their own masks, so the
+  // comparison is within one layout: recompute none against full and selective.
+  const std::string model = std::string(DPLAN_VALIDATION_DIR) + "/executor/gpt-tiny-dropout/config.json";
+  TempDir dir;
+  for (Layout layout : std::vector<Layout>{{1, 1, 1}, {2, 2, 1, "1f1b", true}}) {
+    const std::vector<double> plain = losses(run_plan(write_plan(dir, model, layout, 8, {"--attention", "standard"}), {}, 4));
+    for (const std::string recompute : {"full", "selective"}) {
+      Layout again = layout;
+      again.recompute = recompute;
+      const std::vector<double> got =
+          losses(run_plan(write_plan(dir, model, again, 8, {"--attention", "standard"}), {}, 4));
+      INFO(again.describe());
+      REQUIRE(got.size() == plain.size());
+      for (size_t i = 0; i < got.size(); ++i) CHECK(std::abs(got[i] - plain[i]) <= 1e-6 * std::abs(plain[i]));
+    }
+  }
+}
+
 TEST_CASE("parity: ZeRO-1 and the distributed optimizer shard the optimizer state over dp", "[executor][parity]") {
   const std::vector<double>& ref = reference("gpt-tiny", 8);
   TempDir dir;

@@ -22,6 +22,10 @@ std::string divisors_of(int n) {
 }  // namespace
 
 const char* to_string(Attention a) { return a == Attention::flash ? "flash" : "standard"; }
+
+bool blockwise_attention(const TrainingSpec& t, const ParallelConfig& p) {
+  return t.attention == Attention::flash || p.cp > 1;
+}
 const char* to_string(Recompute r) {
   return r == Recompute::none ? "none" : r == Recompute::selective ? "selective" : "full";
 }

@@ -86,9 +86,10 @@ class GptStage {
   GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, int seq_len, ParallelContext& ctx,
            uint64_t seed);
 
-  // Stage 0 takes token ids [b, s] (int64); the others the previous stage's output. Returns this
-  // stage's output [b, s / (tp if SP), h], or on the last stage the summed per-token loss times
-  // `loss_scale` (a scalar).
+  // Stage 0 takes token ids [b, s] (int64; the whole sequence: each cp rank keeps its two chunks,
+  // as it does of the last stage's targets); the others the previous stage's output. Returns this
+  // stage's output [b, s / cp / (tp if SP), h], or on the last stage the summed per-token loss of
+  // this rank's tokens times `loss_scale` (a scalar).
   at::Tensor forward(const at::Tensor& input, const at::Tensor& targets, double loss_scale);
 
   // Shape and dtype of what this stage receives from (sends to) the neighbouring stage.

@@ -212,6 +212,11 @@ TrainingSpec training_from_json(const json& j, const std::string& file, const st
 ParallelConfig parallel_from_json(const json& j, const std::string& file, const std::string& pointer);
 
 const char* to_string(Attention a);
+// Whether the attention core runs blockwise (FlashAttention's tiles: the causal half of the work,
+// no s x s tensor stored): flash attention, and context parallel whatever --attention says, whose
+// ring runs only through fused attention (Megatron-Core's context parallel requires Transformer
+// Engine's; the executor's ring is blockwise, executor/src/ring_attention.h).
+bool blockwise_attention(const TrainingSpec& t, const ParallelConfig& p);
 const char* to_string(Recompute r);
 const char* to_string(Schedule s);
 Precision precision_from_string(const std::string& s);    // throws InputError listing choices

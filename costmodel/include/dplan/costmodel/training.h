@@ -206,6 +206,13 @@ void validate(const ModelSpec& model, const ClusterSpec& cluster, const Training
 // files that hold a layout (plan.json), so that assign_chunks' requirement holds after a read.
 std::optional<std::string> pipeline_split_problem(const ModelSpec& model, const ParallelConfig& parallel);
 
+// Every rule of check_layout for a layout a file holds (its world size its own): validate()'s
+// one-line message for the first broken, or nullopt. What plan.json's reader checks, so that
+// `dplan run` refuses what `dplan estimate` refuses (e.g. a cp whose 2*cp chunks do not divide the
+// sequence).
+std::optional<std::string> layout_problem(const ModelSpec& model, const TrainingSpec& training,
+                                          const ParallelConfig& parallel);
+
 json to_json(const TrainingSpec& training);
 json to_json(const ParallelConfig& parallel);
 TrainingSpec training_from_json(const json& j, const std::string& file, const std::string& pointer);

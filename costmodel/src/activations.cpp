@@ -44,8 +44,9 @@ double norm_bytes(const ModelSpec& m, const Shape& x) {
 
 // The attention core's s^2 tensors (standard attention only): softmax output, and with
 // attention dropout its 1-byte mask and its output (Korthikanti's 5as^2b).
-double attention_core_quadratic_bytes(const ModelSpec& m, const TrainingSpec& t, const Shape& x) {
-  if (t.attention == Attention::flash) return 0.0;
+double attention_core_quadratic_bytes(const ModelSpec& m, const TrainingSpec& t, const ParallelConfig& p,
+                                       const Shape& x) {
+  if (blockwise_attention(t, p)) return 0.0;
   double scores = x.heads_local * x.s * x.s_kv * x.b;
   double bytes = x.act * scores;
   if (m.attention_dropout > 0) bytes += 1.0 * scores + x.act * scores;
@@ -62,16 +63,19 @@ LayerActivations activations_per_layer(const ModelSpec& m, const TrainingSpec& t
   // Attention: norm, QKV input (stored sequence-sharded with SP and re-gathered in backward).
   a.attention_bytes = norm_bytes(m, x) + x.gemm * tokens * x.h / x.sp;
   a.attention_bytes += x.act * tokens * x.q_local;  // Q
-  if (t.attention == Attention::standard) {
+  if (!blockwise_attention(t, p)) {
     // Eager attention expands grouped K and V to every head before the matmuls that save them.
     a.attention_bytes += 2 * x.act * tokens * x.q_local;
   } else {
     // Flash attention saves K, V at kv-head width and a fp32 log-sum-exp per head and query;
-    // dropout is regenerated from the RNG state, no mask is stored (Dao et al. 2022).
+    // dropout is regenerated from the RNG state, no mask is stored (Dao et al. 2022). The
+    // context-parallel ring saves the same for this rank's s/cp tokens (Transformer Engine's
+    // AttnFuncWithCPAndKVP2P saves q, kv, out and the log-sum-exp; executor/src/ring_attention.h):
+    // the K,V blocks received from the other cp ranks live only during their ring step, as do
+    // the partial outputs merged into the output, so nothing more is stored per layer.
     a.attention_bytes += 2 * x.act * tokens * x.kv_local + 4.0 * x.heads_local * tokens;
   }
-  a.attention_bytes += attention_core_quadratic_bytes(m, t, x);
-  if (p.cp > 1) a.attention_bytes += 2 * x.act * tokens * x.kv_local;  // ring: K,V chunk in flight
+  a.attention_bytes += attention_core_quadratic_bytes(m, t, p, x);
   // MLA: the q and kv latents, inputs of the up projections (replicated over tp).
   if (m.is_mla()) a.attention_bytes += x.gemm * tokens * (m.q_lora_rank + m.kv_lora_rank);
   a.attention_bytes += x.gemm * tokens * m.attn_out_dim() / x.t;           // output projection input
@@ -112,7 +116,7 @@ double stored_activation_bytes_per_layer(const ModelSpec& m, const TrainingSpec&
       return x.act * x.s * x.b * x.h / x.sp;
     case Recompute::selective:
       // Megatron's core_attn recompute: drop the s^2 tensors (Korthikanti Eq. 3 / 6).
-      return activations_per_layer(m, t, p).total() - attention_core_quadratic_bytes(m, t, x);
+      return activations_per_layer(m, t, p).total() - attention_core_quadratic_bytes(m, t, p, x);
     case Recompute::none:
       break;
   }

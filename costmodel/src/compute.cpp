@@ -149,7 +149,7 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
   const double heads = m.num_heads / tp;
   const double sp = p.sequence_parallel ? tp : 1.0;             // element-wise work split by SP
   const double gated = m.mlp == MlpKind::swiglu ? 2.0 : 1.0;
-  const bool flash = t.attention == Attention::flash;
+  const bool flash = blockwise_attention(t, p);
   // Causal flash attention skips the masked half of the score blocks (Dao 2023, FlashAttention-2).
   const double causal = flash ? 0.5 : 1.0;
 

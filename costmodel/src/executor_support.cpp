@@ -4,13 +4,12 @@ namespace dplan::costmodel {
 
 std::string executor_does_not_run(const std::string& what) {
   return "the executor does not run " + what +
-         " yet; it runs tp, pp (gpipe, 1f1b, interleaved), dp, sequence parallel, ZeRO 0-3, the distributed optimizer, recompute "
+         " yet; it runs tp, pp (gpipe, 1f1b, interleaved), dp, context parallel, sequence parallel, ZeRO 0-3, the distributed optimizer, recompute "
          "(dplan --runnable searches only those)";
 }
 
 std::optional<std::string> executor_refusal(const ModelSpec& model, const TrainingSpec& training,
                                             const ParallelConfig& p) {
-  if (p.cp > 1) return executor_does_not_run("context parallel (cp " + std::to_string(p.cp) + ")");
   if (p.ep > 1 || model.is_moe()) return executor_does_not_run("mixture-of-experts models");
   // Its layers are GELU or SiLU-gated MLPs after plain multi-head / grouped-query attention.
   if (model.is_mla() || model.qk_norm || model.attention_sinks || model.num_sliding_layers > 0)
@@ -21,6 +20,10 @@ std::optional<std::string> executor_refusal(const ModelSpec& model, const Traini
   if (training.attention == Attention::flash && model.attention_dropout > 0)
     return "flash attention with attention dropout " + std::to_string(model.attention_dropout) +
            " is not run (the executor's flash attention has no dropout); plan with --attention standard";
+  // Context parallel runs the blockwise ring whatever --attention says (ring_attention.h).
+  if (p.cp > 1 && model.attention_dropout > 0)
+    return "context parallel with attention dropout " + std::to_string(model.attention_dropout) +
+           " is not run (the executor's ring attention has no dropout); use cp 1 or a model with attention dropout 0";
   return std::nullopt;
 }
 

@@ -123,6 +123,7 @@ Plan plan_from_json(const json& j, const std::string& file) {
   r.object("cluster");  // an object; its figures are the prediction's context, not read back
   plan.cluster = r.raw("cluster");
   plan.training = training_from_json(r.raw("training"), file, "/training");
+  if (auto problem = layout_problem(plan.model, plan.training, plan.parallel)) throw InputError(file + ": " + *problem);
   const ParallelConfig& p = plan.parallel;
   const int world = p.world_size();
   if (r.positive_int("gpus") != world) r.fail("gpus", std::to_string(world) + " (tp*cp*dp*pp)");

@@ -50,7 +50,9 @@ TensorParallelComm tensor_parallel_comm(const ModelSpec& m, const Network& net, 
 }
 
 // Context parallel: ring attention passes each K,V chunk cp-1 times around the ring, hidden
-// behind the attention core; backward also returns dK, dV (Liu et al. 2023, Ring Attention).
+// behind the attention core; backward passes K,V again and each block's dK, dV with it, which
+// go one step further to arrive home: cp-1 K,V and cp dK,dV transfers (Liu et al. 2023, Ring
+// Attention; Transformer Engine's AttnFuncWithCPAndKVP2P backward; executor/src/ring_attention.h).
 // Causal load balance: Megatron-Core splits the sequence into 2*cp chunks and gives rank i chunks
 // i and 2cp-1-i (hence seq divisible by 2*cp), so every rank does the same causal work and the
 // core's time per rank is the causal half of its s/cp queries over s keys (compute.cpp); each
@@ -61,7 +63,7 @@ ContextParallelComm context_parallel_comm(const ModelSpec& m, const Network& net
   if (p.cp > 1) {
     double chunk = 2 * tokens_per_microbatch(t, p) * m.kv_dim() / p.tp * activation_bytes(t.precision);
     double step = net.cost(Collective::send_recv, chunk, group_shape(p, Dim::cp)).time_s;
-    double fwd = (p.cp - 1) * step, bwd = 2 * fwd;
+    double fwd = (p.cp - 1) * step, bwd = fwd + p.cp * step;
     double fwd_exposed = exposed_s(fwd, lt.attention_core_s, 0, hide);
     double bwd_exposed = exposed_s(bwd, 2.5 * lt.attention_core_s, 0, hide);
     c.layer_s = fwd_exposed + bwd_exposed + (p.recompute == Recompute::full ? fwd_exposed : 0);

@@ -22,6 +22,10 @@ std::string divisors_of(int n) {
 }  // namespace
 
 const char* to_string(Attention a) { return a == Attention::flash ? "flash" : "standard"; }
+
+bool blockwise_attention(const TrainingSpec& t, const ParallelConfig& p) {
+  return t.attention == Attention::flash || p.cp > 1;
+}
 const char* to_string(Recompute r) {
   return r == Recompute::none ? "none" : r == Recompute::selective ? "selective" : "full";
 }
@@ -487,6 +491,12 @@ std::optional<std::string> pipeline_split_problem(const ModelSpec& model, const 
   const LayoutRule rule = stage_slots(model.num_layers, p).rule;
   if (rule == LayoutRule::ok) return std::nullopt;
   return rule_message(rule, model, TrainingSpec{}, p, p.world_size());
+}
+
+std::optional<std::string> layout_problem(const ModelSpec& model, const TrainingSpec& t, const ParallelConfig& p) {
+  const LayoutRule rule = check_layout(model, t, p, p.world_size());
+  if (rule == LayoutRule::ok) return std::nullopt;
+  return rule_message(rule, model, t, p, p.world_size());
 }
 
 void validate(const ModelSpec& model, const ClusterSpec& cluster, const TrainingSpec& t, const ParallelConfig& p,

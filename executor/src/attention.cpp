@@ -15,52 +15,104 @@ using torch::autograd::variable_list;
 // Query heads are grouped by the kv head they read (head i reads kv head i / g, as
 // repeat_interleave lays them out), so a query block viewed as [b, kv, g * n, d] multiplies K/V at
 // kv width directly: K/V are never expanded, and P^T dO sums dV over the g heads for free.
+// n queries against m keys.
 struct Shape {
-  int64_t b, heads, kv, g, s, d;
+  int64_t b, heads, kv, g, n, m, d;
   double scale;
 };
 
-// Query rows [i0, i0 + n) of a [b, heads, s, d] tensor, as [b, kv, g * n, d].
-at::Tensor query_block(const at::Tensor& qf, const Shape& sh, int64_t i0, int64_t n) {
-  return qf.view({sh.b, sh.kv, sh.g, sh.s, sh.d}).narrow(3, i0, n).reshape({sh.b, sh.kv, sh.g * n, sh.d});
+Shape shape_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const char* who) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes(), who, ": q [b, heads, s, d], k and v [b, kv_heads, s, d]");
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(3) == q.size(3), who, ": q and k/v differ in batch or head size");
+  TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, who, ": heads % kv_heads != 0");
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), who, ": q, k, v differ in dtype");
+  return {q.size(0), q.size(1), k.size(1), q.size(1) / k.size(1), q.size(2), k.size(2), q.size(3),
+          1.0 / std::sqrt(double(q.size(3)))};
 }
 
-// Scaled, masked scores of query rows [i0, i0 + n) against keys [0, i0 + n), as one fp32 tile
-// [b, kv, g * n, i0 + n] that callers turn into probabilities in place. Later keys are masked for
-// every row of the block, so they are skipped; earlier keys are visible to every row, so only the
-// diagonal n x n part needs the mask.
-at::Tensor scores(const at::Tensor& qb, const at::Tensor& kb, const Shape& sh, int64_t i0, int64_t n) {
+// Query rows [i0, i0 + n) of a [b, heads, sh.n, d] tensor, as [b, kv, g * n, d].
+at::Tensor query_block(const at::Tensor& qf, const Shape& sh, int64_t i0, int64_t n) {
+  return qf.view({sh.b, sh.kv, sh.g, sh.n, sh.d}).narrow(3, i0, n).reshape({sh.b, sh.kv, sh.g * n, sh.d});
+}
+
+// The keys query rows [i0, i0 + n) see: with the causal mask aligned to the block's end, keys
+// [0, m - sh.n + i0 + n) (later ones are masked for every row of the query block, so they are
+// skipped); without it all m.
+int64_t keys_seen(const Shape& sh, bool causal, int64_t i0, int64_t n) { return causal ? sh.m - sh.n + i0 + n : sh.m; }
+
+// Scaled scores of query rows [i0, i0 + n) against their keys (keys_seen), as one fp32 tile
+// [b, kv, g * n, keys] that callers turn into probabilities in place. Under the causal mask the
+// earlier keys are visible to every row, so only the last n x n part needs it.
+at::Tensor scores(const at::Tensor& qb, const at::Tensor& kb, const Shape& sh, int64_t n, bool causal) {
   at::Tensor s = at::matmul(qb, kb.transpose(-2, -1)).mul_(sh.scale);
-  at::Tensor future = at::ones({n, n}, qb.options().dtype(at::kBool)).triu_(1);
-  s.view({sh.b, sh.kv, sh.g, n, i0 + n}).narrow(-1, i0, n).masked_fill_(future, -std::numeric_limits<float>::infinity());
+  if (causal) {
+    const int64_t keys = kb.size(2);
+    at::Tensor future = at::ones({n, n}, qb.options().dtype(at::kBool)).triu_(1);
+    s.view({sh.b, sh.kv, sh.g, n, keys}).narrow(-1, keys - n, n).masked_fill_(future, -std::numeric_limits<float>::infinity());
+  }
   return s;
 }
+}  // namespace
 
+void attend_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, int64_t block,
+                  const at::Tensor& out4, const at::Tensor& lse) {
+  const Shape sh = shape_of(q, k, v, "attend_block");
+  TORCH_CHECK(!causal || sh.m >= sh.n, "attend_block: a causal block needs at least as many keys as queries");
+  at::Tensor lse4 = lse.view({sh.b, sh.kv, sh.g, sh.n});
+  for (int64_t i0 = 0; i0 < sh.n; i0 += block) {
+    const int64_t n = std::min(block, sh.n - i0), keys = keys_seen(sh, causal, i0, n);
+    at::Tensor p = scores(query_block(q, sh, i0, n), k.narrow(2, 0, keys), sh, n, causal);
+    // Softmax in place (at::logsumexp would allocate a second tile); the row maximum is finite
+    // since every row sees key 0.
+    at::Tensor row_max = std::get<0>(p.max(-1, /*keepdim=*/true));
+    at::Tensor row_sum = p.sub_(row_max).exp_().sum(-1, /*keepdim=*/true);
+    p.div_(row_sum);
+    at::Tensor lse_b = row_max.add_(row_sum.log_());  // [b, kv, g * n, 1]
+    at::Tensor o = at::matmul(p, v.narrow(2, 0, keys));  // [b, kv, g * n, d] == [b, heads, n, d]
+    out4.narrow(1, i0, n).copy_(o.view({sh.b, sh.heads, n, sh.d}).transpose(1, 2));
+    lse4.narrow(3, i0, n).copy_(lse_b.view({sh.b, sh.kv, sh.g, n}));
+  }
+}
+
+void attend_block_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out4,
+                           const at::Tensor& dout4, const at::Tensor& lse, bool causal, int64_t block,
+                           const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv) {
+  const Shape sh = shape_of(q, k, v, "attend_block_backward");
+  at::Tensor lse4 = lse.view({sh.b, sh.kv, sh.g, sh.n});
+  at::Tensor dq5 = dq.view({sh.b, sh.kv, sh.g, sh.n, sh.d});
+  for (int64_t i0 = 0; i0 < sh.n; i0 += block) {
+    const int64_t n = std::min(block, sh.n - i0), keys = keys_seen(sh, causal, i0, n);
+    at::Tensor qb = query_block(q, sh, i0, n);
+    at::Tensor kb = k.narrow(2, 0, keys), vb = v.narrow(2, 0, keys);
+    at::Tensor dout_b = dout4.narrow(1, i0, n).to(at::kFloat);                  // [b, n, heads, d]
+    at::Tensor delta = (dout_b * out4.narrow(1, i0, n).to(at::kFloat)).sum(-1);  // D = rowsum(dO * O)
+    delta = delta.transpose(1, 2).reshape({sh.b, sh.kv, sh.g * n, 1});
+    dout_b = dout_b.transpose(1, 2).reshape({sh.b, sh.kv, sh.g * n, sh.d});
+    // P = exp(S - lse), recomputed rather than stored.
+    at::Tensor p = scores(qb, kb, sh, n, causal);
+    p.sub_(lse4.narrow(3, i0, n).reshape({sh.b, sh.kv, sh.g * n, 1})).exp_();
+    dv.narrow(2, 0, keys).add_(at::matmul(p.transpose(-2, -1), dout_b));
+    // dS = P * (dP - D), in dP's storage; masked entries have P = 0 and so dS = 0.
+    at::Tensor ds = at::matmul(dout_b, vb.transpose(-2, -1)).sub_(delta).mul_(p);
+    p.reset();
+    dq5.narrow(3, i0, n).add_(at::matmul(ds, kb).mul_(sh.scale).view({sh.b, sh.kv, sh.g, n, sh.d}));
+    dk.narrow(2, 0, keys).add_(at::matmul(ds.transpose(-2, -1), qb), sh.scale);
+  }
+}
+
+namespace {
 struct FlashAttention : torch::autograd::Function<FlashAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             int64_t block) {
     at::NoGradGuard no_grad;
     // contiguous() copies only a strided view (e.g. into a fused QKV output), which then is not kept.
     at::Tensor q_c = q.contiguous(), k_c = k.contiguous(), v_c = v.contiguous();
-    const Shape sh = shape_of(q_c, k_c, v_c);
-    at::Tensor qf = q_c.to(at::kFloat), kf = k_c.to(at::kFloat), vf = v_c.to(at::kFloat);
-    at::Tensor out = at::empty({sh.b, sh.s, sh.heads * sh.d}, q_c.options());
-    at::Tensor lse = at::empty({sh.b, sh.heads, sh.s}, q_c.options().dtype(at::kFloat));
-    at::Tensor out4 = out.view({sh.b, sh.s, sh.heads, sh.d});
-    at::Tensor lse4 = lse.view({sh.b, sh.kv, sh.g, sh.s});
-    for (int64_t i0 = 0; i0 < sh.s; i0 += block) {
-      const int64_t n = std::min(block, sh.s - i0), i1 = i0 + n;
-      at::Tensor p = scores(query_block(qf, sh, i0, n), kf.narrow(2, 0, i1), sh, i0, n);
-      // Softmax in place (at::logsumexp would allocate a second tile); the row maximum is finite
-      // since every row sees key 0.
-      at::Tensor row_max = std::get<0>(p.max(-1, /*keepdim=*/true));
-      at::Tensor row_sum = p.sub_(row_max).exp_().sum(-1, /*keepdim=*/true);
-      p.div_(row_sum);
-      at::Tensor lse_b = row_max.add_(row_sum.log_());  // [b, kv, g * n, 1]
-      at::Tensor o = at::matmul(p, vf.narrow(2, 0, i1));  // [b, kv, g * n, d] == [b, heads, n, d]
-      out4.narrow(1, i0, n).copy_(o.view({sh.b, sh.heads, n, sh.d}).transpose(1, 2));
-      lse4.narrow(3, i0, n).copy_(lse_b.view({sh.b, sh.kv, sh.g, n}));
-    }
+    const Shape sh = shape_of(q_c, k_c, v_c, "flash_attention");
+    TORCH_CHECK(sh.m == sh.n, "flash_attention: q and k/v differ in sequence length");
+    at::Tensor out = at::empty({sh.b, sh.n, sh.heads * sh.d}, q_c.options());
+    at::Tensor lse = at::empty({sh.b, sh.heads, sh.n}, q_c.options().dtype(at::kFloat));
+    attend_block(q_c.to(at::kFloat), k_c.to(at::kFloat), v_c.to(at::kFloat), /*causal=*/true, block,
+                 out.view({sh.b, sh.n, sh.heads, sh.d}), lse);
     ctx->saved_data["block"] = block;
     ctx->save_for_backward({q_c, k_c, v_c, out, lse});
     return out;
@@ -71,46 +123,13 @@ struct FlashAttention : torch::autograd::Function<FlashAttention> {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     const int64_t block = ctx->saved_data["block"].toInt();
-    const Shape sh = shape_of(q, k, v);
-    at::Tensor qf = q.to(at::kFloat), kf = k.to(at::kFloat), vf = v.to(at::kFloat);
-    at::Tensor dout4 = grad[0].reshape({sh.b, sh.s, sh.heads, sh.d});
-    at::Tensor out4 = out.view({sh.b, sh.s, sh.heads, sh.d});
-    at::Tensor lse4 = lse.view({sh.b, sh.kv, sh.g, sh.s});
-    at::Tensor dq = at::empty({sh.b, sh.heads, sh.s, sh.d}, qf.options());  // every block writes its rows
-    at::Tensor dk = at::zeros({sh.b, sh.kv, sh.s, sh.d}, qf.options());
-    at::Tensor dv = at::zeros({sh.b, sh.kv, sh.s, sh.d}, qf.options());
-    at::Tensor dq5 = dq.view({sh.b, sh.kv, sh.g, sh.s, sh.d});
-    for (int64_t i0 = 0; i0 < sh.s; i0 += block) {
-      const int64_t n = std::min(block, sh.s - i0), i1 = i0 + n;
-      at::Tensor qb = query_block(qf, sh, i0, n);
-      at::Tensor kb = kf.narrow(2, 0, i1), vb = vf.narrow(2, 0, i1);
-      at::Tensor dout_b = dout4.narrow(1, i0, n).to(at::kFloat);                  // [b, n, heads, d]
-      at::Tensor delta = (dout_b * out4.narrow(1, i0, n).to(at::kFloat)).sum(-1);  // D = rowsum(dO * O)
-      delta = delta.transpose(1, 2).reshape({sh.b, sh.kv, sh.g * n, 1});
-      dout_b = dout_b.transpose(1, 2).reshape({sh.b, sh.kv, sh.g * n, sh.d});
-      // P = exp(S - lse), recomputed rather than stored.
-      at::Tensor p = scores(qb, kb, sh, i0, n);
-      p.sub_(lse4.narrow(3, i0, n).reshape({sh.b, sh.kv, sh.g * n, 1})).exp_();
-      dv.narrow(2, 0, i1).add_(at::matmul(p.transpose(-2, -1), dout_b));
-      // dS = P * (dP - D), in dP's storage; masked entries have P = 0 and so dS = 0.
-      at::Tensor ds = at::matmul(dout_b, vb.transpose(-2, -1)).sub_(delta).mul_(p);
-      p.reset();
-      dq5.narrow(3, i0, n).copy_(at::matmul(ds, kb).mul_(sh.scale).view({sh.b, sh.kv, sh.g, n, sh.d}));
-      dk.narrow(2, 0, i1).add_(at::matmul(ds.transpose(-2, -1), qb), sh.scale);
-    }
+    const Shape sh = shape_of(q, k, v, "flash_attention");
+    at::Tensor dq = at::zeros({sh.b, sh.heads, sh.n, sh.d}, q.options().dtype(at::kFloat));
+    at::Tensor dk = at::zeros({sh.b, sh.kv, sh.m, sh.d}, dq.options());
+    at::Tensor dv = at::zeros({sh.b, sh.kv, sh.m, sh.d}, dq.options());
+    attend_block_backward(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), out.view({sh.b, sh.n, sh.heads, sh.d}),
+                          grad[0].reshape({sh.b, sh.n, sh.heads, sh.d}), lse, /*causal=*/true, block, dq, dk, dv);
     return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), at::Tensor()};
-  }
-
-  static Shape shape_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-    TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes(),
-                "flash_attention: q [b, heads, s, d], k and v [b, kv_heads, s, d]");
-    TORCH_CHECK(k.size(0) == q.size(0) && k.size(2) == q.size(2) && k.size(3) == q.size(3),
-                "flash_attention: q and k/v differ in batch, sequence or head size");
-    TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, "flash_attention: heads % kv_heads != 0");
-    TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
-                "flash_attention: q, k, v differ in dtype");
-    return {q.size(0), q.size(1), k.size(1), q.size(1) / k.size(1), q.size(2), q.size(3),
-            1.0 / std::sqrt(double(q.size(3)))};
   }
 };
 }  // namespace

@@ -29,4 +29,25 @@ at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 // freed them. For tests and memory accounting.
 std::vector<at::Tensor> flash_attention_saved(const at::Tensor& out);
 
+// The blockwise pieces flash_attention is made of, shared with the context-parallel ring
+// (ring_attention.h), which runs them on one K/V block at a time. q, k, v and the gradients fp32.
+//
+// Attention of q [b, heads, n, d] to one block of keys k, v [b, kv_heads, m, d] only, in query
+// blocks of `block` rows. causal: the mask aligned to the block's end (m >= n; query i sees keys
+// 0 .. m - n + i: the block's keys end where the queries do); otherwise every query sees every key.
+// Writes the output normalised over this block's keys into out4 [b, n, heads, d] (any strides, e.g.
+// a view of a [b, n, heads * d] tensor) and the fp32 log-sum-exp of each query's scores into
+// lse [b, heads, n]; every query must see at least one key.
+void attend_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, int64_t block,
+                  const at::Tensor& out4, const at::Tensor& lse);
+
+// Gradients through attend_block's scores against the same block, given the output out4
+// [b, n, heads, d] and fp32 log-sum-exp lse [b, heads, n] of the whole attention the block is part
+// of (with those, each block's probabilities P = exp(S - lse) are the whole softmax's and
+// D = rowsum(dO * O) is the whole output's: Dao et al. 2022, Algorithm 4): adds into dq
+// [b, heads, n, d] and dk, dv [b, kv_heads, m, d] (fp32, any strides). dout4 [b, n, heads, d].
+void attend_block_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out4,
+                           const at::Tensor& dout4, const at::Tensor& lse, bool causal, int64_t block,
+                           const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv);
+
 }  // namespace dplan::executor

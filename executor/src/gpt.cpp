@@ -1,5 +1,6 @@
 #include "gpt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -11,6 +12,7 @@
 #include "attention.h"
 #include "fused_ops.h"
 #include "recompute.h"
+#include "ring_attention.h"
 #include "tp_ops.h"
 
 namespace dplan::executor {
@@ -53,7 +55,13 @@ GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, in
   require_divides(tp, model.num_heads, "num_heads");
   require_divides(tp, model.num_kv_heads, "num_kv_heads");
   require_divides(tp, F, "ffn_hidden_size");
-  if (ctx.sequence_parallel) require_divides(tp, seq_len, "seq_len under sequence parallel");
+  const int cp = std::max(1, ctx.cp.size());
+  // Context parallel: 2*cp chunks of the sequence, two per cp rank (ring_attention.h); the planner's
+  // rule (costmodel check_context_parallel) refuses such plans first.
+  if (cp > 1 && seq_len % (2 * cp) != 0)
+    throw std::invalid_argument("seq_len (" + std::to_string(seq_len) + ") is not divisible by 2 * cp = " +
+                                std::to_string(2 * cp));
+  if (ctx.sequence_parallel) require_divides(tp, seq_len / cp, "seq_len / cp under sequence parallel");
   if (seq_len > model.max_seq_len && model.position == PositionKind::learned)
     throw std::invalid_argument("seq_len " + std::to_string(seq_len) + " exceeds the model's learned positions (" +
                                 std::to_string(model.max_seq_len) + ")");
@@ -139,7 +147,8 @@ GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, in
   }
   if (model.position == PositionKind::rotary) {
     at::Tensor inv = 1.0 / at::pow(kRopeBase, at::arange(0, d, 2, at::kDouble) / double(d));
-    at::Tensor angles = at::outer(at::arange(seq_len, at::kDouble), inv);  // [s, d/2]
+    // [s, d/2] at this cp rank's tokens' true positions (the whole sequence when cp is 1).
+    at::Tensor angles = at::outer(cp_chunks(at::arange(seq_len, at::kDouble), 0, cp, ctx.cp.rank()), inv);
     rope_cos_ = angles.cos().to(ctx.device, ctx.dtype);
     rope_sin_ = angles.sin().to(ctx.device, ctx.dtype);
   }
@@ -148,7 +157,8 @@ GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, in
 std::vector<int64_t> GptStage::activation_shape(int64_t micro_batch) const {
   const int tp = ctx_.tp.size();
   const bool sp = sequence_parallel();
-  return {micro_batch, sp ? seq_len_ / tp : seq_len_, model_.hidden_size};
+  const int64_t local = seq_len_ / std::max(1, ctx_.cp.size());  // this cp rank's two chunks
+  return {micro_batch, sp ? local / tp : local, model_.hidden_size};
 }
 
 at::Tensor GptStage::norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const {
@@ -167,7 +177,8 @@ at::Tensor GptStage::embed(const at::Tensor& tokens) {
   at::Tensor x = sp ? scatter_to_sp(rows, tp, ctx_.clock, 1) : reduce_from_tp(rows, tp, ctx_.clock);
   if (wpe_.defined()) {
     const int64_t s = x.size(1), first = sp ? int64_t(tp.rank()) * s : 0;
-    x = x + wpe_.narrow(0, first, s);
+    // Learned positions at the tokens' true positions: this cp rank's chunks, then the SP shard.
+    x = x + cp_chunks(wpe_.narrow(0, 0, seq_len_), 0, ctx_.cp.size(), ctx_.cp.rank()).narrow(0, first, s);
   }
   if (model_.hidden_dropout > 0) x = at::dropout(x, model_.hidden_dropout, true);
   return x;
@@ -216,7 +227,13 @@ at::Tensor GptStage::attention(const Block& blk, const at::Tensor& x_in) const {
     k = rotate(k);
   }
   at::Tensor ctx;
-  if (ctx_.attention == costmodel::Attention::flash) {
+  if (ctx_.cp.size() > 1) {
+    // Context parallel: the ring, blockwise like flash attention whatever --attention says
+    // (Megatron-Core runs context parallel only through Transformer Engine's fused attention; the
+    // cost model prices it so, activations.cpp); nothing quadratic is stored, so selective
+    // recompute has nothing to drop.
+    ctx = ring_attention(q, k, v, ctx_.cp, &ctx_.clock);
+  } else if (ctx_.attention == costmodel::Attention::flash) {
     // Nothing quadratic is stored, so selective recompute has nothing to drop (Megatron's practice
     // with flash attention); grouped K/V stay at kv-head width.
     ctx = flash_core(q, k, v);
@@ -290,7 +307,11 @@ at::Tensor GptStage::forward(int chunk, const at::Tensor& input, const at::Tenso
   // Units are numbered in this rank's forward order: the embedding, the layers chunk by chunk, the head.
   int unit = (stage_.embedding ? 1 : 0) + chunk_first_block_.at(chunk);
   at::Tensor x = input;
-  if (has_embedding(chunk)) x = segment({0}, [&] { return embed(input); });
+  // Context parallel: this cp rank's two chunks of every sequence's tokens and targets.
+  const int cp = ctx_.cp.size(), cp_rank = ctx_.cp.rank();
+  if (has_embedding(chunk)) x = cp_chunks(input, 1, cp, cp_rank);
+  const at::Tensor local_targets = has_head(chunk) ? cp_chunks(targets, 1, cp, cp_rank) : targets;
+  if (has_embedding(chunk)) x = segment({0}, [&] { return embed(x); });
   for (int i = chunk_first_block_[chunk]; i < chunk_first_block_[chunk + 1]; ++i) {
     const Block& blk = blocks_[i];
     x = segment({unit++}, [&] {
@@ -302,7 +323,7 @@ at::Tensor GptStage::forward(int chunk, const at::Tensor& input, const at::Tenso
   if (!has_head(chunk)) return x;
   std::vector<int> head{head_unit_};
   if (model_.tied_embeddings && stage_.embedding) head.push_back(0);  // the head is the embedding's matrix
-  return segment(head, [&] { return head_loss(x, targets, loss_scale); });
+  return segment(head, [&] { return head_loss(x, local_targets, loss_scale); });
 }
 
 }  // namespace dplan::executor

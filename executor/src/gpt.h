@@ -93,10 +93,11 @@ class GptStage {
   GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, int seq_len, ParallelContext& ctx,
            uint64_t seed);
 
-  // Runs model chunk `chunk` of this rank. The embedding's chunk takes token ids [b, s] (int64),
-  // the others the previous virtual stage's output. Returns the chunk's output
-  // [b, s / (tp if SP), h], or from the head's chunk the summed per-token loss times `loss_scale`
-  // (a scalar).
+  // Runs model chunk `chunk` of this rank. The embedding's chunk takes token ids [b, s] (int64; the
+  // whole sequence: each cp rank keeps its two chunks, as it does of the head's targets), the
+  // others the previous virtual stage's output. Returns the chunk's output
+  // [b, s / cp / (tp if SP), h], or from the head's chunk the summed per-token loss of this rank's
+  // tokens times `loss_scale` (a scalar).
   at::Tensor forward(int chunk, const at::Tensor& input, const at::Tensor& targets, double loss_scale);
   int num_chunks() const { return static_cast<int>(stage_.chunks.size()); }
   bool has_embedding(int chunk) const { return stage_.embedding && chunk == 0; }

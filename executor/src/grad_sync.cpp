@@ -69,7 +69,7 @@ GradSync::GradSync(GptStage& stage, ParallelContext& ctx, int64_t bucket_bytes, 
   }
 
   armed_.assign(stage.num_chunks(), false);
-  const int dp = ctx.dp.size(), r = ctx.dp.rank();
+  const int dp = dense_group().size(), r = dense_group().rank();
   if (zero_stage >= 3) units_.resize(stage.num_units());
   for (size_t b = 0; b < members.size(); ++b) {
     Bucket bucket;
@@ -165,7 +165,7 @@ void GradSync::mark_ready(int bucket, int param) {
     return;
   }
   if (!armed_[b.chunk]) return;  // an accumulation micro-batch: no communication
-  if (++b.ready == static_cast<int>(b.members.size())) b.work = ctx_.dp.all_reduce_async(b.grads);
+  if (++b.ready == static_cast<int>(b.members.size())) b.work = dense_group().all_reduce_async(b.grads);
 }
 
 // Stages 2, 3: a flat gradient buffer for one micro-batch of a bucket, the members' .grads views
@@ -194,10 +194,10 @@ void GradSync::launch_sharded_reduction(int bucket) {
   Bucket& b = buckets_[bucket];
   provide_gradient_buffer(bucket);
   for (int i : b.members) params_[i].tensor.mutable_grad() = at::Tensor();  // the buffer alone holds them now
-  ctx_.meter.note_buffer_bytes(b.numel / ctx_.dp.size() * at::elementSize(grad_dtype_));
-  b.grads_reduced = at::empty({b.numel / ctx_.dp.size()}, b.grads.options());
+  ctx_.meter.note_buffer_bytes(b.numel / dense_group().size() * at::elementSize(grad_dtype_));
+  b.grads_reduced = at::empty({b.numel / dense_group().size()}, b.grads.options());
   b.ready = 0;
-  b.work = ctx_.dp.reduce_scatter_async(b.grads, b.grads_reduced);
+  b.work = dense_group().reduce_scatter_async(b.grads, b.grads_reduced);
   reducing_.push_back(bucket);
   if (zero_stage_ >= 3) {  // the unit's backward is over once all its buckets are reducing
     Unit& u = units_[b.unit];
@@ -247,8 +247,8 @@ void GradSync::finish() {
       complete_reductions();
     } else {
       for (auto& b : buckets_) {
-        if (ctx_.dp.size() > 1 && !b.work.pending())  // a bucket whose hooks did not all fire (unused parameter)
-          b.work = ctx_.dp.all_reduce_async(b.grads);
+        if (dense_group().size() > 1 && !b.work.pending())  // a bucket whose hooks did not all fire (unused parameter)
+          b.work = dense_group().all_reduce_async(b.grads);
         b.work.wait();
       }
     }
@@ -263,7 +263,7 @@ void GradSync::finish() {
   PhaseScope scope(ctx_.clock, Phase::tp_comm);
   if (zero_stage_ >= 2) {
     for (auto& b : buckets_) {
-      for_each_piece(params_, b.members, b.numel, ctx_.dp.size(), ctx_.dp.rank(), [&](int i, int64_t at, int64_t n) {
+      for_each_piece(params_, b.members, b.numel, dense_group().size(), dense_group().rank(), [&](int i, int64_t at, int64_t n) {
         if (!params_[i].sequence_parallel_partial) return;
         at::Tensor piece = b.grad_shard.narrow(0, at, n);
         ctx_.tp.all_reduce(piece);
@@ -287,11 +287,11 @@ double GradSync::clip_grad_norm(double max_norm) {
   };
   if (zero_stage_ >= 2) {
     for (auto& b : buckets_) {
-      for_each_piece(params_, b.members, b.numel, ctx_.dp.size(), ctx_.dp.rank(), [&](int i, int64_t at, int64_t n) {
+      for_each_piece(params_, b.members, b.numel, dense_group().size(), dense_group().rank(), [&](int i, int64_t at, int64_t n) {
         if (counted(params_[i])) sum_sq += b.grad_shard.narrow(0, at, n).to(at::kDouble).pow(2).sum();
       });
     }
-    ctx_.dp.all_reduce(sum_sq);  // the shards are disjoint
+    dense_group().all_reduce(sum_sq);  // the shards are disjoint
   } else {
     // Data-parallel replicas hold the same reduced gradients: only tp and pp shards are summed.
     for (auto& p : params_)
@@ -309,8 +309,8 @@ double GradSync::clip_grad_norm(double max_norm) {
 
 at::Tensor GradSync::optimizer_region(const Bucket& b, const at::Tensor& flat) const {
   if (!shard_optimizer_) return flat;
-  const int64_t slice = b.numel / ctx_.dp.size();
-  return flat.narrow(0, ctx_.dp.rank() * slice, slice);
+  const int64_t slice = b.numel / dense_group().size();
+  return flat.narrow(0, dense_group().rank() * slice, slice);
 }
 
 int64_t GradSync::master_bytes() const {
@@ -324,7 +324,7 @@ int64_t GradSync::master_bytes() const {
 
 std::vector<GradSync::OptimizerParam> GradSync::optimizer_params() {
   std::vector<OptimizerParam> out;
-  const int parts = shard_optimizer_ ? ctx_.dp.size() : 1, index = shard_optimizer_ ? ctx_.dp.rank() : 0;
+  const int parts = shard_optimizer_ ? dense_group().size() : 1, index = shard_optimizer_ ? dense_group().rank() : 0;
   for (auto& b : buckets_) {
     const at::Tensor grads = zero_stage_ >= 2 ? b.grad_shard : optimizer_region(b, b.grads);
     for_each_piece(params_, b.members, b.numel, parts, index, [&](int i, int64_t at, int64_t n) {
@@ -342,10 +342,10 @@ void GradSync::finish_step() {
     at::Tensor region = zero_stage_ >= 3 ? b.param_shard : optimizer_region(b, b.params);
     if (region.data_ptr() != b.master.data_ptr()) region.copy_(b.master);
   }
-  if (!shard_optimizer_ || zero_stage_ >= 3 || ctx_.dp.size() == 1) return;
+  if (!shard_optimizer_ || zero_stage_ >= 3 || dense_group().size() == 1) return;
   PhaseScope scope(ctx_.clock, Phase::dp_comm);  // every rank's updated slice to every rank
   std::vector<Work> works;
-  for (auto& b : buckets_) works.push_back(ctx_.dp.all_gather_async(b.params, b.param_shard));
+  for (auto& b : buckets_) works.push_back(dense_group().all_gather_async(b.params, b.param_shard));
   for (auto& w : works) w.wait();
 }
 
@@ -361,7 +361,7 @@ void GradSync::gather(int unit, bool wait) {
       Bucket& b = buckets_[i];
       ctx_.meter.note_buffer_bytes(b.params.nbytes());  // first, so that the allocation counts as a buffer
       allocate_storage(b.params);
-      u.gathers.push_back(ctx_.dp.all_gather_async(b.params, b.param_shard));
+      u.gathers.push_back(dense_group().all_gather_async(b.params, b.param_shard));
     }
     u.state = Unit::State::gathering;
   }

@@ -117,6 +117,10 @@ class GradSync : public UnitHooks {
   void release(int unit);
   void before_backward(const std::vector<int>& units);
   at::Tensor optimizer_region(const Bucket& b, const at::Tensor& flat) const;
+  // The group the dense buckets are reduced (and ZeRO-sharded) over: dp x cp, since every cp rank
+  // holds every dense parameter (Megatron-Core's data-parallel group with context parallel;
+  // costmodel memory.cpp shards over dp * cp). The same ranks as dp when cp is 1.
+  Group& dense_group() const { return ctx_.dp_cp; }
 
   GptStage& stage_;
   std::vector<Parameter>& params_;

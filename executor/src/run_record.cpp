@@ -135,10 +135,11 @@ json assemble_run(const ExecPlan& plan, int world_size, int num_steps, int warmu
     run.stage_of_rank.push_back(r["stage"].get<int>());
   }
   run.memory_source = memory_source;
-  // Data-parallel replicas (same tp and pp coordinates) must hold bit-identical weights.
+  // Data-parallel replicas (same tp and pp coordinates) must hold bit-identical weights; so must
+  // the cp ranks, which hold the same parameters and step the gradients summed over dp x cp.
   for (const auto& a : plan.ranks)
     for (const auto& b : plan.ranks)
-      if (a.tp == b.tp && a.pp == b.pp && a.cp == b.cp && run.weights_hash_by_rank[a.rank] != run.weights_hash_by_rank[b.rank])
+      if (a.tp == b.tp && a.pp == b.pp && run.weights_hash_by_rank[a.rank] != run.weights_hash_by_rank[b.rank])
         run.replicas_identical = false;
   return costmodel::to_json(run);
 }

@@ -181,7 +181,7 @@ StepResult Trainer::step(const std::vector<Batch>& batches) {
   }
   grads_.finish_step();  // master weights into the parameters; ZeRO 1, 2: every rank's slice to all
   // The loss lives on the last stage; sum it over data-parallel replicas and share it along the pipeline.
-  ctx_.dp.all_reduce(loss_sum);
+  ctx_.dp_cp.all_reduce(loss_sum);  // each cp rank summed the loss of its own chunks
   ctx_.pp.all_reduce(loss_sum);
   result.loss = loss_sum.item<double>();
   return result;

@@ -206,12 +206,24 @@ void validate(const ModelSpec& model, const ClusterSpec& cluster, const Training
 // files that hold a layout (plan.json), so that assign_chunks' requirement holds after a read.
 std::optional<std::string> pipeline_split_problem(const ModelSpec& model, const ParallelConfig& parallel);
 
+// Every rule of check_layout for a layout a file holds (its world size its own): validate()'s
+// one-line message for the first broken, or nullopt. What plan.json's reader checks, so that
+// `dplan run` refuses what `dplan estimate` refuses (e.g. a cp whose 2*cp chunks do not divide the
+// sequence).
+std::optional<std::string> layout_problem(const ModelSpec& model, const TrainingSpec& training,
+                                          const ParallelConfig& parallel);
+
 json to_json(const TrainingSpec& training);
 json to_json(const ParallelConfig& parallel);
 TrainingSpec training_from_json(const json& j, const std::string& file, const std::string& pointer);
 ParallelConfig parallel_from_json(const json& j, const std::string& file, const std::string& pointer);
 
 const char* to_string(Attention a);
+// Whether the attention core runs blockwise (FlashAttention's tiles: the causal half of the work,
+// no s x s tensor stored): flash attention, and context parallel whatever --attention says, whose
+// ring runs only through fused attention (Megatron-Core's context parallel requires Transformer
+// Engine's; the executor's ring is blockwise, executor/src/ring_attention.h).
+bool blockwise_attention(const TrainingSpec& t, const ParallelConfig& p);
 const char* to_string(Recompute r);
 const char* to_string(Schedule s);
 Precision precision_from_string(const std::string& s);    // throws InputError listing choices

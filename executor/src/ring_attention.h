@@ -1,0 +1,49 @@
+// Context parallel: exact causal attention over a sequence split between the cp ranks, as
+// Megatron-Core runs it through Transformer Engine's p2p ring (attention.py,
+// AttnFuncWithCPAndKVP2P; Liu et al. 2023, arXiv 2310.01889, "Ring Attention with Blockwise
+// Transformers"), and as the cost model prices it (costmodel/src/time_phases.cpp
+// context_parallel_comm, activations.cpp, compute.cpp):
+//   - causal load balance: the sequence is cut into 2*cp chunks and cp rank i holds chunks i and
+//     2cp-1-i, in that order (Megatron-LM get_batch_on_this_cp_rank), so every rank does the same
+//     causal work;
+//   - forward: cp steps; at step t the rank holds the K,V of cp rank i-t, attends its queries to
+//     them (the blockwise flash pieces of attention.h, the causal mask by each token's true
+//     position; a chunk entirely in a query chunk's future is skipped), merges the partial outputs
+//     by their log-sum-exp (online softmax, Milakov & Gimelshein 2018), and meanwhile sends the
+//     K,V in hand to cp rank i+1 and receives cp rank i-t-1's: cp-1 transfers of its K,V chunk;
+//   - backward: the ring again, K,V prefetched the same way; dQ accumulates here, the partial dK,dV
+//     of the block in hand travel with it (received from cp rank i-1, this rank's share added, sent
+//     to i+1), and after the last step each block's dK,dV arrive home: cp transfers of the dK,dV.
+// Grouped-query K/V travel and multiply at kv-head width; softmax statistics are fp32; what travels
+// has K/V's dtype. Saved for backward: this rank's q, k, v, the output and the fp32 log-sum-exp,
+// the same as flash_attention (no received K,V outlives its step). Waits on the ring are timed
+// into the tp_comm phase: the run record's intra-layer collectives, which dplan compare sets
+// against the predicted tp_comm + cp_comm + ep_comm (planner/src/compare.cpp).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "comm.h"
+#include "phase_clock.h"
+
+namespace dplan::executor {
+
+// This cp rank's share of a full-sequence tensor along `dim`: chunks `rank` and 2cp-1-rank of
+// 2*cp equal chunks, concatenated (differentiable). `dim`'s size must be divisible by 2*cp.
+at::Tensor cp_chunks(const at::Tensor& full, int64_t dim, int cp, int rank);
+
+// q [b, heads, 2c, d]; k, v [b, kv_heads, 2c, d]: this rank's two chunks (cp_chunks order) of the
+// queries, keys and values of a causal sequence of 2*c*cp tokens, heads % kv_heads == 0. Every
+// member of `cp` calls it with the same shapes in the same order. Returns this rank's rows of the
+// context as [b, 2c, heads * d] (contiguous), with q's dtype. `clock` may be null.
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Group& cp,
+                          PhaseClock* clock, int64_t block = 64);
+
+// The tensors a ring_attention output's graph node holds for backward, {q, k, v, out, lse}; empty
+// if `out` did not come from ring_attention. For tests and memory accounting.
+std::vector<at::Tensor> ring_attention_saved(const at::Tensor& out);
+
+}  // namespace dplan::executor

@@ -1,0 +1,121 @@
+// The context-parallel ring (executor/src/ring_attention.h) over real Gloo groups of 2 and 4
+// members (threads of this process on 127.0.0.1, one c10d::HashStore, as comm_test.cpp): each
+// member's output and its q, k, v gradients must equal its rows of flash_attention's on the whole
+// sequence, with grouped-query K/V and several query blocks per chunk; and the saved tensors must
+// be flash attention's (this rank's q, k, v, out and the fp32 log-sum-exp), nothing received.
+#include <exception>
+#include <string>
+#include <thread>
+#include <vector>
+
+// LibTorch first: its glog defines CHECK, which must give way to Catch's.
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/torch.h>
+#undef CHECK
+#include <catch2/catch.hpp>
+
+#include "attention.h"
+#include "comm.h"
+#include "phase_clock.h"
+#include "ring_attention.h"
+
+namespace {
+using dplan::executor::cp_chunks;
+using dplan::executor::flash_attention;
+using dplan::executor::Group;
+using dplan::executor::GroupOptions;
+using dplan::executor::PhaseClock;
+using dplan::executor::ring_attention;
+using dplan::executor::ring_attention_saved;
+
+struct Result {
+  at::Tensor out, dq, dk, dv;
+  std::vector<at::Tensor> saved;
+  double ring_comm_s = 0;
+};
+
+// Every member runs the ring on its chunks of the same q, k, v and output gradient.
+std::vector<Result> run_ring(int members, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& dout, int64_t block) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  GroupOptions options;
+  options.gloo_address = "127.0.0.1";
+  options.timeout = std::chrono::milliseconds(60000);
+  std::vector<int> ranks;
+  for (int r = 0; r < members; ++r) ranks.push_back(r);
+  std::vector<Result> results(members);
+  std::vector<std::exception_ptr> failure(members);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < members; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        Group g = Group::create(store, "cp" + std::to_string(members), ranks, rank, options);
+        PhaseClock clock;
+        clock.start_step();
+        at::Tensor ql = cp_chunks(q, 2, members, rank).detach().requires_grad_(true);
+        at::Tensor kl = cp_chunks(k, 2, members, rank).detach().requires_grad_(true);
+        at::Tensor vl = cp_chunks(v, 2, members, rank).detach().requires_grad_(true);
+        Result& res = results[rank];
+        res.out = ring_attention(ql, kl, vl, g, &clock, block);
+        res.saved = ring_attention_saved(res.out);
+        res.out.backward(cp_chunks(dout, 1, members, rank));
+        res.dq = ql.grad();
+        res.dk = kl.grad();
+        res.dv = vl.grad();
+        res.ring_comm_s = clock.end_step()[static_cast<int>(dplan::executor::Phase::tp_comm)];
+      } catch (...) {
+        failure[rank] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& f : failure)
+    if (f) std::rethrow_exception(f);
+  return results;
+}
+
+void check_close(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  INFO(what << ": max |difference| " << (got - want).abs().max().item<double>());
+  CHECK(got.sizes() == want.sizes());
+  CHECK(at::allclose(got, want, 1e-5, 1e-6));
+}
+
+}  // namespace
+
+TEST_CASE("ring attention over 2 and 4 members equals flash attention on the whole sequence", "[executor][cp]") {
+  for (int members : {2, 4}) {
+    for (auto [heads, kv_heads, block] : std::vector<std::tuple<int, int, int>>{{4, 4, 64}, {4, 2, 3}}) {
+      INFO("cp " << members << " heads " << heads << " kv_heads " << kv_heads << " block " << block);
+      at::manual_seed(members * 10 + kv_heads);
+      const int64_t b = 2, s = 8 * members, d = 8;  // chunks of 4 tokens: several query blocks of 3
+      at::Tensor q = at::randn({b, heads, s, d}).requires_grad_(true);
+      at::Tensor k = at::randn({b, kv_heads, s, d}).requires_grad_(true);
+      at::Tensor v = at::randn({b, kv_heads, s, d}).requires_grad_(true);
+      at::Tensor dout = at::randn({b, s, heads * d});
+      at::Tensor want = flash_attention(q, k, v, block);
+      want.backward(dout);
+      const std::vector<Result> got = run_ring(members, q, k, v, dout, block);
+      for (int r = 0; r < members; ++r) {
+        INFO("member " << r);
+        check_close(got[r].out, cp_chunks(want.detach(), 1, members, r), "output");
+        check_close(got[r].dq, cp_chunks(q.grad(), 2, members, r), "dq");
+        check_close(got[r].dk, cp_chunks(k.grad(), 2, members, r), "dk");
+        check_close(got[r].dv, cp_chunks(v.grad(), 2, members, r), "dv");
+        // Saved: flash attention's set for this rank's tokens, K/V at kv-head width.
+        REQUIRE(got[r].saved.size() == 5);
+        CHECK(got[r].saved[1].sizes() == at::IntArrayRef({b, kv_heads, s / members, d}));
+        CHECK(got[r].saved[3].data_ptr() == got[r].out.data_ptr());
+        CHECK(got[r].saved[4].scalar_type() == at::kFloat);
+        CHECK(got[r].ring_comm_s > 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("cp_chunks gives rank i chunks i and 2cp-1-i and refuses a length 2cp does not divide", "[executor][cp]") {
+  at::Tensor positions = at::arange(16);
+  CHECK(at::equal(cp_chunks(positions, 0, 4, 1), at::tensor({2, 3, 12, 13}, positions.options())));
+  CHECK(at::equal(cp_chunks(positions, 0, 2, 0), at::tensor({0, 1, 2, 3, 12, 13, 14, 15}, positions.options())));
+  CHECK(at::equal(cp_chunks(positions, 0, 1, 0), positions));
+  CHECK_THROWS(cp_chunks(at::arange(12), 0, 4, 0));
+}

@@ -4,7 +4,7 @@ namespace dplan::costmodel {
 
 std::string executor_does_not_run(const std::string& what) {
   return "the executor does not run " + what +
-         " yet; it runs tp, pp (gpipe, 1f1b), dp, sequence parallel, ZeRO 0-3, the distributed optimizer, recompute "
+         " yet; it runs tp, pp (gpipe, 1f1b), dp, sequence parallel, ZeRO 0-3, the distributed optimizer, optimizer offload, recompute "
          "(dplan --runnable searches only those)";
 }
 
@@ -18,7 +18,6 @@ std::optional<std::string> executor_refusal(const ModelSpec& model, const Traini
   if (model.mlp == MlpKind::plain ? model.activation.rfind("gelu", 0) != 0 : model.activation != "silu")
     return executor_does_not_run("the " + model.activation + " activation in a " + to_string(model.mlp) + " MLP");
   if (p.schedule == Schedule::interleaved) return executor_does_not_run("the interleaved schedule");
-  if (p.offload_optimizer) return executor_does_not_run("optimizer offload");
   // Recompute replays the forward; with dropout it would draw other masks than the first forward.
   if (p.recompute != Recompute::none && (model.attention_dropout > 0 || model.hidden_dropout > 0))
     return std::string(

@@ -148,6 +148,30 @@ TEST_CASE("memory per stage is the largest of the stage's ranks, component by co
   }
 }
 
+TEST_CASE("offload: the host's measured bytes beside the plan's host prediction, only where there is one", "[compare]") {
+  SECTION("no offload in either file: no host row") {
+    Comparison c = compare(plan_fixture(), run_fixture());
+    for (const auto& s : c.memory)
+      for (const auto& m : s.components) CHECK(m.name != "host");
+  }
+  SECTION("host = host_optimizer + host_master + host_gradients, the largest of the stage's ranks") {
+    json plan = plan_fixture(), run = run_fixture();
+    plan["prediction"]["memory"]["stages"][0]["host_bytes"] = 4096.0;
+    for (int rank = 0; rank < 8; ++rank) {
+      json& m = run["memory"][std::to_string(rank)];
+      m["host_optimizer"] = 2048 + rank;  // rank 3 holds the most on stage 0, rank 7 on stage 1
+      m["host_master"] = 1024;
+      m["host_gradients"] = 1024;
+      m["host_peak"] = 1 << 20;  // not part of it: the step's temporaries
+    }
+    Comparison c = compare(plan, run);
+    CHECK(memory(c, 0, "host").predicted == 4096);
+    CHECK(memory(c, 0, "host").measured == 4096 + 3);
+    CHECK(memory(c, 1, "host").predicted == 0);
+    CHECK(memory(c, 1, "host").measured == 4096 + 7);
+  }
+}
+
 TEST_CASE("a measured zero has no relative error: n/a in the table, null in JSON", "[compare]") {
   json run = run_fixture();
   run["phases_s"]["dp_comm"] = 0;

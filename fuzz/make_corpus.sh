@@ -54,8 +54,8 @@ run_dplan() {
 copy model_config "$src"/profiles/models/*.json "$src"/tests/data/executor/*/config.json "$src"/examples/*/config.json
 copy gpu_profile "$src"/profiles/gpus/*.json "$src"/tests/data/accuracy/*-gpu.json
 copy cluster_profile "$src"/profiles/clusters/*.json "$src"/tests/data/accuracy/machine.json
-copy plan "$src"/tests/data/compare/plan.json "$src"/tests/data/accuracy/plan-*.json
-copy run_record "$src"/tests/data/compare/run.json "$src"/tests/data/accuracy/run-*.json
+copy plan "$src"/tests/data/compare/plan.json "$src"/tests/data/compare/plan-offload.json "$src"/tests/data/accuracy/plan-*.json
+copy run_record "$src"/tests/data/compare/run.json "$src"/tests/data/compare/run-offload.json "$src"/tests/data/accuracy/run-*.json
 copy nccl_tests "$src"/tests/data/nccl-tests/*
 copy gpu_probe "$src"/tests/data/accuracy/*-probe.json
 

@@ -4,6 +4,9 @@
 //   dplan estimate --model gpt-tiny --cluster local-cpu --gpus 8 --tp 2 --pp 2 --dp 2 --mbs 1
 //                  --global-batch 8 --precision fp32 -o plan.json
 // and run.json a hand-written measurement of that layout (ranks 0-3 run stage 0, ranks 4-7 stage 1).
+// plan-offload.json and run-offload.json: `dplan estimate --model gpt-tiny --cluster local-cpu
+// --gpus 2 --dp 2 --zero 1 --offload --mbs 1 --global-batch 8 --precision fp32` and its
+// `dplan run --steps 10` (optimizer offload: run.json's host_* components).
 #include <algorithm>
 #include <string>
 
@@ -169,6 +172,14 @@ TEST_CASE("offload: the host's measured bytes beside the plan's host prediction,
     CHECK(memory(c, 0, "host").measured == 4096 + 3);
     CHECK(memory(c, 1, "host").predicted == 0);
     CHECK(memory(c, 1, "host").measured == 4096 + 7);
+  }
+  SECTION("a real offloaded run: 16 bytes per parameter of the rank's half, as planned") {
+    const std::string dir = std::string(DPLAN_VALIDATION_DIR) + "/compare/";
+    Comparison c = compare(read_json_file(dir + "plan-offload.json"), read_json_file(dir + "run-offload.json"));
+    CHECK(memory(c, 0, "host").predicted == 997376);  // 124672 parameters / 2 ranks x 16 bytes
+    CHECK(memory(c, 0, "host").measured == 997376);
+    CHECK(memory(c, 0, "optimizer").predicted == 0);
+    CHECK(memory(c, 0, "optimizer").measured == 0);
   }
 }
 

@@ -66,7 +66,6 @@ class CountingCpuAllocator final : public c10::Allocator {
   int64_t current() const { return current_.load(); }
   int64_t peak() const { return peak_.load(); }
   int64_t peak_other() const { return peak_other_.load(); }
-  int64_t host_current() const { return host_current_.load(); }
   int64_t host_peak() const { return host_peak_.load(); }
   void reset_peak() {
     peak_.store(current_.load());
@@ -213,7 +212,6 @@ void MemoryMeter::reset_peak() {
   cpu_->reset_peak();
 }
 
-int64_t MemoryMeter::host_current_bytes() const { return cpu_ ? cpu_->host_current() : -1; }
 int64_t MemoryMeter::host_peak_bytes() const { return cpu_ ? cpu_->host_peak() : -1; }
 
 std::string MemoryMeter::source() const {

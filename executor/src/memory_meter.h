@@ -69,10 +69,9 @@ class MemoryMeter {
   int64_t peak_buffer_bytes() const;            // since the last reset_peak()
   int64_t peak_excluding_buffers_bytes() const;  // since the last reset_peak()
   std::string source() const;
-  // Host memory allocated under a HostScope (optimizer offload): held now, and its high-water mark
-  // over the run. Exact on CPU (the counting allocator); on CUDA -1 (not metered: run.json then
+  // The high-water mark, over the run, of host memory allocated under a HostScope (optimizer
+  // offload). Exact on CPU (the counting allocator); on CUDA -1 (not metered: run.json then
   // reports the host tensors' own bytes).
-  int64_t host_current_bytes() const;
   int64_t host_peak_bytes() const;
 
  private:

@@ -54,8 +54,8 @@ run_dplan() {
 copy model_config "$src"/profiles/models/*.json "$src"/tests/data/executor/*/config.json "$src"/examples/*/config.json
 copy gpu_profile "$src"/profiles/gpus/*.json "$src"/tests/data/accuracy/*-gpu.json
 copy cluster_profile "$src"/profiles/clusters/*.json "$src"/tests/data/accuracy/machine.json
-copy plan "$src"/tests/data/compare/plan.json "$src"/tests/data/accuracy/plan-*.json
-copy run_record "$src"/tests/data/compare/run.json "$src"/tests/data/accuracy/run-*.json
+copy plan "$src"/tests/data/compare/plan.json "$src"/tests/data/compare/plan-offload.json "$src"/tests/data/accuracy/plan-*.json
+copy run_record "$src"/tests/data/compare/run.json "$src"/tests/data/compare/run-offload.json "$src"/tests/data/accuracy/run-*.json
 copy nccl_tests "$src"/tests/data/nccl-tests/*
 copy gpu_probe "$src"/tests/data/accuracy/*-probe.json
 
@@ -72,6 +72,8 @@ run_dplan estimate --model mixtral-8x7b --gpus 32 --tp 2 --pp 2 --dp 8 --ep 4 --
   --precision fp8 -o "$made/plan-mixtral-ep4-fp8.json"
 run_dplan estimate --model llama-2-7b --cluster dgx-a100-80g --gpus 16 --cp 2 --dp 8 --zero 3 --offload \
   --global-batch 64 --schedule gpipe -o "$made/plan-llama-2-7b-cp2-zero3-offload.json"
+run_dplan estimate --model gpt-tiny --cluster local-cpu --gpus 2 --dp 2 --zero 1 --offload --global-batch 8 \
+  --precision fp32 -o "$made/plan-gpt-tiny-dp2-offload.json"
 run_dplan estimate --model gpt3-175b --cluster dgx-a100-80g --gpus 64 --tp 8 --pp 8 --mbs 1 --dist-opt \
   --global-batch 64 --precision fp16 --attention standard -o "$made/plan-gpt3-175b-dist-opt.json"
 # Cluster and GPU profiles the tool writes: an nccl-tests import, a calibration to the recorded runs.
@@ -88,6 +90,8 @@ if ((measure)); then
   # made from them; then a short run of one of the plans above.
   run_dplan probe --cluster local-cpu --ranks 2 -o "$made/cluster-measured.json"
   run_dplan run "$made/plan-gpt-small-pp2-dp2.json" --steps 3 -o "$made/run-gpt-small-pp2-dp2.json"
+  # Offload: run.json's host_* memory components.
+  run_dplan run "$made/plan-gpt-tiny-dp2-offload.json" --steps 3 -o "$made/run-gpt-tiny-dp2-offload.json"
 fi
 
 shopt -s nullglob

@@ -4,7 +4,7 @@ namespace dplan::costmodel {
 
 std::string executor_does_not_run(const std::string& what) {
   return "the executor does not run " + what +
-         " yet; it runs tp, pp (gpipe, 1f1b, interleaved), dp, context parallel, sequence parallel, ZeRO 0-3, the distributed optimizer, recompute "
+         " yet; it runs tp, pp (gpipe, 1f1b, interleaved), dp, context parallel, sequence parallel, ZeRO 0-3, the distributed optimizer, optimizer offload, recompute "
          "(dplan --runnable searches only those)";
 }
 
@@ -16,7 +16,6 @@ std::optional<std::string> executor_refusal(const ModelSpec& model, const Traini
     return executor_does_not_run("latent attention, q/k norms, attention sinks or sliding windows");
   if (model.mlp == MlpKind::plain ? model.activation.rfind("gelu", 0) != 0 : model.activation != "silu")
     return executor_does_not_run("the " + model.activation + " activation in a " + to_string(model.mlp) + " MLP");
-  if (p.offload_optimizer) return executor_does_not_run("optimizer offload");
   if (training.attention == Attention::flash && model.attention_dropout > 0)
     return "flash attention with attention dropout " + std::to_string(model.attention_dropout) +
            " is not run (the executor's flash attention has no dropout); plan with --attention standard";

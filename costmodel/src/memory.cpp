@@ -91,7 +91,18 @@ ModelStateBytes model_state_bytes(double n, int shard_ranks, const TrainingSpec&
   s.weights_bytes = n * b.weights / (p.zero_stage >= 3 ? nd : 1.0);
   s.grads_bytes = n * b.grads / (p.zero_stage >= 2 ? nd : 1.0);
   double optimizer = n * b.optimizer / (shard_optimizer ? nd : 1.0);
-  (p.offload_optimizer ? s.host_optimizer_bytes : s.optimizer_bytes) = optimizer;
+  if (!p.offload_optimizer) {
+    s.optimizer_bytes = optimizer;
+    return s;
+  }
+  // Offloaded, the step runs on the host over host tensors of its own: fp32 weights (an extra
+  // copy when training is fp32, which otherwise steps the parameters in place) and an fp32 copy
+  // of the reduced gradients, as DeepSpeed's ZeRO-Offload keeps them (deepspeed/runtime/zero/
+  // stage_1_and_2.py with cpu_offload: single_partition_of_fp32_groups and their fp32 .grad on
+  // the CPU). So 4 (weights) + 8 (Adam moments) + 4 (gradients) bytes per parameter in any
+  // precision, sharded as the optimizer states are.
+  const double host_weights = t.precision == Precision::fp32 ? 4.0 : 0.0, host_grads = 4.0;
+  s.host_optimizer_bytes = optimizer + n * (host_weights + host_grads) / (shard_optimizer ? nd : 1.0);
   return s;
 }
 

@@ -10,6 +10,11 @@
 
 #include "memory_meter.h"
 #include "phase_clock.h"
+#ifdef DPLAN_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace dplan::executor {
 namespace {
@@ -315,6 +320,7 @@ at::Tensor GradSync::optimizer_region(const Bucket& b, const at::Tensor& flat) c
 
 int64_t GradSync::master_bytes() const {
   int64_t n = 0;
+  if (offload_) return 0;  // host_master_bytes()
   for (const auto& b : buckets_) {
     const at::Tensor region = zero_stage_ >= 3 ? b.param_shard : optimizer_region(b, b.params);
     if (region.data_ptr() != b.master.data_ptr()) n += b.master.nbytes();
@@ -322,11 +328,59 @@ int64_t GradSync::master_bytes() const {
   return n;
 }
 
+void GradSync::offload_optimizer() {
+  HostScope host;
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(at::kCPU).pinned_memory(ctx_.device.is_cuda());
+  for (auto& b : buckets_) {
+    at::Tensor master = at::empty({b.master.numel()}, options);
+    master.copy_(b.master);
+    b.master = master;  // a device-side fp32 copy (mixed precision) is freed here
+    b.host_grads = at::zeros({b.master.numel()}, options);
+  }
+  offload_ = true;
+}
+
+int64_t GradSync::host_master_bytes() const {
+  int64_t n = 0;
+  for (const auto& b : buckets_) n += offload_ ? b.master.nbytes() : 0;
+  return n;
+}
+
+int64_t GradSync::host_gradient_bytes() const {
+  int64_t n = 0;
+  for (const auto& b : buckets_) n += b.host_grads.defined() ? b.host_grads.nbytes() : 0;
+  return n;
+}
+
+void GradSync::gradients_to_host() {
+  auto device_grads = [&](const Bucket& b) { return zero_stage_ >= 2 ? b.grad_shard : optimizer_region(b, b.grads); };
+#ifdef DPLAN_WITH_CUDA
+  if (ctx_.device.is_cuda()) {
+    // Device to pinned host memory on a side stream, ordered after the compute stream's work
+    // (reductions, clipping) by an event, so the copies do not queue behind later kernels.
+    // The gradients are persistent buffers, zeroed on the compute stream only after the step
+    // waited for this stream, so no recordStream is needed.
+    const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(ctx_.device.index());
+    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, ctx_.device.index());
+    at::cuda::CUDAEvent ready;
+    ready.record(compute);
+    ready.block(side);
+    {
+      c10::cuda::CUDAStreamGuard guard(side);
+      for (auto& b : buckets_) b.host_grads.copy_(device_grads(b), /*non_blocking=*/true);
+    }
+    side.synchronize();
+    return;
+  }
+#endif
+  for (auto& b : buckets_) b.host_grads.copy_(device_grads(b));
+}
+
 std::vector<GradSync::OptimizerParam> GradSync::optimizer_params() {
   std::vector<OptimizerParam> out;
   const int parts = shard_optimizer_ ? dense_group().size() : 1, index = shard_optimizer_ ? dense_group().rank() : 0;
   for (auto& b : buckets_) {
-    const at::Tensor grads = zero_stage_ >= 2 ? b.grad_shard : optimizer_region(b, b.grads);
+    const at::Tensor grads = offload_ ? b.host_grads : zero_stage_ >= 2 ? b.grad_shard : optimizer_region(b, b.grads);
     for_each_piece(params_, b.members, b.numel, parts, index, [&](int i, int64_t at, int64_t n) {
       at::Tensor piece = b.master.narrow(0, at, n).detach().requires_grad_(true);
       piece.mutable_grad() = grads.narrow(0, at, n);
@@ -338,9 +392,12 @@ std::vector<GradSync::OptimizerParam> GradSync::optimizer_params() {
 
 void GradSync::finish_step() {
   at::NoGradGuard no_grad;
-  for (auto& b : buckets_) {  // mixed precision: the stepped fp32 master weights into the parameters
+  for (auto& b : buckets_) {  // mixed precision or offload: the stepped fp32 master weights into the parameters
     at::Tensor region = zero_stage_ >= 3 ? b.param_shard : optimizer_region(b, b.params);
-    if (region.data_ptr() != b.master.data_ptr()) region.copy_(b.master);
+    // Offload on CUDA: host to device from pinned memory, asynchronous on the compute stream, so
+    // the next forward is ordered after it; the host writes the master again only after the next
+    // gradients_to_host(), whose side stream waits for this stream.
+    if (region.data_ptr() != b.master.data_ptr()) region.copy_(b.master, /*non_blocking=*/offload_);
   }
   if (!shard_optimizer_ || zero_stage_ >= 3 || dense_group().size() == 1) return;
   PhaseScope scope(ctx_.clock, Phase::dp_comm);  // every rank's updated slice to every rank

@@ -66,8 +66,23 @@ class GradSync : public UnitHooks {
   int64_t weight_bytes() const;
   int64_t gradient_bytes() const;
 
-  // fp32 master weights kept apart from 16-bit parameters (0 when the parameters are fp32).
+  // fp32 master weights kept apart from 16-bit parameters (0 when the parameters are fp32, or
+  // when they live in host memory: offload).
   int64_t master_bytes() const;
+
+  // Optimizer offload (Ren et al. 2021, "ZeRO-Offload"): the fp32 weights the optimizer steps
+  // and an fp32 copy of their reduced gradients move to host memory (pinned on CUDA, allocated
+  // under a HostScope so the meter counts them apart), distinct from the device's parameters and
+  // gradients even on CPU; optimizer_params() then hands out those. Call once, right after
+  // construction, before optimizer_params(). Each step: gradients_to_host() before the host's
+  // step, and finish_step() copies the updated weights back into the device's parameters.
+  void offload_optimizer();
+  bool offloaded() const { return offload_; }
+  // The reduced (and clipped) gradients of the optimizer's region into their host copy: on CUDA
+  // on a side stream, after the compute stream's work, waited for before returning.
+  void gradients_to_host();
+  int64_t host_master_bytes() const;
+  int64_t host_gradient_bytes() const;
 
   // What the optimizer steps: every bucket (unsharded) or this rank's 1/dp slice of it (sharded),
   // cut at parameter boundaries (so weight decay stays per parameter) into leaf views of the fp32
@@ -98,7 +113,8 @@ class GradSync : public UnitHooks {
     at::Tensor grads;       // flat, full: the .grads' storage for stages 0, 1; a scratch buffer for 2, 3
     at::Tensor param_shard;  // this rank's slice of params (ZeRO-3: its own storage)
     at::Tensor grad_shard;   // this rank's slice of the reduced gradient (stages 1-3)
-    at::Tensor master;       // fp32 weights the optimizer steps (its region of the bucket)
+    at::Tensor master;       // fp32 weights the optimizer steps (its region of the bucket); offload: on the host
+    at::Tensor host_grads;   // offload: the host's fp32 copy of the region's reduced gradients
     at::Tensor grads_reduced;  // stages 2, 3: this rank's slice of the sum, while it is in flight
     int ready = 0;          // members whose gradient is final (this micro-batch from stage 2 on)
     Work work;              // the outstanding reduction
@@ -137,6 +153,7 @@ class GradSync : public UnitHooks {
   using NodePtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
   std::vector<NodePtr> accumulators_;
   std::vector<bool> armed_;  // per model chunk: its last micro-batch's backward is running
+  bool offload_ = false;
 };
 
 }  // namespace dplan::executor

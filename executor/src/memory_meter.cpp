@@ -23,6 +23,16 @@ void raise_to(std::atomic<int64_t>& peak, int64_t now) {
 
 }  // namespace
 
+namespace {
+thread_local bool in_host_scope_flag = false;
+bool in_host_scope() { return in_host_scope_flag; }
+}  // namespace
+
+HostScope::HostScope() : outer_(!in_host_scope_flag) { in_host_scope_flag = true; }
+HostScope::~HostScope() {
+  if (outer_) in_host_scope_flag = false;
+}
+
 namespace detail {
 
 // Wraps the default CPU allocator. Some LibTorch code calls raw_allocate(), which requires the
@@ -56,6 +66,7 @@ class CountingCpuAllocator final : public c10::Allocator {
   int64_t current() const { return current_.load(); }
   int64_t peak() const { return peak_.load(); }
   int64_t peak_other() const { return peak_other_.load(); }
+  int64_t host_peak() const { return host_peak_.load(); }
   void reset_peak() {
     peak_.store(current_.load());
     peak_other_.store(current_.load() - buffers());
@@ -68,6 +79,7 @@ class CountingCpuAllocator final : public c10::Allocator {
     c10::DataPtr inner;
     size_t bytes;
     bool buffer;  // allocated by a backend thread
+    bool host;    // allocated under a HostScope: counted apart from the device's bytes
   };
   int64_t buffers() const {
     const MemoryMeter* meter = meter_.load();
@@ -84,6 +96,10 @@ class CountingCpuAllocator final : public c10::Allocator {
       block = std::move(it->second);
       self->blocks_.erase(it);
     }
+    if (block.host) {
+      self->host_current_ -= int64_t(block.bytes);
+      return;
+    }
     self->current_ -= int64_t(block.bytes);
     if (MemoryMeter* meter = self->meter_.load(); block.buffer && meter) meter->buffers_ -= int64_t(block.bytes);
     self->buffers_changed();
@@ -94,10 +110,15 @@ class CountingCpuAllocator final : public c10::Allocator {
     c10::Device device = inner.device();
     if (!data) return inner;  // zero bytes
     MemoryMeter* meter = meter_.load();
-    const bool buffer = meter && meter->on_backend_thread();
+    const bool host = in_host_scope();
+    const bool buffer = !host && meter && meter->on_backend_thread();
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      blocks_[data] = Block{std::move(inner), n, buffer};
+      blocks_[data] = Block{std::move(inner), n, buffer, host};
+    }
+    if (host) {
+      raise_to(host_peak_, host_current_ += int64_t(n));
+      return c10::DataPtr(data, data, &release, device);
     }
     if (buffer) raise_to(meter->buffers_peak_, meter->buffers_ += int64_t(n));
     int64_t now = (current_ += int64_t(n));
@@ -113,6 +134,7 @@ class CountingCpuAllocator final : public c10::Allocator {
   mutable std::mutex mutex_;
   mutable std::unordered_map<void*, Block> blocks_;
   mutable std::atomic<int64_t> current_{0}, peak_{0}, peak_other_{0};
+  mutable std::atomic<int64_t> host_current_{0}, host_peak_{0};  // HostScope's, apart from the above
 };
 
 }  // namespace detail
@@ -189,6 +211,8 @@ void MemoryMeter::reset_peak() {
 #endif
   cpu_->reset_peak();
 }
+
+int64_t MemoryMeter::host_peak_bytes() const { return cpu_ ? cpu_->host_peak() : -1; }
 
 std::string MemoryMeter::source() const {
   return cuda_device_ >= 0 ? "CUDA caching allocator statistics (allocated bytes)"

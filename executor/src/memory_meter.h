@@ -33,6 +33,22 @@ class CommunicationScope {
   bool outer_;
 };
 
+// While one lives on a thread, what that thread allocates is host memory of an offloaded
+// optimizer (its fp32 weights, moments and gradient copy, and the step's temporaries), counted
+// apart from the device's bytes. On CPU, where "device" and host are the same RAM, this is what
+// keeps the two apart; on CUDA those tensors are pinned or pageable host memory, which the CUDA
+// caching allocator's statistics never see. Nests.
+class HostScope {
+ public:
+  HostScope();
+  ~HostScope();
+  HostScope(const HostScope&) = delete;
+  HostScope& operator=(const HostScope&) = delete;
+
+ private:
+  bool outer_;
+};
+
 class MemoryMeter {
  public:
   // cuda_device < 0: CPU (installs the counting allocator on the first meter and attaches this
@@ -53,6 +69,10 @@ class MemoryMeter {
   int64_t peak_buffer_bytes() const;            // since the last reset_peak()
   int64_t peak_excluding_buffers_bytes() const;  // since the last reset_peak()
   std::string source() const;
+  // The high-water mark, over the run, of host memory allocated under a HostScope (optimizer
+  // offload). Exact on CPU (the counting allocator); on CUDA -1 (not metered: run.json then
+  // reports the host tensors' own bytes).
+  int64_t host_peak_bytes() const;
 
  private:
   friend class detail::CountingCpuAllocator;

@@ -77,6 +77,21 @@ json rank_report(int rank, int stage_index, const std::vector<StepRecord>& steps
     grad_norms.push_back(steps[s].grad_norm);
     if (static_cast<int>(s) >= warmup_steps) measured_phases.push_back(steps[s].phases_s);
   }
+  json memory = {{"weights", grads.weight_bytes()},
+                 {"gradients", grads.gradient_bytes()},
+                 {"optimizer", grads.offloaded() ? 0 : optimizer_bytes(optimizer) + grads.master_bytes()},
+                 {"activations", peaks.activations_bytes},
+                 {"buffers", peaks.buffers_bytes},
+                 {"peak", peaks.peak_bytes}};
+  if (grads.offloaded()) {  // docs/run-json.md: host memory of an offloaded optimizer, apart from the device's
+    const int64_t moments = optimizer_bytes(optimizer), master = grads.host_master_bytes(),
+                  gradients = grads.host_gradient_bytes();
+    memory["host_optimizer"] = moments;
+    memory["host_master"] = master;
+    memory["host_gradients"] = gradients;
+    // CUDA: the host is not metered; what the host tensors hold is a lower bound of its peak.
+    memory["host_peak"] = peaks.host_peak_bytes >= 0 ? peaks.host_peak_bytes : moments + master + gradients;
+  }
   return {{"rank", rank},
           {"stage", stage_index},
           {"step_times_s", step_times},
@@ -84,13 +99,7 @@ json rank_report(int rank, int stage_index, const std::vector<StepRecord>& steps
           {"grad_norms", grad_norms},
           {"phases_s", median_phases(measured_phases)},
           {"weights_hash", weights_hash(stage.parameters())},
-          {"memory",
-           {{"weights", grads.weight_bytes()},
-            {"gradients", grads.gradient_bytes()},
-            {"optimizer", optimizer_bytes(optimizer) + grads.master_bytes()},
-            {"activations", peaks.activations_bytes},
-            {"buffers", peaks.buffers_bytes},
-            {"peak", peaks.peak_bytes}}}};
+          {"memory", memory}};
 }
 
 json assemble_run(const ExecPlan& plan, int world_size, int num_steps, int warmup_steps, const std::vector<json>& ranks,

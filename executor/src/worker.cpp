@@ -29,6 +29,7 @@
 #include "heartbeat.h"
 #include "machine_probe.h"
 #include "memory_meter.h"
+#include "offload.h"
 #include "phase_clock.h"
 #include "place.h"
 #include "plan_file.h"
@@ -233,8 +234,9 @@ GptStage build_model(const ExecPlan& plan, ParallelContext& ctx, uint64_t seed, 
 constexpr double kAdamBeta1 = 0.9, kAdamBeta2 = 0.95, kAdamEps = 1e-8, kWeightDecay = 0.1;
 
 // AdamW over what `grads` gives the optimizer: weight decay on matrices and embeddings, none on
-// norms and biases.
-torch::optim::AdamW build_optimizer(GradSync& grads, double lr) {
+// norms and biases. Offloaded (the plan's offload_optimizer), on the host (offload.h).
+std::unique_ptr<torch::optim::AdamW> build_optimizer(GradSync& grads, double lr, bool offload) {
+  if (offload) grads.offload_optimizer();
   std::vector<at::Tensor> decay, no_decay;
   for (auto& op : grads.optimizer_params()) (op.weight_decay ? decay : no_decay).push_back(op.tensor);
   auto adamw = [&](double wd) {
@@ -244,7 +246,8 @@ torch::optim::AdamW build_optimizer(GradSync& grads, double lr) {
   std::vector<torch::optim::OptimizerParamGroup> groups;
   if (!decay.empty()) groups.emplace_back(decay, adamw(kWeightDecay));
   if (!no_decay.empty()) groups.emplace_back(no_decay, adamw(0.0));
-  return torch::optim::AdamW(groups, torch::optim::AdamWOptions(lr));
+  if (offload) return std::make_unique<OffloadedAdamW>(groups, torch::optim::AdamWOptions(lr), grads);
+  return std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(lr));
 }
 
 StepOptions step_options(const ExecPlan& plan, double max_grad_norm) {
@@ -324,6 +327,7 @@ TrainLog train_steps(const RunOptions& args, const Place& place, const ExecPlan&
     step.phases_s = clock.end_step();
     for (double x : step.phases_s) step.time_s += x;
     log.peaks.peak_bytes = std::max(log.peaks.peak_bytes, meter.peak_bytes());
+    log.peaks.host_peak_bytes = meter.host_peak_bytes();  // over the run
     // Activations: the high-water mark of what a step allocates above what it started with,
     // communication buffers (counted apart) excluded; the first step also creates the
     // optimizer states, so it is left out.
@@ -445,14 +449,14 @@ int train(const RunOptions& args, const Place& place) {
     GptStage stage = build_model(plan, ctx, args.seed, place.rank);
     GradSync grads(stage, ctx, static_cast<int64_t>(plan.training.bucket_bytes), plan.parallel.zero_stage,
                    plan.parallel.distributed_optimizer, device.grad_dtype);
-    torch::optim::AdamW optimizer = build_optimizer(grads, args.lr);
-    Trainer trainer(stage, ctx, grads, optimizer, step_options(plan, args.max_grad_norm));
+    std::unique_ptr<torch::optim::AdamW> optimizer = build_optimizer(grads, args.lr, plan.parallel.offload_optimizer);
+    Trainer trainer(stage, ctx, grads, *optimizer, step_options(plan, args.max_grad_norm));
     if (!args.save_reference.empty()) save_reference(args, plan, stage, data);
 
     const TrainLog log = train_steps(args, place, plan, trainer, data, clock, meter);
 
     grads.gather_all_units();  // ZeRO-3: the whole model, to hash it
-    const json mine = rank_report(place.rank, ctx.stage, log.steps, args.warmup, log.peaks, stage, grads, optimizer);
+    const json mine = rank_report(place.rank, ctx.stage, log.steps, args.warmup, log.peaks, stage, grads, *optimizer);
     const std::vector<json> reports = gather_reports(*store, place, mine);
     std::string write_error;
     if (place.rank == 0)

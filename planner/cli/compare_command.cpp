@@ -31,6 +31,7 @@ const std::map<std::string, std::string> kMemoryLabels = {
     {"weights", "weights"},        {"gradients", "gradients"},
     {"optimizer", "optimizer"},    {"activations", "activations (+ logits)"},
     {"buffers", "buffers"},        {"peak", "peak (- reserve) *"},
+    {"host", "host (offloaded optimizer)"},
 };
 
 std::string label(const std::map<std::string, std::string>& labels, const std::string& name) {

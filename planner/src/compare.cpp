@@ -151,6 +151,24 @@ Comparison compare_plan_and_run(const costmodel::Plan& plan, const std::string& 
       }
       s.components.push_back({m.measured, {predicted_bytes, measured_bytes}});
     }
+    // Host memory of an offloaded optimizer (costmodel StageMemory::host_bytes: fp32 weights,
+    // moments and gradient copy) <- run-json.md's host_optimizer + host_master + host_gradients;
+    // shown only when either side has it (plans and runs without offload have none).
+    const double predicted_host = predicted.has("host_bytes") ? predicted.non_negative_number("host_bytes") : 0;
+    double measured_host = 0;
+    bool ran_offloaded = false;
+    for (int rank : s.ranks) {
+      const std::map<std::string, long long>& components = run.memory_bytes.at(rank);
+      double host = 0;
+      for (const char* part : {"host_optimizer", "host_master", "host_gradients"}) {
+        auto it = components.find(part);
+        if (it == components.end()) continue;
+        ran_offloaded = true;
+        host += static_cast<double>(it->second);
+      }
+      measured_host = std::max(measured_host, host);
+    }
+    if (predicted_host > 0 || ran_offloaded) s.components.push_back({"host", {predicted_host, measured_host}});
     c.memory.push_back(std::move(s));
   }
   return c;

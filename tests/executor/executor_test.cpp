@@ -640,8 +640,6 @@ TEST_CASE("dplan run: bad input gives one error line naming the problem, and exi
   };
   CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", (dir.path() / "nope.json").string()})), Contains("nope.json"));
   CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", dir.write("bad.json", "{\"parallel\": ")})), Contains("bad.json"));
-  std::string offload = write_plan(dir, "gpt-tiny", {1, 1, 2}, 8, {"--zero", "3", "--offload"});
-  CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", offload, "--steps", "3"})), Contains("offload"));
   std::string plan = write_plan(dir, "gpt-tiny", {1, 1, 2}, 8);
   CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", plan, "--data", (dir.path() / "missing.txt").string()})),
              Contains("missing.txt"));

@@ -4,6 +4,9 @@
 //   dplan estimate --model gpt-tiny --cluster local-cpu --gpus 8 --tp 2 --pp 2 --dp 2 --mbs 1
 //                  --global-batch 8 --precision fp32 -o plan.json
 // and run.json a hand-written measurement of that layout (ranks 0-3 run stage 0, ranks 4-7 stage 1).
+// plan-offload.json and run-offload.json: `dplan estimate --model gpt-tiny --cluster local-cpu
+// --gpus 2 --dp 2 --zero 1 --offload --mbs 1 --global-batch 8 --precision fp32` and its
+// `dplan run --steps 10` (optimizer offload: run.json's host_* components).
 #include <algorithm>
 #include <string>
 
@@ -145,6 +148,38 @@ TEST_CASE("memory per stage is the largest of the stage's ranks, component by co
     CHECK(c.memory[0].ranks == std::vector<int>{4, 5, 6, 7});
     CHECK(memory(c, 0, "activations").measured == 495616);  // rank 5
     CHECK(memory(c, 1, "activations").measured == 729088);  // rank 3
+  }
+}
+
+TEST_CASE("offload: the host's measured bytes beside the plan's host prediction, only where there is one", "[compare]") {
+  SECTION("no offload in either file: no host row") {
+    Comparison c = compare(plan_fixture(), run_fixture());
+    for (const auto& s : c.memory)
+      for (const auto& m : s.components) CHECK(m.name != "host");
+  }
+  SECTION("host = host_optimizer + host_master + host_gradients, the largest of the stage's ranks") {
+    json plan = plan_fixture(), run = run_fixture();
+    plan["prediction"]["memory"]["stages"][0]["host_bytes"] = 4096.0;
+    for (int rank = 0; rank < 8; ++rank) {
+      json& m = run["memory"][std::to_string(rank)];
+      m["host_optimizer"] = 2048 + rank;  // rank 3 holds the most on stage 0, rank 7 on stage 1
+      m["host_master"] = 1024;
+      m["host_gradients"] = 1024;
+      m["host_peak"] = 1 << 20;  // not part of it: the step's temporaries
+    }
+    Comparison c = compare(plan, run);
+    CHECK(memory(c, 0, "host").predicted == 4096);
+    CHECK(memory(c, 0, "host").measured == 4096 + 3);
+    CHECK(memory(c, 1, "host").predicted == 0);
+    CHECK(memory(c, 1, "host").measured == 4096 + 7);
+  }
+  SECTION("a real offloaded run: 16 bytes per parameter of the rank's half, as planned") {
+    const std::string dir = std::string(DPLAN_VALIDATION_DIR) + "/compare/";
+    Comparison c = compare(read_json_file(dir + "plan-offload.json"), read_json_file(dir + "run-offload.json"));
+    CHECK(memory(c, 0, "host").predicted == 997376);  // 124672 parameters / 2 ranks x 16 bytes
+    CHECK(memory(c, 0, "host").measured == 997376);
+    CHECK(memory(c, 0, "optimizer").predicted == 0);
+    CHECK(memory(c, 0, "optimizer").measured == 0);
   }
 }
 

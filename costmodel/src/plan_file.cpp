@@ -120,6 +120,7 @@ Plan plan_from_json(const json& j, const std::string& file) {
   plan.parallel = parallel_from_json(r.raw("parallel"), file, "/parallel");
   plan.model = model_from_json(r.raw("model"), file, "/model");
   if (auto problem = pipeline_split_problem(plan.model, plan.parallel)) throw InputError(file + ": /parallel: " + *problem);
+  if (auto problem = expert_parallel_problem(plan.model, plan.parallel)) throw InputError(file + ": /parallel: " + *problem);
   r.object("cluster");  // an object; its figures are the prediction's context, not read back
   plan.cluster = r.raw("cluster");
   plan.training = training_from_json(r.raw("training"), file, "/training");

@@ -486,6 +486,12 @@ std::optional<std::string> pipeline_split_problem(const ModelSpec& model, const 
   return rule_message(rule, model, TrainingSpec{}, p, p.world_size());
 }
 
+std::optional<std::string> expert_parallel_problem(const ModelSpec& model, const ParallelConfig& p) {
+  const LayoutRule rule = check_expert_parallel(model, p);
+  if (rule == LayoutRule::ok) return std::nullopt;
+  return rule_message(rule, model, TrainingSpec{}, p, p.world_size());
+}
+
 void validate(const ModelSpec& model, const ClusterSpec& cluster, const TrainingSpec& t, const ParallelConfig& p,
               int gpus) {
   if (LayoutRule rule = check_layout(model, t, p, gpus); rule != LayoutRule::ok)

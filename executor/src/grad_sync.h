@@ -90,6 +90,7 @@ class GradSync : public UnitHooks {
  private:
   struct Bucket {
     std::vector<int> members;
+    Group* group = nullptr;  // what its members' gradients are summed and sharded over: dp, or edp for experts
     int unit = -1;
     int64_t numel = 0;      // padded to a multiple of dp
     at::Tensor params;      // the parameters' storage (flat, full); ZeRO-3: present only while gathered
@@ -131,6 +132,7 @@ class GradSync : public UnitHooks {
   using NodePtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
   std::vector<NodePtr> accumulators_;
   bool armed_ = false;
+  bool has_experts_ = false;  // an MoE stage: the expert groups exist
 };
 
 }  // namespace dplan::executor

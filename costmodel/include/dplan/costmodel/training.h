@@ -205,6 +205,9 @@ void validate(const ModelSpec& model, const ClusterSpec& cluster, const Training
 // check_schedule): validate()'s one-line message for the first broken, or nullopt. For readers of
 // files that hold a layout (plan.json), so that assign_chunks' requirement holds after a read.
 std::optional<std::string> pipeline_split_problem(const ModelSpec& model, const ParallelConfig& parallel);
+// The same for the expert-parallel rules (check_expert_parallel: ep divides the experts, etp the
+// expert FFN, ep*etp divides tp*cp*dp).
+std::optional<std::string> expert_parallel_problem(const ModelSpec& model, const ParallelConfig& parallel);
 
 json to_json(const TrainingSpec& training);
 json to_json(const ParallelConfig& parallel);

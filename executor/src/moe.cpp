@@ -6,6 +6,7 @@
 
 #include "fused_ops.h"
 #include "gpt.h"
+#include "memory_meter.h"
 #include "phase_clock.h"
 #include "tp_ops.h"
 
@@ -43,24 +44,35 @@ struct AllToAll : torch::autograd::Function<AllToAll> {
 // Over the etp group, rows[i] rows from member i (each padded to the largest, so that the
 // collectives are the equal-split ones comm.h has). gather: every member's rows, in member order;
 // scatter: the sum over the members of [sum(rows), h], this member's rows of it.
+// The padded staging tensors are the collective's buffers (CommunicationScope), what a
+// variable-split collective would not need; only the result counts as activation memory.
 at::Tensor gather_rows(const at::Tensor& x, Group& g, const std::vector<int64_t>& rows) {
   const int64_t most = *std::max_element(rows.begin(), rows.end());
-  at::Tensor padded = at::zeros({most, x.size(1)}, x.options());
-  padded.narrow(0, 0, x.size(0)).copy_(x);
-  at::Tensor all = g.all_gather(padded, 0);
   std::vector<at::Tensor> parts;
+  at::Tensor all;
+  {
+    CommunicationScope buffers;
+    at::Tensor padded = at::zeros({most, x.size(1)}, x.options());
+    padded.narrow(0, 0, x.size(0)).copy_(x);
+    all = g.all_gather(padded, 0);
+  }
   for (int i = 0; i < g.size(); ++i) parts.push_back(all.narrow(0, i * most, rows[i]));
   return at::cat(parts, 0);
 }
 at::Tensor scatter_rows(const at::Tensor& x, Group& g, const std::vector<int64_t>& rows) {
   const int64_t most = *std::max_element(rows.begin(), rows.end());
-  at::Tensor padded = at::zeros({g.size() * most, x.size(1)}, x.options());
-  int64_t first = 0;
-  for (int i = 0; i < g.size(); ++i) {
-    padded.narrow(0, i * most, rows[i]).copy_(x.narrow(0, first, rows[i]));
-    first += rows[i];
+  at::Tensor mine;
+  {
+    CommunicationScope buffers;
+    at::Tensor padded = at::zeros({g.size() * most, x.size(1)}, x.options());
+    int64_t first = 0;
+    for (int i = 0; i < g.size(); ++i) {
+      padded.narrow(0, i * most, rows[i]).copy_(x.narrow(0, first, rows[i]));
+      first += rows[i];
+    }
+    mine = g.reduce_scatter(padded, 0);
   }
-  return g.reduce_scatter(padded, 0).narrow(0, 0, rows[g.rank()]).contiguous();
+  return mine.narrow(0, 0, rows[g.rank()]).contiguous();
 }
 
 // etp > 1: the received tokens all-gathered before the experts (backward: the partial input
@@ -143,7 +155,7 @@ at::Tensor moe_mlp(const costmodel::ModelSpec& model, const MoeWeights& w, const
   // Dispatch: the N*k routed copies ordered by expert (stable: a token's copies keep slot order).
   at::Tensor flat_e = top_e.reshape({-1});
   at::Tensor order = std::get<1>(at::sort(flat_e, /*stable=*/true, 0, false));
-  at::Tensor token_of = at::div(order, k, "floor");
+  at::Tensor token_of = at::div(order, k, "floor");  // the token of each ordered copy
   at::Tensor per_expert = at::bincount(flat_e, {}, E);  // [E]
   Group& ep = ctx.ep;
   const int n_ep = std::max(1, ep.size()), me = n_ep > 1 ? ep.rank() : 0;
@@ -192,9 +204,11 @@ at::Tensor moe_mlp(const costmodel::ModelSpec& model, const MoeWeights& w, const
   if (etp_split) out = EtpRows::apply(out, &etp, &ctx.clock, etp_rows, false);
   at::Tensor back = n_ep > 1 ? AllToAll::apply(out, &ep, &ctx.clock, recv, send) : out;
 
-  // Combine: each token the weighted sum of its k experts' outputs.
-  at::Tensor weight = top_p.reshape({-1}).index_select(0, order).to(back.scalar_type()).unsqueeze(1);
-  at::Tensor y = at::zeros({b * s, H}, back.options()).index_add(0, token_of, back * weight).view({b, s, H});
+  // Combine: each token the weighted sum of its k experts' outputs, the copies put back in token
+  // order first (what the multiplication saves is that [N k, h] tensor, as Megatron's unpermute
+  // saves the permuted tokens; an index_add would save its weighted source besides).
+  at::Tensor by_token = back.index_select(0, at::argsort(order)).view({b * s, k, H});
+  at::Tensor y = (by_token * top_p.to(back.scalar_type()).unsqueeze(-1)).sum(1).view({b, s, H});
   if (aux.defined()) y = AttachAuxLoss::apply(y, aux);
   if (split_tokens) {  // every tp rank's part back into the replicated [b, seq, h]
     const int64_t part = s;

@@ -37,9 +37,22 @@ TEST_CASE("parity: expert parallel (ep 2, ep 4, with tp 2 and sp, with pp 2, etp
       {{2, 1, 1}, {"--ep", "1"}},                              // etp = tp 2 without sp: tokens split over tp
       {{1, 1, 4}, {"--ep", "2", "--etp", "1", "--zero", "3"}},  // experts sharded over expert dp 2
   };
+  // The global gradient norm too: it counts each expert element once (summed over etp, ep and the
+  // ZeRO shards over expert dp, not over tp or dp).
+  Layout single;
+  single.mbs = 2;
+  const json reference_run = run_plan(write_plan(dir, kMixtralTiny, single, 8));
   for (const MoeCase& c : cases) {
     json run = run_plan(write_plan(dir, kMixtralTiny, c.layout, 8, c.extra));
     require_parity(run, ref, "mixtral-tiny " + c.describe());
+    for (size_t i = 0; i < run["steps"].size(); ++i) {
+      const double norm = run["steps"][i]["grad_norm"], expected = reference_run["steps"][i]["grad_norm"];
+      INFO(c.describe() << " step " << i << " grad norm " << norm << " vs single process " << expected);
+      CHECK(std::abs(norm - expected) <= kParityTolerance * expected);
+    }
+    // Dropless: every routed copy reached an expert.
+    CHECK(run["config"]["moe"]["dropped_copies"] == 0);
+    CHECK(run["config"]["moe"]["processed_copies"] == run["config"]["moe"]["routed_copies"]);
   }
 }
 

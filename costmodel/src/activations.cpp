@@ -100,6 +100,10 @@ LayerActivations activations_per_layer(const ModelSpec& m, const TrainingSpec& t
     a.mlp_bytes += moe * 4.0 * tokens * m.num_experts / x.sp;  // router probabilities
     a.mlp_bytes += moe * (k * (x.gemm * tokens * x.h * p.expert_tp() / p.tp + inner(x.f_local)) +
                           inner(m.shared_expert_ffn_size / x.t));
+    // The combine: the k expert outputs of each of the rank's T/tp tokens, back from the all-to-all,
+    // which the multiplication by the routing weights saves (Megatron's moe_unpermute with probs;
+    // executor/src/moe.cpp).
+    a.mlp_bytes += moe * k * x.act * tokens * x.h / p.tp;
     a.mlp_bytes += (1 - moe) * inner(m.dense_ffn_hidden_size / x.t);
   } else {
     a.mlp_bytes += x.gemm * tokens * x.h / x.sp + inner(x.f_local);

@@ -4,13 +4,16 @@ namespace dplan::costmodel {
 
 std::string executor_does_not_run(const std::string& what) {
   return "the executor does not run " + what +
-         " yet; it runs tp, pp (gpipe, 1f1b, interleaved), dp, context parallel, sequence parallel, ZeRO 0-3, the distributed optimizer, optimizer offload, recompute "
+         " yet; it runs tp, pp (gpipe, 1f1b, interleaved), dp, context parallel, sequence parallel, ZeRO 0-3, the distributed optimizer, optimizer offload, recompute, "
+         "Mixtral-style mixture of experts with ep and etp "
          "(dplan --runnable searches only those)";
 }
 
 std::optional<std::string> executor_refusal(const ModelSpec& model, const TrainingSpec& training,
                                             const ParallelConfig& p) {
-  if (p.ep > 1 || model.is_moe()) return executor_does_not_run("mixture-of-experts models");
+  // MoE: Mixtral-style layers (executor/src/moe.h): every layer routed, no shared expert, no router bias.
+  if (model.num_dense_layers > 0 || model.shared_expert_ffn_size > 0 || model.router_bias)
+    return executor_does_not_run("dense layers, shared experts or router biases in a mixture-of-experts model");
   // Its layers are GELU or SiLU-gated MLPs after plain multi-head / grouped-query attention.
   if (model.is_mla() || model.qk_norm || model.attention_sinks || model.num_sliding_layers > 0)
     return executor_does_not_run("latent attention, q/k norms, attention sinks or sliding windows");

@@ -212,6 +212,27 @@ Work Group::reduce_scatter_async(at::Tensor& flat, at::Tensor& shard) {
   return all_reduce_async(flat).and_then([flat, shard, offset, n]() mutable { shard.copy_(flat.narrow(0, offset, n)); });
 }
 
+at::Tensor Group::all_to_all(const at::Tensor& input, const std::vector<int64_t>& send_rows,
+                             const std::vector<int64_t>& recv_rows) {
+  if (size() == 1) return input;
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape[0] = 0;
+  for (int64_t n : recv_rows) shape[0] += n;
+  at::Tensor in = input.contiguous();
+  at::Tensor out = at::empty(shape, in.options());
+  if (impl_->lacks(in)) {  // Gloo has no bf16; an all-to-all only moves bytes: send them as fp16 bits
+    at::Tensor bits = out.view(at::kHalf), in_bits = in.view(at::kHalf);
+    std::vector<int64_t> s(send_rows), r(recv_rows);
+    CommunicationScope buffers;
+    impl_->pg->alltoall_base(bits, in_bits, r, s)->wait();
+    return out;
+  }
+  std::vector<int64_t> s(send_rows), r(recv_rows);  // c10d takes them by non-const reference
+  CommunicationScope buffers;  // what the backend allocates while it runs is the collective's
+  impl_->pg->alltoall_base(out, in, r, s)->wait();
+  return out;
+}
+
 void Group::broadcast(at::Tensor& tensor, int root) {
   if (size() == 1) return;
   std::vector<at::Tensor> t{tensor};

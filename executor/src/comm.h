@@ -89,6 +89,12 @@ class Group {
   // alive until the Work completes.
   Work all_gather_async(at::Tensor& flat, const at::Tensor& shard);
   Work reduce_scatter_async(at::Tensor& flat, at::Tensor& shard);
+  // All-to-all with split sizes along dim 0 (c10d alltoall_base; Gloo has it in 1.13 and 2.x):
+  // rows [sum(send_rows[:j]), +send_rows[j]) of `input` go to member j, and what member i sends
+  // here lands at rows [sum(recv_rows[:i]), +recv_rows[i]) of the result. Every member's
+  // send_rows[j] must equal member j's recv_rows[i] (exchange the counts first).
+  at::Tensor all_to_all(const at::Tensor& input, const std::vector<int64_t>& send_rows,
+                        const std::vector<int64_t>& recv_rows);
   void broadcast(at::Tensor& tensor, int root);
   // Point-to-point with group ranks; the tensor must stay alive until the Work completes.
   Work send(const at::Tensor& tensor, int peer, int tag);

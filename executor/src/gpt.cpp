@@ -124,11 +124,36 @@ GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, in
     if (model.out_bias) b.proj_b = replicated(p + "attn.proj.bias", H, 0.0);
     b.norm2_w = replicated(p + "norm2.weight", H, 1.0);
     if (ln) b.norm2_b = replicated(p + "norm2.bias", H, 0.0);
-    b.fc1_w = split(p + "mlp.fc1.weight", {F, H}, kInitStd, 0, true);
-    if (model.mlp_bias) b.fc1_b = split(p + "mlp.fc1.bias", {F}, 0, 0, false);
-    if (model.mlp == MlpKind::swiglu) b.gate_w = split(p + "mlp.gate.weight", {F, H}, kInitStd, 0, true);
-    b.fc2_w = split(p + "mlp.fc2.weight", {H, F}, out_std, 1, true);
-    if (model.mlp_bias) b.fc2_b = replicated(p + "mlp.fc2.bias", H, 0.0);
+    if (model.is_moe()) {
+      // The router, whole on every rank: each tp rank routes other tokens (moe.h), so its
+      // gradient is partial over tp whether or not sequence parallel is on.
+      const int64_t E = model.num_experts, local = E / ctx.ep.size();
+      const int etp = ctx.etp.size(), er = ctx.etp.rank();
+      if (F % etp != 0)
+        throw std::invalid_argument("ffn_hidden_size (" + std::to_string(F) + ") is not divisible by etp = " +
+                                    std::to_string(etp));
+      b.moe.router = add(p + "mlp.router.weight", draw(seed, p + "mlp.router.weight", {E, H}, kInitStd), true, true);
+      params_.back().sequence_parallel_partial = tp > 1;
+      // This ep rank's experts, each drawn whole from its global name and cut to this etp rank's slice.
+      b.moe.first_expert = static_cast<int>(ctx.ep.rank() * local);
+      auto expert = [&](const std::string& name, at::IntArrayRef shape, double std, int64_t dim) {
+        at::Tensor t = add(name, shard(draw(seed, name, shape, std), dim, etp, er), true, false);
+        params_.back().expert = true;
+        return t;
+      };
+      for (int64_t l = 0; l < local; ++l) {
+        const std::string e = p + "mlp.experts." + std::to_string(b.moe.first_expert + l) + ".";
+        b.moe.gate.push_back(expert(e + "gate.weight", {F, H}, kInitStd, 0));
+        b.moe.up.push_back(expert(e + "up.weight", {F, H}, kInitStd, 0));
+        b.moe.down.push_back(expert(e + "down.weight", {H, F}, out_std, 1));
+      }
+    } else {
+      b.fc1_w = split(p + "mlp.fc1.weight", {F, H}, kInitStd, 0, true);
+      if (model.mlp_bias) b.fc1_b = split(p + "mlp.fc1.bias", {F}, 0, 0, false);
+      if (model.mlp == MlpKind::swiglu) b.gate_w = split(p + "mlp.gate.weight", {F, H}, kInitStd, 0, true);
+      b.fc2_w = split(p + "mlp.fc2.weight", {H, F}, out_std, 1, true);
+      if (model.mlp_bias) b.fc2_b = replicated(p + "mlp.fc2.bias", H, 0.0);
+    }
     blocks_.push_back(b);
     ++num_units_;
   }
@@ -273,6 +298,7 @@ at::Tensor GptStage::attention_core(const at::Tensor& q, const at::Tensor& k, co
 }
 
 at::Tensor GptStage::mlp(const Block& blk, const at::Tensor& x_in) const {
+  if (model_.is_moe()) return moe_mlp(model_, blk.moe, x_in, seq_len_, aux_scale_, ctx_, moe_counts_);
   at::Tensor h;
   if (model_.mlp == MlpKind::swiglu) {
     auto up_gate = column_parallel(x_in, {blk.fc1_w, blk.gate_w}, {blk.fc1_b});
@@ -304,6 +330,7 @@ at::Tensor GptStage::forward(int chunk, const at::Tensor& input, const at::Tenso
     at::Tensor out = run();
     return hooks_ ? hooks_->after_forward(units, out) : out;
   };
+  aux_scale_ = loss_scale * seq_len_;
   // Units are numbered in this rank's forward order: the embedding, the layers chunk by chunk, the head.
   int unit = (stage_.embedding ? 1 : 0) + chunk_first_block_.at(chunk);
   at::Tensor x = input;

@@ -17,6 +17,7 @@
 
 #include "comm.h"
 #include "dplan/costmodel/model.h"
+#include "moe.h"
 #include "dplan/costmodel/training.h"
 
 namespace dplan::executor {
@@ -74,6 +75,9 @@ struct Parameter {
   bool sequence_parallel_partial = false;  // replicated over tp, but its grad is partial under SP
   bool tied_embedding = false;  // the word embedding, held by the first and the last stage
   bool tp_replicated = false;   // the same values on every tp rank (norms, row-parallel biases, positions)
+  // An MoE expert's weight: this rank holds its ep rank's experts (etp slice); its gradient is
+  // summed and ZeRO-sharded over ctx.edp, not dp (moe.h).
+  bool expert = false;
 };
 
 // ZeRO-3 gathers a unit's parameters just before the unit runs and frees them after (Rajbhandari
@@ -114,11 +118,13 @@ class GptStage {
   int num_units() const { return num_units_; }
   void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
   int64_t padded_vocab() const { return padded_vocab_; }
+  const MoeCounts& moe_counts() const { return moe_counts_; }
 
  private:
   struct Block {
     at::Tensor norm1_w, norm1_b, qkv_w, qkv_b, proj_w, proj_b;
     at::Tensor norm2_w, norm2_b, fc1_w, fc1_b, gate_w, fc2_w, fc2_b;
+    MoeWeights moe;  // an MoE model's MLP (then fc1 ... fc2 are undefined)
   };
   at::Tensor& add(const std::string& name, at::Tensor full, int64_t split_dim, bool decay, bool replicated);
   at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const;
@@ -150,6 +156,8 @@ class GptStage {
   std::vector<Block> blocks_;
   at::Tensor wte_, wpe_, final_norm_w_, final_norm_b_, head_w_;
   at::Tensor rope_cos_, rope_sin_;
+  mutable MoeCounts moe_counts_;
+  double aux_scale_ = 0;  // this forward's loss_scale x seq_len (moe.h)
 };
 
 }  // namespace dplan::executor

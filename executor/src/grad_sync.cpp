@@ -63,7 +63,9 @@ GradSync::GradSync(GptStage& stage, ParallelContext& ctx, int64_t bucket_bytes, 
   int64_t filled = 0;
   for (int i = static_cast<int>(params_.size()) - 1; i >= 0; --i) {
     const int64_t bytes = params_[i].tensor.nbytes();
-    bool fresh = members.empty() || alone(i) || alone(members.back().back()) || chunk_of(i) != chunk_of(members.back().back());
+    bool fresh = members.empty() || alone(i) || alone(members.back().back()) ||
+                 chunk_of(i) != chunk_of(members.back().back()) ||
+                 params_[i].expert != params_[members.back().back()].expert;  // experts reduce over edp
     if (!fresh) fresh = zero_stage >= 3 ? unit_of[i] != unit_of[members.back().back()] : filled + bytes > bucket_bytes;
     if (fresh) {
       members.emplace_back();
@@ -74,12 +76,14 @@ GradSync::GradSync(GptStage& stage, ParallelContext& ctx, int64_t bucket_bytes, 
   }
 
   armed_.assign(stage.num_chunks(), false);
-  const int dp = dense_group().size(), r = dense_group().rank();
+  for (const Parameter& p : params_) has_experts_ = has_experts_ || p.expert;
   if (zero_stage >= 3) units_.resize(stage.num_units());
   for (size_t b = 0; b < members.size(); ++b) {
     Bucket bucket;
     bucket.members = members[b];
     bucket.chunk = chunk_of(bucket.members[0]);
+    bucket.group = params_[bucket.members[0]].expert ? &ctx.edp : &dense_group();
+    const int dp = bucket.group->size(), r = bucket.group->rank();
     for (int i : bucket.members) bucket.numel += params_[i].tensor.numel();
     bucket.numel = (bucket.numel + dp - 1) / dp * dp;  // equal slices for the dp ranks
     const int64_t slice = bucket.numel / dp;
@@ -170,7 +174,7 @@ void GradSync::mark_ready(int bucket, int param) {
     return;
   }
   if (!armed_[b.chunk]) return;  // an accumulation micro-batch: no communication
-  if (++b.ready == static_cast<int>(b.members.size())) b.work = dense_group().all_reduce_async(b.grads);
+  if (++b.ready == static_cast<int>(b.members.size())) b.work = b.group->all_reduce_async(b.grads);
 }
 
 // Stages 2, 3: a flat gradient buffer for one micro-batch of a bucket, the members' .grads views
@@ -199,10 +203,10 @@ void GradSync::launch_sharded_reduction(int bucket) {
   Bucket& b = buckets_[bucket];
   provide_gradient_buffer(bucket);
   for (int i : b.members) params_[i].tensor.mutable_grad() = at::Tensor();  // the buffer alone holds them now
-  ctx_.meter.note_buffer_bytes(b.numel / dense_group().size() * at::elementSize(grad_dtype_));
-  b.grads_reduced = at::empty({b.numel / dense_group().size()}, b.grads.options());
+  ctx_.meter.note_buffer_bytes(b.numel / b.group->size() * at::elementSize(grad_dtype_));
+  b.grads_reduced = at::empty({b.numel / b.group->size()}, b.grads.options());
   b.ready = 0;
-  b.work = dense_group().reduce_scatter_async(b.grads, b.grads_reduced);
+  b.work = b.group->reduce_scatter_async(b.grads, b.grads_reduced);
   reducing_.push_back(bucket);
   if (zero_stage_ >= 3) {  // the unit's backward is over once all its buckets are reducing
     Unit& u = units_[b.unit];
@@ -252,8 +256,8 @@ void GradSync::finish() {
       complete_reductions();
     } else {
       for (auto& b : buckets_) {
-        if (dense_group().size() > 1 && !b.work.pending())  // a bucket whose hooks did not all fire (unused parameter)
-          b.work = dense_group().all_reduce_async(b.grads);
+        if (b.group->size() > 1 && !b.work.pending())  // a bucket whose hooks did not all fire (unused parameter)
+          b.work = b.group->all_reduce_async(b.grads);
         b.work.wait();
       }
     }
@@ -268,7 +272,7 @@ void GradSync::finish() {
   PhaseScope scope(ctx_.clock, Phase::tp_comm);
   if (zero_stage_ >= 2) {
     for (auto& b : buckets_) {
-      for_each_piece(params_, b.members, b.numel, dense_group().size(), dense_group().rank(), [&](int i, int64_t at, int64_t n) {
+      for_each_piece(params_, b.members, b.numel, b.group->size(), b.group->rank(), [&](int i, int64_t at, int64_t n) {
         if (!params_[i].sequence_parallel_partial) return;
         at::Tensor piece = b.grad_shard.narrow(0, at, n);
         ctx_.tp.all_reduce(piece);
@@ -285,24 +289,34 @@ void GradSync::finish() {
 }
 
 double GradSync::clip_grad_norm(double max_norm) {
-  at::Tensor sum_sq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(ctx_.device));
+  // Dense gradients are split over tp (and sharded over dp); experts' over etp and ep (and sharded
+  // over edp): summed apart, each element once.
+  const auto options = at::TensorOptions().dtype(at::kDouble).device(ctx_.device);
+  at::Tensor dense_sq = at::zeros({1}, options), expert_sq = at::zeros({1}, options);
+  auto sum_sq_of = [&](const Parameter& p) -> at::Tensor& { return p.expert ? expert_sq : dense_sq; };
   const bool last_stage_copy = ctx_.has_embedding_group && ctx_.stage == ctx_.num_stages - 1;
   auto counted = [&](const Parameter& p) {
     return !(p.tp_replicated && ctx_.tp.rank() != 0) && !(p.tied_embedding && last_stage_copy);
   };
   if (zero_stage_ >= 2) {
     for (auto& b : buckets_) {
-      for_each_piece(params_, b.members, b.numel, dense_group().size(), dense_group().rank(), [&](int i, int64_t at, int64_t n) {
-        if (counted(params_[i])) sum_sq += b.grad_shard.narrow(0, at, n).to(at::kDouble).pow(2).sum();
+      for_each_piece(params_, b.members, b.numel, b.group->size(), b.group->rank(), [&](int i, int64_t at, int64_t n) {
+        if (counted(params_[i])) sum_sq_of(params_[i]) += b.grad_shard.narrow(0, at, n).to(at::kDouble).pow(2).sum();
       });
     }
-    dense_group().all_reduce(sum_sq);  // the shards are disjoint
+    dense_group().all_reduce(dense_sq);  // the shards are disjoint
+    if (has_experts_) ctx_.edp.all_reduce(expert_sq);
   } else {
     // Data-parallel replicas hold the same reduced gradients: only tp and pp shards are summed.
     for (auto& p : params_)
-      if (counted(p)) sum_sq += p.tensor.grad().to(at::kDouble).pow(2).sum();
+      if (counted(p)) sum_sq_of(p) += p.tensor.grad().to(at::kDouble).pow(2).sum();
   }
-  ctx_.tp.all_reduce(sum_sq);
+  ctx_.tp.all_reduce(dense_sq);
+  if (has_experts_) {
+    ctx_.etp.all_reduce(expert_sq);
+    ctx_.ep.all_reduce(expert_sq);
+  }
+  at::Tensor sum_sq = dense_sq + expert_sq;
   ctx_.pp.all_reduce(sum_sq);
   const double norm = std::sqrt(sum_sq.item<double>());
   if (max_norm > 0 && norm > max_norm) {
@@ -314,8 +328,8 @@ double GradSync::clip_grad_norm(double max_norm) {
 
 at::Tensor GradSync::optimizer_region(const Bucket& b, const at::Tensor& flat) const {
   if (!shard_optimizer_) return flat;
-  const int64_t slice = b.numel / dense_group().size();
-  return flat.narrow(0, dense_group().rank() * slice, slice);
+  const int64_t slice = b.numel / b.group->size();
+  return flat.narrow(0, b.group->rank() * slice, slice);
 }
 
 int64_t GradSync::master_bytes() const {
@@ -378,8 +392,8 @@ void GradSync::gradients_to_host() {
 
 std::vector<GradSync::OptimizerParam> GradSync::optimizer_params() {
   std::vector<OptimizerParam> out;
-  const int parts = shard_optimizer_ ? dense_group().size() : 1, index = shard_optimizer_ ? dense_group().rank() : 0;
   for (auto& b : buckets_) {
+    const int parts = shard_optimizer_ ? b.group->size() : 1, index = shard_optimizer_ ? b.group->rank() : 0;
     const at::Tensor grads = offload_ ? b.host_grads : zero_stage_ >= 2 ? b.grad_shard : optimizer_region(b, b.grads);
     for_each_piece(params_, b.members, b.numel, parts, index, [&](int i, int64_t at, int64_t n) {
       at::Tensor piece = b.master.narrow(0, at, n).detach().requires_grad_(true);
@@ -399,10 +413,11 @@ void GradSync::finish_step() {
     // gradients_to_host(), whose side stream waits for this stream.
     if (region.data_ptr() != b.master.data_ptr()) region.copy_(b.master, /*non_blocking=*/offload_);
   }
-  if (!shard_optimizer_ || zero_stage_ >= 3 || dense_group().size() == 1) return;
+  if (!shard_optimizer_ || zero_stage_ >= 3) return;
   PhaseScope scope(ctx_.clock, Phase::dp_comm);  // every rank's updated slice to every rank
   std::vector<Work> works;
-  for (auto& b : buckets_) works.push_back(dense_group().all_gather_async(b.params, b.param_shard));
+  for (auto& b : buckets_)
+    if (b.group->size() > 1) works.push_back(b.group->all_gather_async(b.params, b.param_shard));
   for (auto& w : works) w.wait();
 }
 
@@ -418,7 +433,7 @@ void GradSync::gather(int unit, bool wait) {
       Bucket& b = buckets_[i];
       ctx_.meter.note_buffer_bytes(b.params.nbytes());  // first, so that the allocation counts as a buffer
       allocate_storage(b.params);
-      u.gathers.push_back(dense_group().all_gather_async(b.params, b.param_shard));
+      u.gathers.push_back(b.group->all_gather_async(b.params, b.param_shard));
     }
     u.state = Unit::State::gathering;
   }

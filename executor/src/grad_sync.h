@@ -106,6 +106,7 @@ class GradSync : public UnitHooks {
  private:
   struct Bucket {
     std::vector<int> members;
+    Group* group = nullptr;  // what its members' gradients are summed and sharded over: dp, or edp for experts
     int unit = -1;
     int chunk = 0;          // the model chunk its members belong to
     int64_t numel = 0;      // padded to a multiple of dp
@@ -154,6 +155,7 @@ class GradSync : public UnitHooks {
   std::vector<NodePtr> accumulators_;
   std::vector<bool> armed_;  // per model chunk: its last micro-batch's backward is running
   bool offload_ = false;
+  bool has_experts_ = false;  // an MoE stage: the expert groups exist
 };
 
 }  // namespace dplan::executor

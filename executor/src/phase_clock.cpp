@@ -12,6 +12,7 @@ const char* to_string(Phase p) {
     case Phase::pp_wait: return "pp_wait";
     case Phase::dp_comm: return "dp_comm";
     case Phase::optimizer: return "optimizer";
+    case Phase::ep_comm: return "ep_comm";
     default: return "other";
   }
 }

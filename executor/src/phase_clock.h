@@ -16,7 +16,8 @@
 
 namespace dplan::executor {
 
-enum class Phase { forward, backward, tp_comm, pp_wait, dp_comm, optimizer, other, count };
+// ep_comm: the MoE layers' token all-to-alls and etp collectives (moe.h).
+enum class Phase { forward, backward, tp_comm, pp_wait, dp_comm, optimizer, other, ep_comm, count };
 constexpr int kNumPhases = static_cast<int>(Phase::count);
 const char* to_string(Phase p);
 

@@ -99,6 +99,7 @@ json rank_report(int rank, int stage_index, const std::vector<StepRecord>& steps
           {"grad_norms", grad_norms},
           {"phases_s", median_phases(measured_phases)},
           {"weights_hash", weights_hash(stage.parameters())},
+          {"moe_tokens", {{"routed", stage.moe_counts().routed}, {"processed", stage.moe_counts().processed}}},
           {"memory", memory}};
 }
 
@@ -110,6 +111,17 @@ json assemble_run(const ExecPlan& plan, int world_size, int num_steps, int warmu
   run.layout = {p.tp, p.pp, p.dp, p.cp, p.micro_batch, plan.num_microbatches, plan.training.global_batch,
                 plan.training.seq_len, p.schedule, p.zero_stage, p.recompute, p.sequence_parallel};
   run.config = config;
+  if (plan.model.is_moe()) {
+    // Dropless routing (no capacity factor, as the cost model prices it): every routed copy of a
+    // token reached an expert; "dropped" is what the counts say, not an assumption.
+    long long routed = 0, processed = 0;
+    for (const auto& r : ranks) {
+      routed += r["moe_tokens"]["routed"].get<long long>();
+      processed += r["moe_tokens"]["processed"].get<long long>();
+    }
+    run.config["moe"] = {{"capacity_factor", nullptr}, {"routed_copies", routed}, {"processed_copies", processed},
+                         {"dropped_copies", routed - processed}};
+  }
   char host[256] = "";
   ::gethostname(host, sizeof host - 1);
   run.environment = {{"torch_version", TORCH_VERSION}, {"hostname", host}, {"cpu", cpu_model()},
@@ -144,11 +156,13 @@ json assemble_run(const ExecPlan& plan, int world_size, int num_steps, int warmu
     run.stage_of_rank.push_back(r["stage"].get<int>());
   }
   run.memory_source = memory_source;
-  // Data-parallel replicas (same tp and pp coordinates) must hold bit-identical weights; so must
-  // the cp ranks, which hold the same parameters and step the gradients summed over dp x cp.
+  // Data-parallel replicas (same tp and pp coordinates; in an MoE model also the same experts: ep
+  // and etp) must hold bit-identical weights; so must the cp ranks, which hold the same parameters
+  // and step the gradients summed over dp x cp.
   for (const auto& a : plan.ranks)
     for (const auto& b : plan.ranks)
-      if (a.tp == b.tp && a.pp == b.pp && run.weights_hash_by_rank[a.rank] != run.weights_hash_by_rank[b.rank])
+      if (a.tp == b.tp && a.pp == b.pp && a.ep == b.ep && a.etp == b.etp &&
+          run.weights_hash_by_rank[a.rank] != run.weights_hash_by_rank[b.rank])
         run.replicas_identical = false;
   return costmodel::to_json(run);
 }

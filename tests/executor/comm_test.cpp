@@ -130,3 +130,19 @@ TEST_CASE("comm: the flat forms of ZeRO's buckets, in place and not, both forms,
     CHECK(ok[r][2]);
   }
 }
+
+TEST_CASE("comm: all-to-all with uneven split sizes (the MoE dispatcher's), fp32 and bf16", "[comm]") {
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    on_two_members(false, std::string("a2a-") + c10::toString(dtype), [&](Group& g) {
+      // Member 0 sends 1 row to itself and 3 to member 1; member 1 sends 2 to member 0 and 0 to itself.
+      const std::vector<std::vector<int64_t>> send = {{1, 3}, {2, 0}};
+      const int r = g.rank();
+      at::Tensor in = input_of(r, dtype).narrow(0, 0, send[r][0] + send[r][1]);
+      std::vector<int64_t> recv = {send[0][r], send[1][r]};
+      at::Tensor out = g.all_to_all(in, send[r], recv);
+      at::Tensor from0 = input_of(0, dtype).narrow(0, r == 0 ? 0 : 1, send[0][r]);
+      at::Tensor from1 = input_of(1, dtype).narrow(0, r == 0 ? 0 : 2, send[1][r]);
+      CHECK(same(out, at::cat({from0, from1}, 0)));
+    });
+  }
+}

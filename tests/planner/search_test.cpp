@@ -142,8 +142,8 @@ TEST_CASE("an empty search space is an input error", "[search]") {
 
 TEST_CASE("the executor's search space holds only layouts dplan run executes, and all of those", "[search]") {
   // The one definition is costmodel::executor_refusal; the space is derived from it. For a dense
-  // model, one with dropout (no recompute) and one the executor does not run at all (a mixture of
-  // experts; flash attention with attention dropout), the runnable space is exactly the full space
+  // model, one with dropout (no recompute) and one the executor does not run at all (a DeepSeek-style
+  // mixture of experts; flash attention with attention dropout), the runnable space is exactly the full space
   // filtered by the rule, and a model the rule refuses outright is refused with the rule's reason,
   // the reason the plan reader gives (executor/src/plan_file.cpp).
   ModelSpec dense = store().load_model("llama-3-8b");
@@ -179,9 +179,15 @@ TEST_CASE("the executor's search space holds only layouts dplan run executes, an
   const std::string flash = *executor_refusal(dropout, t, ParallelConfig{});
   CHECK_THAT(flash, Catch::Contains("--attention standard"));
   CHECK_THROWS_WITH(SearchSpace::runnable_by_executor(16, dropout, t), flash);
-  ModelSpec moe = store().load_model("mixtral-8x7b");
+  // A DeepSeek-style mixture of experts (dense layers, shared experts) is refused; a Mixtral-style
+  // one runs, expert parallel included.
+  ModelSpec moe = store().load_model("deepseek-v3");
+  REQUIRE(executor_refusal(moe, t, ParallelConfig{}));
   CHECK_THROWS_WITH(SearchSpace::runnable_by_executor(16, moe, t), *executor_refusal(moe, t, ParallelConfig{}));
   CHECK_THAT(*executor_refusal(moe, t, ParallelConfig{}), Catch::Contains("mixture-of-experts"));
+  ModelSpec mixtral = store().load_model("mixtral-8x7b");
+  CHECK_FALSE(executor_refusal(mixtral, t, ParallelConfig{.dp = 2, .ep = 2}));
+  CHECK(SearchSpace::runnable_by_executor(16, mixtral, t).allow_expert_parallel);
 }
 
 namespace {

@@ -1,0 +1,222 @@
+#include "moe.h"
+
+#include <algorithm>
+
+#include <torch/torch.h>
+
+#include "fused_ops.h"
+#include "gpt.h"
+#include "memory_meter.h"
+#include "phase_clock.h"
+#include "tp_ops.h"
+
+namespace dplan::executor {
+namespace {
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::vector<int64_t> to_vector(const at::Tensor& t) {
+  at::Tensor c = t.to(at::kCPU, at::kLong).contiguous();
+  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+// The all-to-all of the dispatcher: rows send[j] to member j, recv[i] from member i; backward
+// sends the gradients back the way the rows came (the reverse all-to-all).
+struct AllToAll : torch::autograd::Function<AllToAll> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Group* g, PhaseClock* clock,
+                            std::vector<int64_t> send, std::vector<int64_t> recv) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(g);
+    ctx->saved_data["clock"] = reinterpret_cast<int64_t>(clock);
+    ctx->saved_data["send"] = send;
+    ctx->saved_data["recv"] = recv;
+    PhaseScope scope(*clock, Phase::ep_comm);
+    return g->all_to_all(x, send, recv);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    Group& g = *reinterpret_cast<Group*>(ctx->saved_data["group"].toInt());
+    PhaseClock& clock = *reinterpret_cast<PhaseClock*>(ctx->saved_data["clock"].toInt());
+    PhaseScope scope(clock, Phase::ep_comm);
+    at::Tensor back = g.all_to_all(grad[0], ctx->saved_data["recv"].toIntVector(), ctx->saved_data["send"].toIntVector());
+    return {back, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// Over the etp group, rows[i] rows from member i (each padded to the largest, so that the
+// collectives are the equal-split ones comm.h has). gather: every member's rows, in member order;
+// scatter: the sum over the members of [sum(rows), h], this member's rows of it.
+// The padded staging tensors are the collective's buffers (CommunicationScope), what a
+// variable-split collective would not need; only the result counts as activation memory.
+at::Tensor gather_rows(const at::Tensor& x, Group& g, const std::vector<int64_t>& rows) {
+  const int64_t most = *std::max_element(rows.begin(), rows.end());
+  std::vector<at::Tensor> parts;
+  at::Tensor all;
+  {
+    CommunicationScope buffers;
+    at::Tensor padded = at::zeros({most, x.size(1)}, x.options());
+    padded.narrow(0, 0, x.size(0)).copy_(x);
+    all = g.all_gather(padded, 0);
+  }
+  for (int i = 0; i < g.size(); ++i) parts.push_back(all.narrow(0, i * most, rows[i]));
+  return at::cat(parts, 0);
+}
+at::Tensor scatter_rows(const at::Tensor& x, Group& g, const std::vector<int64_t>& rows) {
+  const int64_t most = *std::max_element(rows.begin(), rows.end());
+  at::Tensor mine;
+  {
+    CommunicationScope buffers;
+    at::Tensor padded = at::zeros({g.size() * most, x.size(1)}, x.options());
+    int64_t first = 0;
+    for (int i = 0; i < g.size(); ++i) {
+      padded.narrow(0, i * most, rows[i]).copy_(x.narrow(0, first, rows[i]));
+      first += rows[i];
+    }
+    mine = g.reduce_scatter(padded, 0);
+  }
+  return mine.narrow(0, 0, rows[g.rank()]).contiguous();
+}
+
+// etp > 1: the received tokens all-gathered before the experts (backward: the partial input
+// gradients reduce-scattered), and the experts' partial outputs reduce-scattered after (backward:
+// all-gathered); Megatron's gather_from_sequence_parallel_region / reduce_scatter_to_sequence_
+// parallel_region with output_split_sizes.
+struct EtpRows : torch::autograd::Function<EtpRows> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Group* g, PhaseClock* clock,
+                            std::vector<int64_t> rows, bool gather) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(g);
+    ctx->saved_data["clock"] = reinterpret_cast<int64_t>(clock);
+    ctx->saved_data["rows"] = rows;
+    ctx->saved_data["gather"] = gather;
+    PhaseScope scope(*clock, Phase::ep_comm);
+    return gather ? gather_rows(x, *g, rows) : scatter_rows(x, *g, rows);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    Group& g = *reinterpret_cast<Group*>(ctx->saved_data["group"].toInt());
+    PhaseClock& clock = *reinterpret_cast<PhaseClock*>(ctx->saved_data["clock"].toInt());
+    const std::vector<int64_t> rows = ctx->saved_data["rows"].toIntVector();
+    PhaseScope scope(clock, Phase::ep_comm);
+    at::Tensor back = ctx->saved_data["gather"].toBool() ? scatter_rows(grad[0], g, rows) : gather_rows(grad[0], g, rows);
+    return {back, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// Megatron's MoEAuxLossAutoScaler: forward passes `out` through; backward also starts the
+// auxiliary loss's backward (with gradient 1: `aux` is already scaled like the token loss).
+struct AttachAuxLoss : torch::autograd::Function<AttachAuxLoss> {
+  static at::Tensor forward(AutogradContext*, const at::Tensor& out, const at::Tensor&) {
+    return out.view_as(out);
+  }
+  static variable_list backward(AutogradContext*, variable_list grad) {
+    return {grad[0], at::ones({}, grad[0].options().dtype(at::kFloat))};
+  }
+};
+
+}  // namespace
+
+at::Tensor moe_mlp(const costmodel::ModelSpec& model, const MoeWeights& w, const at::Tensor& x_in, int seq_len,
+                   double aux_scale, ParallelContext& ctx, MoeCounts& counts) {
+  const int64_t E = model.num_experts, k = model.experts_per_token, H = model.hidden_size;
+  Group& tp = ctx.tp;
+  const bool split_tokens = tp.size() > 1 && !(ctx.sequence_parallel);
+  // Without sequence parallel the tokens are replicated over tp: each tp rank routes its 1/tp of
+  // them (copy_to_tp: the input gradients, zero outside each rank's part, are summed in backward).
+  at::Tensor x = x_in;
+  if (split_tokens) {
+    if (x.size(1) % tp.size() != 0)
+      throw std::invalid_argument("seq_len (" + std::to_string(x.size(1)) + ") is not divisible by tp = " +
+                                  std::to_string(tp.size()) + " (the MoE layer splits the tokens over tp)");
+    const int64_t part = x.size(1) / tp.size();
+    x = copy_to_tp(x, tp, ctx.clock).narrow(1, tp.rank() * part, part);
+  }
+  const int64_t b = x.size(0), s = x.size(1);
+  at::Tensor tokens = x.reshape({b * s, H});
+
+  // Router (fp32 softmax, as Megatron's moe_router_dtype and Hugging Face compute it).
+  at::Tensor probs = at::softmax(at::linear(tokens, w.router).to(at::kFloat), -1);  // [N, E]
+  auto [top_p, top_e] = probs.topk(k, -1);                                            // [N, k]
+  top_p = top_p / top_p.sum(-1, true);  // MixtralSparseMoeBlock: routing_weights /= sum
+
+  // The per-sequence load-balancing loss, from statistics summed over the ranks holding parts of
+  // the sequence.
+  at::Tensor aux;
+  if (at::GradMode::is_enabled() && kRouterAuxLossCoef > 0) {
+    at::Tensor p_sum = probs.view({b, s, E}).sum(1);  // [b, E]
+    at::Tensor routed = at::one_hot(top_e.view({b, s * k}), E).sum(1).to(at::kFloat);  // [b, E]
+    for (Group* g : {&tp, &ctx.cp}) {
+      if (g->size() <= 1) continue;  // tp: its ranks hold different tokens (sequence parallel, or split above)
+      p_sum = reduce_from_tp(p_sum, *g, ctx.clock);  // forward sum, backward identity: each rank its part
+      PhaseScope scope(ctx.clock, Phase::tp_comm);
+      g->all_reduce(routed);
+    }
+    const double S = seq_len;
+    at::Tensor per_sequence = (routed / (S * k) * (p_sum / S)).sum(-1) * double(E);  // [b]
+    aux = per_sequence.sum() * (kRouterAuxLossCoef * aux_scale);
+  }
+
+  // Dispatch: the N*k routed copies ordered by expert (stable: a token's copies keep slot order).
+  at::Tensor flat_e = top_e.reshape({-1});
+  at::Tensor order = std::get<1>(at::sort(flat_e, /*stable=*/true, 0, false));
+  at::Tensor token_of = at::div(order, k, "floor");  // the token of each ordered copy
+  at::Tensor per_expert = at::bincount(flat_e, {}, E);  // [E]
+  Group& ep = ctx.ep;
+  const int n_ep = std::max(1, ep.size()), me = n_ep > 1 ? ep.rank() : 0;
+  const int64_t local = E / n_ep;
+  at::Tensor all_counts = per_expert.view({1, E});  // [ep, E]: every ep rank's copies per expert
+  if (n_ep > 1) {
+    PhaseScope scope(ctx.clock, Phase::ep_comm);
+    all_counts = ep.all_gather(per_expert, 0).view({n_ep, E});
+  }
+  std::vector<int64_t> send = to_vector(per_expert.view({n_ep, local}).sum(1));
+  at::Tensor mine = all_counts.narrow(1, me * local, local);  // [ep, local]: what each sends to my experts
+  std::vector<int64_t> recv = to_vector(mine.sum(1));
+  at::Tensor sent = tokens.index_select(0, token_of);
+  at::Tensor received = n_ep > 1 ? AllToAll::apply(sent, &ep, &ctx.clock, send, recv) : sent;
+  // The local expert of each received row: sources in ep order, each's rows in expert order.
+  at::Tensor expert_of = at::repeat_interleave(at::arange(local, mine.options()).repeat({n_ep}), mine.reshape({-1}));
+
+  if (at::GradMode::is_enabled()) {  // once per micro-batch (recompute's first forward runs without grad)
+    counts.routed += flat_e.numel();
+    counts.processed += received.size(0);
+  }
+  Group& etp = ctx.etp;
+  const bool etp_split = etp.size() > 1;
+  std::vector<int64_t> etp_rows;
+  if (etp_split) {
+    at::Tensor n = at::full({1}, received.size(0), at::kLong);
+    {
+      PhaseScope scope(ctx.clock, Phase::ep_comm);
+      etp_rows = to_vector(etp.all_gather(n, 0));
+      expert_of = gather_rows(expert_of.view({-1, 1}), etp, etp_rows).view({-1});
+    }
+    received = EtpRows::apply(received, &etp, &ctx.clock, etp_rows, true);
+  }
+  at::Tensor by_expert = std::get<1>(at::sort(expert_of, /*stable=*/true, 0, false));
+  std::vector<int64_t> rows = to_vector(at::bincount(expert_of, {}, local));
+  at::Tensor grouped = received.index_select(0, by_expert);
+  std::vector<at::Tensor> outs;
+  int64_t first = 0;
+  for (int64_t l = 0; l < local; ++l) {
+    at::Tensor in = grouped.narrow(0, first, rows[l]);
+    first += rows[l];
+    // Shazeer 2020: down(silu(gate x) * up x), the dense MLP's SwiGLU (fused_ops.h).
+    outs.push_back(at::linear(swiglu(at::linear(in, w.gate[l]), at::linear(in, w.up[l])), w.down[l]));
+  }
+  at::Tensor out = at::cat(outs, 0).index_select(0, at::argsort(by_expert));  // back to arrival order
+  if (etp_split) out = EtpRows::apply(out, &etp, &ctx.clock, etp_rows, false);
+  at::Tensor back = n_ep > 1 ? AllToAll::apply(out, &ep, &ctx.clock, recv, send) : out;
+
+  // Combine: each token the weighted sum of its k experts' outputs, the copies put back in token
+  // order first (what the multiplication saves is that [N k, h] tensor, as Megatron's unpermute
+  // saves the permuted tokens; an index_add would save its weighted source besides).
+  at::Tensor by_token = back.index_select(0, at::argsort(order)).view({b * s, k, H});
+  at::Tensor y = (by_token * top_p.to(back.scalar_type()).unsqueeze(-1)).sum(1).view({b, s, H});
+  if (aux.defined()) y = AttachAuxLoss::apply(y, aux);
+  if (split_tokens) {  // every tp rank's part back into the replicated [b, seq, h]
+    const int64_t part = s;
+    at::Tensor full = at::constant_pad_nd(y, {0, 0, tp.rank() * part, (tp.size() - 1 - tp.rank()) * part});
+    y = reduce_from_tp(full, tp, ctx.clock);
+  }
+  if (model.hidden_dropout > 0) y = at::dropout(y, model.hidden_dropout, true);
+  return y;
+}
+
+}  // namespace dplan::executor

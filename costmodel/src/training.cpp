@@ -499,7 +499,6 @@ std::optional<std::string> layout_problem(const ModelSpec& model, const Training
   return rule_message(rule, model, t, p, p.world_size());
 }
 
-
 void validate(const ModelSpec& model, const ClusterSpec& cluster, const TrainingSpec& t, const ParallelConfig& p,
               int gpus) {
   if (LayoutRule rule = check_layout(model, t, p, gpus); rule != LayoutRule::ok)

@@ -515,8 +515,8 @@ int main(int argc, char** argv) {
   CLI::Option* top_gpus = add_common(app, o);
   app.add_option("--top", o.top_k, "how many ranked layouts to show")->capture_default_str()->check(integer_in(1, 1000, "a positive integer up to 1000"));
   app.add_flag("--runnable", o.runnable,
-               "search only layouts dplan run executes (tp, pp, dp, sp, recompute, ZeRO 0-3, dist-opt; no offload, "
-               "cp, ep, interleaving)");
+               "refuse up front a model dplan run cannot train, and search only what it executes (today every "
+               "layout, except context parallel with attention dropout; kept for scripts)");
 
   CLI::App* estimate = app.add_subcommand("estimate", "evaluate one layout: memory per stage, step time by phase");
   add_common(*estimate, o);

@@ -446,14 +446,14 @@ TEST_CASE("dplan --runnable refuses a model the executor cannot train, with the 
                                                        "--global-batch", "8", "--precision", "fp32", "--runnable"}));
   CHECK_THAT(line, Contains("flash attention with attention dropout"));
   CHECK_THAT(line, Contains("--attention standard"));
-  // The same model plans with standard attention, and its plan leaves recompute out (recompute
-  // with dropout is not run either).
+  // The same model plans with standard attention, and its plan leaves context parallel out (the
+  // executor's ring attention has no dropout).
   const std::string plan = (dir.path() / "plan.json").string();
   Result r = run_dplan({"--model", model, "--cluster", "local-cpu", "--gpus", "2", "--global-batch", "8",
                         "--precision", "fp32", "--attention", "standard", "--runnable", "-o", plan});
   INFO(r.err);
   REQUIRE(r.status == 0);
-  CHECK(json::parse(read_file(plan))["parallel"]["recompute"] == "none");
+  CHECK(json::parse(read_file(plan))["parallel"]["cp"] == 1);
 }
 
 // dplan explain and --headroom (planner/explain.h): structure, not figures.

@@ -341,7 +341,7 @@ TrainLog train_steps(const RunOptions& args, const Place& place, const ExecPlan&
       double elapsed = Seconds(std::chrono::steady_clock::now() - run_start).count();
       double eta = elapsed / (s + 1) * (args.steps - s - 1);
       std::fprintf(stderr, "step %d/%d  loss %.4f  %.3f s  %.0f tokens/s  ETA %.0f s%s\n", s + 1, args.steps,
-                   step.loss, step.time_s, tokens / step.time_s, eta, s < args.warmup ? "  (warm-up)" : "");
+                   step.loss, step.time_s, tokens / step.time_s, eta, s < args.warmup_steps() ? "  (warm-up)" : "");
     }
     if (!std::isfinite(step.loss))
       throw std::runtime_error("the loss is " + std::to_string(step.loss) + " at step " + std::to_string(s));
@@ -352,7 +352,7 @@ TrainLog train_steps(const RunOptions& args, const Place& place, const ExecPlan&
 // run.json's "config": how this run was set up.
 json run_config(const RunOptions& args, const Place& place, const ExecPlan& plan, const DeviceChoice& device,
                 Backend backend, const GradSync& grads, const DataSource& data) {
-  json config = {{"steps", args.steps}, {"warmup_steps", args.warmup}, {"seed", args.seed},
+  json config = {{"steps", args.steps}, {"warmup_steps", args.warmup_steps()}, {"seed", args.seed},
                  {"data", data.describe()}, {"device", device.cuda ? "cuda" : "cpu"},
                  {"device_name", device.cuda ? "cuda" : "cpu"}, {"backend", to_string(backend)},
                  {"precision", device.bf16 ? "bf16" : "fp32"},
@@ -384,7 +384,7 @@ std::vector<json> gather_reports(c10d::Store& store, const Place& place, const j
 std::string write_run_record(const RunOptions& args, const Place& place, const ExecPlan& plan,
                              const std::vector<json>& reports, const json& config, const MemoryMeter& meter,
                              const TrainLog& log) {
-  json run = assemble_run(plan, place.world, args.steps, args.warmup, reports, config, meter.source());
+  json run = assemble_run(plan, place.world, args.steps, args.warmup_steps(), reports, config, meter.source());
   std::string write_error;
   if (!args.output.empty()) {
     const std::string text = run.dump(1) + "\n";
@@ -399,7 +399,7 @@ std::string write_run_record(const RunOptions& args, const Place& place, const E
   }
   if (!args.quiet) {
     std::fprintf(stderr, "median step %.4f s (%zu measured steps), %.0f tokens/s, final loss %.4f%s\n",
-                 run["step_time_s"]["median"].get<double>(), log.steps.size() - args.warmup,
+                 run["step_time_s"]["median"].get<double>(), log.steps.size() - args.warmup_steps(),
                  run["tokens_per_s"].get<double>(), log.steps.back().loss,
                  args.output.empty() ? "" : ("; wrote " + args.output).c_str());
   }
@@ -456,7 +456,7 @@ int train(const RunOptions& args, const Place& place) {
     const TrainLog log = train_steps(args, place, plan, trainer, data, clock, meter);
 
     grads.gather_all_units();  // ZeRO-3: the whole model, to hash it
-    const json mine = rank_report(place.rank, ctx.stage, log.steps, args.warmup, log.peaks, stage, grads, *optimizer);
+    const json mine = rank_report(place.rank, ctx.stage, log.steps, args.warmup_steps(), log.peaks, stage, grads, *optimizer);
     const std::vector<json> reports = gather_reports(*store, place, mine);
     std::string write_error;
     if (place.rank == 0)

@@ -85,3 +85,17 @@ TEST_CASE("dplan run without the executor beside it names the command that build
   CHECK(r.status == 2);
   CHECK_THAT(r.err, Contains("./setup.sh --all"));
 }
+
+TEST_CASE("--warmup defaults to 2 steps, or all but the last when --steps is smaller", "[cli][run-options]") {
+  RunOptions o;
+  CHECK(o.warmup_steps() == 2);  // --steps 20
+  o.steps = 2;
+  CHECK(o.warmup_steps() == 1);
+  CHECK(dplan::executor::run_options_problem(o).empty());
+  o.steps = 1;
+  CHECK(o.warmup_steps() == 0);
+  CHECK(dplan::executor::run_options_problem(o).empty());
+  o.warmup = 1;  // given: kept, and checked against --steps
+  CHECK(o.warmup_steps() == 1);
+  CHECK_THAT(dplan::executor::run_options_problem(o), Contains("--warmup must be at least 0 and below --steps (1)"));
+}

@@ -26,11 +26,7 @@ using dplan::testing::TempDir;
 using nlohmann::json;
 using namespace dplan::testing::executor;
 
-struct Case {
-  std::string model;
-  Layout layout;
-  std::vector<std::string> flags;
-};
+using Case = PlanCase;
 
 Layout with_cp(Layout l, int cp) {
   l.cp = cp;
@@ -84,13 +80,7 @@ TEST_CASE("memory: context parallel's weights, gradients and optimizer within 1 
       {kLlamaTiny, with_cp({2, 2, 1, "1f1b", true}, 2), {"--zero", "2"}},
       {"gpt-tiny", with_cp({1, 1, 1}, 2), {"--attention", "standard"}},  // the ring whatever --attention
   };
-  TempDir dir;
-  for (const Case& c : cases) {
-    std::string plan = write_plan(dir, c.model, c.layout, 8, c.flags);
-    run_plan(plan, {}, 3);
-    INFO(c.model << " " << c.layout.describe() << " " << c.flags.front() << " " << c.flags.back());
-    check_memory(plan, c.layout.pp);
-  }
+  check_memory_cases(cases);
 }
 
 TEST_CASE("a cp whose 2*cp chunks do not divide the sequence is refused by estimate and by run, in one line",

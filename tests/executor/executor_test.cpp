@@ -146,12 +146,7 @@ TEST_CASE("parity: ZeRO-2 and ZeRO-3 shard gradients, then parameters, over dp",
 
 TEST_CASE("memory: measured weights, gradients and optimizer states match the prediction within 1 %, "
           "activations within 15 %, on eight layouts", "[executor][memory]") {
-  struct Case {
-    std::string model;
-    Layout layout;
-    std::vector<std::string> flags;
-  };
-  const std::vector<Case> cases = {
+  check_memory_cases({
       {"gpt-tiny", {1, 1, 1}, {"--zero", "0"}},
       {"gpt-tiny", {1, 2, 2}, {"--zero", "1"}},
       {"gpt-tiny", {2, 1, 2, "1f1b", false, 1, "selective"}, {"--zero", "2", "--attention", "standard"}},
@@ -160,14 +155,7 @@ TEST_CASE("memory: measured weights, gradients and optimizer states match the pr
       {"gpt-tiny", {2, 2, 2, "1f1b", true, 1, "full"}, {"--zero", "1"}},
       {"gpt-tiny", {1, 2, 1}, {"--attention", "standard"}},
       {kLlamaTiny, {2, 2, 1, "1f1b", true}, {"--zero", "2"}},
-  };
-  TempDir dir;
-  for (const Case& c : cases) {
-    std::string plan = write_plan(dir, c.model, c.layout, 8, c.flags);
-    run_plan(plan, {}, 3);
-    INFO(c.model << " " << c.layout.describe() << " " << c.flags.front() << " " << c.flags.back());
-    check_memory(plan, c.layout.pp);
-  }
+  });
 }
 
 TEST_CASE("mixed precision: bf16 parameters and activations, fp32 master weights, gradients and AdamW states",

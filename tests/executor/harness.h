@@ -147,4 +147,27 @@ inline void check_memory(const std::string& plan, int stages) {
   }
 }
 
+// A layout of a model with extra `dplan estimate` flags (--zero 1, --attention standard, ...).
+struct PlanCase {
+  std::string model;
+  Layout layout;
+  std::vector<std::string> flags;
+  std::string describe() const {
+    std::string s = model + " " + layout.describe();
+    for (const std::string& f : flags) s += " " + f;
+    return s;
+  }
+};
+
+// Each case planned (global batch 8), trained 3 steps, and its memory checked (check_memory).
+inline void check_memory_cases(const std::vector<PlanCase>& cases) {
+  TempDir dir;
+  for (const PlanCase& c : cases) {
+    const std::string plan = write_plan(dir, c.model, c.layout, 8, c.flags);
+    run_plan(plan, {}, 3);
+    INFO(c.describe());
+    check_memory(plan, c.layout.pp);
+  }
+}
+
 }  // namespace dplan::testing::executor

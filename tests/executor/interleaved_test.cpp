@@ -53,14 +53,6 @@ TEST_CASE("parity: uneven pipelines as Megatron splits them (first/last stage la
 }
 
 TEST_CASE("memory: interleaved chunks hold what the plan predicts", "[executor][memory]") {
-  TempDir dir;
-  for (const auto& [layout, extra] : std::vector<std::pair<Layout, std::vector<std::string>>>{
-           {{1, 2, 1, "interleaved"}, {"--vpp", "2"}},
-           {{1, 4, 2, "interleaved"}, {"--vpp", "2", "--zero", "1"}}}) {
-    const std::string model = layout.pp == 4 ? kLlamaDeep : kLlamaTiny;
-    const std::string plan = write_plan(dir, model, layout, 8, extra);
-    run_plan(plan, {}, 3);
-    INFO(layout.describe());
-    check_memory(plan, layout.pp);
-  }
+  check_memory_cases({{kLlamaTiny, {1, 2, 1, "interleaved"}, {"--vpp", "2"}},
+                      {kLlamaDeep, {1, 4, 2, "interleaved"}, {"--vpp", "2", "--zero", "1"}}});
 }

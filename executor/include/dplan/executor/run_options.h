@@ -7,6 +7,7 @@
 // CLI11 only.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -17,15 +18,23 @@
 
 namespace dplan::executor {
 
+// --warmup's default: 2 steps, or all but the last when --steps is smaller (so `--steps 2` runs).
+inline constexpr int kAutoWarmup = -1;
+inline constexpr int kDefaultWarmupSteps = 2;
+
 struct RunOptions {
   std::string plan_path;  // the positional plan.json (each binary declares it: the worker's is optional)
   std::string data_path, output, device = "auto", precision = "auto";
   std::string save_reference;  // a world-size-1 run writes its initial weights and step batches here
-  int steps = 20, warmup = 2, log_every = 1;
+  int steps = 20, warmup = kAutoWarmup, log_every = 1;
   unsigned long long seed = 1234;
   double timeout_s = 60, lr = 1e-3, max_grad_norm = 1.0;
   bool quiet = false;
   bool force = false;  // -o may replace a file dplan did not write
+  // The first steps left out of the statistics: --warmup, or by default 2 (fewer when --steps is).
+  int warmup_steps() const {
+    return warmup == kAutoWarmup ? std::clamp(steps - 1, 0, kDefaultWarmupSteps) : warmup;
+  }
 };
 
 // Calls visit(names, field, help, show_default) for each option after the plan, in --help order.
@@ -35,7 +44,8 @@ template <typename Options, typename Visit>
 void for_each_run_flag(Options& o, Visit&& visit) {
   constexpr bool show_default = true;
   visit("--steps", o.steps, "optimizer steps", show_default);
-  visit("--warmup", o.warmup, "first steps marked warm-up, left out of the statistics", show_default);
+  visit("--warmup", o.warmup, "first steps marked warm-up, left out of the statistics (default 2, at most --steps - 1)",
+        !show_default);
   visit("--data", o.data_path, "byte-level text file (default: a seeded synthetic stream)", !show_default);
   visit("--seed", o.seed, "seed for weights, data order and synthetic data", show_default);
   visit("-o,--output", o.output, "write the measurements to this run.json", !show_default);
@@ -79,7 +89,7 @@ inline std::string run_options_problem(const RunOptions& o) {
     return std::string(buf);
   };
   if (o.steps < 1 || o.steps > 10000000) return "--steps must be from 1 to 10000000, got " + std::to_string(o.steps);
-  if (o.warmup < 0 || o.warmup >= o.steps)
+  if (o.warmup != kAutoWarmup && (o.warmup < 0 || o.warmup >= o.steps))
     return "--warmup must be at least 0 and below --steps (" + std::to_string(o.steps) + "), got " +
            std::to_string(o.warmup);
   if (o.log_every < 1) return "--log-every must be a positive integer, got " + std::to_string(o.log_every);

@@ -86,7 +86,7 @@ TEST_CASE("dplan run without the executor beside it names the command that build
   CHECK_THAT(r.err, Contains("./setup.sh --all"));
 }
 
-TEST_CASE("--warmup defaults to 2 steps, or all but the last when --steps is smaller", "[cli][run-options]") {
+TEST_CASE("the default warm-up is 2 steps, or all but the last when there are fewer steps", "[cli][run-options]") {
   RunOptions o;
   CHECK(o.warmup_steps() == 2);  // --steps 20
   o.steps = 2;

@@ -22,6 +22,9 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 inline constexpr int kSteps = 10;
+// The later features' parity runs (context and expert parallel, interleaving, offload): fewer
+// steps, so the suite stays short; a wrong gradient shows in the second step's loss already.
+inline constexpr int kFeatureSteps = 5;
 inline constexpr double kParityTolerance = 1e-4;  // relative, per step (the bound)
 inline const std::string kLlamaTiny = std::string(DPLAN_VALIDATION_DIR) + "/executor/llama-tiny/config.json";
 
@@ -94,15 +97,15 @@ inline void require_parity(const json& run, const std::vector<double>& reference
   CHECK(run.at("replicas").at("identical").get<bool>());
 }
 
-// The single-process reference of a model, computed once per test binary run.
-inline const std::vector<double>& reference(const std::string& model, int global_batch) {
+// The single-process reference of a model, computed once per test binary run, over `steps` steps.
+inline const std::vector<double>& reference(const std::string& model, int global_batch, int steps = kSteps) {
   static std::map<std::string, std::vector<double>> cache;
-  std::string key = model + "/" + std::to_string(global_batch);
+  std::string key = model + "/" + std::to_string(global_batch) + "/" + std::to_string(steps);
   if (!cache.count(key)) {
     static TempDir dir;
     Layout single;
     single.mbs = 2;  // micro-batching only reorders sums: the parity runs use mbs 1
-    cache[key] = losses(run_plan(write_plan(dir, model, single, global_batch)));
+    cache[key] = losses(run_plan(write_plan(dir, model, single, global_batch), {}, steps));
   }
   return cache[key];
 }

@@ -20,35 +20,41 @@ TEST_CASE("parity: interleaved 1F1B, vpp 2 on pp 2 and pp 4, with tp, dp, ZeRO a
   TempDir dir;
   // llama-tiny's 4 layers: one per chunk on pp 2 x vpp 2; 8 micro-batches, so the warm-up, the
   // steady state and the cool-down all run.
-  const std::vector<double>& ref4 = reference(kLlamaTiny, 8);
+  const std::vector<double>& ref4 = reference(kLlamaTiny, 8, kFeatureSteps);
   Layout pp2{1, 2, 1, "interleaved"};
-  require_parity(run_plan(write_plan(dir, kLlamaTiny, pp2, 8, {"--vpp", "2"})), ref4, pp2.describe() + " vpp 2");
+  require_parity(run_plan(write_plan(dir, kLlamaTiny, pp2, 8, {"--vpp", "2"}), {}, kFeatureSteps), ref4,
+                 pp2.describe() + " vpp 2");
   Layout tp_pp_dp{2, 2, 2, "interleaved", true};
-  require_parity(run_plan(write_plan(dir, kLlamaTiny, tp_pp_dp, 8, {"--vpp", "2", "--zero", "1"})), ref4,
+  require_parity(run_plan(write_plan(dir, kLlamaTiny, tp_pp_dp, 8, {"--vpp", "2", "--zero", "1"}), {}, kFeatureSteps),
+                 ref4,
                  tp_pp_dp.describe() + " vpp 2 ZeRO-1");
   // 6 micro-batches on pp 2: three groups of pp through both chunks.
-  const std::vector<double>& ref6 = reference(kLlamaTiny, 6);
-  require_parity(run_plan(write_plan(dir, kLlamaTiny, pp2, 6, {"--vpp", "2"})), ref6, "pp 2 vpp 2, 6 micro-batches");
+  const std::vector<double>& ref6 = reference(kLlamaTiny, 6, kFeatureSteps);
+  require_parity(run_plan(write_plan(dir, kLlamaTiny, pp2, 6, {"--vpp", "2"}), {}, kFeatureSteps), ref6,
+                 "pp 2 vpp 2, 6 micro-batches");
 
   // The 8-layer model on pp 4 x vpp 2 (one layer per chunk), alone and with ZeRO-3 and full recompute.
-  const std::vector<double>& ref8 = reference(kLlamaDeep, 8);
+  const std::vector<double>& ref8 = reference(kLlamaDeep, 8, kFeatureSteps);
   Layout pp4{1, 4, 1, "interleaved"};
-  require_parity(run_plan(write_plan(dir, kLlamaDeep, pp4, 8, {"--vpp", "2"})), ref8, pp4.describe() + " vpp 2");
+  require_parity(run_plan(write_plan(dir, kLlamaDeep, pp4, 8, {"--vpp", "2"}), {}, kFeatureSteps), ref8,
+                 pp4.describe() + " vpp 2");
   Layout pp4_dp{1, 4, 2, "interleaved", false, 1, "full"};
-  require_parity(run_plan(write_plan(dir, kLlamaDeep, pp4_dp, 8, {"--vpp", "2", "--zero", "3"})), ref8,
+  require_parity(run_plan(write_plan(dir, kLlamaDeep, pp4_dp, 8, {"--vpp", "2", "--zero", "3"}), {}, kFeatureSteps),
+                 ref8,
                  pp4_dp.describe() + " vpp 2 ZeRO-3");
 }
 
 TEST_CASE("parity: uneven pipelines as Megatron splits them (first/last stage layers, accounted embedding and loss)",
           "[executor][parity]") {
   TempDir dir;
-  const std::vector<double>& ref8 = reference(kLlamaDeep, 8);
+  const std::vector<double>& ref8 = reference(kLlamaDeep, 8, kFeatureSteps);
   // 8 layers on pp 3: 2 on the first stage, 3, 3.
   Layout pp3{1, 3, 1};
-  require_parity(run_plan(write_plan(dir, kLlamaDeep, pp3, 8, {"--first-stage-layers", "2"})), ref8,
+  require_parity(run_plan(write_plan(dir, kLlamaDeep, pp3, 8, {"--first-stage-layers", "2"}), {}, kFeatureSteps),
+                 ref8,
                  "pp 3 with 2 layers on the first stage");
   // 8 layers + the loss accounted as a layer: 9 slots on pp 3, 3 layers, 3, 2 + the loss.
-  require_parity(run_plan(write_plan(dir, kLlamaDeep, pp3, 8, {"--account-for-loss"})), ref8,
+  require_parity(run_plan(write_plan(dir, kLlamaDeep, pp3, 8, {"--account-for-loss"}), {}, kFeatureSteps), ref8,
                  "pp 3 with the loss accounted as a layer");
 }
 

@@ -25,7 +25,7 @@ struct MoeCase {
 
 TEST_CASE("parity: expert parallel (ep 2, ep 4, with tp 2 and sp, with pp 2, etp 2, ZeRO over expert dp)",
           "[executor][parity]") {
-  const std::vector<double>& ref = reference(kMixtralTiny, 8);
+  const std::vector<double>& ref = reference(kMixtralTiny, 8, kFeatureSteps);
   CHECK(ref.back() < ref.front());
   TempDir dir;
   const std::vector<MoeCase> cases = {
@@ -41,9 +41,9 @@ TEST_CASE("parity: expert parallel (ep 2, ep 4, with tp 2 and sp, with pp 2, etp
   // ZeRO shards over expert dp, not over tp or dp).
   Layout single;
   single.mbs = 2;
-  const json reference_run = run_plan(write_plan(dir, kMixtralTiny, single, 8));
+  const json reference_run = run_plan(write_plan(dir, kMixtralTiny, single, 8), {}, kFeatureSteps);
   for (const MoeCase& c : cases) {
-    json run = run_plan(write_plan(dir, kMixtralTiny, c.layout, 8, c.extra));
+    json run = run_plan(write_plan(dir, kMixtralTiny, c.layout, 8, c.extra), {}, kFeatureSteps);
     require_parity(run, ref, "mixtral-tiny " + c.describe());
     for (size_t i = 0; i < run["steps"].size(); ++i) {
       const double norm = run["steps"][i]["grad_norm"], expected = reference_run["steps"][i]["grad_norm"];

@@ -20,11 +20,11 @@ std::vector<std::string> offload_flags(const std::string& zero) { return {"--zer
 }  // namespace
 
 TEST_CASE("optimizer offload matches the single-process losses with ZeRO-1, 2 and 3", "[executor][parity]") {
-  const std::vector<double>& ref = reference("gpt-tiny", 8);
+  const std::vector<double>& ref = reference("gpt-tiny", 8, kFeatureSteps);
   CHECK(ref.back() < ref.front());
   TempDir dir;
   for (const OffloadCase& c : kCases) {
-    json run = run_plan(write_plan(dir, "gpt-tiny", c.layout, 8, offload_flags(c.zero)));
+    json run = run_plan(write_plan(dir, "gpt-tiny", c.layout, 8, offload_flags(c.zero)), {}, kFeatureSteps);
     require_parity(run, ref, c.layout.describe() + " ZeRO-" + c.zero + " offload");
     for (const auto& [rank, memory] : run["memory"].items()) {
       INFO("rank " << rank);
@@ -67,14 +67,14 @@ TEST_CASE("optimizer offload: device and host memory as the plan predicts", "[ex
 
 TEST_CASE("optimizer offload with bf16 parameters: fp32 weights, moments and gradients on the host",
           "[executor][precision]") {
-  const std::vector<double>& ref = reference("gpt-tiny", 8);
+  const std::vector<double>& ref = reference("gpt-tiny", 8, kFeatureSteps);
   TempDir dir;
   for (const OffloadCase& c : {OffloadCase{{1, 1, 2}, "1"}, OffloadCase{{1, 2, 2}, "3"}}) {
     INFO(c.layout.describe() << " ZeRO-" << c.zero << " offload bf16");
     std::vector<std::string> flags = offload_flags(c.zero);
     flags.insert(flags.end(), {"--precision", "bf16", "--fp32-grads"});
     const std::string plan = write_plan(dir, "gpt-tiny", c.layout, 8, flags);
-    json run = run_plan(plan, {"--precision", "bf16"});
+    json run = run_plan(plan, {"--precision", "bf16"}, kFeatureSteps);
     CHECK(run["config"]["precision"] == "bf16");
     // As the mixed-precision test (executor_test.cpp): bf16 rounding moves the loss a little off
     // the fp32 trajectory, not more; the host's fp32 step is the device's.

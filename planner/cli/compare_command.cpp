@@ -127,6 +127,8 @@ std::string report(const Comparison& c, const CompareArgs& args) {
   std::ostringstream o;
   o << args.plan_path << " vs " << args.run_path << ": tp " << c.tp << " · pp " << c.pp << " · dp " << c.dp << " · cp "
     << c.cp;
+  if (c.ep > 1) o << " · ep " << c.ep;
+  if (c.vpp > 1) o << " · vpp " << c.vpp;
   if (c.measured_steps > 0) o << ", median of " << c.measured_steps << " measured steps";
   o << "\n\n" << row("step time by phase", "predicted (ms)", "measured (ms)", "error %");
   for (const auto& p : c.phases)

@@ -96,6 +96,8 @@ Comparison compare_plan_and_run(const costmodel::Plan& plan, const std::string& 
   c.pp = static_cast<int>(planned.pp);
   c.dp = static_cast<int>(planned.dp);
   c.cp = static_cast<int>(planned.cp);
+  c.ep = plan.parallel.ep;
+  c.vpp = plan.parallel.schedule == costmodel::Schedule::interleaved ? plan.parallel.vpp : 1;
 
   // The prediction is read key by key; it carries more than compare needs (no finish()).
   ObjectReader prediction(plan.prediction, plan_file, "/prediction");

@@ -62,3 +62,14 @@ TEST_CASE("memory: interleaved chunks hold what the plan predicts", "[executor][
   check_memory_cases({{kLlamaTiny, {1, 2, 1, "interleaved"}, {"--vpp", "2"}},
                       {kLlamaDeep, {1, 4, 2, "interleaved"}, {"--vpp", "2", "--zero", "1"}}});
 }
+
+TEST_CASE("dplan compare names an interleaved plan's model chunks in its layout line", "[executor][interleaved]") {
+  TempDir dir;
+  const std::string plan = write_plan(dir, kLlamaTiny, {1, 2, 1, "interleaved"}, 8, {"--vpp", "2"});
+  run_plan(plan, {}, 3);
+  dplan::testing::Result r = dplan::testing::run_program(
+      DPLAN_BINARY, {"compare", plan, fs::path(plan).replace_extension(".run.json").string()});
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.substr(0, r.out.find('\n')).find("tp 1 · pp 2 · dp 1 · cp 1 · vpp 2") != std::string::npos);
+}

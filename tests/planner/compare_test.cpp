@@ -102,6 +102,7 @@ TEST_CASE("step time, tokens/s and phases of the fixtures, with their errors", "
   CHECK(c.pp == 2);
   CHECK(c.dp == 2);
   CHECK(c.cp == 1);
+  CHECK((c.ep == 1 && c.vpp == 1));
   CHECK(c.measured_steps == 18);
   // Step: predicted 12.5737568 ms, measured median 14.8 ms: -2.2262432 / 14.8 = -15.04 %.
   CHECK_THAT(c.step_time_s.predicted, WithinRel(0.0125737568, 1e-9));

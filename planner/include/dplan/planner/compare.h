@@ -39,6 +39,7 @@ struct StageMemoryComparison {
 
 struct Comparison {
   int tp = 1, pp = 1, dp = 1, cp = 1;         // the layout both files share
+  int ep = 1, vpp = 1;                        // the plan's expert parallel and model chunks per rank
   long long measured_steps = 0;               // run.json step_time_s.count; 0 if absent
   ComparedValue step_time_s;                  // measured: the median over timed steps
   ComparedValue tokens_per_s;

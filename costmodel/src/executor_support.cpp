@@ -9,7 +9,7 @@ std::string executor_does_not_run(const std::string& what) {
          "(dplan --runnable searches only those)";
 }
 
-std::optional<std::string> executor_refusal(const ModelSpec& model, const TrainingSpec& training,
+std::optional<std::string> executor_refusal(const ModelSpec& model, const TrainingSpec& /*training*/,
                                             const ParallelConfig& p) {
   // MoE: Mixtral-style layers (executor/src/moe.h): every layer routed, no shared expert, no router bias.
   if (model.num_dense_layers > 0 || model.shared_expert_ffn_size > 0 || model.router_bias)
@@ -19,9 +19,6 @@ std::optional<std::string> executor_refusal(const ModelSpec& model, const Traini
     return executor_does_not_run("latent attention, q/k norms, attention sinks or sliding windows");
   if (model.mlp == MlpKind::plain ? model.activation.rfind("gelu", 0) != 0 : model.activation != "silu")
     return executor_does_not_run("the " + model.activation + " activation in a " + to_string(model.mlp) + " MLP");
-  if (training.attention == Attention::flash && model.attention_dropout > 0)
-    return "flash attention with attention dropout " + std::to_string(model.attention_dropout) +
-           " is not run (the executor's flash attention has no dropout); plan with --attention standard";
   // Context parallel runs the blockwise ring whatever --attention says (ring_attention.h).
   if (p.cp > 1 && model.attention_dropout > 0)
     return "context parallel with attention dropout " + std::to_string(model.attention_dropout) +

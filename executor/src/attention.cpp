@@ -5,6 +5,7 @@
 #include <limits>
 #include <tuple>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 namespace dplan::executor {
@@ -54,8 +55,18 @@ at::Tensor scores(const at::Tensor& qb, const at::Tensor& kb, const Shape& sh, i
 }
 }  // namespace
 
+namespace {
+// The keep mask of query block `i0` scaled by 1 / (1 - p), shaped like its probability tile: drawn
+// on the CPU from a generator seeded by (seed, i0) alone, so backward draws the same one.
+at::Tensor dropout_scale(const AttentionDropout& d, int64_t i0, const at::Tensor& tile) {
+  at::Generator gen = at::detail::createCPUGenerator(d.seed ^ (static_cast<uint64_t>(i0 + 1) * 0x9E3779B97F4A7C15ULL));
+  at::Tensor keep = at::empty(tile.sizes(), at::kFloat).bernoulli_(1.0 - d.probability, gen);
+  return keep.mul_(1.0 / (1.0 - d.probability)).to(tile.device());
+}
+}  // namespace
+
 void attend_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, int64_t block,
-                  const at::Tensor& out4, const at::Tensor& lse) {
+                  const at::Tensor& out4, const at::Tensor& lse, const AttentionDropout& dropout) {
   const Shape sh = shape_of(q, k, v, "attend_block");
   TORCH_CHECK(!causal || sh.m >= sh.n, "attend_block: a causal block needs at least as many keys as queries");
   at::Tensor lse4 = lse.view({sh.b, sh.kv, sh.g, sh.n});
@@ -68,6 +79,7 @@ void attend_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     at::Tensor row_sum = p.sub_(row_max).exp_().sum(-1, /*keepdim=*/true);
     p.div_(row_sum);
     at::Tensor lse_b = row_max.add_(row_sum.log_());  // [b, kv, g * n, 1]
+    if (dropout.probability > 0) p.mul_(dropout_scale(dropout, i0, p));
     at::Tensor o = at::matmul(p, v.narrow(2, 0, keys));  // [b, kv, g * n, d] == [b, heads, n, d]
     out4.narrow(1, i0, n).copy_(o.view({sh.b, sh.heads, n, sh.d}).transpose(1, 2));
     lse4.narrow(3, i0, n).copy_(lse_b.view({sh.b, sh.kv, sh.g, n}));
@@ -76,7 +88,8 @@ void attend_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 
 void attend_block_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out4,
                            const at::Tensor& dout4, const at::Tensor& lse, bool causal, int64_t block,
-                           const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv) {
+                           const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv,
+                           const AttentionDropout& dropout) {
   const Shape sh = shape_of(q, k, v, "attend_block_backward");
   at::Tensor lse4 = lse.view({sh.b, sh.kv, sh.g, sh.n});
   at::Tensor dq5 = dq.view({sh.b, sh.kv, sh.g, sh.n, sh.d});
@@ -91,9 +104,18 @@ void attend_block_backward(const at::Tensor& q, const at::Tensor& k, const at::T
     // P = exp(S - lse), recomputed rather than stored.
     at::Tensor p = scores(qb, kb, sh, n, causal);
     p.sub_(lse4.narrow(3, i0, n).reshape({sh.b, sh.kv, sh.g * n, 1})).exp_();
-    dv.narrow(2, 0, keys).add_(at::matmul(p.transpose(-2, -1), dout_b));
-    // dS = P * (dP - D), in dP's storage; masked entries have P = 0 and so dS = 0.
-    at::Tensor ds = at::matmul(dout_b, vb.transpose(-2, -1)).sub_(delta).mul_(p);
+    // dS = P * (dP - D), in dP's storage; masked entries have P = 0 and so dS = 0. With dropout
+    // (O = (P Z) V, Z the scaled keep mask): dV = (P Z)^T dO, dP = (dO V^T) Z, and D = rowsum(dO O)
+    // still equals rowsum(P dP) (Dao et al. 2022, Algorithm 4).
+    at::Tensor ds = at::matmul(dout_b, vb.transpose(-2, -1));
+    if (dropout.probability > 0) {
+      const at::Tensor z = dropout_scale(dropout, i0, p);
+      dv.narrow(2, 0, keys).add_(at::matmul((p * z).transpose(-2, -1), dout_b));
+      ds.mul_(z);
+    } else {
+      dv.narrow(2, 0, keys).add_(at::matmul(p.transpose(-2, -1), dout_b));
+    }
+    ds.sub_(delta).mul_(p);
     p.reset();
     dq5.narrow(3, i0, n).add_(at::matmul(ds, kb).mul_(sh.scale).view({sh.b, sh.kv, sh.g, n, sh.d}));
     dk.narrow(2, 0, keys).add_(at::matmul(ds.transpose(-2, -1), qb), sh.scale);
@@ -103,8 +125,11 @@ void attend_block_backward(const at::Tensor& q, const at::Tensor& k, const at::T
 namespace {
 struct FlashAttention : torch::autograd::Function<FlashAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            int64_t block) {
+                            int64_t block, double dropout) {
     at::NoGradGuard no_grad;
+    AttentionDropout drop{dropout, 0};
+    if (dropout > 0)  // one draw from q's device's default generator: what recompute restores
+      drop.seed = static_cast<uint64_t>(at::empty({1}, q.options().dtype(at::kLong)).random_().item<int64_t>());
     // contiguous() copies only a strided view (e.g. into a fused QKV output), which then is not kept.
     at::Tensor q_c = q.contiguous(), k_c = k.contiguous(), v_c = v.contiguous();
     const Shape sh = shape_of(q_c, k_c, v_c, "flash_attention");
@@ -112,8 +137,10 @@ struct FlashAttention : torch::autograd::Function<FlashAttention> {
     at::Tensor out = at::empty({sh.b, sh.n, sh.heads * sh.d}, q_c.options());
     at::Tensor lse = at::empty({sh.b, sh.heads, sh.n}, q_c.options().dtype(at::kFloat));
     attend_block(q_c.to(at::kFloat), k_c.to(at::kFloat), v_c.to(at::kFloat), /*causal=*/true, block,
-                 out.view({sh.b, sh.n, sh.heads, sh.d}), lse);
+                 out.view({sh.b, sh.n, sh.heads, sh.d}), lse, drop);
     ctx->saved_data["block"] = block;
+    ctx->saved_data["dropout"] = dropout;
+    ctx->saved_data["dropout_seed"] = static_cast<int64_t>(drop.seed);
     ctx->save_for_backward({q_c, k_c, v_c, out, lse});
     return out;
   }
@@ -128,15 +155,19 @@ struct FlashAttention : torch::autograd::Function<FlashAttention> {
     at::Tensor dk = at::zeros({sh.b, sh.kv, sh.m, sh.d}, dq.options());
     at::Tensor dv = at::zeros({sh.b, sh.kv, sh.m, sh.d}, dq.options());
     attend_block_backward(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), out.view({sh.b, sh.n, sh.heads, sh.d}),
-                          grad[0].reshape({sh.b, sh.n, sh.heads, sh.d}), lse, /*causal=*/true, block, dq, dk, dv);
-    return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), at::Tensor()};
+                          grad[0].reshape({sh.b, sh.n, sh.heads, sh.d}), lse, /*causal=*/true, block, dq, dk, dv,
+                          {ctx->saved_data["dropout"].toDouble(),
+                           static_cast<uint64_t>(ctx->saved_data["dropout_seed"].toInt())});
+    return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), at::Tensor(), at::Tensor()};
   }
 };
 }  // namespace
 
-at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t block) {
+at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t block,
+                           double dropout) {
   TORCH_CHECK(block > 0, "flash_attention: block must be positive");
-  return FlashAttention::apply(q, k, v, block);
+  TORCH_CHECK(dropout >= 0 && dropout < 1, "flash_attention: dropout must be in [0, 1)");
+  return FlashAttention::apply(q, k, v, block, dropout);
 }
 
 std::vector<at::Tensor> flash_attention_saved(const at::Tensor& out) {

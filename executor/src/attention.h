@@ -22,7 +22,14 @@ namespace dplan::executor {
 // saves, so that an output projection that saves its input shares that storage (as flash-attn's
 // [b, s, h, d] output does). Softmax statistics are fp32 whatever the input dtype; the result has
 // q's dtype. Not twice differentiable.
-at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t block = 64);
+//
+// dropout > 0: attention dropout on the probabilities, as FlashAttention applies it (Dao et al.
+// 2022, Algorithms 2 and 4): each query block's probabilities are multiplied by a keep mask and
+// 1 / (1 - dropout) after the softmax (the log-sum-exp stays that of the undropped scores), the
+// masks drawn from a seed taken from the default generator of q's device when the forward runs
+// (so recompute, which restores that generator, replays them) and drawn again in backward.
+at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t block = 64,
+                           double dropout = 0.0);
 
 // The tensors a flash_attention output's graph node holds for backward, in the order
 // {q, k, v, out, lse}; empty if `out` did not come from flash_attention; throws once backward has
@@ -38,8 +45,15 @@ std::vector<at::Tensor> flash_attention_saved(const at::Tensor& out);
 // Writes the output normalised over this block's keys into out4 [b, n, heads, d] (any strides, e.g.
 // a view of a [b, n, heads * d] tensor) and the fp32 log-sum-exp of each query's scores into
 // lse [b, heads, n]; every query must see at least one key.
+//
+// `dropout`: flash_attention's attention dropout (probability 0: none); the same masks must be given
+// to attend_block_backward.
+struct AttentionDropout {
+  double probability = 0;
+  uint64_t seed = 0;
+};
 void attend_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, int64_t block,
-                  const at::Tensor& out4, const at::Tensor& lse);
+                  const at::Tensor& out4, const at::Tensor& lse, const AttentionDropout& dropout = {});
 
 // Gradients through attend_block's scores against the same block, given the output out4
 // [b, n, heads, d] and fp32 log-sum-exp lse [b, heads, n] of the whole attention the block is part
@@ -48,6 +62,7 @@ void attend_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 // [b, heads, n, d] and dk, dv [b, kv_heads, m, d] (fp32, any strides). dout4 [b, n, heads, d].
 void attend_block_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out4,
                            const at::Tensor& dout4, const at::Tensor& lse, bool causal, int64_t block,
-                           const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv);
+                           const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv,
+                           const AttentionDropout& dropout = {});
 
 }  // namespace dplan::executor

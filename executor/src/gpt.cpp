@@ -280,11 +280,11 @@ at::Tensor GptStage::attention(const Block& blk, const at::Tensor& x_in) const {
 at::Tensor GptStage::flash_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const {
 #if TORCH_VERSION_MAJOR >= 2
   if (q.is_cuda() && k.size(1) == q.size(1)) {  // the fused kernel (FlashAttention-2 where it applies)
-    at::Tensor out = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+    at::Tensor out = at::scaled_dot_product_attention(q, k, v, {}, model_.attention_dropout, /*is_causal=*/true);
     return out.transpose(1, 2).reshape({q.size(0), q.size(2), q.size(1) * q.size(3)});
   }
 #endif
-  return flash_attention(q, k, v);
+  return flash_attention(q, k, v, 64, model_.attention_dropout);
 }
 
 // softmax(q k^T / sqrt(d) + causal mask) v, per head: what selective recompute recomputes.

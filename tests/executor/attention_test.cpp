@@ -220,3 +220,42 @@ TEST_CASE("flash attention rejects mismatched shapes", "[attention]") {
 }
 
 }  // namespace
+
+TEST_CASE("flash attention's dropout: backward is the gradient of the dropped forward, and the masks replay",
+          "[attention]") {
+  const int64_t b = 1, heads = 4, kv = 2, s = 12, d = 4, block = 5;
+  torch::manual_seed(3);
+  at::Tensor q = torch::randn({b, heads, s, d}), k = torch::randn({b, kv, s, d}), v = torch::randn({b, kv, s, d});
+  at::Tensor w = torch::randn({b, s, heads * d});
+  // With the generator reset before each call, the forward draws the same seed, so the function of
+  // (q, k, v) is fixed: its autograd gradient must match central differences.
+  auto f = [&](const at::Tensor& qq, const at::Tensor& kk, const at::Tensor& vv) {
+    torch::manual_seed(99);
+    return (flash_attention(qq, kk, vv, block, 0.3) * w).sum();
+  };
+  at::Tensor qg = q.clone().requires_grad_(), kg = k.clone().requires_grad_(), vg = v.clone().requires_grad_();
+  f(qg, kg, vg).backward();
+  const at::Tensor plain = flash_attention(q, k, v, block);
+  torch::manual_seed(99);
+  const at::Tensor dropped = flash_attention(q, k, v, block, 0.3);
+  CHECK(!at::allclose(plain, dropped));  // the masks are applied
+  torch::manual_seed(99);
+  CHECK(at::equal(dropped, flash_attention(q, k, v, block, 0.3)));  // and replay from the same state
+  const double eps = 1e-2;
+  for (int which = 0; which < 3; ++which) {
+    at::Tensor x = which == 0 ? q : which == 1 ? k : v;
+    const at::Tensor grad = which == 0 ? qg.grad() : which == 1 ? kg.grad() : vg.grad();
+    for (int64_t i : {0L, 7L, 23L, 41L}) {
+      at::Tensor flat = x.view({-1});
+      const float keep = flat[i].item<float>();
+      flat[i] = keep + eps;
+      const double up = (which == 0 ? f(x, k, v) : which == 1 ? f(q, x, v) : f(q, k, x)).item<double>();
+      flat[i] = keep - eps;
+      const double down = (which == 0 ? f(x, k, v) : which == 1 ? f(q, x, v) : f(q, k, x)).item<double>();
+      flat[i] = keep;
+      const double numeric = (up - down) / (2 * eps), analytic = grad.view({-1})[i].item<double>();
+      INFO("tensor " << which << " element " << i << ": numeric " << numeric << ", autograd " << analytic);
+      CHECK(std::abs(numeric - analytic) <= 2e-3 + 1e-2 * std::abs(analytic));
+    }
+  }
+}

@@ -69,19 +69,21 @@ TEST_CASE("parity: full and selective recompute", "[executor][parity]") {
 
 TEST_CASE("recompute with dropout draws the same masks again: the same losses as without recompute",
           "[executor][recompute]") {
-  // gpt-tiny with dropout 0.1 on attention probabilities, residuals and embeddings (standard
-  // attention: the flash path has no dropout). Each layout's ranks draw their own masks, so the
-  // comparison is within one layout: recompute none against full and selective.
+  // gpt-tiny with dropout 0.1 on attention probabilities, residuals and embeddings, under standard
+  // and flash attention (whose blockwise kernel draws its masks from a seed taken at forward). Each
+  // layout's ranks draw their own masks, so the comparison is within one layout: recompute none
+  // against full and selective.
   const std::string model = std::string(DPLAN_VALIDATION_DIR) + "/executor/gpt-tiny-dropout/config.json";
   TempDir dir;
-  for (Layout layout : std::vector<Layout>{{1, 1, 1}, {2, 2, 1, "1f1b", true}}) {
-    const std::vector<double> plain = losses(run_plan(write_plan(dir, model, layout, 8, {"--attention", "standard"}), {}, 4));
+  for (const auto& [layout, attention] : std::vector<std::pair<Layout, std::string>>{
+           {{1, 1, 1}, "standard"}, {{2, 2, 1, "1f1b", true}, "standard"}, {{1, 2, 1}, "flash"}}) {
+    const std::vector<std::string> flags = {"--attention", attention};
+    const std::vector<double> plain = losses(run_plan(write_plan(dir, model, layout, 8, flags), {}, 4));
     for (const std::string recompute : {"full", "selective"}) {
       Layout again = layout;
       again.recompute = recompute;
-      const std::vector<double> got =
-          losses(run_plan(write_plan(dir, model, again, 8, {"--attention", "standard"}), {}, 4));
-      INFO(again.describe());
+      const std::vector<double> got = losses(run_plan(write_plan(dir, model, again, 8, flags), {}, 4));
+      INFO(again.describe() << " " << attention << " attention");
       REQUIRE(got.size() == plain.size());
       for (size_t i = 0; i < got.size(); ++i) CHECK(std::abs(got[i] - plain[i]) <= 1e-6 * std::abs(plain[i]));
     }

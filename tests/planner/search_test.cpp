@@ -142,9 +142,8 @@ TEST_CASE("an empty search space is an input error", "[search]") {
 
 TEST_CASE("the executor's search space holds only layouts dplan run executes, and all of those", "[search]") {
   // The one definition is costmodel::executor_refusal; the space is derived from it. For a dense
-  // model, one with dropout (standard attention: context parallel's ring has no dropout) and one
-  // the executor does not run at all (a DeepSeek-style mixture of experts; flash attention with
-  // attention dropout), the runnable space is exactly the full space filtered by the rule, and a
+  // model, one with dropout (context parallel's ring has no dropout) and one the executor does not
+  // run at all (a DeepSeek-style mixture of experts), the runnable space is exactly the full space filtered by the rule, and a
   // model the rule refuses outright is refused with the rule's reason, the reason the plan reader
   // gives (executor/src/plan_file.cpp). For the dense model and a Mixtral-style one it is the
   // whole space: every layout the search may pick, dplan run executes.
@@ -180,10 +179,9 @@ TEST_CASE("the executor's search space holds only layouts dplan run executes, an
   // Without a model: a dense one without dropout, the same space as the dense model's.
   CHECK(enumerate_layouts(dense, t, SearchSpace::runnable_by_executor(16)).size() ==
         enumerate_layouts(dense, t, SearchSpace::runnable_by_executor(16, dense, t)).size());
-  // Flash attention with attention dropout, and a mixture of experts: nothing runs.
-  const std::string flash = *executor_refusal(dropout, t, ParallelConfig{});
-  CHECK_THAT(flash, Catch::Contains("--attention standard"));
-  CHECK_THROWS_WITH(SearchSpace::runnable_by_executor(16, dropout, t), flash);
+  // Flash attention with attention dropout runs (the blockwise kernel has dropout), except with cp.
+  CHECK_FALSE(executor_refusal(dropout, t, ParallelConfig{}));
+  CHECK(executor_refusal(dropout, t, ParallelConfig{.dp = 8, .cp = 2}));
   // A DeepSeek-style mixture of experts (dense layers, shared experts) is refused; a Mixtral-style
   // one runs, expert parallel included.
   ModelSpec moe = store().load_model("deepseek-v3");

@@ -637,12 +637,15 @@ TEST_CASE("dplan run: bad input gives one error line naming the problem, and exi
              Contains("fewer than the global batch"));
   CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", plan, "--device", "tpu"})), Contains("auto, cpu, cuda"));
   CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", plan, "--precision", "fp8"})), Contains("auto, fp32, bf16"));
-  // The executor's flash attention has no dropout: a model with attention dropout needs standard attention.
+  // The executor's context-parallel ring has no attention dropout: a model with it runs cp 1.
   std::string dropout_model = dir.write("gpt-dropout.json", R"({"model_type": "gpt2", "n_embd": 64, "n_layer": 2,
       "n_head": 4, "n_inner": 256, "vocab_size": 256, "n_positions": 128, "attn_pdrop": 0.1, "resid_pdrop": 0.0,
       "embd_pdrop": 0.0, "tie_word_embeddings": true})");
-  std::string flash = write_plan(dir, dropout_model, {1, 1, 2}, 8);
-  CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", flash, "--steps", "3"})), Contains("--attention standard"));
+  Layout ring;
+  ring.cp = 2;
+  std::string cp_dropout = write_plan(dir, dropout_model, ring, 8);
+  CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", cp_dropout, "--steps", "3"})),
+             Contains("context parallel with attention dropout"));
   CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", plan, "--steps", "0"})), Contains("--steps"));
   CHECK_THAT(one_line(run_program(DPLAN_BINARY, {"run", plan, "-o", (dir.path() / "no/such/dir/run.json").string()})),
              Contains("does not exist"));

@@ -127,7 +127,7 @@ GradSync::GradSync(GptStage& stage, ParallelContext& ctx, int64_t bucket_bytes, 
     // What the optimizer steps: its region of the bucket (the shard, or all of it), in fp32: the
     // parameters' own storage when they are fp32, else fp32 master weights (mixed precision,
     // Micikevicius et al. 2018) copied back into the 16-bit parameters after each step.
-    at::Tensor region = zero_stage >= 3 ? bucket.param_shard : optimizer_region(bucket, bucket.params);
+    at::Tensor region = optimizer_weights(bucket);
     bucket.master = region.scalar_type() == at::kFloat ? region : region.to(at::kFloat);
     buckets_.push_back(std::move(bucket));
   }
@@ -332,11 +332,19 @@ at::Tensor GradSync::optimizer_region(const Bucket& b, const at::Tensor& flat) c
   return flat.narrow(0, b.group->rank() * slice, slice);
 }
 
+at::Tensor GradSync::optimizer_weights(const Bucket& b) const {
+  return zero_stage_ >= 3 ? b.param_shard : optimizer_region(b, b.params);
+}
+
+at::Tensor GradSync::optimizer_gradients(const Bucket& b) const {
+  return zero_stage_ >= 2 ? b.grad_shard : optimizer_region(b, b.grads);
+}
+
 int64_t GradSync::master_bytes() const {
   int64_t n = 0;
   if (offload_) return 0;  // host_master_bytes()
   for (const auto& b : buckets_) {
-    const at::Tensor region = zero_stage_ >= 3 ? b.param_shard : optimizer_region(b, b.params);
+    const at::Tensor region = optimizer_weights(b);
     if (region.data_ptr() != b.master.data_ptr()) n += b.master.nbytes();
   }
   return n;
@@ -355,8 +363,9 @@ void GradSync::offload_optimizer() {
 }
 
 int64_t GradSync::host_master_bytes() const {
+  if (!offload_) return 0;
   int64_t n = 0;
-  for (const auto& b : buckets_) n += offload_ ? b.master.nbytes() : 0;
+  for (const auto& b : buckets_) n += b.master.nbytes();
   return n;
 }
 
@@ -367,7 +376,6 @@ int64_t GradSync::host_gradient_bytes() const {
 }
 
 void GradSync::gradients_to_host() {
-  auto device_grads = [&](const Bucket& b) { return zero_stage_ >= 2 ? b.grad_shard : optimizer_region(b, b.grads); };
 #ifdef DPLAN_WITH_CUDA
   if (ctx_.device.is_cuda()) {
     // Device to pinned host memory on a side stream, ordered after the compute stream's work
@@ -381,20 +389,20 @@ void GradSync::gradients_to_host() {
     ready.block(side);
     {
       c10::cuda::CUDAStreamGuard guard(side);
-      for (auto& b : buckets_) b.host_grads.copy_(device_grads(b), /*non_blocking=*/true);
+      for (auto& b : buckets_) b.host_grads.copy_(optimizer_gradients(b), /*non_blocking=*/true);
     }
     side.synchronize();
     return;
   }
 #endif
-  for (auto& b : buckets_) b.host_grads.copy_(device_grads(b));
+  for (auto& b : buckets_) b.host_grads.copy_(optimizer_gradients(b));
 }
 
 std::vector<GradSync::OptimizerParam> GradSync::optimizer_params() {
   std::vector<OptimizerParam> out;
   for (auto& b : buckets_) {
     const int parts = shard_optimizer_ ? b.group->size() : 1, index = shard_optimizer_ ? b.group->rank() : 0;
-    const at::Tensor grads = offload_ ? b.host_grads : zero_stage_ >= 2 ? b.grad_shard : optimizer_region(b, b.grads);
+    const at::Tensor grads = offload_ ? b.host_grads : optimizer_gradients(b);
     for_each_piece(params_, b.members, b.numel, parts, index, [&](int i, int64_t at, int64_t n) {
       at::Tensor piece = b.master.narrow(0, at, n).detach().requires_grad_(true);
       piece.mutable_grad() = grads.narrow(0, at, n);
@@ -407,7 +415,7 @@ std::vector<GradSync::OptimizerParam> GradSync::optimizer_params() {
 void GradSync::finish_step() {
   at::NoGradGuard no_grad;
   for (auto& b : buckets_) {  // mixed precision or offload: the stepped fp32 master weights into the parameters
-    at::Tensor region = zero_stage_ >= 3 ? b.param_shard : optimizer_region(b, b.params);
+    at::Tensor region = optimizer_weights(b);
     // Offload on CUDA: host to device from pinned memory, asynchronous on the compute stream, so
     // the next forward is ordered after it; the host writes the master again only after the next
     // gradients_to_host(), whose side stream waits for this stream.

@@ -134,6 +134,10 @@ class GradSync : public UnitHooks {
   void release(int unit);
   void before_backward(const std::vector<int>& units);
   at::Tensor optimizer_region(const Bucket& b, const at::Tensor& flat) const;
+  // The weights the optimizer's region of a bucket maps to in the parameters' dtype (the shard
+  // under ZeRO-3), and the device gradients it steps with (the reduced shard from ZeRO-2 on).
+  at::Tensor optimizer_weights(const Bucket& b) const;
+  at::Tensor optimizer_gradients(const Bucket& b) const;
   // The group the dense buckets are reduced (and ZeRO-sharded) over: dp x cp, since every cp rank
   // holds every dense parameter (Megatron-Core's data-parallel group with context parallel;
   // costmodel memory.cpp shards over dp * cp). The same ranks as dp when cp is 1.

@@ -23,16 +23,6 @@ void raise_to(std::atomic<int64_t>& peak, int64_t now) {
 
 }  // namespace
 
-namespace {
-thread_local bool in_host_scope_flag = false;
-bool in_host_scope() { return in_host_scope_flag; }
-}  // namespace
-
-HostScope::HostScope() : outer_(!in_host_scope_flag) { in_host_scope_flag = true; }
-HostScope::~HostScope() {
-  if (outer_) in_host_scope_flag = false;
-}
-
 namespace detail {
 
 // Wraps the default CPU allocator. Some LibTorch code calls raw_allocate(), which requires the
@@ -110,7 +100,7 @@ class CountingCpuAllocator final : public c10::Allocator {
     c10::Device device = inner.device();
     if (!data) return inner;  // zero bytes
     MemoryMeter* meter = meter_.load();
-    const bool host = in_host_scope();
+    const bool host = HostScope::active();
     const bool buffer = !host && meter && meter->on_backend_thread();
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -153,17 +143,8 @@ MemoryMeter::~MemoryMeter() {
 // Tensors a communication backend allocates on its own threads (Gloo stages gathers through flat
 // copies there) are buffers too. Intra-op worker threads (inside a parallel region) work for the
 // training thread, so theirs are not.
-namespace {
-thread_local bool in_communication_scope = false;
-}
-
-CommunicationScope::CommunicationScope() : outer_(!in_communication_scope) { in_communication_scope = true; }
-CommunicationScope::~CommunicationScope() {
-  if (outer_) in_communication_scope = false;
-}
-
 bool MemoryMeter::on_backend_thread() const {
-  return in_communication_scope || (std::this_thread::get_id() != training_thread_ && !at::in_parallel_region());
+  return CommunicationScope::active() || (std::this_thread::get_id() != training_thread_ && !at::in_parallel_region());
 }
 
 int64_t MemoryMeter::current_bytes() const {

@@ -19,35 +19,35 @@ namespace detail {
 class CountingCpuAllocator;
 }
 
-// While one lives on a thread, what that thread allocates counts as communication buffers: the
-// temporaries a backend makes on the caller's thread as a collective starts (LibTorch 2.x's Gloo
-// reduce-scatter copies its input there, before its own thread takes over). Nests.
-class CommunicationScope {
+// A flag of the calling thread, set while a scope of this kind lives on it (scopes nest): what the
+// thread allocates meanwhile is counted as that kind. Each kind is its own Tag.
+template <typename Tag>
+class ThreadScope {
  public:
-  CommunicationScope();
-  ~CommunicationScope();
-  CommunicationScope(const CommunicationScope&) = delete;
-  CommunicationScope& operator=(const CommunicationScope&) = delete;
+  ThreadScope() : outer_(!active_) { active_ = true; }
+  ~ThreadScope() {
+    if (outer_) active_ = false;
+  }
+  ThreadScope(const ThreadScope&) = delete;
+  ThreadScope& operator=(const ThreadScope&) = delete;
+  static bool active() { return active_; }
 
  private:
+  static inline thread_local bool active_ = false;
   bool outer_;
 };
 
-// While one lives on a thread, what that thread allocates is host memory of an offloaded
-// optimizer (its fp32 weights, moments and gradient copy, and the step's temporaries), counted
-// apart from the device's bytes. On CPU, where "device" and host are the same RAM, this is what
-// keeps the two apart; on CUDA those tensors are pinned or pageable host memory, which the CUDA
-// caching allocator's statistics never see. Nests.
-class HostScope {
- public:
-  HostScope();
-  ~HostScope();
-  HostScope(const HostScope&) = delete;
-  HostScope& operator=(const HostScope&) = delete;
+// What the thread allocates counts as communication buffers: the temporaries a backend makes on
+// the caller's thread as a collective starts (LibTorch 2.x's Gloo reduce-scatter copies its input
+// there, before its own thread takes over).
+class CommunicationScope : public ThreadScope<CommunicationScope> {};
 
- private:
-  bool outer_;
-};
+// What the thread allocates is host memory of an offloaded optimizer (its fp32 weights, moments
+// and gradient copy, and the step's temporaries), counted apart from the device's bytes. On CPU,
+// where "device" and host are the same RAM, this is what keeps the two apart; on CUDA those
+// tensors are pinned or pageable host memory, which the CUDA caching allocator's statistics never
+// see.
+class HostScope : public ThreadScope<HostScope> {};
 
 class MemoryMeter {
  public:

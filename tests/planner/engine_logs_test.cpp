@@ -8,6 +8,7 @@
 #include <cmath>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,9 @@ const std::string kTitan = kLogs + "torchtitan-v0.2.2.log";
 const std::string kTitanHead = kLogs + "torchtitan-head.log";
 const std::string kDeepSpeed = kLogs + "deepspeed-v0.19.5.log";
 const std::string kForeign = kLogs + "foreign.log";
+// Printed by DeepSpeed 0.19.8 itself (CPU, two ranks), and the plan of its layout.
+const std::string kDeepSpeedCpu = kLogs + "deepspeed-0.19.8-cpu.log";
+const std::string kTinyDp2 = kLogs + "plan-gpt-tiny-dp2.json";
 const std::string kRunJson = std::string(DPLAN_VALIDATION_DIR) + "/compare/run.json";
 
 double median(std::vector<double> v) {
@@ -211,6 +215,37 @@ TEST_CASE("engine logs: DeepSpeed throughput and wall-clock timers against a pla
   }
 }
 
+TEST_CASE("engine logs: a log DeepSpeed printed itself against its plan", "[engine_logs]") {
+  const std::string text = read_file(kDeepSpeedCpu);
+  CHECK(detect_log_format(text) == LogFormat::deepspeed);
+  // The rates as printed, read here by a plain scan of "CurrSamplesPerSec=" (steps 4, 6, ..., 20).
+  std::vector<double> rates;
+  for (size_t at = text.find("CurrSamplesPerSec="); at != std::string::npos;
+       at = text.find("CurrSamplesPerSec=", at + 1))
+    rates.push_back(std::strtod(text.c_str() + at + 18, nullptr));
+  REQUIRE(rates.size() == 9);
+  const EngineLog log = parse_engine_log(text, kDeepSpeedCpu);
+  REQUIRE(log.steps.size() == rates.size());
+  CHECK(log.steps.front().step == 4);
+  CHECK(log.global_batch == 4);
+  CHECK(log.micro_batch == 2);
+  CHECK(log.dp == 2);
+  std::vector<double> step_s;
+  for (size_t i = 2; i < rates.size(); ++i) step_s.push_back(4 / rates[i]);  // train_batch_size / rate
+  const Comparison c = compare_plan_and_log(costmodel::read_plan(kTinyDp2), kTinyDp2, log);
+  CHECK(c.measured_steps == 7);
+  CHECK(c.step_time_s.measured == Approx(median(step_s)));
+  CHECK(*c.step_time_s.rel_error() == Approx(rel(predicted(kTinyDp2).step_s, median(step_s))));
+  CHECK(*c.tokens_per_s.rel_error() == Approx(rel(predicted(kTinyDp2).tokens_per_s, 4 * 128 / median(step_s))));
+  // wall_clock_breakdown was on: forward, backward, dp comm and optimizer are measured.
+  int measured = 0;
+  for (const auto& phase : c.phases) measured += phase.measured;
+  CHECK(measured == 4);
+  // Against another layout's plan: the train_batch_size it states (4) contradicts the plan's 32.
+  CHECK_THROWS_WITH(compare_plan_and_log(costmodel::read_plan(kZero3), kZero3, log),
+                    Contains("states global batch size 4, " + kZero3 + " plans 32"));
+}
+
 TEST_CASE("engine logs: --format forces a format and a log of another engine is refused", "[engine_logs]") {
   CHECK(parse(kMegatron, LogFormat::megatron).steps.size() == 7);
   CHECK_THAT(parse_error(read_file(kMegatron), LogFormat::torchtitan),
@@ -282,7 +317,7 @@ TEST_CASE("engine logs: a log whose layout contradicts the plan is refused", "[e
 TEST_CASE("dplan compare reads engine logs and says which it read", "[engine_logs][cli]") {
   for (const auto& [plan, log, format] : std::vector<std::array<std::string, 3>>{
            {kPlan, kMegatron, "megatron"}, {kPlan, kTitan, "torchtitan"}, {kPlan, kTitanHead, "torchtitan"},
-           {kZero3, kDeepSpeed, "deepspeed"}}) {
+           {kZero3, kDeepSpeed, "deepspeed"}, {kTinyDp2, kDeepSpeedCpu, "deepspeed"}}) {
     auto r = run_program(DPLAN_BINARY, {"compare", plan, log});
     INFO(log << "\n" << r.out << r.err);
     REQUIRE(r.status == 0);

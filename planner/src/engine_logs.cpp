@@ -237,7 +237,7 @@ Parsed parse_megatron(const std::vector<std::string>& lines, EngineLog& log) {
   log.tp = dumped_int(dump, "tensor_model_parallel_size");
   log.pp = dumped_int(dump, "pipeline_model_parallel_size");
   log.cp = dumped_int(dump, "context_parallel_size");
-  log.lines_read = "iteration lines of megatron/training/training.py (core_v0.15.0)";
+  log.lines_read = "iteration lines (megatron/training/training.py, format as of core_v0.15.0)";
   return p;
 }
 
@@ -265,7 +265,7 @@ Parsed parse_torchtitan(const std::vector<std::string>& lines, EngineLog& log) {
     if (!s.tokens_per_s_per_gpu) continue;
     p.steps.push_back(s);
   }
-  log.lines_read = "step lines of torchtitan/components/metrics.py (v0.2.2, HEAD)";
+  log.lines_read = "step lines (torchtitan/components/metrics.py, format as of v0.2.2 and HEAD)";
   return p;
 }
 
@@ -304,7 +304,7 @@ Parsed parse_deepspeed(const std::vector<std::string>& lines, EngineLog& log) {
       break;
     }
   }
-  log.lines_read = "ThroughputTimer lines of deepspeed/utils/timer.py (v0.19.5)";
+  log.lines_read = "ThroughputTimer lines (deepspeed/utils/timer.py, format as of v0.19.5)";
   // Timers: the median over the lines after warm-up, seconds, under run.json's phase names.
   if (static_cast<long long>(timer_lines.size()) > kWarmupLogLines) {
     auto median_of = [&](const char* key) -> std::optional<double> {

@@ -107,7 +107,7 @@ EngineLog parse_engine_log(const std::string& text, const std::string& file,
 // tp, pp, cp, dp), naming both values.
 struct LogMeasurement {
   LogFormat format = LogFormat::megatron;
-  std::string description;       // "Megatron-LM log, iteration lines of megatron/training/training.py (core_v0.15.0)"
+  std::string description;       // "Megatron-LM log, iteration lines (megatron/training/training.py, ...)"
   long long measured_steps = 0;  // step lines after warm-up
   double step_time_s = 0;        // median over them
   bool step_time_from_rate = false;  // derived from a rate and the plan's tokens (or samples) per step

@@ -60,12 +60,21 @@ std::string strip_ansi(std::string_view line) {
   return out;
 }
 
+// No engine prints a step line this long; longer lines are left out (read as empty), which also
+// keeps std::regex, whose matcher recurses per character, off megabyte-long lines.
+constexpr size_t kMaxLineChars = 16384;
+
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> out;
   size_t start = 0;
   while (start <= text.size()) {
     size_t end = text.find('\n', start);
     if (end == std::string::npos) end = text.size();
+    if (end - start > kMaxLineChars) {
+      out.emplace_back();
+      start = end + 1;
+      continue;
+    }
     std::string line = text.substr(start, end - start);
     if (!line.empty() && line.back() == '\r') line.pop_back();
     out.push_back(strip_ansi(line));
@@ -90,6 +99,13 @@ std::optional<double> number(std::string text) {
   const double v = std::strtod(text.c_str(), &end);
   if (end != text.c_str() + text.size() || !std::isfinite(v)) return std::nullopt;
   return v;
+}
+
+// A count as printed ("32", "1,024", "8.0"): a whole number in 0 .. 2^53, else nullopt (not stated).
+std::optional<long long> whole(const std::string& text) {
+  std::optional<double> v = number(text);
+  if (!v || *v < 0 || *v > 9007199254740992.0 || *v != std::floor(*v)) return std::nullopt;
+  return static_cast<long long>(*v);
 }
 
 // "a: 1 | b: 2 |" -> {a: "1", b: "2"}: the "key: value" fields of a '|'-separated line, split on
@@ -121,9 +137,7 @@ void read_dump(const std::string& line, std::map<std::string, std::string>& dump
 std::optional<long long> dumped_int(const std::map<std::string, std::string>& dump, const std::string& key) {
   auto it = dump.find(key);
   if (it == dump.end()) return std::nullopt;
-  std::optional<double> v = number(it->second);
-  if (!v || *v != std::floor(*v)) return std::nullopt;  // "None" and the like: not stated
-  return static_cast<long long>(*v);
+  return whole(it->second);  // "None" and the like: not stated
 }
 
 // --- signatures: which format a line shows -------------------------------------------------------
@@ -215,13 +229,15 @@ Parsed parse_megatron(const std::vector<std::string>& lines, EngineLog& log) {
     };
     std::optional<double> ms = field("elapsed time per iteration (ms)");
     if (!ms) continue;
+    std::optional<long long> step = whole(m[1]);
+    if (!step) continue;
     LogStep s;
-    s.step = std::stoll(m[1]);
+    s.step = *step;
     s.time_s = *ms / 1e3;
     s.tflops_per_gpu = field("throughput per GPU (TFLOP/s/GPU)");
     s.loss = field("lm loss");
-    if (std::optional<double> batch = field("global batch size")) {
-      const auto b = static_cast<long long>(*batch);
+    if (std::optional<long long> batch = whole(fields.count("global batch size") ? fields.at("global batch size") : "")) {
+      const long long b = *batch;
       if (log.global_batch && *log.global_batch != b)
         throw InputError(log.file + ": the global batch size changes from " + std::to_string(*log.global_batch) +
                          " to " + std::to_string(b) + " at iteration " + std::to_string(s.step) +
@@ -249,14 +265,16 @@ Parsed parse_torchtitan(const std::vector<std::string>& lines, EngineLog& log) {
     p.signature_lines += titan_signature(line);
     std::smatch m;
     if (line.find("Trainer is initialized with") != std::string::npos) {
-      if (std::regex_search(line, m, global_batch)) log.global_batch = std::stoll(m[1]);
-      if (std::regex_search(line, m, seq)) log.seq_len = std::stoll(m[1]);
-      if (std::regex_search(line, m, tokens)) log.tokens_per_step = std::stoll(m[1]);
+      if (std::regex_search(line, m, global_batch)) log.global_batch = whole(m[1]);
+      if (std::regex_search(line, m, seq)) log.seq_len = whole(m[1]);
+      if (std::regex_search(line, m, tokens)) log.tokens_per_step = whole(m[1]);
       continue;
     }
     if (line.find("tps:") == std::string::npos || !std::regex_search(line, m, kTitanStep)) continue;
+    std::optional<long long> step = whole(m[1]);
+    if (!step) continue;
     LogStep s;
-    s.step = std::stoll(m[1]);
+    s.step = *step;
     s.loss = number(m[2]);
     s.peak_memory_bytes = number(m[4]).value_or(0) * kGiB;
     s.tokens_per_s_per_gpu = number(m[6]);
@@ -286,8 +304,10 @@ Parsed parse_deepspeed(const std::vector<std::string>& lines, EngineLog& log) {
       continue;
     }
     if (line.find("SamplesPerSec=") == std::string::npos || !std::regex_search(line, m, kDeepSpeedThroughput)) continue;
+    std::optional<long long> step = whole(m[3]);
+    if (!step) continue;
     LogStep s;
-    s.step = std::stoll(m[3]);
+    s.step = *step;
     s.samples_per_s = number(m[5]);
     if (std::optional<double> max_gb = number(m[7])) s.peak_memory_bytes = *max_gb * kGiB;  // "GB" = 1024^3 bytes
     if (!s.samples_per_s) continue;
@@ -300,7 +320,7 @@ Parsed parse_deepspeed(const std::vector<std::string>& lines, EngineLog& log) {
   for (const auto& line : lines) {
     std::smatch m;
     if (line.find("train_micro_batch_size_per_gpu") != std::string::npos && std::regex_search(line, m, micro)) {
-      log.micro_batch = std::stoll(m[1]);
+      log.micro_batch = whole(m[1]);
       break;
     }
   }

@@ -271,6 +271,10 @@ TEST_CASE("engine logs: empty, truncated and foreign logs are refused", "[engine
              Contains("x.log: 2 complete Megatron-LM step lines, all warm-up (the first 2 logged steps are left out)"));
   // A cut last line is left out; the complete ones count.
   CHECK(parse_engine_log(text.substr(0, text.rfind("] iteration ") + 150), "x.log").steps.size() == 6);
+  // A megabyte-long line is no step line (and no trouble); a step number past 2^53 is none either.
+  CHECK(parse_engine_log(std::string(1 << 20, '|') + "\n" + text, "x.log").steps.size() == 7);
+  CHECK(parse_engine_log(replace_all(text, "iteration       70/", "iteration 99999999999999999999999/"), "x.log")
+            .steps.size() == 6);
   const std::string titan = read_file(kTitan);
   CHECK_THAT(parse_error(titan.substr(0, titan.find("tflops:"))), Contains("a torchtitan log with no complete step line"));
   CHECK_THAT(parse_error(""), Contains("x.log: empty; expected a run.json or a training log"));
@@ -371,8 +375,12 @@ namespace {
 // that takes step_s per step would log. Built here, not printed by torchtitan.
 std::string titan_log(double step_s, double tokens_per_step, int world) {
   // f"{round(tps):,}": the rounded rate with thousands separators.
-  std::string tps = std::to_string(static_cast<long long>(std::llround(tokens_per_step / (step_s * world))));
-  for (int at = static_cast<int>(tps.size()) - 3; at > 0; at -= 3) tps.insert(static_cast<size_t>(at), ",");
+  const std::string digits = std::to_string(std::llround(tokens_per_step / (step_s * world)));
+  std::string tps;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) tps += ',';
+    tps += digits[i];
+  }
   std::string out;
   for (int step : {1, 10, 20, 30, 40}) {
     char line[256];

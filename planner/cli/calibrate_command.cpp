@@ -1,9 +1,12 @@
 #include "calibrate_command.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include "dplan/costmodel/errors.h"
+#include "dplan/costmodel/json_io.h"
 #include "dplan/costmodel/profile_edit.h"
 #include "dplan/planner/calibrate.h"
 #include "profile_files.h"
@@ -33,7 +36,14 @@ double figure(const ClusterSpec& c, const std::string& name) {
 }  // namespace
 
 void add_calibrate_options(CLI::App& command, CalibrateArgs& a) {
-  command.add_option("runs", a.runs, "run.json files written by dplan run (each names the plan it ran)")->required();
+  command.add_option("runs", a.runs,
+                     "run.json files written by dplan run (each names the plan it ran) or engines' training logs "
+                     "(Megatron-LM, torchtitan, DeepSpeed: give their plans with --plan)")
+      ->required();
+  command.add_option("--plan", a.plans,
+                     "the plan an engine log ran: once for all logs, or once per log in the order of the logs");
+  command.add_option("--format", a.format,
+                     "what every run file is: megatron, torchtitan, deepspeed or run (default: told by content)");
   command.add_option("--profile", a.profile, "the cluster profile to start from (name or path)")->required();
   command.add_option("--name", a.name, "name of the written profile (default: <profile>-calibrated)");
   command.add_option("-o,--output", a.output, "write the calibrated cluster profile here (JSON, for --cluster)");
@@ -42,14 +52,46 @@ void add_calibrate_options(CLI::App& command, CalibrateArgs& a) {
 
 int run_calibrate(const CalibrateArgs& a, const planner::ProfileStore& store) {
   const ClusterSpec base = store.load_cluster(a.profile);
+  std::optional<planner::LogFormat> forced;
+  if (!a.format.empty()) forced = planner::log_format_from_string(a.format);
+  // Which files are engine logs (they name no plan: --plan gives it).
+  std::vector<planner::LogFormat> formats;
+  size_t logs = 0;
+  for (const auto& f : a.runs) {
+    formats.push_back(planner::measurement_format(read_text_file(f), f, forced));
+    logs += formats.back() != planner::LogFormat::run;
+  }
+  if (logs == 0 && !a.plans.empty())
+    throw InputError("--plan: no engine log among the runs; a run.json names the plan it ran");
+  if (logs > 0 && a.plans.empty())
+    throw InputError(a.runs[std::find_if(formats.begin(), formats.end(),
+                                         [](planner::LogFormat f) { return f != planner::LogFormat::run; }) -
+                            formats.begin()] +
+                     ": an engine log does not name the plan it ran; give it with --plan PLAN (once for all logs, "
+                     "or once per log in order)");
+  if (logs > 0 && a.plans.size() != 1 && a.plans.size() != logs)
+    throw InputError("--plan: " + std::to_string(a.plans.size()) + " plans for " + std::to_string(logs) +
+                     " engine logs; give one for all logs, or one per log in order");
   std::vector<planner::CalibrationRun> runs;
-  for (const auto& f : a.runs) runs.push_back(planner::read_calibration_run(f));
+  size_t log_index = 0;
+  for (size_t i = 0; i < a.runs.size(); ++i) {
+    if (formats[i] == planner::LogFormat::run) {
+      runs.push_back(planner::read_calibration_run(a.runs[i]));
+    } else {
+      const std::string& plan = a.plans.size() == 1 ? a.plans.front() : a.plans[log_index];
+      ++log_index;
+      runs.push_back(planner::read_calibration_log(a.runs[i], plan, formats[i]));
+    }
+  }
   const planner::Calibration cal = planner::calibrate(base, runs);
 
   bool phases = false;
   for (const auto& r : runs) phases = phases || r.measured_compute_s > 0;
   std::printf("calibrated %s on %zu runs by least squares on log step time%s:\n", base.name.c_str(), runs.size(),
               phases ? " and log compute time (forward + backward + optimizer)" : "");
+  if (logs > 0)
+    std::printf("(%zu engine log%s: the step time only, the median after the first %d logged steps; no phases)\n", logs,
+                logs == 1 ? "" : "s", planner::kWarmupLogLines);
   for (const auto& p : cal.parameters)
     std::printf("  %-24s %12.4g -> %.4g%s\n", p.c_str(), figure(base, p), figure(cal.cluster, p),
                 p.ends_with("latency") ? " us" : "");

@@ -72,6 +72,7 @@ MemoryUnit memory_unit(const Comparison& c) {
   double largest = 0;
   for (const auto& s : c.memory)
     for (const auto& m : s.components) largest = std::max({largest, m.value.predicted, m.value.measured});
+  if (c.peak_memory_bytes) largest = std::max({largest, c.peak_memory_bytes->predicted, c.peak_memory_bytes->measured});
   if (largest < kMiB) return {"KiB", kKiB, 1};
   if (largest < kGiB) return {"MiB", kMiB, 3};
   return {"GiB", kGiB, 3};
@@ -105,7 +106,8 @@ std::string summary(const Comparison& c) {
   // The phase whose prediction is furthest off in milliseconds explains most of the step error.
   const planner::NamedComparison* gap = nullptr;
   for (const auto& p : c.phases)
-    if (!gap || std::abs(p.value.predicted - p.value.measured) > std::abs(gap->value.predicted - gap->value.measured))
+    if (p.measured && (!gap || std::abs(p.value.predicted - p.value.measured) >
+                                    std::abs(gap->value.predicted - gap->value.measured)))
       gap = &p;
   if (gap)
     o << "; largest phase gap " << gap->name << " ("
@@ -120,6 +122,11 @@ std::string summary(const Comparison& c) {
     o << "; peak memory " << e << (e == "n/a" ? "" : " %") << " on stage " << worst->stage
       << ", the stage with the highest measured peak";
   }
+  if (c.peak_memory_bytes) {
+    std::string e = percent(*c.peak_memory_bytes);
+    o << "; peak memory " << e << (e == "n/a" ? "" : " %") << " (the log's largest " << c.peak_memory_what
+      << " against stage " << c.peak_memory_stage << ")";
+  }
   return o.str() + "\n";
 }
 
@@ -129,14 +136,24 @@ std::string report(const Comparison& c, const CompareArgs& args) {
     << c.cp;
   if (c.ep > 1) o << " · ep " << c.ep;
   if (c.vpp > 1) o << " · vpp " << c.vpp;
-  if (c.measured_steps > 0) o << ", median of " << c.measured_steps << " measured steps";
+  if (c.measured_steps > 0)
+    o << ", median of " << c.measured_steps << " measured "
+      << (c.format == planner::LogFormat::run ? "steps" : "step lines (the first " +
+                                                             std::to_string(planner::kWarmupLogLines) +
+                                                             " left out as warm-up)");
+  o << "\nread as --format " << planner::to_string(c.format) << ": " << c.measured_by;
   o << "\n\n" << row("step time by phase", "predicted (ms)", "measured (ms)", "error %");
   for (const auto& p : c.phases)
-    o << row(label(kPhaseLabels, p.name), fixed(1e3 * p.value.predicted, 2), fixed(1e3 * p.value.measured, 2),
-             percent(p.value));
-  o << row("step", fixed(1e3 * c.step_time_s.predicted, 2), fixed(1e3 * c.step_time_s.measured, 2),
-           percent(c.step_time_s));
+    o << row(label(kPhaseLabels, p.name), fixed(1e3 * p.value.predicted, 2),
+             p.measured ? fixed(1e3 * p.value.measured, 2) : "not measured", p.measured ? percent(p.value) : "");
+  o << row(c.step_time_from_rate ? "step (from the rate)" : "step", fixed(1e3 * c.step_time_s.predicted, 2),
+           fixed(1e3 * c.step_time_s.measured, 2), percent(c.step_time_s));
   o << row("tokens/s", fixed(c.tokens_per_s.predicted, 0), fixed(c.tokens_per_s.measured, 0), percent(c.tokens_per_s));
+  if (c.tflops_per_gpu)
+    o << row("TFLOP/s per GPU", fixed(c.tflops_per_gpu->predicted, 2), fixed(c.tflops_per_gpu->measured, 2),
+             percent(*c.tflops_per_gpu));
+  if (c.mfu)
+    o << row("MFU %", fixed(100 * c.mfu->predicted, 2), fixed(100 * c.mfu->measured, 2), percent(*c.mfu));
 
   const MemoryUnit unit = memory_unit(c);
   const std::string predicted_header = std::string("predicted (") + unit.name + ")";
@@ -149,6 +166,20 @@ std::string report(const Comparison& c, const CompareArgs& args) {
       o << row(label(kMemoryLabels, m.name), fixed(m.value.predicted / unit.bytes, unit.decimals),
                fixed(m.value.measured / unit.bytes, unit.decimals), percent(m.value));
   }
+  if (c.format != planner::LogFormat::run) {
+    if (c.peak_memory_bytes) {
+      o << "\nmemory per GPU: the log's largest " << c.peak_memory_what << " against stage " << c.peak_memory_stage
+        << ", the stage with the largest predicted peak\n"
+        << row("component", predicted_header, measured_header, "error %")
+        << row("peak (- reserve) *", fixed(c.peak_memory_bytes->predicted / unit.bytes, unit.decimals),
+               fixed(c.peak_memory_bytes->measured / unit.bytes, unit.decimals), percent(*c.peak_memory_bytes))
+        << "* predicted peak = total - reserve: the reserve is framework overhead (CUDA context) outside the "
+           "allocator's count\n"
+        << "memory per stage and component (weights, gradients, optimizer, activations, buffers): not measured\n";
+    } else {
+      o << "\nmemory: not measured (the log reports none)\n";
+    }
+  }
   if (!c.memory.empty())
     o << "* predicted peak = total - reserve (" << fixed(c.memory.front().predicted_reserve_bytes / unit.bytes, 1)
       << " " << unit.name << "): the reserve is framework overhead the executor's allocator does not see\n";
@@ -160,12 +191,19 @@ std::string report(const Comparison& c, const CompareArgs& args) {
 
 void add_compare_options(CLI::App& command, CompareArgs& args) {
   command.add_option("plan", args.plan_path, "plan.json written by dplan -o")->required();
-  command.add_option("run", args.run_path, "run.json written by dplan run -o")->required();
+  command.add_option("run", args.run_path,
+                     "run.json written by dplan run -o, or an engine's training log (Megatron-LM, torchtitan, "
+                     "DeepSpeed; docs/compare.md)")
+      ->required();
+  command.add_option("--format", args.format,
+                     "what the measurement file is: megatron, torchtitan, deepspeed or run (default: told by content)");
   command.add_flag("--json", args.json, "print JSON");
 }
 
 int run_compare(const CompareArgs& args) {
-  Comparison c = planner::compare_files(args.plan_path, args.run_path);
+  std::optional<planner::LogFormat> format;
+  if (!args.format.empty()) format = planner::log_format_from_string(args.format);
+  Comparison c = planner::compare_files(args.plan_path, args.run_path, format);
   if (args.json)
     std::cout << planner::to_json(c).dump(2) << "\n";
   else

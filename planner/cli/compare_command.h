@@ -1,5 +1,6 @@
-// `dplan compare plan.json run.json [--json]`: the plan's prediction next to what the executor
-// measured, phase by phase and for memory, with the relative error of each.
+// `dplan compare plan.json RUN [--format F] [--json]`: the plan's prediction next to what the
+// executor measured (run.json) or an engine logged (engine_logs.h), phase by phase and for
+// memory where measured, with the relative error of each.
 #pragma once
 
 #include <string>
@@ -11,6 +12,7 @@ namespace dplan::cli {
 struct CompareArgs {
   std::string plan_path;
   std::string run_path;
+  std::string format;  // --format: empty = told by content
   bool json = false;
 };
 

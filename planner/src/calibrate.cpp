@@ -54,6 +54,14 @@ struct Targets {
   }
 };
 
+void set_plan(CalibrationRun& r, const costmodel::Plan& plan) {
+  r.model = plan.model;
+  r.training = plan.training;
+  r.parallel = plan.parallel;
+  r.overlap = plan.overlap;
+  r.layout = to_json(plan.model).dump() + to_json(plan.training).dump() + to_json(plan.parallel).dump();
+}
+
 }  // namespace
 
 CalibrationRun read_calibration_run(const std::string& run_file) {
@@ -73,12 +81,21 @@ CalibrationRun read_calibration_run(const std::string& run_file) {
       throw InputError(run_file + ": the plan it ran, " + r.plan_file + ", is neither there nor beside the run.json");
     r.plan_file = beside.string();
   }
-  const costmodel::Plan plan = costmodel::read_plan(r.plan_file);
-  r.model = plan.model;
-  r.training = plan.training;
-  r.parallel = plan.parallel;
-  r.overlap = plan.overlap;
-  r.layout = to_json(plan.model).dump() + to_json(plan.training).dump() + to_json(plan.parallel).dump();
+  set_plan(r, costmodel::read_plan(r.plan_file));
+  return r;
+}
+
+CalibrationRun read_calibration_log(const std::string& log_file, const std::string& plan_file,
+                                    std::optional<LogFormat> format) {
+  const costmodel::Plan plan = costmodel::read_plan(plan_file);
+  const EngineLog log = parse_engine_log(read_text_file(log_file), log_file, format);
+  const LogMeasurement measured = measure_log(log, plan, plan_file);
+  CalibrationRun r;
+  r.file = log_file;
+  r.format = log.format;
+  r.plan_file = plan_file;
+  r.measured_step_s = measured.step_time_s;  // positive: measure_log refuses a step without a rate
+  set_plan(r, plan);
   return r;
 }
 

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "dplan/costmodel/errors.h"
+#include "dplan/costmodel/hardware.h"
 
 namespace dplan::planner {
 namespace {
@@ -60,6 +61,16 @@ const std::vector<MemoryMapping> kMemoryMappings = {
     {"peak", {"total_bytes"}},  // minus reserve_bytes, below
 };
 
+double predicted_phase_s(ObjectReader& predicted_time, const PhaseMapping& m) {
+  double predicted = 0;
+  for (const char* p : m.predicted) {
+    // Plans written before the overhead phase existed predicted none.
+    if (std::string_view(p) == "overhead" && !predicted_time.has(p)) continue;
+    predicted += predicted_time.non_negative_number(p);
+  }
+  return predicted;
+}
+
 struct Layout {
   long long tp = 1, pp = 1, dp = 1, cp = 1;
   bool operator==(const Layout&) const = default;
@@ -112,12 +123,7 @@ Comparison compare_plan_and_run(const costmodel::Plan& plan, const std::string& 
 
   ObjectReader predicted_time = prediction.object("time");
   for (const auto& m : kPhaseMappings) {
-    double predicted = 0;
-    for (const char* p : m.predicted) {
-      // Plans written before the overhead phase existed predicted none.
-      if (std::string_view(p) == "overhead" && !predicted_time.has(p)) continue;
-      predicted += predicted_time.non_negative_number(p);
-    }
+    const double predicted = predicted_phase_s(predicted_time, m);
     auto measured = run.phases_s.find(m.measured);
     if (measured == run.phases_s.end())
       throw InputError(run_file + ": /phases_s: missing key \"" + std::string(m.measured) + "\"");
@@ -181,13 +187,76 @@ Comparison compare_plan_and_run(const costmodel::Plan& plan, const std::string& 
   return c;
 }
 
-Comparison compare_files(const std::string& plan_path, const std::string& run_path) {
-  return compare_plan_and_run(costmodel::read_plan(plan_path), plan_path, costmodel::read_run_record(run_path),
-                              run_path);
+Comparison compare_plan_and_log(const costmodel::Plan& plan, const std::string& plan_file, const EngineLog& log) {
+  const LogMeasurement measured = measure_log(log, plan, plan_file);
+  Comparison c;
+  c.tp = plan.parallel.tp;
+  c.pp = plan.parallel.pp;
+  c.dp = plan.parallel.dp;
+  c.cp = plan.parallel.cp;
+  c.ep = plan.parallel.ep;
+  c.vpp = plan.parallel.schedule == costmodel::Schedule::interleaved ? plan.parallel.vpp : 1;
+  c.format = log.format;
+  c.measured_by = measured.description;
+  c.step_time_from_rate = measured.step_time_from_rate;
+
+  ObjectReader prediction(plan.prediction, plan_file, "/prediction");
+  c.step_time_s = {prediction.positive_number("step_time_s"), measured.step_time_s};
+  c.measured_steps = measured.measured_steps;
+  c.tokens_per_s = {prediction.positive_number("tokens_per_s"), measured.tokens_per_s};
+  // Phases: only those the engine timed (DeepSpeed's wall-clock breakdown); the rest not measured.
+  ObjectReader predicted_time = prediction.object("time");
+  for (const auto& m : kPhaseMappings) {
+    NamedComparison n{m.measured, {predicted_phase_s(predicted_time, m), 0}, false};
+    if (auto it = measured.phases_s.find(m.measured); it != measured.phases_s.end()) {
+      n.value.measured = it->second;
+      n.measured = true;
+    }
+    c.phases.push_back(n);
+  }
+  const double predicted_mfu = prediction.non_negative_number("mfu");
+  if (measured.mfu) c.mfu = ComparedValue{predicted_mfu, *measured.mfu};
+  if (measured.tflops_per_gpu) {
+    // The plan's GPU peak for its precision (plan.json "cluster", to_json(ClusterSpec)), in TFLOP/s.
+    ObjectReader peaks =
+        ObjectReader(plan.cluster, plan_file, "/cluster").object("gpu").object("peak_tflops");
+    const double peak_tflops = peaks.positive_number(costmodel::to_string(plan.training.precision));
+    c.tflops_per_gpu = ComparedValue{predicted_mfu * peak_tflops, *measured.tflops_per_gpu};
+  }
+  // Memory: one peak per GPU, the largest the log reports, against the stage with the largest
+  // predicted peak less its reserve (the same as compare_plan_and_run's peak row).
+  if (measured.peak_memory_bytes) {
+    const json& stages = prediction.object("memory").raw("stages");
+    if (!stages.is_array() || stages.empty())
+      throw InputError(plan_file + ": /prediction/memory/stages: expected a list of stages, got " +
+                       describe_json_value(stages));
+    double largest = -1;
+    for (size_t stage = 0; stage < stages.size(); ++stage) {
+      ObjectReader s(stages[stage], plan_file, "/prediction/memory/stages/" + std::to_string(stage));
+      const double peak = s.non_negative_number("total_bytes") - s.non_negative_number("reserve_bytes");
+      if (peak > largest) {
+        largest = peak;
+        c.peak_memory_stage = static_cast<int>(stage);
+      }
+    }
+    c.peak_memory_bytes = ComparedValue{largest, *measured.peak_memory_bytes};
+    c.peak_memory_what = measured.peak_memory_what;
+  }
+  return c;
+}
+
+Comparison compare_files(const std::string& plan_path, const std::string& run_path, std::optional<LogFormat> format) {
+  const costmodel::Plan plan = costmodel::read_plan(plan_path);
+  const std::string text = read_text_file(run_path);
+  if (measurement_format(text, run_path, format) == LogFormat::run)
+    return compare_plan_and_run(plan, plan_path, costmodel::run_record_from_json(parse_json_text(text, run_path), run_path),
+                                run_path);
+  return compare_plan_and_log(plan, plan_path, parse_engine_log(text, run_path, format));
 }
 
 namespace {
-json value_json(const ComparedValue& v) {
+json value_json(const ComparedValue& v, bool measured = true) {
+  if (!measured) return {{"predicted", v.predicted}, {"measured", nullptr}, {"rel_error", nullptr}};
   std::optional<double> e = v.rel_error();
   return {{"predicted", v.predicted}, {"measured", v.measured}, {"rel_error", e ? json(*e) : json(nullptr)}};
 }
@@ -195,17 +264,26 @@ json value_json(const ComparedValue& v) {
 
 json to_json(const Comparison& c) {
   json phases = json::object();
-  for (const auto& p : c.phases) phases[p.name] = value_json(p.value);
+  for (const auto& p : c.phases) phases[p.name] = value_json(p.value, p.measured);
   json memory = json::array();
   for (const auto& s : c.memory) {
     json stage = {{"stage", s.stage}};
     for (const auto& m : s.components) stage[m.name] = value_json(m.value);
     memory.push_back(stage);
   }
-  return {{"step_time_s", value_json(c.step_time_s)},
-          {"tokens_per_s", value_json(c.tokens_per_s)},
-          {"phases", phases},
-          {"memory", memory}};
+  json out = {{"format", to_string(c.format)},
+              {"measured_by", c.measured_by},
+              {"step_time_s", value_json(c.step_time_s)},
+              {"tokens_per_s", value_json(c.tokens_per_s)},
+              {"phases", phases},
+              {"memory", memory}};
+  if (c.tflops_per_gpu) out["tflops_per_gpu"] = value_json(*c.tflops_per_gpu);
+  if (c.mfu) out["mfu"] = value_json(*c.mfu);
+  if (c.peak_memory_bytes) {
+    out["peak_memory_bytes"] = value_json(*c.peak_memory_bytes);
+    out["peak_memory_bytes"]["stage"] = c.peak_memory_stage;
+  }
+  return out;
 }
 
 }  // namespace dplan::planner

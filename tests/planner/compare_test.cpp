@@ -265,7 +265,9 @@ TEST_CASE("dplan compare --json prints predicted, measured and rel_error for eve
     return keys;  // nlohmann objects iterate in sorted order
   };
   const std::vector<std::string> value_keys = {"measured", "predicted", "rel_error"};
-  CHECK(keys_of(j) == std::vector<std::string>{"memory", "phases", "step_time_s", "tokens_per_s"});
+  CHECK(keys_of(j) ==
+        std::vector<std::string>{"format", "measured_by", "memory", "phases", "step_time_s", "tokens_per_s"});
+  CHECK(j["format"] == "run");
   CHECK(keys_of(j["step_time_s"]) == value_keys);
   CHECK(keys_of(j["tokens_per_s"]) == value_keys);
   CHECK(keys_of(j["phases"]) ==

@@ -8,17 +8,22 @@
 //   - each link tier some run communicates over: its efficiency and per-hop latency (intra-node;
 //     the NICs when a run spans nodes).
 // Fewer runs than parameters is refused: the fit would be underdetermined.
+// An engine's training log (engine_logs.h) counts as a run of the plan given beside it: its step
+// time (median after warm-up) is all it gives the fit; it adds no compute-time target, as no engine
+// log measures forward + backward + optimizer compute alone (docs/compare.md).
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "dplan/costmodel/time.h"
+#include "dplan/planner/engine_logs.h"
 
 namespace dplan::planner {
 
 struct CalibrationRun {
-  std::string file;         // the run.json
+  std::string file;         // the run.json or engine log
+  LogFormat format = LogFormat::run;
   std::string plan_file;    // the plan it ran
   std::string layout;       // the plan's model, training and parallel layout; repeats of one share it
   costmodel::ModelSpec model;
@@ -34,6 +39,11 @@ struct CalibrationRun {
 // Reads run.json and the plan it names ("plan": as given to dplan run; a relative path that does
 // not exist from here is looked for beside the run.json). Throws InputError naming what is wrong.
 CalibrationRun read_calibration_run(const std::string& run_file);
+
+// An engine log as a run of `plan_file` (measure_log's checks and refusals apply; `format` forces
+// the log's format). measured_compute_s stays 0.
+CalibrationRun read_calibration_log(const std::string& log_file, const std::string& plan_file,
+                                    std::optional<LogFormat> format = std::nullopt);
 
 // The cost model's step time for a run on `cluster`.
 double predicted_step_s(const costmodel::ClusterSpec& cluster, const CalibrationRun& run);

@@ -1,7 +1,9 @@
 // Prediction vs measurement: a plan.json's prediction (planner) next to a run.json (executor,
-// docs/run-json.md) for the same layout. Step time, tokens/s, time by phase and memory per
-// pipeline stage, each with its relative error (predicted - measured) / measured. The predicted
-// phases and memory components are summed into the executor's coarser buckets first.
+// docs/run-json.md) or an engine's training log (engine_logs.h) for the same layout. Step time,
+// tokens/s, time by phase and memory per pipeline stage, each with its relative error
+// (predicted - measured) / measured. The predicted phases and memory components are summed into
+// the executor's coarser buckets first. What an engine log does not measure (most phases, memory
+// per stage and component) is marked not measured, never filled in.
 #pragma once
 
 #include <optional>
@@ -11,6 +13,7 @@
 #include "dplan/costmodel/json_io.h"
 #include "dplan/costmodel/plan_file.h"
 #include "dplan/costmodel/run_record.h"
+#include "dplan/planner/engine_logs.h"
 
 namespace dplan::planner {
 
@@ -27,6 +30,7 @@ struct ComparedValue {
 struct NamedComparison {
   std::string name;  // the run.json name: "forward", "pp_wait", "activations", "peak", ...
   ComparedValue value;
+  bool measured = true;  // false: the measurement does not have it (value.measured is 0, no error)
 };
 
 // Memory of one pipeline stage, bytes. Measured values are the max over the stage's ranks.
@@ -44,7 +48,18 @@ struct Comparison {
   ComparedValue step_time_s;                  // measured: the median over timed steps
   ComparedValue tokens_per_s;
   std::vector<NamedComparison> phases;        // seconds: forward, backward, tp_comm, pp_wait, dp_comm, optimizer, other
-  std::vector<StageMemoryComparison> memory;  // one per pipeline stage, in stage order
+  std::vector<StageMemoryComparison> memory;  // one per pipeline stage, in stage order; empty for engine logs
+  // What was read: LogFormat::run for a run.json, else the engine log's format and description.
+  LogFormat format = LogFormat::run;
+  std::string measured_by = "dplan run (run.json)";
+  bool step_time_from_rate = false;           // the log states a rate; the step time is derived
+  // Engine logs only (absent where the log does not state them):
+  std::optional<ComparedValue> tflops_per_gpu;  // predicted: mfu x the plan's GPU peak for its precision
+  std::optional<ComparedValue> mfu;             // fractions; the engine's own peak FLOP/s, not the plan's
+  // The largest per-GPU peak the log reports against the largest predicted stage peak less reserve.
+  std::optional<ComparedValue> peak_memory_bytes;
+  int peak_memory_stage = 0;                    // the stage with the largest predicted peak
+  std::string peak_memory_what;                 // "max allocated" / "max reserved"
 };
 
 // Compares a plan with a run record (file names for error messages only). Throws InputError
@@ -57,12 +72,20 @@ Comparison compare_plan_and_run(const costmodel::Plan& plan, const std::string& 
 Comparison compare_plan_and_run(const json& plan, const std::string& plan_file, const json& run,
                                 const std::string& run_file);
 
-// Reads both files (read_json_file: missing or malformed files throw InputError) and compares them.
-Comparison compare_files(const std::string& plan_path, const std::string& run_path);
+// A plan against an engine log read by parse_engine_log (measure_log's refusals apply).
+Comparison compare_plan_and_log(const costmodel::Plan& plan, const std::string& plan_file, const EngineLog& log);
 
-// {"step_time_s": {"predicted", "measured", "rel_error"}, "tokens_per_s": {...},
-//  "phases": {name: {...}}, "memory": [{"stage": i, component: {...}}, ...]};
-// rel_error is null where the measured value is 0.
+// Reads both files and compares them. The measurement is a run.json or an engine log, told apart
+// by content (engine_logs.h) unless `format` forces one. Missing, empty, malformed or foreign
+// files throw InputError.
+Comparison compare_files(const std::string& plan_path, const std::string& run_path,
+                         std::optional<LogFormat> format = std::nullopt);
+
+// {"format": "run"|"megatron"|..., "measured_by": text, "step_time_s": {"predicted", "measured",
+//  "rel_error"}, "tokens_per_s": {...}, "phases": {name: {...}}, "memory": [{"stage": i,
+//  component: {...}}, ...]}, plus "tflops_per_gpu", "mfu", "peak_memory_bytes" (with "stage")
+// where an engine log states them; rel_error is null where the measured value is 0, measured and
+// rel_error are null where it was not measured.
 json to_json(const Comparison& comparison);
 
 }  // namespace dplan::planner

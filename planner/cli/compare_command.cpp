@@ -176,6 +176,8 @@ std::string report(const Comparison& c, const CompareArgs& args) {
         << "* predicted peak = total - reserve: the reserve is framework overhead (CUDA context) outside the "
            "allocator's count\n"
         << "memory per stage and component (weights, gradients, optimizer, activations, buffers): not measured\n";
+    } else if (!c.memory_not_comparable.empty()) {
+      o << "\nmemory: not measured (" << c.memory_not_comparable << ")\n";
     } else {
       o << "\nmemory: not measured (the log reports none)\n";
     }

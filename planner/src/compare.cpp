@@ -242,6 +242,7 @@ Comparison compare_plan_and_log(const costmodel::Plan& plan, const std::string& 
     c.peak_memory_bytes = ComparedValue{largest, *measured.peak_memory_bytes};
     c.peak_memory_what = measured.peak_memory_what;
   }
+  c.memory_not_comparable = measured.memory_not_comparable;
   return c;
 }
 

@@ -492,6 +492,13 @@ LogMeasurement measure_log(const EngineLog& log, const costmodel::Plan& plan, co
     if (s.peak_memory_bytes) m.peak_memory_bytes = std::max(m.peak_memory_bytes.value_or(0.0), *s.peak_memory_bytes);
   if (log.format == LogFormat::torchtitan && m.peak_memory_bytes) m.peak_memory_what = "max reserved";
   if (log.format == LogFormat::deepspeed && m.peak_memory_bytes) m.peak_memory_what = "max allocated";
+  // On a cluster of CPU cores DeepSpeed's MemAllocated / MaxMemAllocated are the process's resident
+  // memory (deepspeed/accelerator/cpu_accelerator.py, psutil), not the tensors the plan predicts.
+  if (log.format == LogFormat::deepspeed && m.peak_memory_bytes && plan.cluster.value("cores_per_node", 0) > 0) {
+    m.peak_memory_bytes.reset();
+    m.memory_not_comparable =
+        "DeepSpeed's MaxMemAllocated on CPU is the process's resident memory, not the tensors the plan predicts";
+  }
   m.phases_s = log.phases_s;
   return m;
 }

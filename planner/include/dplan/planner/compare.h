@@ -60,6 +60,7 @@ struct Comparison {
   std::optional<ComparedValue> peak_memory_bytes;
   int peak_memory_stage = 0;                    // the stage with the largest predicted peak
   std::string peak_memory_what;                 // "max allocated" / "max reserved"
+  std::string memory_not_comparable;            // why the log's memory figure is left out, or empty
 };
 
 // Compares a plan with a run record (file names for error messages only). Throws InputError

@@ -116,6 +116,7 @@ struct LogMeasurement {
   std::optional<double> mfu;             // fraction, median
   std::optional<double> peak_memory_bytes;
   std::string peak_memory_what;          // "max allocated", "max reserved"
+  std::string memory_not_comparable;     // why a memory figure the log has is left out, or empty
   std::map<std::string, double> phases_s;
 };
 LogMeasurement measure_log(const EngineLog& log, const costmodel::Plan& plan, const std::string& plan_file);

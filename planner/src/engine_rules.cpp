@@ -251,6 +251,13 @@ void megatron_rules(const Plan& plan, Rules& r) {
     r.rule(m.num_experts % p.ep == 0, [&] {
       return "experts " + str(m.num_experts) + " are not divisible by ep " + str(p.ep) + "; use --ep " + divisors(m.num_experts);
     });
+    // validate_args: "When using MoE and tensor parallelism, sequence parallelism must be used."
+    // (ModelParallelConfig raises the same for ep > 1 with tp > 1.)
+    r.rule(p.tp == 1 || p.sequence_parallel, [&] {
+      return "a mixture-of-experts model with tp " + str(p.tp) +
+             " needs sequence parallel (validate_args: \"When using MoE and tensor parallelism, sequence parallelism "
+             "must be used\"); use --sp";
+    });
     r.rule(p.ep == 1 || plan.training.precision != Precision::fp16, [&] {
       return std::string("expert parallel (ep ") + str(p.ep) + ") does not run with fp16 (validate_args); use --precision bf16";
     });
@@ -404,8 +411,15 @@ void deepspeed_rules(const Plan& plan, Rules& r) {
                          "\"uniform\" gives every stage the same layer count); use a pp dividing the layers");
     });
   }
-  if (p.tp > 1)
+  if (p.tp > 1) {
     heads_rules(plan, r, "AutoTP splits attention heads over tp", true);
+    // deepspeed/runtime/engine.py _configure_tensor_parallel_states asserts ZeRO stage <= 2.
+    r.rule(p.zero_stage <= 2, [&] {
+      return std::string("DeepSpeed's AutoTP (tensor_parallel.autotp_size) runs with ZeRO stage 0-2 (engine.py: "
+                         "\"the compatibility between 'autotp' and 'zero_stage = 3' has not been validated\"); use "
+                         "--zero 2 or --tp 1");
+    });
+  }
 }
 
 void accelerate_rules(const Plan& plan, Rules& r) {
@@ -432,7 +446,7 @@ void accelerate_rules(const Plan& plan, Rules& r) {
              " with DeepSpeed (ZeRO-1 or optimizer offload; parallelism_config is for FSDP2); use --tp 1 or --zero 3";
     });
   } else {
-    batch_rule(plan, r, "accelerate");
+    batch_rule(plan, r, "gradient accumulation steps");
     r.rule(p.cp == 1 || p.zero_stage >= 2, [&] {
       return "accelerate runs context parallel with FSDP2 only (parallelism_config_cp_size); the plan has cp " +
              str(p.cp) + " with ZeRO-" + str(p.zero_stage) + ": use --zero 2 or --zero 3";

@@ -73,6 +73,9 @@ constexpr const char* recompute_granularity = "--recompute-granularity";  // ful
 constexpr const char* recompute_method = "--recompute-method";            // uniform | block
 constexpr const char* recompute_num_layers = "--recompute-num-layers";
 constexpr const char* optimizer_cpu_offload = "--optimizer-cpu-offload";
+// validate_args: "The optimizer cpu offload must be used in conjunction with
+// `--use-precision-aware-optimizer`" (the hybrid device optimizer runs its code path).
+constexpr const char* use_precision_aware_optimizer = "--use-precision-aware-optimizer";
 // _add_mixed_precision_args
 constexpr const char* bf16 = "--bf16";
 constexpr const char* fp16 = "--fp16";
@@ -184,7 +187,10 @@ Args megatron_arguments(const Plan& plan) {
     add(flag::ckpt_format, "fsdp_dtensor");
   }
   if (sharded_optimizer) add(flag::use_distributed_optimizer);
-  if (p.offload_optimizer) add(flag::optimizer_cpu_offload);
+  if (p.offload_optimizer) {
+    add(flag::optimizer_cpu_offload);
+    add(flag::use_precision_aware_optimizer);
+  }
   // Overlap: --overlap-param-gather needs a sharded optimizer and --overlap-grad-reduce (a.2 item 11).
   if (plan.overlap.grad_reduce && p.dp * p.cp > 1) add(flag::overlap_grad_reduce);
   if (plan.overlap.param_gather && plan.overlap.grad_reduce && sharded_optimizer && p.dp * p.cp > 1)

@@ -76,7 +76,9 @@ std::vector<Setting> torchtitan_settings(const Plan& plan, const std::string& fl
   add("training", "max_norm", "1.0");
   const bool fp32 = t.precision == Precision::fp32;
   add("training", "mixed_precision_param", fp32 ? "float32" : "bfloat16", true);
-  add("training", "mixed_precision_reduce", fp32 || t.fp32_grads ? "float32" : "bfloat16", true);
+  // v0.2.2 job_config.py: mixed_precision_reduce: Literal["float32"]; FSDP2 reduces (and keeps
+  // the sharded gradients) in fp32 whatever the plan's gradient dtype (README.export says so).
+  add("training", "mixed_precision_reduce", "float32", true);
   // Data parallel: FSDP (dp_shard) for ZeRO-2/3, DDP (dp_replicate) otherwise (CONVENTIONS h).
   const bool sharded = p.zero_stage >= 2;
   add("parallelism", "data_parallel_replicate_degree", num(sharded ? 1 : p.dp));
@@ -162,6 +164,9 @@ Exported export_torchtitan(const ExportInput& in) {
       "torchtitan HEAD: torchrun ... -m torchtitan.train --module llama3 --config <config> $(grep -v '^#' "
       "torchtitan.overrides)",
       "torchtitan's llama3 has no rotary-base key in the TOML: the flavor's rope_theta applies"};
+  if (plan.training.precision != Precision::fp32 && !plan.training.fp32_grads)
+    notes.push_back("gradients: torchtitan v0.2.2 reduces them in float32 (mixed_precision_reduce accepts only "
+                    "\"float32\"); the plan counted 16-bit gradients, so sharded gradient memory is twice the plan's");
   if (known.empty()) notes.push_back("register the flavor \"dplan\": " + llama3_model_args(plan.model));
   e.files.push_back(readme(in, e.files, e.launch_line, notes));
   return e;

@@ -1,6 +1,6 @@
 // Megatron-LM: megatron.args (one argument per line) and launch-megatron.sh (torchrun running
 // pretrain_gpt.py). Spellings: Megatron-LM core_v0.15.0 megatron/training/arguments.py (each an
-// explicit add_argument there; CONVENTIONS.md a.1), all in the table below.
+// explicit add_argument there), all in the table below.
 #include <sstream>
 #include <utility>
 
@@ -176,7 +176,7 @@ Args megatron_arguments(const Plan& plan) {
   if ((t.precision == Precision::bf16 || t.precision == Precision::fp8) && !t.fp32_grads) add(flag::grad_reduce_in_bf16);
 
   // Sharding: ZeRO-1 is the distributed optimizer; ZeRO-2/3 are Megatron-FSDP's optim_grads /
-  // optim_grads_params (CONVENTIONS h), which v0.15 runs with the distributed optimizer, no
+  // optim_grads_params (Megatron-FSDP's ZeRO-like strategies), which v0.15 runs with the distributed optimizer, no
   // gradient-accumulation fusion and the fsdp_dtensor checkpoint format.
   const bool fsdp = p.zero_stage >= 2;
   const bool sharded_optimizer = fsdp || p.zero_stage == 1 || p.distributed_optimizer;
@@ -191,13 +191,13 @@ Args megatron_arguments(const Plan& plan) {
     add(flag::optimizer_cpu_offload);
     add(flag::use_precision_aware_optimizer);
   }
-  // Overlap: --overlap-param-gather needs a sharded optimizer and --overlap-grad-reduce (a.2 item 11).
+  // Overlap: --overlap-param-gather needs a sharded optimizer and --overlap-grad-reduce (validate_args).
   if (plan.overlap.grad_reduce && p.dp * p.cp > 1) add(flag::overlap_grad_reduce);
   if (plan.overlap.param_gather && plan.overlap.grad_reduce && sharded_optimizer && p.dp * p.cp > 1)
     add(flag::overlap_param_gather);
   if (plan.overlap.tp_comm && p.tp > 1 && p.sequence_parallel) add(flag::tp_comm_overlap);
 
-  // Recompute (a.2 item 13: no --recompute-method with selective).
+  // Recompute (validate_args: no --recompute-method with selective).
   if (p.recompute == Recompute::selective) {
     add(flag::recompute_granularity, "selective");
   } else if (p.recompute == Recompute::full) {

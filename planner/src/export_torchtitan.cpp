@@ -19,7 +19,7 @@ struct Setting {
 };
 
 // torchtitan v0.2.2's llama3 flavors (torchtitan/models/llama3/__init__.py llama3_args), matched
-// by shape; CONVENTIONS g.2 lists their dims.
+// by shape (dim, layers, heads, kv heads and the FFN width their multiplier and multiple_of give).
 struct Flavor {
   const char* name;
   int dim, layers, heads, kv_heads, ffn;
@@ -79,7 +79,7 @@ std::vector<Setting> torchtitan_settings(const Plan& plan, const std::string& fl
   // v0.2.2 job_config.py: mixed_precision_reduce: Literal["float32"]; FSDP2 reduces (and keeps
   // the sharded gradients) in fp32 whatever the plan's gradient dtype (README.export says so).
   add("training", "mixed_precision_reduce", "float32", true);
-  // Data parallel: FSDP (dp_shard) for ZeRO-2/3, DDP (dp_replicate) otherwise (CONVENTIONS h).
+  // Data parallel: FSDP (dp_shard) for ZeRO-2/3, DDP (dp_replicate) otherwise.
   const bool sharded = p.zero_stage >= 2;
   add("parallelism", "data_parallel_replicate_degree", num(sharded ? 1 : p.dp));
   add("parallelism", "data_parallel_shard_degree", num(sharded ? p.dp : 1));

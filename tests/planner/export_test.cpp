@@ -114,7 +114,7 @@ TEST_CASE("engine names read back and an unknown one is no engine", "[export]") 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Megatron-LM core_v0.15.0 (CONVENTIONS a.2)
+// Megatron-LM core_v0.15.0 (validate_args and the configs it builds)
 
 TEST_CASE("megatron rules: the global batch is a multiple of micro-batch x data parallel", "[export][rules]") {
   const Plan good = plan_of("llama-3-8b", {.seq_len = 8192, .global_batch = 96}, {.dp = 8, .micro_batch = 2});
@@ -422,7 +422,7 @@ TEST_CASE("megatron export: cp, ZeRO-3, selective recompute; ep, ZeRO-2, offload
   CHECK(a.at("--data-parallel-sharding-strategy") == "optim_grads_params");
   CHECK(a.at("--ckpt-format") == "fsdp_dtensor");
   CHECK(a.at("--recompute-granularity") == "selective");
-  CHECK(a.count("--recompute-method") == 0);  // a.2 item 13
+  CHECK(a.count("--recompute-method") == 0);  // validate_args: no method with selective
   CHECK(a.count("--sequence-parallel") == 0);  // tp 1 (item 7)
   CHECK_THAT(file(e, "launch-megatron.sh").content, Contains("CUDA_DEVICE_MAX_CONNECTIONS=1"));
 
@@ -446,7 +446,7 @@ TEST_CASE("megatron export: cp, ZeRO-3, selective recompute; ep, ZeRO-2, offload
   const Exported pe = exported(plain, Engine::megatron);
   const auto p = megatron_args(pe);
   CHECK(p.count("--use-distributed-optimizer") == 0);
-  CHECK(p.count("--overlap-param-gather") == 0);  // a.2 item 11: no sharded optimizer
+  CHECK(p.count("--overlap-param-gather") == 0);  // validate_args: no sharded optimizer to gather
   CHECK(p.count("--overlap-grad-reduce") == 1);
   CHECK(p.count("--recompute-granularity") == 0);
   CHECK(file(pe, "launch-megatron.sh").content.find("CUDA_DEVICE_MAX_CONNECTIONS") == std::string::npos);

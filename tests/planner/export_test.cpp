@@ -204,9 +204,9 @@ TEST_CASE("megatron rules: expert parallel with fp16 or tp without sp / optimize
   const Plan good = plan_of("mixtral-8x7b", {.seq_len = 4096, .global_batch = 64}, {.dp = 8, .ep = 2});
   const Plan bad = plan_of("mixtral-8x7b", fp16, {.dp = 8, .ep = 2});
   require_rule(Engine::megatron, good, bad, "does not run with fp16");
-  require_rule(Engine::megatron, plan_of("mixtral-8x7b", {.seq_len = 4096, .global_batch = 64}, {.tp = 2, .dp = 4, .sequence_parallel = true}),
-               plan_of("mixtral-8x7b", {.seq_len = 4096, .global_batch = 64}, {.tp = 2, .dp = 4}),
-               "with tp 2 needs sequence parallel");
+  require_rule(Engine::megatron, plan_of("mixtral-8x7b", {.seq_len = 4096, .global_batch = 64}, {.tp = 2, .dp = 4, .ep = 2, .sequence_parallel = true}),
+               plan_of("mixtral-8x7b", {.seq_len = 4096, .global_batch = 64}, {.tp = 2, .dp = 4, .ep = 2}),
+               "expert parallel (ep 2) with tp 2 needs sequence parallel");
   const Plan offload_zero1 = plan_of("llama-3-8b", k8k64, {.dp = 8, .zero_stage = 1, .offload_optimizer = true});
   const Plan offload_zero0 = plan_of("llama-3-8b", k8k64, {.dp = 8, .offload_optimizer = true});
   require_rule(Engine::megatron, offload_zero1, offload_zero0, "--optimizer-cpu-offload needs the distributed optimizer");
@@ -423,8 +423,13 @@ TEST_CASE("megatron export: cp with ZeRO-3 and selective recompute / ep with ZeR
   CHECK(a.at("--ckpt-format") == "fsdp_dtensor");
   CHECK(a.at("--recompute-granularity") == "selective");
   CHECK(a.count("--recompute-method") == 0);  // validate_args: no method with selective
-  CHECK(a.count("--sequence-parallel") == 0);  // tp 1 (item 7)
-  CHECK_THAT(file(e, "launch-megatron.sh").content, Contains("CUDA_DEVICE_MAX_CONNECTIONS=1"));
+  CHECK(a.count("--sequence-parallel") == 0);  // tp 1: validate_args turns it off
+  // Megatron-FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS != 1, whatever cp says.
+  CHECK_THAT(file(e, "launch-megatron.sh").content, Contains("unset CUDA_DEVICE_MAX_CONNECTIONS"));
+  CHECK(file(e, "launch-megatron.sh").content.find("CUDA_DEVICE_MAX_CONNECTIONS=1") == std::string::npos);
+  const Plan cp_dist_opt = plan_of("llama-3-8b", {.seq_len = 8192, .global_batch = 16}, {.dp = 4, .cp = 2, .zero_stage = 1});
+  CHECK_THAT(file(exported(cp_dist_opt, Engine::megatron), "launch-megatron.sh").content,
+             Contains("export CUDA_DEVICE_MAX_CONNECTIONS=1"));
 
   const Plan moe = plan_of("mixtral-8x7b", {.seq_len = 4096, .global_batch = 64},
                            {.tp = 2, .dp = 4, .ep = 4, .etp = 1, .zero_stage = 2, .sequence_parallel = true,

@@ -170,7 +170,7 @@ Exported export_torchtitan(const ExportInput& in) {
       "torchtitan's llama3 has no rotary-base key in the TOML: the flavor's rope_theta applies"};
   if (plan.training.precision != Precision::fp32 && !plan.training.fp32_grads)
     notes.push_back("gradients: torchtitan v0.2.2 reduces them in float32 (mixed_precision_reduce accepts only "
-                    "\"float32\"); the plan counted 16-bit gradients, so sharded gradient memory is twice the plan's");
+                    "\"float32\"), where the plan counted 16-bit gradients");
   if (known.empty()) notes.push_back("register the flavor \"dplan\": " + llama3_model_args(plan.model));
   e.files.push_back(readme(in, e.files, e.launch_line, notes));
   return e;

@@ -2,11 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/memory.h"
-#include "dplan/costmodel/plan_file.h"
 
 namespace dplan::costmodel {
 
@@ -40,7 +38,7 @@ double host_copy_bytes_per_s(const ClusterSpec& c, int ranks_per_node) {
 // So the total over ranks is P (w + m + 8) for the P unique parameters, whatever the layout.
 // On a restart each rank reads what it holds under its layout (every replica reads its copy).
 CheckpointCost checkpoint_cost(const ModelSpec& m, const ClusterSpec& cluster, const TrainingSpec& t,
-                               const ParallelConfig& p) {
+                               const ParallelConfig& p, bool per_rank) {
   CheckpointCost c;
   const CheckpointBytesPerParam b = checkpoint_bytes_per_param(t);
   c.bytes_per_param = b;
@@ -49,54 +47,67 @@ CheckpointCost checkpoint_cost(const ModelSpec& m, const ClusterSpec& cluster, c
   const bool zero3 = p.zero_stage >= 3;
   const bool shard_optimizer = p.zero_stage >= 1 || p.distributed_optimizer;
   const double dense_shards = double(p.dp) * p.cp, expert_shards = p.expert_dp();
+  const int etp = p.expert_tp();
   // Of `params`, what one rank writes: a 1/shards share when the state is sharded, all of it on
   // the first replica otherwise.
   auto written = [](double params, bool sharded, double shards, bool first_replica) {
     return sharded ? params / shards : (first_replica ? params : 0.0);
   };
   const int world = p.world_size();
-  std::map<int, double> node_write, node_read;
+  const int gpus_per_node = std::max(1, cluster.gpus_per_node);
+  std::vector<double> node_write((world + gpus_per_node - 1) / gpus_per_node), node_read(node_write.size());
   double total_read = 0, max_device = 0, max_device_read = 0;
-  c.ranks.reserve(world);
-  for (int r = 0; r < world; ++r) {
-    const RankCoordinates x = rank_coordinates(p, cluster.gpus_per_node, r);
-    const StageParams& s = stages[x.pp];
-    const double dense_unique = s.dense - s.tied_head_copy - (x.tp == 0 ? 0.0 : s.dense_tp_replicated);
-    const double expert_unique = s.expert - (x.etp == 0 ? 0.0 : s.expert_etp_replicated);
-    const bool dense_first = x.dp == 0 && x.cp == 0, expert_first = x.edp == 0;
-    const double weight_params = written(dense_unique, zero3, dense_shards, dense_first) +
-                                 written(expert_unique, zero3, expert_shards, expert_first);
-    const double optimizer_params = written(dense_unique, shard_optimizer, dense_shards, dense_first) +
-                                    written(expert_unique, shard_optimizer, expert_shards, expert_first);
-    RankCheckpoint rank;
-    rank.rank = r;
-    rank.node = x.node;
-    rank.weights_bytes = weight_params * b.weights;
-    rank.master_bytes = optimizer_params * b.master;
-    rank.moments_bytes = optimizer_params * b.moments;
-    // Offloaded, the master and the moments already live in host memory (ZeRO-Offload).
-    rank.device_bytes = p.offload_optimizer ? rank.weights_bytes : rank.total_bytes();
+  if (per_rank) c.ranks.reserve(world);
+  // Ranks in Megatron's order (plan_file.h rank_coordinates): tp fastest, then cp, dp, pp; the
+  // experts' etp, ep and edp folded over each stage's tp*cp*dp ranks, etp fastest.
+  int rank = 0;
+  for (int pp = 0; pp < p.pp; ++pp) {
+    const StageParams& s = stages[pp];
     const double held_weights = s.dense / (zero3 ? dense_shards : 1.0) + s.expert / (zero3 ? expert_shards : 1.0);
     const double held_optimizer =
         s.dense / (shard_optimizer ? dense_shards : 1.0) + s.expert / (shard_optimizer ? expert_shards : 1.0);
-    rank.read_bytes = held_weights * b.weights + held_optimizer * (b.master + b.moments);
-    rank.device_read_bytes = p.offload_optimizer ? held_weights * b.weights : rank.read_bytes;
+    const double read_bytes = held_weights * b.weights + held_optimizer * (b.master + b.moments);
+    const double device_read_bytes = p.offload_optimizer ? held_weights * b.weights : read_bytes;
+    for (int dp = 0; dp < p.dp; ++dp)
+      for (int cp = 0; cp < p.cp; ++cp)
+        for (int tp = 0; tp < p.tp; ++tp, ++rank) {
+          const int local = tp + p.tp * (cp + p.cp * dp);  // within the stage's tp*cp*dp ranks
+          const bool etp_first = s.expert == 0 || local % etp == 0;
+          const bool edp_first = s.expert == 0 || local / (etp * p.ep) == 0;
+          const double dense_unique = s.dense - s.tied_head_copy - (tp == 0 ? 0.0 : s.dense_tp_replicated);
+          const double expert_unique = s.expert - (etp_first ? 0.0 : s.expert_etp_replicated);
+          const bool dense_first = dp == 0 && cp == 0;
+          const double weight_params = written(dense_unique, zero3, dense_shards, dense_first) +
+                                       written(expert_unique, zero3, expert_shards, edp_first);
+          const double optimizer_params = written(dense_unique, shard_optimizer, dense_shards, dense_first) +
+                                          written(expert_unique, shard_optimizer, expert_shards, edp_first);
+          RankCheckpoint r;
+          r.rank = rank;
+          r.node = rank / gpus_per_node;
+          r.weights_bytes = weight_params * b.weights;
+          r.master_bytes = optimizer_params * b.master;
+          r.moments_bytes = optimizer_params * b.moments;
+          // Offloaded, the master and the moments already live in host memory (ZeRO-Offload).
+          r.device_bytes = p.offload_optimizer ? r.weights_bytes : r.total_bytes();
+          r.read_bytes = read_bytes;
+          r.device_read_bytes = device_read_bytes;
 
-    c.weights_bytes += rank.weights_bytes;
-    c.master_bytes += rank.master_bytes;
-    c.moments_bytes += rank.moments_bytes;
-    c.max_rank_bytes = std::max(c.max_rank_bytes, rank.total_bytes());
-    node_write[x.node] += rank.total_bytes();
-    node_read[x.node] += rank.read_bytes;
-    total_read += rank.read_bytes;
-    max_device = std::max(max_device, rank.device_bytes);
-    max_device_read = std::max(max_device_read, rank.device_read_bytes);
-    c.ranks.push_back(rank);
+          c.weights_bytes += r.weights_bytes;
+          c.master_bytes += r.master_bytes;
+          c.moments_bytes += r.moments_bytes;
+          c.max_rank_bytes = std::max(c.max_rank_bytes, r.total_bytes());
+          node_write[r.node] += r.total_bytes();
+          node_read[r.node] += r.read_bytes;
+          total_read += r.read_bytes;
+          max_device = std::max(max_device, r.device_bytes);
+          max_device_read = std::max(max_device_read, r.device_read_bytes);
+          if (per_rank) c.ranks.push_back(r);
+        }
   }
   c.num_params = b.total() > 0 ? c.total_bytes() / b.total() : 0;
   double max_node_read = 0;
-  for (const auto& [node, bytes] : node_write) c.max_node_bytes = std::max(c.max_node_bytes, bytes);
-  for (const auto& [node, bytes] : node_read) max_node_read = std::max(max_node_read, bytes);
+  for (double bytes : node_write) c.max_node_bytes = std::max(c.max_node_bytes, bytes);
+  for (double bytes : node_read) max_node_read = std::max(max_node_read, bytes);
 
   if (!cluster.storage.given()) return c;
   const StorageSpec& fs = cluster.storage;

@@ -187,9 +187,9 @@ Goodput goodput(const CheckpointCost& cost, const FailureModel& f, int gpus, dou
   g.daly_interval_s = daly_interval_s(delta, g.mtbf_s);
   // Whole steps, and never a save while the previous one is still writing (τ + δ >= w).
   const double min_interval_s = std::max(step_s, cost.times->write_s - g.checkpoint_s);
-  const int min_steps = static_cast<int>(std::ceil(min_interval_s / step_s - 1e-9));
-  const double steps = std::round(g.daly_interval_s / step_s);
-  g.interval_steps = static_cast<int>(std::clamp(steps, double(std::max(1, min_steps)), 1e9));
+  const int min_steps = static_cast<int>(std::min(std::ceil(min_interval_s / step_s - 1e-9), 1e9));
+  const double steps = std::max(std::round(g.daly_interval_s / step_s), double(std::max(1, min_steps)));
+  g.interval_steps = static_cast<int>(std::min(steps, 1e9));
   g.interval_s = g.interval_steps * step_s;
   g.lost_fraction = lost_fraction(g.interval_s, g.checkpoint_s, g.mtbf_s, g.restart_s);
   // The parts: the saves' share of a failure-free wall time (δ per τ + δ), scaled to the wall time

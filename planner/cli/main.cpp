@@ -301,6 +301,7 @@ int run_plan(const Options& o, const ProfileStore& store) {
     PlanInputs plan{in.model, in.cluster, in.training, best, in.overlap};
     json out = plan_to_json(plan, mem, time);
     out.erase("rank_layout");
+    if (out["prediction"].contains("checkpoint")) out["prediction"]["checkpoint"].erase("rank_bytes");
     out["headroom_fraction"] = o.headroom;
     out["explain"] = to_json(breakdown);
     json suggestion_list = json::array();

@@ -187,3 +187,24 @@ TEST_CASE("bad goodput flags are one line and exit 2", "[goodput][cli]") {
   CHECK(r.status == 0);
   CHECK_THAT(r.out, Contains("no storage bandwidths"));
 }
+
+TEST_CASE("plan.json carries the checkpoint prediction and plans without it still read", "[goodput][cli]") {
+  TempDir dir;
+  const std::string plan = (dir.path() / "plan.json").string();
+  const Result r = run_dplan({"estimate", "--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "4", "--pp", "2",
+                              "--zero", "3", "--precision", "fp32", "--global-batch", "8", "-o", plan});
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  json j = json::parse(read_file(plan));
+  const json& ranks = j.at("prediction").at("checkpoint").at("rank_bytes");
+  REQUIRE(ranks.size() == 4);
+  // pp 2 x dp 2, ZeRO-3, fp32: stage 0 (embedding, positions, layer 0: 74,560 parameters) and
+  // stage 1 (layer 1, final norm: 50,112) halved over dp, 12 bytes each.
+  CHECK(ranks == json::array({74560 * 6.0, 74560 * 6.0, 50112 * 6.0, 50112 * 6.0}));
+  // A plan written before the checkpoint prediction existed reads as before.
+  j["prediction"].erase("checkpoint");
+  const std::string old_plan = dir.write("old-plan.json", j.dump(1));
+  const Result explained = run_dplan({"explain", old_plan});
+  INFO(explained.err);
+  CHECK(explained.status == 0);
+}

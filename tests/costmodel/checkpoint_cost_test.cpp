@@ -114,7 +114,7 @@ TEST_CASE("ZeRO-3 spreads the shards: the largest is a dp-th of ZeRO-0's", "[che
   CHECK_THAT(zero3.max_rank_bytes, WithinRel(zero0.max_rank_bytes / 4, 1e-12));
 }
 
-TEST_CASE("experts are written once, by the ranks of expert data parallel coordinate 0", "[checkpoint]") {
+TEST_CASE("experts are written once by the ranks of expert data parallel coordinate 0", "[checkpoint]") {
   // Mixtral 8x7B on 4 GPUs as dp 4, ep 2, etp 1: the experts fold over the four ranks as
   // (ep 0, edp 0), (ep 1, edp 0), (ep 0, edp 1), (ep 1, edp 1). ZeRO-0: rank 0 writes the dense
   // parameters and its four experts, rank 1 the other four, ranks 2 and 3 nothing.
@@ -254,7 +254,7 @@ TEST_CASE("more failures never lengthen the interval and a bigger checkpoint nev
   }
 }
 
-TEST_CASE("goodput of a plan: interval in steps, fractions that add up, time with failures", "[checkpoint]") {
+TEST_CASE("goodput of a plan: interval in steps and fractions that add up and time with failures", "[checkpoint]") {
   ClusterSpec cluster = store().load_cluster("dgx-h100");
   const ModelSpec m = store().load_model("llama-3-70b");
   const TrainingSpec t{.seq_len = 4096, .global_batch = 1024, .precision = Precision::bf16};

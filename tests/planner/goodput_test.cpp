@@ -142,7 +142,7 @@ TEST_CASE("dplan estimate --json lists each rank's checkpoint bytes", "[goodput]
   CHECK_THAT(text.out, Contains("checkpoints and failures"));
 }
 
-TEST_CASE("--rank-by goodput ranks the search by time to train with failures", "[goodput][cli]") {
+TEST_CASE("ranking by goodput orders the search by time to train with failures", "[goodput][cli]") {
   // mistral-7b on 8 H100s with a 50 MB/s filesystem and a failure every 12.5 GPU-hours: the
   // fastest step is ZeRO-2's, but a restart reads back under ZeRO-3 only an eighth of the
   // weights each rank reads under ZeRO-2, so ZeRO-3 trains sooner.

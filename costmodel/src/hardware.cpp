@@ -263,6 +263,21 @@ ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuL
     c.sources["comm_overlap"] = overlap.string("source");
     overlap.finish();
   }
+  if (r.has("storage")) {
+    // Decimal GB/s, as every bandwidth in a profile; from a slow local disk (0.01 GB/s) to a
+    // filesystem far beyond today's largest (1 PB/s aggregate).
+    ObjectReader storage = r.object("storage");
+    c.storage.node_read_bytes_per_s = storage.number_in("node_read_gbytes_per_s", 1e-2, 1e5) * kGB;
+    c.storage.node_write_bytes_per_s = storage.number_in("node_write_gbytes_per_s", 1e-2, 1e5) * kGB;
+    c.storage.aggregate_read_bytes_per_s = storage.number_in("aggregate_read_gbytes_per_s", 1e-2, 1e6) * kGB;
+    c.storage.aggregate_write_bytes_per_s = storage.number_in("aggregate_write_gbytes_per_s", 1e-2, 1e6) * kGB;
+    if (c.storage.aggregate_read_bytes_per_s < c.storage.node_read_bytes_per_s)
+      storage.fail("aggregate_read_gbytes_per_s", "at least node_read_gbytes_per_s");
+    if (c.storage.aggregate_write_bytes_per_s < c.storage.node_write_bytes_per_s)
+      storage.fail("aggregate_write_gbytes_per_s", "at least node_write_gbytes_per_s");
+    c.sources["storage"] = storage.string("source");
+    storage.finish();
+  }
   c.sources["cluster"] = r.string("source");
   r.finish();
   top.finish();
@@ -360,6 +375,12 @@ json to_json(const ClusterSpec& c) {
              {"source", c.sources.is_object() ? c.sources.value("comm_overlap", std::string("default: full overlap"))
                                               : std::string("default: full overlap")}}}};
   if (c.cores_per_node > 0) out["cores_per_node"] = c.cores_per_node;  // absent: dedicated devices
+  if (c.storage.given())
+    out["storage"] = {{"node_read_gbytes_per_s", c.storage.node_read_bytes_per_s / kGB},
+                      {"node_write_gbytes_per_s", c.storage.node_write_bytes_per_s / kGB},
+                      {"aggregate_read_gbytes_per_s", c.storage.aggregate_read_bytes_per_s / kGB},
+                      {"aggregate_write_gbytes_per_s", c.storage.aggregate_write_bytes_per_s / kGB},
+                      {"source", c.sources.is_object() ? c.sources.value("storage", std::string()) : std::string()}};
   if (c.lone_rank_speedup != 1.0)
     out["lone_rank_speedup"] = {{"factor", c.lone_rank_speedup},
                                 {"source", c.sources.is_object() ? c.sources.value("lone_rank_speedup", std::string())

@@ -27,6 +27,8 @@ std::string gib(double bytes) {
 // Liu et al. 2025, arXiv 2504.14960).
 struct GpuLayerParams {
   double dense = 0, expert = 0;
+  double dense_replicated = 0;   // of dense: held whole by every tp rank
+  double expert_replicated = 0;  // of expert: held whole by every etp rank (fc2's bias)
 };
 
 GpuLayerParams gpu_layer_params(const ModelSpec& m, const ParallelConfig& p) {
@@ -41,13 +43,21 @@ GpuLayerParams gpu_layer_params(const ModelSpec& m, const ParallelConfig& p) {
     const LayerParams lp = layer_params(m, kind);
     GpuLayerParams g;
     g.dense = (lp.attention - lp.attention_replicated) / t + lp.attention_replicated + lp.norms;
+    g.dense_replicated = lp.attention_replicated + lp.norms;
+    const double fc2_bias = m.mlp_bias ? h : 0;  // row-parallel: not split
     if (kind == LayerKind::moe && m.is_moe()) {
-      g.dense += h * m.num_experts + (m.router_bias ? m.num_experts : 0);  // router
-      if (m.shared_expert_ffn_size > 0)
+      const double router = h * m.num_experts + (m.router_bias ? m.num_experts : 0);
+      g.dense += router;
+      g.dense_replicated += router;
+      if (m.shared_expert_ffn_size > 0) {
         g.dense += mlp(m.shared_expert_ffn_size, t) + (m.shared_expert_gate ? h : 0);
+        g.dense_replicated += fc2_bias + (m.shared_expert_gate ? h : 0);
+      }
       g.expert = double(m.num_experts) / p.ep * mlp(m.ffn_hidden_size, p.expert_tp());  // E/ep experts, split over etp
+      g.expert_replicated = double(m.num_experts) / p.ep * fc2_bias;
     } else {
       g.dense += mlp(m.is_moe() ? m.dense_ffn_hidden_size : m.ffn_hidden_size, t);
+      g.dense_replicated += fc2_bias;
     }
     return g;
   };
@@ -55,10 +65,47 @@ GpuLayerParams gpu_layer_params(const ModelSpec& m, const ParallelConfig& p) {
   if (moe == 0) return of(LayerKind::dense);
   if (moe == 1) return of(LayerKind::moe);
   const GpuLayerParams d = of(LayerKind::dense), e = of(LayerKind::moe);
-  return {(1 - moe) * d.dense + moe * e.dense, (1 - moe) * d.expert + moe * e.expert};
+  auto mix = [&](double a, double b) { return (1 - moe) * a + moe * b; };
+  return {mix(d.dense, e.dense), mix(d.expert, e.expert), mix(d.dense_replicated, e.dense_replicated),
+          mix(d.expert_replicated, e.expert_replicated)};
 }
 
 }  // namespace
+
+std::vector<StageParams> stage_params(const ModelSpec& m, const ParallelConfig& p, int vocab_size) {
+  const std::vector<std::vector<ModelChunk>> chunks = assign_chunks(m.num_layers, p);
+  const GpuLayerParams layer = gpu_layer_params(m, p);
+  const double h = m.hidden_size, vocab = vocab_size;
+  const double final_norm = m.norm == NormKind::layernorm ? 2 * h : h;
+  const double positions = m.position == PositionKind::learned ? double(m.max_seq_len) * h : 0;
+  std::vector<StageParams> out;
+  for (int stage = 0; stage < p.pp; ++stage) {
+    const bool first = stage == 0, last = stage == p.pp - 1;
+    int layers = 0;
+    for (const ModelChunk& chunk : chunks[stage]) layers += chunk.num_layers;
+    // Layers, plus the vocabulary-parallel embedding (and learned positions, replicated over tp)
+    // on the first stage, the final norm and LM head on the last. A tied head on a separate last
+    // stage keeps its own copy of the embedding (Megatron's shared word embeddings).
+    StageParams s;
+    s.num_layers = layers;
+    s.dense = layers * layer.dense;
+    s.dense_tp_replicated = layers * layer.dense_replicated;
+    s.expert = layers * layer.expert;
+    s.expert_etp_replicated = layers * layer.expert_replicated;
+    if (first) {
+      s.dense += vocab * h / p.tp + positions;
+      s.dense_tp_replicated += positions;
+    }
+    if (last) {
+      s.dense += final_norm;
+      s.dense_tp_replicated += final_norm;
+      if (!m.tied_embeddings || p.pp > 1) s.dense += vocab * h / p.tp;
+      if (m.tied_embeddings && p.pp > 1) s.tied_head_copy = vocab * h / p.tp;
+    }
+    out.push_back(s);
+  }
+  return out;
+}
 
 LargestPart largest_part(const StageMemory& s) {
   const LargestPart parts[] = {{s.weights_bytes, "weights"},
@@ -116,12 +163,12 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
   const double sp = p.sequence_parallel ? p.tp : 1;
   const double tokens = double(t.seq_len) / p.cp * p.micro_batch;  // per micro-batch on one GPU
   const GpuLayerParams layer = gpu_layer_params(m, p);
+  const std::vector<StageParams> params = stage_params(m, p, static_cast<int>(vocab));
   const LayerActivations full_layer = activations_per_layer(m, t, p);
   const double stored_per_layer = stored_activation_bytes_per_layer(m, t, p);
   const BytesPerParam bpp = bytes_per_param(t);
   const int dense_shards = p.dp * p.cp;
   const int expert_shards = p.expert_dp();
-  const double final_norm = m.norm == NormKind::layernorm ? 2 * h : h;
 
   MemoryEstimate est;
   est.capacity_bytes = c.gpu.hbm_bytes;
@@ -134,13 +181,9 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
     for (const ModelChunk& chunk : chunks[stage]) s.num_layers += chunk.num_layers;
     s.microbatches_in_flight = microbatches_in_flight(p, stage, microbatches);
 
-    // Parameters: layers, plus the vocabulary-parallel embedding (and learned positions) on the
-    // first stage, the final norm and LM head on the last. A tied head on a separate last stage
-    // keeps its own copy of the embedding (Megatron's shared word embeddings).
-    double dense = s.num_layers * layer.dense;
-    double expert = s.num_layers * layer.expert;
-    if (first) dense += vocab * h / p.tp + (m.position == PositionKind::learned ? double(m.max_seq_len) * h : 0);
-    if (last) dense += final_norm + ((!m.tied_embeddings || p.pp > 1) ? vocab * h / p.tp : 0);
+    // Parameters (stage_params): layers, embedding, final norm and LM head.
+    const double dense = params[stage].dense;
+    const double expert = params[stage].expert;
     s.num_params = dense + expert;
     s.expert_params = expert;
     ModelStateBytes dense_state = model_state_bytes(dense, dense_shards, t, p);

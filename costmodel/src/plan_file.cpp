@@ -1,5 +1,6 @@
 #include "dplan/costmodel/plan_file.h"
 
+#include "dplan/costmodel/checkpoint_cost.h"
 #include "dplan/costmodel/errors.h"
 #include "format_version.h"
 
@@ -66,6 +67,10 @@ Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Trainin
   plan.prediction = to_json(time);
   plan.prediction["fits"] = memory.fits;
   plan.prediction["memory"] = to_json(memory);
+  // The checkpoint's size per rank and its save and load times (checkpoint_cost.h), for comparing
+  // with the shards a run writes. Added after format 1's first plans: readers take it as optional
+  // (the prediction is read key by key, and older plans lack it).
+  plan.prediction["checkpoint"] = to_json(checkpoint_cost(model, cluster, training, p));
   return plan;
 }
 

@@ -8,11 +8,9 @@
 namespace dplan::costmodel {
 namespace {
 
-// Host side of optimizer offload. Assumptions, documented in docs/cost-model.md: PCIe Gen4/5 x16
-// moves about 25 GB/s per GPU in practice (profiles/clusters/SOURCES.md section 1: Gen4 31 GB/s,
-// Gen5 63 GB/s per direction line rate), and a node's CPUs stream about 100 GB/s of DDR bandwidth
+// Host side of optimizer offload. Assumptions, documented in docs/cost-model.md: the PCIe link of
+// kHostLinkBytesPerS per GPU (hardware.h), and a node's CPUs stream about 100 GB/s of DDR bandwidth
 // for CPU Adam, shared by its GPUs.
-constexpr double kHostLinkBytesPerS = 25e9;
 constexpr double kHostMemoryBytesPerS = 100e9;
 
 }  // namespace

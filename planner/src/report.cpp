@@ -1,6 +1,7 @@
 #include "dplan/planner/report.h"
 #include "dplan/costmodel/units.h"
 
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -26,7 +27,74 @@ std::string format_params(double params) {
 std::string format_duration(double seconds) {
   if (seconds < 90) return fmt("%.0f s", seconds);
   if (seconds < 90 * 60) return fmt("%.1f min", seconds / 60);
-  return fmt("%.1f hours", seconds / 3600);
+  if (seconds < 48 * 3600) return fmt("%.1f hours", seconds / 3600);
+  return fmt("%.1f days", seconds / 86400);
+}
+
+namespace {
+// Decimal bytes, as storage bandwidths are: "810 GB", "5.67 TB", "12.3 MB".
+std::string storage_bytes(double bytes) {
+  if (bytes >= 1e12) return fmt("%.2f TB", bytes / 1e12);
+  if (bytes >= 1e9) return fmt("%.2f GB", bytes / 1e9);
+  if (bytes >= 1e6) return fmt("%.2f MB", bytes / 1e6);
+  return fmt("%.0f bytes", bytes);
+}
+std::string seconds(double s) { return s >= 0.1 ? fmt("%.2f s", s) : fmt("%.2f ms", s * 1e3); }
+std::string percent(double f) { return fmt("%.2f %%", 100 * f); }
+}  // namespace
+
+CheckpointReport checkpoint_report(const ModelSpec& model, const ClusterSpec& cluster, const TrainingSpec& training,
+                                   const ParallelConfig& parallel, const TimeBreakdown& time,
+                                   const FailureModel& failures, double tokens) {
+  CheckpointReport r;
+  r.failures = failures;
+  r.cost = checkpoint_cost(model, cluster, training, parallel);
+  if (r.cost.times)
+    r.goodput = goodput(r.cost, failures, parallel.world_size(), time.step_time_s, tokens, time.tokens_per_s);
+  return r;
+}
+
+std::string checkpoint_block(const CheckpointReport& r, double tokens) {
+  const CheckpointCost& c = r.cost;
+  const bool mixed = c.bytes_per_param.master > 0;
+  std::ostringstream o;
+  o << "checkpoints and failures\n";
+  o << "checkpoint: " << storage_bytes(c.total_bytes()) << " (" << format_params(c.num_params) << " parameters: weights "
+    << (mixed ? "16-bit " : "fp32 ") << storage_bytes(c.weights_bytes);
+  if (mixed) o << ", fp32 master " << storage_bytes(c.master_bytes);
+  o << ", AdamW moments " << storage_bytes(c.moments_bytes) << "); largest shard " << storage_bytes(c.max_rank_bytes)
+    << ", largest node " << storage_bytes(c.max_node_bytes) << "\n";
+  if (!c.times) {
+    o << "save and load times: the cluster profile has no storage bandwidths (a \"storage\" block, profiles/README.md)\n";
+    return o.str();
+  }
+  const CheckpointTimes& t = *c.times;
+  o << "save: stalls the step " << seconds(t.async_blocking_s) << " (asynchronous; synchronous " << seconds(t.sync_blocking_s)
+    << "), written in the background in " << seconds(t.write_s) << "; load on restart " << seconds(t.load_s) << "\n";
+  const Goodput& g = *r.goodput;
+  o << "failures: " << fmt("%.3g", r.failures.failures_per_gpu_hour) << " per GPU-hour"
+    << (r.failures.failures_per_gpu_hour == kLlama3FailuresPerGpuHour ? " (Llama 3's)" : "") << ", one every "
+    << format_duration(g.mtbf_s) << " on " << fmt("%.0f", g.gpus) << " GPUs; a restart costs "
+    << format_duration(g.restart_s) << " (" << fmt("%.0f", r.failures.restart_overhead_s) << " s overhead + load + the write in flight)\n";
+  o << "save every " << g.interval_steps << (g.interval_steps == 1 ? " step" : " steps") << " (" << format_duration(g.interval_s)
+    << "; Young " << format_duration(g.young_interval_s) << ", Daly " << format_duration(g.daly_interval_s) << "): "
+    << percent(g.lost_fraction) << " of time lost (saves " << percent(g.checkpoint_fraction) << ", rework "
+    << percent(g.rework_fraction) << ", restarts " << percent(g.restart_fraction) << ")\n";
+  o << "time to train " << format_params(tokens) << " tokens with failures: " << format_duration(g.time_to_train_with_failures_s)
+    << " (" << format_duration(g.time_to_train_s) << " without)\n";
+  return o.str();
+}
+
+json to_json(const CheckpointReport& r, bool per_rank) {
+  json out{{"checkpoint", to_json(r.cost, per_rank)}};
+  if (r.goodput) {
+    out["goodput"] = to_json(*r.goodput);
+    out["goodput"]["failures_per_gpu_hour"] = r.failures.failures_per_gpu_hour;
+    out["goodput"]["restart_overhead_s"] = r.failures.restart_overhead_s;
+  } else {
+    out["goodput"] = nullptr;
+  }
+  return out;
 }
 
 std::string expected_run_time(double step_s, int steps) {

@@ -174,15 +174,29 @@ std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const Training
   return out;
 }
 
-namespace {
-// Ranking: faster first; exactly equal step times go to the simpler layout.
-bool better(const Candidate& a, const Candidate& b) {
-  if (a.evaluation.step_time_s != b.evaluation.step_time_s) return a.evaluation.step_time_s < b.evaluation.step_time_s;
-  return a.complexity < b.complexity;
+RankBy rank_by_from_string(const std::string& s) {
+  if (s == "step-time") return RankBy::step_time;
+  if (s == "goodput") return RankBy::goodput;
+  throw InputError("--rank-by " + quote_for_message(s) + " is not one of: step-time, goodput");
 }
+
+namespace {
+// Ranking: faster first (step time, or time to train with failures); exact ties go to the simpler
+// layout.
+struct Better {
+  RankBy rank_by;
+  bool operator()(const Candidate& a, const Candidate& b) const {
+    if (rank_by == RankBy::goodput &&
+        a.evaluation.time_to_train_with_failures_s != b.evaluation.time_to_train_with_failures_s)
+      return a.evaluation.time_to_train_with_failures_s < b.evaluation.time_to_train_with_failures_s;
+    if (a.evaluation.step_time_s != b.evaluation.step_time_s) return a.evaluation.step_time_s < b.evaluation.step_time_s;
+    return a.complexity < b.complexity;
+  }
+};
 }  // namespace
 
-SearchResult search(const std::vector<ParallelConfig>& layouts, const CostFunction& cost, int top_k) {
+SearchResult search(const std::vector<ParallelConfig>& layouts, const CostFunction& cost, int top_k, RankBy rank_by) {
+  const Better better{rank_by};
   if (layouts.empty()) throw InputError("no valid parallel layout exists for this GPU count, model and batch");
   SearchResult r;
   std::vector<Candidate> feasible;
@@ -214,7 +228,7 @@ SearchResult search(const std::vector<ParallelConfig>& layouts, const CostFuncti
   // candidates themselves, so the same order, exact ties included.)
   std::vector<const Candidate*> order(feasible.size());
   for (size_t i = 0; i < feasible.size(); ++i) order[i] = &feasible[i];
-  auto before = [](const Candidate* a, const Candidate* b) { return better(*a, *b); };
+  auto before = [&better](const Candidate* a, const Candidate* b) { return better(*a, *b); };
   size_t k = std::min<size_t>(std::max(top_k, 1), order.size());
   std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
   for (size_t i = 0; i < k; ++i) r.ranked.push_back(*order[i]);
@@ -230,8 +244,9 @@ SearchResult search(const std::vector<ParallelConfig>& layouts, const CostFuncti
 }
 
 CostFunction dplan_cost_function(const ModelSpec& m, const Network& net, const TrainingSpec& t,
-                                 const OverlapOptions& overlap, double headroom_fraction) {
-  return [&m, &net, t, overlap, headroom_fraction](const ParallelConfig& p) {
+                                 const OverlapOptions& overlap, double headroom_fraction,
+                                 std::optional<GoodputInputs> goodput_inputs) {
+  return [&m, &net, t, overlap, headroom_fraction, goodput_inputs](const ParallelConfig& p) {
     Evaluation e;
     MemoryEstimate mem = estimate_memory(m, net.cluster(), t, p, headroom_fraction);
     e.peak_bytes = mem.peak_bytes;
@@ -246,6 +261,12 @@ CostFunction dplan_cost_function(const ModelSpec& m, const Network& net, const T
     e.fits = true;
     e.time = estimate_time(m, net, t, p, mem, overlap);
     e.step_time_s = e.time.step_time_s;
+    if (goodput_inputs) {
+      const CheckpointCost checkpoint = checkpoint_cost(m, net.cluster(), t, p, /*per_rank=*/false);
+      e.time_to_train_with_failures_s = goodput(checkpoint, goodput_inputs->failures, p.world_size(), e.step_time_s,
+                                                goodput_inputs->tokens, e.time.tokens_per_s)
+                                            .time_to_train_with_failures_s;
+    }
     e.memory = std::move(mem);
     return e;
   };

@@ -100,6 +100,23 @@ struct LinkTier {
   bool operator==(const LinkTier&) const = default;
 };
 
+// The shared filesystem checkpoints go to (optional in a profile: "storage"). Bytes per second
+// one node reaches on its own, and the whole filesystem's aggregate over every node at once; a
+// write or read of many nodes takes the larger of the slowest node's time and the aggregate's
+// (checkpoint_cost.h). All zero: the profile gives none, and no checkpoint time is predicted.
+struct StorageSpec {
+  double node_read_bytes_per_s = 0, node_write_bytes_per_s = 0;
+  double aggregate_read_bytes_per_s = 0, aggregate_write_bytes_per_s = 0;
+  bool given() const { return node_write_bytes_per_s > 0; }
+  bool operator==(const StorageSpec&) const = default;
+};
+
+// Device <-> host copies (optimizer offload's traffic, a checkpoint's snapshot to host memory):
+// PCIe Gen4/5 x16 moves about 25 GB/s per GPU in practice (profiles/clusters/SOURCES.md section 1:
+// Gen4 31 GB/s, Gen5 63 GB/s per direction line rate). An assumption, documented in
+// docs/cost-model.md; devices that are a host's cores copy at their memory bandwidth instead.
+inline constexpr double kHostLinkBytesPerS = 25e9;
+
 struct ClusterSpec {
   std::string name;
   std::string description;
@@ -130,6 +147,7 @@ struct ClusterSpec {
   // by `dplan probe` (a GEMM loop with an all-reduce in flight) and fitted by
   // `dplan calibrate`. Optional in the file ("comm_overlap"), default 1.
   double comm_overlap_fraction = 1.0;
+  StorageSpec storage;                 // the shared filesystem (optional "storage")
   json sources;
   bool operator==(const ClusterSpec&) const = default;
 };

@@ -5,7 +5,8 @@
 // rank, in Megatron's order: tp fastest, then cp, dp, pp; the MoE layers' etp, ep, edp folded over
 // each stage's tp*cp*dp ranks, etp fastest), the layer -> stage
 // (and model chunk) assignment, and the prediction: memory per stage by component, step time by
-// phase, throughput, MFU.
+// phase, throughput, MFU, and the checkpoint (bytes per rank, save and load times; optional, since
+// plans written before it lack it).
 #pragma once
 
 #include <string>

@@ -2,10 +2,12 @@
 // these; --json prints the same facts as JSON instead.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include <vector>
 
+#include "dplan/costmodel/checkpoint_cost.h"
 #include "dplan/costmodel/memory.h"
 #include "dplan/costmodel/time.h"
 
@@ -26,6 +28,23 @@ std::string time_table(const costmodel::TimeBreakdown& time, const costmodel::Tr
 std::vector<std::string> layout_warnings(const costmodel::ParallelConfig& parallel, const costmodel::TrainingSpec& training,
                                          const costmodel::Network& network, const costmodel::MemoryEstimate& memory,
                                          const costmodel::TimeBreakdown& time);
+
+// A plan's checkpoint and, where the cluster has storage bandwidths, its goodput: what the report's
+// "checkpoints and failures" block and --json's "checkpoint" and "goodput" keys show.
+struct CheckpointReport {
+  costmodel::CheckpointCost cost;
+  std::optional<costmodel::Goodput> goodput;  // nullopt: the cluster profile has no storage block
+  costmodel::FailureModel failures;
+};
+CheckpointReport checkpoint_report(const costmodel::ModelSpec& model, const costmodel::ClusterSpec& cluster,
+                                   const costmodel::TrainingSpec& training, const costmodel::ParallelConfig& parallel,
+                                   const costmodel::TimeBreakdown& time, const costmodel::FailureModel& failures,
+                                   double tokens);
+// The text block: checkpoint size by state, largest shard and node, save and load times, the
+// failure rate, the interval, the fraction of time lost and the time to train with failures.
+std::string checkpoint_block(const CheckpointReport& report, double tokens);
+// {"checkpoint": ..., "goodput": ... or null}; per_rank as costmodel::to_json(CheckpointCost).
+json to_json(const CheckpointReport& report, bool per_rank);
 
 // "70.55 B" style parameter count.
 std::string format_params(double params);

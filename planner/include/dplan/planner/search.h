@@ -1,15 +1,18 @@
 // The search over parallel layouts: every valid (tp, pp, dp, cp, ep, virtual stages, micro-batch,
 // ZeRO stage or distributed optimizer, recompute, sequence parallel, offload) for a GPU count and
 // global batch. Layouts that do not fit are dropped and counted by reason; the rest are ranked by
-// step time, exact ties going to the simpler layout (fewer parallel dimensions and tricks).
+// step time (or, asked, by time to train with failures: RankBy::goodput), exact ties going to the
+// simpler layout (fewer parallel dimensions and tricks).
 // The cost model is a parameter, so tests can hand in a toy one.
 #pragma once
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "dplan/costmodel/checkpoint_cost.h"
 #include "dplan/costmodel/time.h"
 
 namespace dplan::planner {
@@ -24,6 +27,9 @@ struct Evaluation {
   // search() keeps `memory` only for the winner (ranked[0]) and the layouts exactly tied with it.
   costmodel::MemoryEstimate memory;
   costmodel::TimeBreakdown time;
+  // Time to train the tokens with failures and checkpoints (costmodel::goodput), filled when the
+  // cost function is asked to (dplan_cost_function's goodput); 0 otherwise.
+  double time_to_train_with_failures_s = 0;
 };
 using CostFunction = std::function<Evaluation(const costmodel::ParallelConfig&)>;
 
@@ -108,14 +114,31 @@ std::vector<costmodel::ParallelConfig> enumerate_layouts(const costmodel::ModelS
                                                          const costmodel::TrainingSpec& training,
                                                          const SearchSpace& space);
 
-// Evaluates every layout with `cost` and ranks the feasible ones. Throws InputError if the space
-// is empty (no valid layout at all).
-SearchResult search(const std::vector<costmodel::ParallelConfig>& layouts, const CostFunction& cost, int top_k);
+// What the search ranks by (--rank-by): step time (the default), or the time to train with
+// failures and checkpoints (Evaluation::time_to_train_with_failures_s).
+enum class RankBy { step_time, goodput };
+RankBy rank_by_from_string(const std::string& s);  // "step-time" or "goodput"; throws InputError listing them
+
+// Evaluates every layout with `cost` and ranks the feasible ones by `rank_by`. Throws InputError
+// if the space is empty (no valid layout at all).
+SearchResult search(const std::vector<costmodel::ParallelConfig>& layouts, const CostFunction& cost, int top_k,
+                    RankBy rank_by = RankBy::step_time);
+
+// What the cost function needs to price failures (RankBy::goodput): the failure model and the
+// tokens to train.
+struct GoodputInputs {
+  costmodel::FailureModel failures;
+  double tokens = 0;
+};
 
 // The dplan cost model as a CostFunction: memory first (cheap), time only for layouts that fit,
 // fitting meaning the worst stage leaves `headroom_fraction` of HBM free (costmodel::estimate_memory).
+// With `goodput`, each layout that fits also gets its time to train with failures (checkpoint_cost
+// and goodput, costmodel/checkpoint_cost.h); the cluster must then have a storage block (InputError
+// otherwise, at the first layout that fits).
 CostFunction dplan_cost_function(const costmodel::ModelSpec& model, const costmodel::Network& network,
                                  const costmodel::TrainingSpec& training, const costmodel::OverlapOptions& overlap,
-                                 double headroom_fraction = costmodel::kDefaultHeadroomFraction);
+                                 double headroom_fraction = costmodel::kDefaultHeadroomFraction,
+                                 std::optional<GoodputInputs> goodput = std::nullopt);
 
 }  // namespace dplan::planner

@@ -51,6 +51,7 @@ class Rejected(Exception):
     """The engine refused a file, or its view differs from the plan."""
 
     def __init__(self, file, why, engine=None):
+        why = str(why).strip().splitlines()[0] if str(why).strip() else repr(why)  # one line
         super().__init__(f"{file}: {why}")
         self.file, self.why, self.engine = file, why, engine
 
@@ -194,6 +195,8 @@ def parse_megatron_args(path):
 
 
 def number(v):
+    if isinstance(v, bool):
+        return v
     try:
         return int(v)
     except (TypeError, ValueError):
@@ -270,6 +273,14 @@ def check_megatron(plan, export_dir):
         kw["fp8"] = args["fp8_format"]
     ddp_kw.setdefault("use_distributed_optimizer", bool(args.get("use_distributed_optimizer")))
     opt_kw.update(bf16=kw["bf16"], fp16=kw["fp16"], params_dtype=dtype)
+    # Without Transformer Engine (not on PyPI for CPU machines) megatron-core 0.16.1's
+    # is_te_min_version compares None with a version and raises TypeError in OptimizerConfig's
+    # precision-aware-optimizer branch; "no TE" is "not that TE version", which that branch handles.
+    import megatron.core.optimizer.optimizer_config as optimizer_config
+    from megatron.core.utils import get_te_version
+
+    if get_te_version() is None:
+        optimizer_config.is_te_min_version = lambda *args, **kwargs: False
     try:
         with quiet():
             config = TransformerConfig(**kw)
@@ -681,6 +692,32 @@ def check_deepspeed(plan, export_dir):
 # ---------------------------------------------------------------------------------------------
 
 
+def launch_arguments(export_dir, script, program, env_names=()):
+    """The arguments `script` hands `program` (and the values of `env_names` it exports): the
+    script runs with a stand-in for `program` first on PATH, from another directory (so that a
+    path relative to the working directory shows), with TRAIN_SCRIPT=train.py."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        shim = os.path.join(tmp, program)
+        out = os.path.join(tmp, "args")
+        with open(shim, "w") as f:
+            f.write("#!/usr/bin/env bash\n{ printf '%s\\0' \"$@\"; printf '\\1'; ")
+            for name in env_names:
+                f.write(f"printf '%s\\0' \"${{{name}:-}}\"; ")
+            f.write(f"}} > {shlex.quote(out)}\n")
+        os.chmod(shim, 0o755)
+        # A multi-node script asks which node it runs on: node 0 of a job whose first node is here.
+        env = dict(os.environ, PATH=tmp + os.pathsep + os.environ["PATH"], TRAIN_SCRIPT="train.py", NODE_RANK="0",
+                   MASTER_ADDR="127.0.0.1")
+        run = subprocess.run(["bash", os.path.join(os.path.abspath(export_dir), script)], cwd=tmp, env=env,
+                             capture_output=True, text=True)
+        if run.returncode != 0 or not os.path.exists(out):
+            raise Rejected(script, f"exit {run.returncode} before starting {program}: {run.stderr.strip()[-300:]}")
+        args, exported = open(out).read().split("\1")
+        return args.split("\0")[:-1], dict(zip(env_names, exported.split("\0")))
+
+
 def check_accelerate(plan, export_dir):
     version = engine_version("accelerate")
     file = "accelerate.yaml"
@@ -690,20 +727,29 @@ def check_accelerate(plan, export_dir):
         from accelerate.commands.launch import _validate_launch_command, launch_command_parser
         from accelerate.utils import DistributedType
         from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
+    # What launch-accelerate.sh passes `accelerate launch`, parsed by accelerate's own parser.
+    argv, exported = launch_arguments(export_dir, "launch-accelerate.sh", "accelerate",
+                                      ("ACCELERATE_GRADIENT_ACCUMULATION_STEPS",))
+    if argv[:1] != ["launch"] or "--config_file" not in argv:
+        raise Rejected("launch-accelerate.sh", f"runs `accelerate {' '.join(argv)}`, not `accelerate launch --config_file ...`")
     parser = launch_command_parser()
     try:
         with quiet():
-            args = parser.parse_args(["--config_file", path, "train.py"])
-            args, defaults, _ = _validate_launch_command(args)
-    except (ValueError, TypeError, KeyError, SystemExit) as e:
+            args = parser.parse_args(argv[1:])
+            args, defaults, mp_from_config_flag = _validate_launch_command(args)
+    except (ValueError, TypeError, KeyError, SystemExit, FileNotFoundError) as e:
         raise Rejected(file, f"accelerate launch: {type(e).__name__}: {e}")
+    if os.path.realpath(args.config_file) != os.path.realpath(path):
+        raise Rejected("launch-accelerate.sh", f"passes --config_file {args.config_file}, not {path}")
     kind = defaults.distributed_type
     expect(file, "num_processes", args.num_processes, plan.gpus)
     expect(file, "num_machines", args.num_machines, plan.nodes)
     try:
         with quiet():
             if kind == DistributedType.DEEPSPEED:
-                args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config.keys())
+                # As launch_command does (accelerate/commands/launch.py).
+                fields = list(defaults.deepspeed_config.keys()) + (["mixed_precision"] if mp_from_config_flag else [])
+                args.deepspeed_fields_from_accelerate_config = ",".join(fields)
                 _, env = prepare_deepspeed_cmd_env(args)
             else:
                 env = prepare_multi_gpu_env(args)
@@ -726,20 +772,18 @@ def check_accelerate(plan, export_dir):
                 expect(file, "fsdp_version", fsdp.fsdp_version, 2)
                 view["zero"] = 3 if fsdp.reshard_after_forward in (True, "FULL_SHARD") else 2
                 view["recompute"] = "full" if fsdp.activation_checkpointing else "none"
-                view["offload"] = bool(fsdp.cpu_offload and getattr(fsdp.cpu_offload, "offload_params", True))
+                from torch.distributed.fsdp import CPUOffloadPolicy
+
+                view["offload"] = isinstance(fsdp.cpu_offload, CPUOffloadPolicy)
             elif kind == DistributedType.DEEPSPEED:
+                # The plugin reads the file the launcher names and fills its "auto" precision from
+                # mixed_precision, as AcceleratorState does (state.py); DeepSpeed then checks the result.
                 plugin = DeepSpeedPlugin()
-                ds = plugin.deepspeed_config
-                view["zero"] = int(ds.get("zero_optimization", {}).get("stage", 0))
-                dsfile = env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE") or defaults.deepspeed_config.get("deepspeed_config_file")
-                if dsfile:
-                    if not os.path.isabs(dsfile):
-                        raise Rejected(file, f"deepspeed_config_file {dsfile!r} is relative: accelerate opens it "
-                                             "from the working directory, not beside the YAML")
-                    engine_version("deepspeed")
-                    dsv = deepspeed_view(deepspeed_config(dsfile, plan.dp))
-                    deepspeed_expect(os.path.basename(dsfile), dsv, plan)
-                    view["zero"] = dsv["zero"]
+                plugin.set_mixed_precision(str(args.mixed_precision))
+                engine_version("deepspeed")
+                dsv = deepspeed_view(deepspeed_config(dict(plugin.deepspeed_config), plan.dp))
+                deepspeed_expect("ds_config.json (through Accelerate's DeepSpeedPlugin)", dsv, plan)
+                view["zero"] = dsv["zero"]
             elif kind != DistributedType.MULTI_GPU:
                 raise Rejected(file, f"distributed_type {kind}: the checks know MULTI_GPU, FSDP and DEEPSPEED")
     except (ValueError, TypeError, KeyError, AssertionError) as e:
@@ -750,11 +794,20 @@ def check_accelerate(plan, export_dir):
     mixed = {"no": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}.get(str(args.mixed_precision))
     for key, want in (("tp", plan.tp), ("cp", plan.cp), ("dp", plan.dp), ("zero", plan.sharding())):
         expect(file, key, view[key], want)
+    # bf16 "auto" in ds_config.json follows the YAML's mixed_precision (accelerate/utils/dataclasses.py).
+    expect(file, "mixed_precision", mixed, "bf16" if plan.precision == "fp8" else plan.precision)
+    if kind == DistributedType.FSDP:
+        expect(file, "fsdp_offload_params", view["offload"], False if not plan.offload else True)
+        expect(file, "fsdp_activation_checkpointing", view["recompute"],
+               plan.recompute if plan.recompute != "selective" else "full")
+    accumulation = "from ds_config.json"
     if kind != DistributedType.DEEPSPEED:
-        expect(file, "mixed_precision", mixed, plan.precision)
-    print(f"accelerate {version} accepted {file}: {kind.value} processes {args.num_processes} machines "
-          f"{args.num_machines} tp {view['tp']} cp {view['cp']} dp {view['dp']} zero {view['zero']} "
-          f"mixed_precision {args.mixed_precision}")
+        # Accelerator() takes ACCELERATE_GRADIENT_ACCUMULATION_STEPS (accelerator.py, parse_choice_from_env).
+        accumulation = exported.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS") or "1"
+        expect("launch-accelerate.sh", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS", int(accumulation), plan.microbatches)
+    print(f"accelerate {version} accepted {file} (as launch-accelerate.sh passes it): {kind.value} processes "
+          f"{args.num_processes} machines {args.num_machines} tp {view['tp']} cp {view['cp']} dp {view['dp']} "
+          f"zero {view['zero']} mixed_precision {args.mixed_precision} gradient accumulation {accumulation}")
 
 
 CHECKS = {"megatron": check_megatron, "torchtitan": check_torchtitan, "deepspeed": check_deepspeed,
@@ -768,6 +821,17 @@ def main():
     parser.add_argument("--plan", required=True)
     parser.add_argument("--dir")
     parser.add_argument("--torchtitan-head-view", help=argparse.SUPPRESS)
+    parser.add_argument("--engines-installed", action="store_true",
+                        help="exit 0 when every pinned engine is installed, else say how to install them")
+    if "--engines-installed" in sys.argv[1:]:
+        for package in PINS:
+            engine_version(package)
+        head = os.path.join(os.path.dirname(os.path.dirname(sys.executable)), "engines", "torchtitan-head")
+        if not os.path.isdir(os.path.join(os.environ.get(HEAD_DIR_ENV) or head, "torchtitan")):
+            print(f"check_export: torchtitan 0.3.0 is not at {head}; {HINT}")
+            sys.exit(1)
+        print("check_export: " + ", ".join(f"{p} {v}" for p, v in PINS.items()) + " installed")
+        return
     a = parser.parse_args()
     try:
         plan = Plan(a.plan)

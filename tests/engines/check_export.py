@@ -148,7 +148,7 @@ def comment_header(path):
 # ---------------------------------------------------------------------------------------------
 
 # megatron.training (arguments.py) is not in the megatron-core wheel. Its argparse dest is the flag
-# with dashes turned into underscores (CONVENTIONS.md a.0); core_transformer_config_from_args then
+# with dashes turned into underscores (argparse); core_transformer_config_from_args then
 # copies every dest that names a TransformerConfig field and renames a few (below). These are the
 # flags whose dest is not the config field of the same name (core_v0.15.0
 # megatron/training/arguments.py, _add_network_size_args / _add_mixed_precision_args /
@@ -666,7 +666,7 @@ def deepspeed_expect(file, view, plan):
     expect(file, "offload_optimizer to cpu", view["offload"], plan.offload)
     expect(file, "precision", view["precision"], "bf16" if plan.precision == "fp8" else plan.precision)
     if not view["clipping"]:
-        raise Rejected(file, "gradient_clipping is 0 (DeepSpeed's code default; CONVENTIONS b.1: export it)")
+        raise Rejected(file, "gradient_clipping is 0 (deepspeed/runtime/constants.py GRADIENT_CLIPPING_DEFAULT: no clipping; the docs say 1.0)")
 
 
 def check_deepspeed(plan, export_dir):
@@ -753,8 +753,8 @@ def check_accelerate(plan, export_dir):
                 _, env = prepare_deepspeed_cmd_env(args)
             else:
                 env = prepare_multi_gpu_env(args)
-    except (ValueError, TypeError, KeyError, AssertionError) as e:
-        raise Rejected(file, f"accelerate's launcher environment: {type(e).__name__}: {e}")
+    except (ValueError, TypeError, KeyError, AssertionError, AttributeError) as e:
+        raise Rejected(file, f"accelerate's launcher environment (accelerate/utils/launch.py): {type(e).__name__}: {e}")
     view = dict(tp=1, cp=1, dp=plan.gpus, zero=0, recompute="none")
     saved = dict(os.environ)
     os.environ.update(env)

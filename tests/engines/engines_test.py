@@ -109,7 +109,7 @@ def parsers(dplan, workdir):
                     table.append((name, engine, "dplan refused"))
                     continue
                 c = run([sys.executable, CHECK, "--engine", engine, "--plan", plan, "--dir", out])
-                print(c.stdout.strip() or c.stderr.strip()[-2000:])
+                print((c.stdout.strip() + "\n" + c.stderr.strip()[-1500:] if c.returncode else c.stdout.strip()).strip())
                 if c.returncode != 0:
                     print(f"FAIL {name} --to {engine}: the engine's parser did not accept it")
                     failures += 1
@@ -159,10 +159,10 @@ def deepspeed_cpu(dplan, workdir):
             failures += 1
             continue
         c = run([sys.executable, CHECK, "--engine", "deepspeed", "--plan", plan, "--dir", out])
-        print(c.stdout.strip())
+        print((c.stdout + c.stderr[-1500:] if c.returncode else c.stdout).strip())
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                os.path.join(HERE, "tiny_train_deepspeed.py"), os.path.join(out, "ds_config.json"), "4"]
-        print("$ DS_ACCELERATOR=cpu " + " ".join(cmd[1:]), flush=True)
+        print("$ DS_ACCELERATOR=cpu python " + " ".join(cmd[1:]), flush=True)
         t = run(cmd, env=cpu_env(), cwd=workdir, timeout=600)
         log = os.path.join(workdir, f"{name}-deepspeed.log")
         open(log, "w").write(t.stdout + t.stderr)
@@ -180,37 +180,39 @@ def deepspeed_cpu(dplan, workdir):
 
 
 def accelerate_cpu(dplan, workdir):
-    """launch-accelerate.sh of a 2-rank data-parallel plan, run as exported, on CPU:
+    """launch-accelerate.sh of 2-rank data-parallel plans (bf16 and fp32), run as exported, on CPU:
     ACCELERATE_USE_CPU=true makes accelerate's processes MULTI_CPU (gloo) instead of MULTI_GPU."""
     failures = 0
-    name = "dp2-zero0-fp32"
-    plan = make_plan(dplan, workdir, name, "llama-tiny", "--gpus 2 --precision fp32")
-    out = os.path.join(workdir, f"{name}-accelerate")
-    r = export(dplan, plan, "accelerate", out)
-    if plan is None or r.returncode != 0:
-        print(f"FAIL {name}: dplan export --to accelerate: {r.stderr.strip()}")
-        return 1
-    c = run([sys.executable, CHECK, "--engine", "accelerate", "--plan", plan, "--dir", out])
-    print(c.stdout.strip())
-    failures += c.returncode != 0
-    env = cpu_env()
-    env.update(ACCELERATE_USE_CPU="true", TRAIN_SCRIPT=os.path.join(HERE, "tiny_train_accelerate.py"),
-               )
-    cmd = [os.path.join(out, "launch-accelerate.sh"), "4"]
-    print(f"$ ACCELERATE_USE_CPU=true TRAIN_SCRIPT=tests/engines/tiny_train_accelerate.py {cmd[0]} 4", flush=True)
-    t = run(cmd, env=env, cwd=workdir, timeout=600)
-    log = os.path.join(workdir, f"{name}-accelerate.log")
-    open(log, "w").write(t.stdout + t.stderr)
-    shown = [l for l in (t.stdout + t.stderr).splitlines()
-             if l.startswith(("accelerate ", "step ", "rank ")) or "Error" in l]
-    print("\n".join(shown[-12:]))
-    if t.returncode != 0:
-        print(f"FAIL {name}: accelerate launch on CPU exited {t.returncode} (log {log})")
-        failures += 1
-    expected = "MULTI_CPU processes 2 gradient accumulation 16"
-    if not any(expected in l for l in shown):
-        print(f"FAIL {name}: Accelerate did not report '{expected}'")
-        failures += 1
+    for precision in ("bf16", "fp32"):
+        name = f"dp2-zero0-{precision}"
+        plan = make_plan(dplan, workdir, name, "llama-tiny", f"--gpus 2 --precision {precision}")
+        out = os.path.join(workdir, f"{name}-accelerate")
+        r = export(dplan, plan, "accelerate", out)
+        if plan is None or r.returncode != 0:
+            print(f"FAIL {name}: dplan export --to accelerate: {r.stderr.strip()}")
+            failures += 1
+            continue
+        c = run([sys.executable, CHECK, "--engine", "accelerate", "--plan", plan, "--dir", out])
+        print((c.stdout + c.stderr[-1500:] if c.returncode else c.stdout).strip())
+        failures += c.returncode != 0
+        env = cpu_env()
+        env.update(ACCELERATE_USE_CPU="true", TRAIN_SCRIPT=os.path.join(HERE, "tiny_train_accelerate.py"))
+        cmd = [os.path.join(out, "launch-accelerate.sh"), "4"]
+        print(f"$ ACCELERATE_USE_CPU=true TRAIN_SCRIPT=tests/engines/tiny_train_accelerate.py {cmd[0]} 4", flush=True)
+        t = run(cmd, env=env, cwd=workdir, timeout=600)
+        log = os.path.join(workdir, f"{name}-accelerate.log")
+        open(log, "w").write(t.stdout + t.stderr)
+        shown = [l for l in (t.stdout + t.stderr).splitlines()
+                 if l.startswith(("accelerate ", "step ", "rank ")) or "Error" in l]
+        print("\n".join(shown[-12:]))
+        if t.returncode != 0:
+            print(f"FAIL {name}: accelerate launch on CPU exited {t.returncode} (log {log})")
+            failures += 1
+        mixed = {"bf16": "bf16", "fp32": "no"}[precision]
+        expected = f"MULTI_CPU processes 2 gradient accumulation 16 mixed_precision {mixed}"
+        if not any(expected in l for l in shown):
+            print(f"FAIL {name}: Accelerate did not report '{expected}'")
+            failures += 1
     return failures
 
 

@@ -251,12 +251,12 @@ void megatron_rules(const Plan& plan, Rules& r) {
     r.rule(m.num_experts % p.ep == 0, [&] {
       return "experts " + str(m.num_experts) + " are not divisible by ep " + str(p.ep) + "; use --ep " + divisors(m.num_experts);
     });
-    // validate_args: "When using MoE and tensor parallelism, sequence parallelism must be used."
-    // (ModelParallelConfig raises the same for ep > 1 with tp > 1.)
-    r.rule(p.tp == 1 || p.sequence_parallel, [&] {
-      return "a mixture-of-experts model with tp " + str(p.tp) +
-             " needs sequence parallel (validate_args: \"When using MoE and tensor parallelism, sequence parallelism "
-             "must be used\"); use --sp";
+    // megatron/core/model_parallel_config.py: "When using expert parallelism and tensor parallelism
+    // for training, sequence parallelism must be used" (a warning at core_v0.15.0).
+    r.rule(p.ep == 1 || p.tp == 1 || p.sequence_parallel, [&] {
+      return "expert parallel (ep " + str(p.ep) + ") with tp " + str(p.tp) +
+             " needs sequence parallel (model_parallel_config.py: \"When using expert parallelism and tensor "
+             "parallelism for training, sequence parallelism must be used\"); use --sp";
     });
     r.rule(p.ep == 1 || plan.training.precision != Precision::fp16, [&] {
       return std::string("expert parallel (ep ") + str(p.ep) + ") does not run with fp16 (validate_args); use --precision bf16";

@@ -224,7 +224,12 @@ Exported export_megatron(const ExportInput& in) {
   std::ostringstream sh;
   sh << script_preamble(in);
   sh << ": \"${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout (core_v0.15.0)}\"\n";
-  if (plan.parallel.tp > 1 || plan.parallel.cp > 1)
+  // validate_args (core_v0.15.0): Megatron-FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS != 1; without it,
+  // tp > 1 or cp > 1 asserts == 1 (before Blackwell).
+  if (plan.parallel.zero_stage >= 2)
+    sh << "# Megatron-FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS is not 1 (validate_args).\n"
+          "unset CUDA_DEVICE_MAX_CONNECTIONS\n";
+  else if (plan.parallel.tp > 1 || plan.parallel.cp > 1)
     sh << "# Megatron asserts it with tp > 1 or cp > 1 (validate_args).\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\n";
   sh << "args=()\n"
         "while read -r -a words; do\n"

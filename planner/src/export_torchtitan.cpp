@@ -12,6 +12,9 @@ using namespace costmodel;
 
 namespace {
 
+// The Float8 linear converter's registered name (v0.2.2 torchtitan/components/quantization/float8.py).
+constexpr const char* kFloat8 = "quantize.linear.float8";
+
 struct Setting {
   std::string section, key;
   std::string value;   // as the command line gives it
@@ -25,6 +28,7 @@ struct Flavor {
   int dim, layers, heads, kv_heads, ffn;
 };
 constexpr Flavor kLlama3Flavors[] = {
+    {"debugmodel", 256, 6, 16, 16, 768},  // multiple_of 256 rounds int(2 * 4 * 256 / 3) = 682 up to 768
     {"8B", 4096, 32, 32, 8, 14336},
     {"70B", 8192, 80, 64, 8, 28672},
     {"405B", 16384, 126, 128, 8, 53248},
@@ -134,7 +138,7 @@ Exported export_torchtitan(const ExportInput& in) {
     if (s.section != section) {
       toml << (section.empty() ? "" : "\n") << "[" << s.section << "]\n";
       section = s.section;
-      if (section == "model" && plan.training.precision == Precision::fp8) toml << "converters = [\"float8\"]\n";
+      if (section == "model" && plan.training.precision == Precision::fp8) toml << "converters = [\"" << kFloat8 << "\"]\n";
     }
     toml << s.key << " = " << (s.quoted ? "\"" + s.value + "\"" : s.value) << "\n";
   }
@@ -142,7 +146,7 @@ Exported export_torchtitan(const ExportInput& in) {
   std::ostringstream overrides;
   overrides << header(in, "# ");
   overrides << "# The same settings as command-line overrides for torchtitan HEAD (Python configs; --section.key value).\n";
-  if (plan.training.precision == Precision::fp8) overrides << "--model.converters float8\n";
+  if (plan.training.precision == Precision::fp8) overrides << "--model.converters " << kFloat8 << "\n";
   for (const Setting& s : settings) {
     if (s.section == "job") continue;  // free text, no value to check
     overrides << "--" << s.section << "." << s.key << " " << s.value << "\n";
@@ -166,7 +170,7 @@ Exported export_torchtitan(const ExportInput& in) {
       "torchtitan's llama3 has no rotary-base key in the TOML: the flavor's rope_theta applies"};
   if (plan.training.precision != Precision::fp32 && !plan.training.fp32_grads)
     notes.push_back("gradients: torchtitan v0.2.2 reduces them in float32 (mixed_precision_reduce accepts only "
-                    "\"float32\"); the plan counted 16-bit gradients, so sharded gradient memory is twice the plan's");
+                    "\"float32\"), where the plan counted 16-bit gradients");
   if (known.empty()) notes.push_back("register the flavor \"dplan\": " + llama3_model_args(plan.model));
   e.files.push_back(readme(in, e.files, e.launch_line, notes));
   return e;

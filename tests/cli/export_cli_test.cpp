@@ -95,7 +95,7 @@ TEST_CASE("dplan export writes the engine's files beside the plan and prints the
   CHECK(fs::is_regular_file(dir.path() / "torchrun" / "launch-torchrun.sh"));
 }
 
-TEST_CASE("dplan export does not replace an earlier export without --force, and never the plan", "[cli][export]") {
+TEST_CASE("dplan export does not replace an earlier export without --force and never the plan", "[cli][export]") {
   TempDir dir;
   const std::string plan = make_plan(dir, "plan.json", {"--gpus", "8", "--zero", "3", "--global-batch", "64"});
   const std::string out = (dir.path() / "ds").string();
@@ -121,7 +121,7 @@ TEST_CASE("dplan export does not replace an earlier export without --force, and 
   CHECK(!fs::exists(dir.path() / "launch-torchrun.sh"));
 }
 
-TEST_CASE("dplan export and check: an unknown engine is one line naming the valid ones, exit 2", "[cli][export][error]") {
+TEST_CASE("dplan export and check: an unknown engine is one line naming the valid ones and exit 2", "[cli][export][error]") {
   TempDir dir;
   const std::string plan = make_plan(dir, "plan.json", {"--gpus", "8", "--global-batch", "64"});
   for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
@@ -133,7 +133,7 @@ TEST_CASE("dplan export and check: an unknown engine is one line naming the vali
   CHECK(!fs::exists(dir.path() / "plan-nemo"));
 }
 
-TEST_CASE("dplan export and check: a plan of a newer format is one line saying so, exit 2", "[cli][export][error]") {
+TEST_CASE("dplan export and check: a plan of a newer format is one line saying so and exit 2", "[cli][export][error]") {
   TempDir dir;
   const std::string plan = make_plan(dir, "plan.json", {"--gpus", "8", "--global-batch", "64"});
   nlohmann::json j = nlohmann::json::parse(read_file(plan));
@@ -148,7 +148,7 @@ TEST_CASE("dplan export and check: a plan of a newer format is one line saying s
   CHECK_THAT(missing, Contains("none.json"));
 }
 
-TEST_CASE("dplan check: one line per failed rule and exit 1; one ok line and exit 0", "[cli][export]") {
+TEST_CASE("dplan check: one line per failed rule and exit 1 / one ok line and exit 0", "[cli][export]") {
   TempDir dir;
   // Megatron has no GPipe schedule (plan files keep every layout rule of dplan's own, such as the
   // batch divisibility, so the rules a plan file can break are the engines' own).

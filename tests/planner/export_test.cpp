@@ -170,7 +170,7 @@ TEST_CASE("megatron rules: layers per pipeline stage as the flags say them", "[e
   CHECK(acc.count("--account-for-loss-in-pipeline-split") == 1);
 }
 
-TEST_CASE("megatron rules: the interleaved schedule's layers, micro-batches and pp; no gpipe", "[export][rules]") {
+TEST_CASE("megatron rules: the interleaved schedule's layers and micro-batches and pp / no gpipe", "[export][rules]") {
   const ParallelConfig interleaved{.tp = 2, .pp = 2, .dp = 2, .vpp = 2, .sequence_parallel = true,
                                    .schedule = Schedule::interleaved};
   const Plan good = plan_of("llama-3-8b", {.seq_len = 8192, .global_batch = 16}, interleaved);
@@ -188,7 +188,7 @@ TEST_CASE("megatron rules: the interleaved schedule's layers, micro-batches and 
   require_rule(Engine::megatron, plan_of("llama-3-8b", k8k64, {.pp = 2, .dp = 4}), gpipe, "cannot express the gpipe schedule");
 }
 
-TEST_CASE("megatron rules: sequence against 2 x cp, heads and query groups against tp", "[export][rules]") {
+TEST_CASE("megatron rules: sequence against 2 x cp / heads and query groups against tp", "[export][rules]") {
   const Plan good = plan_of("llama-3-8b", {.seq_len = 8192, .global_batch = 8}, {.dp = 4, .cp = 2});
   const Plan bad = plan_of("llama-3-8b", {.seq_len = 8194, .global_batch = 8}, {.dp = 4, .cp = 2});
   require_rule(Engine::megatron, good, bad, "is not a multiple of 2 x cp 2");
@@ -199,14 +199,14 @@ TEST_CASE("megatron rules: sequence against 2 x cp, heads and query groups again
   require_rule(Engine::megatron, tp8, tp16, "key/value heads 8 are not divisible by tp 16");
 }
 
-TEST_CASE("megatron rules: expert parallel with fp16, optimizer offload without the distributed optimizer", "[export][rules]") {
+TEST_CASE("megatron rules: expert parallel with fp16 or tp without sp / optimizer offload without the distributed optimizer", "[export][rules]") {
   const TrainingSpec fp16{.seq_len = 4096, .global_batch = 64, .precision = Precision::fp16};
   const Plan good = plan_of("mixtral-8x7b", {.seq_len = 4096, .global_batch = 64}, {.dp = 8, .ep = 2});
   const Plan bad = plan_of("mixtral-8x7b", fp16, {.dp = 8, .ep = 2});
   require_rule(Engine::megatron, good, bad, "does not run with fp16");
-  require_rule(Engine::megatron, plan_of("mixtral-8x7b", {.seq_len = 4096, .global_batch = 64}, {.tp = 2, .dp = 4, .sequence_parallel = true}),
-               plan_of("mixtral-8x7b", {.seq_len = 4096, .global_batch = 64}, {.tp = 2, .dp = 4}),
-               "with tp 2 needs sequence parallel");
+  require_rule(Engine::megatron, plan_of("mixtral-8x7b", {.seq_len = 4096, .global_batch = 64}, {.tp = 2, .dp = 4, .ep = 2, .sequence_parallel = true}),
+               plan_of("mixtral-8x7b", {.seq_len = 4096, .global_batch = 64}, {.tp = 2, .dp = 4, .ep = 2}),
+               "expert parallel (ep 2) with tp 2 needs sequence parallel");
   const Plan offload_zero1 = plan_of("llama-3-8b", k8k64, {.dp = 8, .zero_stage = 1, .offload_optimizer = true});
   const Plan offload_zero0 = plan_of("llama-3-8b", k8k64, {.dp = 8, .offload_optimizer = true});
   require_rule(Engine::megatron, offload_zero1, offload_zero0, "--optimizer-cpu-offload needs the distributed optimizer");
@@ -242,7 +242,7 @@ TEST_CASE("every engine: the ranks fill whole nodes", "[export][rules]") {
 // ---------------------------------------------------------------------------------------------
 // torchtitan v0.2.2
 
-TEST_CASE("torchtitan rules: its llama3 model, sharding it can say, sequence parallel with tp", "[export][rules]") {
+TEST_CASE("torchtitan rules: its llama3 model / the sharding it can say / sequence parallel with tp", "[export][rules]") {
   const ParallelConfig fsdp{.tp = 2, .dp = 4, .zero_stage = 3, .sequence_parallel = true};
   const Plan good = plan_of("llama-3-8b", k8k64, fsdp);
   CHECK(failures(good, Engine::torchtitan).empty());
@@ -264,7 +264,7 @@ TEST_CASE("torchtitan rules: its llama3 model, sharding it can say, sequence par
                "cannot express fp16 training");
 }
 
-TEST_CASE("torchtitan rules: sequence divisors, heads, expert degrees, the pipeline split", "[export][rules]") {
+TEST_CASE("torchtitan rules: sequence divisors / heads / expert degrees / the pipeline split", "[export][rules]") {
   const ParallelConfig fsdp{.tp = 2, .dp = 4, .zero_stage = 3, .sequence_parallel = true};
   const Plan good = plan_of("llama-3-8b", k8k64, fsdp);
   require_rule(Engine::torchtitan, good, plan_of("llama-3-8b", {.seq_len = 8191, .global_batch = 64}, fsdp),
@@ -292,7 +292,7 @@ TEST_CASE("torchtitan rules: sequence divisors, heads, expert degrees, the pipel
 // ---------------------------------------------------------------------------------------------
 // DeepSpeed and Accelerate
 
-TEST_CASE("deepspeed rules: the batch assertion, what its config cannot say, ZeRO with pipeline", "[export][rules]") {
+TEST_CASE("deepspeed rules: the batch assertion / what its config cannot say / ZeRO with pipeline or AutoTP", "[export][rules]") {
   const Plan good = plan_of("llama-3-8b", k8k64, {.dp = 8, .zero_stage = 2});
   CHECK(failures(good, Engine::deepspeed).empty());
   require_rule(Engine::deepspeed, good, plan_of("llama-3-8b", {.seq_len = 8192, .global_batch = 60}, {.dp = 8, .zero_stage = 2}),
@@ -326,7 +326,7 @@ TEST_CASE("deepspeed rules: the batch assertion, what its config cannot say, ZeR
                plan_of("llama-3-8b", k8k64, {.tp = 2, .dp = 4, .zero_stage = 3}), "AutoTP");
 }
 
-TEST_CASE("accelerate rules: no pipeline or experts; DeepSpeed without tp; cp and selective recompute with FSDP2", "[export][rules]") {
+TEST_CASE("accelerate rules: no pipeline or experts / DeepSpeed without tp / cp and selective recompute with FSDP2", "[export][rules]") {
   const Plan good = plan_of("llama-3-8b", k8k64, {.tp = 2, .dp = 4, .zero_stage = 3});
   CHECK(failures(good, Engine::accelerate).empty());
   require_rule(Engine::accelerate, good, plan_of("llama-3-8b", k8k64, {.pp = 2, .dp = 4, .zero_stage = 3}),
@@ -362,7 +362,7 @@ TEST_CASE("torchrun and slurm rules: dplan-worker's own support", "[export][rule
 // ---------------------------------------------------------------------------------------------
 // The files
 
-TEST_CASE("megatron export: tp, pp, vpp, ZeRO-1, full recompute in core_v0.15.0 flags", "[export][files]") {
+TEST_CASE("megatron export: tp x pp x vpp with ZeRO-1 and full recompute in core_v0.15.0 flags", "[export][files]") {
   const Plan plan = plan_of("llama-3-8b", {.seq_len = 8192, .global_batch = 16},
                             {.tp = 2, .pp = 2, .dp = 2, .vpp = 2, .zero_stage = 1, .sequence_parallel = true,
                              .recompute = Recompute::full, .schedule = Schedule::interleaved});
@@ -412,7 +412,7 @@ TEST_CASE("megatron export: tp, pp, vpp, ZeRO-1, full recompute in core_v0.15.0 
   CHECK_THAT(file(e, "README.export").content, Contains("core_v0.15.0"));
 }
 
-TEST_CASE("megatron export: cp, ZeRO-3, selective recompute; ep, ZeRO-2, offload", "[export][files]") {
+TEST_CASE("megatron export: cp with ZeRO-3 and selective recompute / ep with ZeRO-2 and offload", "[export][files]") {
   const Plan cp = plan_of("llama-3-8b", {.seq_len = 8192, .global_batch = 16},
                           {.dp = 4, .cp = 2, .zero_stage = 3, .recompute = Recompute::selective});
   const Exported e = exported(cp, Engine::megatron);
@@ -423,8 +423,13 @@ TEST_CASE("megatron export: cp, ZeRO-3, selective recompute; ep, ZeRO-2, offload
   CHECK(a.at("--ckpt-format") == "fsdp_dtensor");
   CHECK(a.at("--recompute-granularity") == "selective");
   CHECK(a.count("--recompute-method") == 0);  // validate_args: no method with selective
-  CHECK(a.count("--sequence-parallel") == 0);  // tp 1 (item 7)
-  CHECK_THAT(file(e, "launch-megatron.sh").content, Contains("CUDA_DEVICE_MAX_CONNECTIONS=1"));
+  CHECK(a.count("--sequence-parallel") == 0);  // tp 1: validate_args turns it off
+  // Megatron-FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS != 1, whatever cp says.
+  CHECK_THAT(file(e, "launch-megatron.sh").content, Contains("unset CUDA_DEVICE_MAX_CONNECTIONS"));
+  CHECK(file(e, "launch-megatron.sh").content.find("CUDA_DEVICE_MAX_CONNECTIONS=1") == std::string::npos);
+  const Plan cp_dist_opt = plan_of("llama-3-8b", {.seq_len = 8192, .global_batch = 16}, {.dp = 4, .cp = 2, .zero_stage = 1});
+  CHECK_THAT(file(exported(cp_dist_opt, Engine::megatron), "launch-megatron.sh").content,
+             Contains("export CUDA_DEVICE_MAX_CONNECTIONS=1"));
 
   const Plan moe = plan_of("mixtral-8x7b", {.seq_len = 4096, .global_batch = 64},
                            {.tp = 2, .dp = 4, .ep = 4, .etp = 1, .zero_stage = 2, .sequence_parallel = true,
@@ -452,7 +457,7 @@ TEST_CASE("megatron export: cp, ZeRO-3, selective recompute; ep, ZeRO-2, offload
   CHECK(file(pe, "launch-megatron.sh").content.find("CUDA_DEVICE_MAX_CONNECTIONS") == std::string::npos);
 }
 
-TEST_CASE("torchtitan export: degrees, schedule, batch and checkpointing in the TOML and the overrides", "[export][files]") {
+TEST_CASE("torchtitan export: degrees and schedule and batch and checkpointing in the TOML and the overrides", "[export][files]") {
   const Plan plan = plan_of("llama-3-8b", {.seq_len = 8192, .global_batch = 16},
                             {.tp = 2, .pp = 2, .dp = 2, .vpp = 2, .zero_stage = 3, .sequence_parallel = true,
                              .recompute = Recompute::full, .schedule = Schedule::interleaved});
@@ -494,7 +499,7 @@ TEST_CASE("torchtitan export: degrees, schedule, batch and checkpointing in the 
   CHECK(c.count("parallelism.pipeline_parallel_schedule") == 0);
 }
 
-TEST_CASE("deepspeed export: batch keys, ZeRO stage, offload, AutoTP", "[export][files]") {
+TEST_CASE("deepspeed export: batch keys and ZeRO stage and offload and AutoTP", "[export][files]") {
   const Plan offload = plan_of("llama-3-8b", k8k64, {.dp = 8, .micro_batch = 2, .zero_stage = 2, .offload_optimizer = true});
   const Exported e = exported(offload, Engine::deepspeed);
   const nlohmann::json c = nlohmann::json::parse(file(e, "ds_config.json").content);
@@ -526,7 +531,7 @@ TEST_CASE("deepspeed export: batch keys, ZeRO stage, offload, AutoTP", "[export]
   CHECK_THAT(file(pe, "README.export").content, Contains("num_stages=2"));
 }
 
-TEST_CASE("accelerate export: FSDP2 for ZeRO-3 and ZeRO-2, DeepSpeed for ZeRO-1, DDP for ZeRO-0", "[export][files]") {
+TEST_CASE("accelerate export: FSDP2 for ZeRO-3 and ZeRO-2 / DeepSpeed for ZeRO-1 / DDP for ZeRO-0", "[export][files]") {
   const Plan z3 = plan_of("llama-3-8b", k8k64, {.tp = 2, .dp = 4, .zero_stage = 3, .recompute = Recompute::full});
   const auto y3 = keyed_lines(file(exported(z3, Engine::accelerate), "accelerate.yaml").content, ": ");
   CHECK(y3.at("distributed_type") == "FSDP");
@@ -589,7 +594,7 @@ TEST_CASE("torchrun and slurm exports: a copy of the plan and the launch of dpla
              Contains("\"${MASTER_ADDR:-127.0.0.1}:${MASTER_PORT:-29400}\""));
 }
 
-TEST_CASE("every file names the engine and version it speaks; every script is strict bash", "[export][files]") {
+TEST_CASE("every file names the engine and version it speaks / every script is strict bash", "[export][files]") {
   const Plan plan = plan_of("llama-3-8b", k8k64, {.dp = 8, .zero_stage = 2});
   for (const std::string& name : engine_names()) {
     const Engine engine = *engine_from_string(name);
@@ -611,7 +616,7 @@ TEST_CASE("every file names the engine and version it speaks; every script is st
   }
 }
 
-TEST_CASE("export refuses a plan that breaks a rule, naming each failure", "[export]") {
+TEST_CASE("export refuses a plan that breaks a rule and names each failure", "[export]") {
   const Plan bad = plan_of("llama-3-8b", {.seq_len = 8192, .global_batch = 100}, {.pp = 2, .dp = 4, .micro_batch = 2});
   try {
     exported(bad, Engine::accelerate);

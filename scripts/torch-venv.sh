@@ -76,7 +76,10 @@ install_engines() {
   rm -f "$engines_marker"
   # DS_BUILD_OPS=0: DeepSpeed compiles none of its C++/CUDA ops at install (they are built on first
   # use, and the config checks use none).
-  DS_BUILD_OPS=0 "$venv/bin/python" -m pip install --quiet -r "$engine_requirements" >&2
+  # The torch already there stays: an engine asking for another one fails the install instead.
+  local torch_version
+  torch_version=$("$venv/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')
+  DS_BUILD_OPS=0 "$venv/bin/python" -m pip install --quiet -r "$engine_requirements" "torch==$torch_version" >&2
   rm -rf "$head_dir"
   "$venv/bin/python" -m pip install --quiet --no-deps --target "$head_dir" -r "$head_requirements" >&2
   "$venv/bin/python" -c 'import torchtitan, deepspeed, accelerate, megatron.core' >/dev/null 2>&1 || {

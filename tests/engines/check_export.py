@@ -135,12 +135,22 @@ def expect(file, what, engine_value, plan_value):
         raise Rejected(file, f"the engine reads {what} = {engine_value!r}, the plan has {plan_value!r}")
 
 
-def comment_header(path):
-    with open(path) as f:
-        first = f.readline()
-    if not first.startswith("#"):
-        raise Rejected(os.path.basename(path), "does not start with a comment naming the engine and its version")
-    return first
+def comment_header(path, engine):
+    """The file's leading `#` comment names the engine and the version whose spellings it uses."""
+    name = os.path.basename(path)
+    header = []
+    for line in open(path):
+        if line.startswith("#!"):
+            continue
+        if not line.startswith("#"):
+            break
+        header.append(line)
+    text = "".join(header)
+    if not re.search(engine, text, re.I) or not re.search(r"\d+\.\d+|core_v|[0-9a-f]{10}", text):
+        raise Rejected(name, f"its leading comment does not name {engine} and a version: {text.strip()[:200]!r}")
+    readme = os.path.join(os.path.dirname(path), "README.export")
+    if not os.path.isfile(readme) or not re.search(engine, open(readme).read(), re.I):
+        raise Rejected("README.export", f"missing or does not name {engine}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,7 +220,7 @@ def check_megatron(plan, export_dir):
     version = engine_version("megatron-core")
     file = "megatron.args"
     path = os.path.join(export_dir, file)
-    comment_header(path)
+    comment_header(path, "megatron")
     args = {k: number(v) for k, v in parse_megatron_args(path).items()}
     with quiet():
         import torch
@@ -452,7 +462,7 @@ def check_torchtitan(plan, export_dir):
     version = engine_version("torchtitan")
     file = "torchtitan.toml"
     path = os.path.join(export_dir, file)
-    comment_header(path)
+    comment_header(path, "torchtitan")
     with quiet():
         from torchtitan.config import ConfigManager
         from torchtitan.distributed.pipeline_parallel import generate_llm_fqn_per_model_part
@@ -542,7 +552,7 @@ def check_torchtitan_overrides(plan, export_dir, toml_view):
     install first on its path): the same view as the TOML's."""
     file = "torchtitan.overrides"
     path = os.path.join(export_dir, file)
-    comment_header(path)
+    comment_header(path, "torchtitan")
     head = os.environ.get(HEAD_DIR_ENV) or os.path.join(os.path.dirname(os.path.dirname(sys.executable)),
                                                           "engines", "torchtitan-head")
     if not os.path.isdir(os.path.join(head, "torchtitan")):
@@ -682,6 +692,7 @@ def check_deepspeed(plan, export_dir):
     launch = os.path.join(export_dir, "launch-deepspeed.sh")
     if not os.access(launch, os.X_OK):
         raise Rejected("launch-deepspeed.sh", "missing or not executable")
+    comment_header(launch, "deepspeed")  # JSON has no comments: the script and README.export say the version
     print(f"deepspeed {version} accepted {file} with data-parallel size {plan.dp}: zero {view['zero']} "
           f"mbs {view['mbs']} gas {view['accumulation']} train_batch_size {view['gbs']} {view['precision']} "
           f"offload {view['offload']} clipping {view['clipping']}")
@@ -722,7 +733,7 @@ def check_accelerate(plan, export_dir):
     version = engine_version("accelerate")
     file = "accelerate.yaml"
     path = os.path.join(export_dir, file)
-    comment_header(path)
+    comment_header(path, "accelerate")
     with quiet():
         from accelerate.commands.launch import _validate_launch_command, launch_command_parser
         from accelerate.utils import DistributedType

@@ -130,10 +130,45 @@ def parsers(dplan, workdir):
                     failures += 1
                 table.append((name, engine, f"refused ({len(lines)} line{'s' if len(lines) != 1 else ''})"
                               if ok else "wrong refusal"))
+    failures += corrupted(workdir, table)
     print("\nplan | " + " | ".join(ENGINES))
     for name in PLANS:
         print(name + " | " + " | ".join(next((v for n, e, v in table if n == name and e == engine), "-")
                                         for engine in ENGINES))
+    return failures
+
+
+# One wrong value per engine, written into a copy of an accepted export: the engine's parser must
+# then refuse it (the checks can fail).
+CORRUPTIONS = {
+    "megatron": ("megatron.args", r"--global-batch-size (\d+)", lambda m: f"--global-batch-size {int(m[1]) * 3 // 2}"),
+    "torchtitan": ("torchtitan.toml", r"tensor_parallel_degree = (\d+)", lambda m: f"tensor_parallel_degree = {int(m[1]) * 2}"),
+    "deepspeed": ("ds_config.json", r'"train_batch_size": (\d+)', lambda m: f'"train_batch_size": {int(m[1]) * 3 // 2}'),
+    "accelerate": ("accelerate.yaml", r"num_processes: (\d+)", lambda m: f"num_processes: {int(m[1]) // 2}"),
+}
+
+
+def corrupted(workdir, table):
+    failures = 0
+    for engine, (file, pattern, replace) in CORRUPTIONS.items():
+        name = next((n for n, e, v in table if e == engine and v == "accepted"), None)
+        if name is None:
+            print(f"FAIL {engine}: no accepted export to corrupt")
+            failures += 1
+            continue
+        good = os.path.join(workdir, f"{name}-{engine}")
+        bad = good + "-corrupted"
+        shutil.rmtree(bad, ignore_errors=True)
+        shutil.copytree(good, bad)
+        path = os.path.join(bad, file)
+        text, n = re.subn(pattern, replace, open(path).read(), count=1)
+        open(path, "w").write(text)
+        c = run([sys.executable, CHECK, "--engine", engine, "--plan", os.path.join(workdir, f"{name}.json"), "--dir", bad])
+        print(f"{name} --to {engine}, {file} with a wrong {pattern.split(' ')[0].strip(':')}: "
+              f"{c.stdout.strip().splitlines()[-1] if c.stdout.strip() else c.stderr.strip()[-300:]}")
+        if n != 1 or c.returncode != 1 or "rejected" not in c.stdout:
+            print(f"FAIL {engine}: the corrupted {file} of {name} was not rejected")
+            failures += 1
     return failures
 
 

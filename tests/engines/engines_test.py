@@ -7,10 +7,11 @@
                                                   parser with the plan's layout (check_export.py);
                                                   each one it cannot is refused by dplan, exit 2,
                                                   one line per failure naming the engine
-    engines_test.py deepspeed-cpu DPLAN WORKDIR   ZeRO 1, 2 and 3 exports trained by DeepSpeed on
-                                                  CPU (gloo), 2 processes
-    engines_test.py accelerate-cpu DPLAN WORKDIR  a data-parallel export trained by `accelerate
-                                                  launch` through launch-accelerate.sh on CPU
+    engines_test.py deepspeed-cpu DPLAN WORKDIR   ZeRO 1, 2 and 3 exports: launch-deepspeed.sh, as
+                                                  exported, trains the tiny model on CPU (gloo),
+                                                  2 processes
+    engines_test.py accelerate-cpu DPLAN WORKDIR  2-rank data-parallel exports (bf16, fp32):
+                                                  launch-accelerate.sh trains the tiny model on CPU
 
 Run with the PyTorch 2.x python that holds the engines (scripts/torch-venv.sh --engines). Exits 0
 when every check passes, 1 otherwise (a missing engine included: the tests never skip).
@@ -178,10 +179,17 @@ def cpu_env():
     return env
 
 
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
 def deepspeed_cpu(dplan, workdir):
-    """The exported ds_config.json trained by DeepSpeed's engine: 2 processes under torchrun on CPU,
-    gloo. (The exported launch-deepspeed.sh runs the `deepspeed` launcher, which starts one
-    process per GPU it finds; see docs/engines.md.)"""
+    """The exported launch-deepspeed.sh and ds_config.json, run as exported: the `deepspeed`
+    launcher starts 2 processes on CPU (gloo) that train the tiny model."""
     failures = 0
     for zero, precision in ((1, "bf16"), (2, "bf16"), (3, "fp32")):
         name = f"dp2-zero{zero}-{precision}"
@@ -195,10 +203,13 @@ def deepspeed_cpu(dplan, workdir):
             continue
         c = run([sys.executable, CHECK, "--engine", "deepspeed", "--plan", plan, "--dir", out])
         print((c.stdout + c.stderr[-1500:] if c.returncode else c.stdout).strip())
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               os.path.join(HERE, "tiny_train_deepspeed.py"), os.path.join(out, "ds_config.json"), "4"]
-        print("$ DS_ACCELERATOR=cpu python " + " ".join(cmd[1:]), flush=True)
-        t = run(cmd, env=cpu_env(), cwd=workdir, timeout=600)
+        env = cpu_env()
+        # DeepSpeed's CPU accelerator reports LOCAL_SIZE devices to the launcher (cpu_accelerator.py).
+        env.update(LOCAL_SIZE="2", TRAIN_SCRIPT=os.path.join(HERE, "tiny_train_deepspeed.py"), MASTER_PORT=free_port())
+        cmd = [os.path.join(out, "launch-deepspeed.sh"), "--steps", "4"]
+        print(f"$ LOCAL_SIZE=2 DS_ACCELERATOR=cpu MASTER_PORT={env['MASTER_PORT']} "
+              f"TRAIN_SCRIPT=tests/engines/tiny_train_deepspeed.py {cmd[0]} --steps 4", flush=True)
+        t = run(cmd, env=env, cwd=workdir, timeout=600)
         log = os.path.join(workdir, f"{name}-deepspeed.log")
         open(log, "w").write(t.stdout + t.stderr)
         shown = [l for l in (t.stdout + t.stderr).splitlines()

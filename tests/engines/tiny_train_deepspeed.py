@@ -1,9 +1,13 @@
-"""Trains the tiny model with DeepSpeed on CPU (gloo) under the exported ds_config.json.
+"""Trains the tiny model with DeepSpeed on CPU (gloo) under the exported ds_config.json, started
+by the exported launch-deepspeed.sh (the `deepspeed` launcher passes --local_rank, the script
+--deepspeed --deepspeed_config):
 
-    DS_ACCELERATOR=cpu torchrun --nproc-per-node N tiny_train_deepspeed.py ds_config.json STEPS
+    LOCAL_SIZE=2 DS_ACCELERATOR=cpu TRAIN_SCRIPT=tiny_train_deepspeed.py launch-deepspeed.sh --steps 4
 
-Prints DeepSpeed's own view of the batch and ZeRO stage, then one line per optimizer step; exits 1
-when the loss did not fall."""
+(LOCAL_SIZE: how many CPU "devices" DeepSpeed's CPU accelerator reports to the launcher.) Prints
+DeepSpeed's own view of the batch and ZeRO stage, then one line per optimizer step; exits 1 when
+the loss did not fall."""
+import argparse
 import json
 import os
 import sys
@@ -14,7 +18,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import deepspeed  # noqa: E402
 from tiny_model import TinyLM, batch, loss_of  # noqa: E402
 
-config_path, steps = sys.argv[1], int(sys.argv[2])
+parser = argparse.ArgumentParser()
+parser.add_argument("--local_rank", "--local-rank", type=int, default=-1)
+parser.add_argument("--steps", type=int, default=4)
+parser = deepspeed.add_config_arguments(parser)
+args = parser.parse_args()
+config_path, steps = args.deepspeed_config, args.steps
+if not args.deepspeed or not config_path:
+    sys.exit("tiny_train_deepspeed.py: needs --deepspeed --deepspeed_config FILE (launch-deepspeed.sh passes them)")
 deepspeed.init_distributed(dist_backend="gloo")
 config = json.load(open(config_path))
 torch.manual_seed(0)

@@ -153,6 +153,28 @@ def comment_header(path, engine):
         raise Rejected("README.export", f"missing or does not name {engine}")
 
 
+def check_torchrun_launch(export_dir, script, plan, env_names=()):
+    """The torchrun line a launch script runs, parsed by torchrun's own parser
+    (torch.distributed.run.get_args_parser): nodes and processes per node must be the plan's.
+    Returns the training script (or module), its arguments and the exported `env_names`."""
+    if not os.access(os.path.join(export_dir, script), os.X_OK):
+        raise Rejected(script, "missing or not executable")
+    comment_header(os.path.join(export_dir, script), script.split("-")[1].split(".")[0])
+    argv, exported = launch_arguments(export_dir, script, "torchrun", env_names)
+    from torch.distributed.run import get_args_parser
+
+    try:
+        with quiet():
+            args = get_args_parser().parse_args(argv)
+    except SystemExit:
+        raise Rejected(script, f"torchrun refuses its arguments: {' '.join(argv)[:300]}")
+    nodes, per_node = plan.nodes, min(plan.gpus, plan.gpus_per_node)
+    if str(args.nnodes) != str(nodes) or str(args.nproc_per_node) != str(per_node):
+        raise Rejected(script, f"torchrun --nnodes {args.nnodes} --nproc-per-node {args.nproc_per_node}; the plan has "
+                               f"{nodes} node(s) x {per_node}")
+    return args.training_script, list(args.training_script_args), exported
+
+
 # ---------------------------------------------------------------------------------------------
 # Megatron-Core
 # ---------------------------------------------------------------------------------------------
@@ -371,12 +393,22 @@ def check_megatron(plan, export_dir):
         sparse = ("etp", "ep", "edp", "pp")
         for dim, name in (("etp", "tp"), ("ep", "ep"), ("edp", "dp")):
             expect(file, f"expert {name} rank groups", sorted(expert.get_ranks(name)), plan.groups(dim, sparse))
-    launch = os.path.join(export_dir, "launch-megatron.sh")
-    if not os.access(launch, os.X_OK):
-        raise Rejected("launch-megatron.sh", "missing or not executable")
-    text = open(launch).read()
-    if (tp > 1 or cp > 1) and "CUDA_DEVICE_MAX_CONNECTIONS=1" not in text:
-        raise Rejected("launch-megatron.sh", "tp or cp > 1 without CUDA_DEVICE_MAX_CONNECTIONS=1 (validate_args asserts it)")
+    # launch-megatron.sh: torchrun over the plan's nodes, pretrain_gpt.py with exactly these
+    # arguments, and CUDA_DEVICE_MAX_CONNECTIONS as validate_args (core_v0.15.0) asserts it: 1 with
+    # tp or cp > 1, and not 1 under Megatron-FSDP.
+    script, rest, exported = check_torchrun_launch(export_dir, "launch-megatron.sh", plan,
+                                                   ("CUDA_DEVICE_MAX_CONNECTIONS",))
+    if not script.endswith("/pretrain_gpt.py"):
+        raise Rejected("launch-megatron.sh", f"torchrun runs {script}, not $MEGATRON_LM/pretrain_gpt.py")
+    tokens = [w for line in open(path) if line.strip() and not line.lstrip().startswith("#") for w in shlex.split(line)]
+    if rest != tokens:
+        raise Rejected("launch-megatron.sh", "does not pass pretrain_gpt.py the arguments of megatron.args as they are")
+    connections = exported["CUDA_DEVICE_MAX_CONNECTIONS"]
+    if ddp.use_megatron_fsdp and connections == "1":
+        raise Rejected("launch-megatron.sh", "CUDA_DEVICE_MAX_CONNECTIONS=1 under Megatron-FSDP (validate_args asserts it is not 1)")
+    if not ddp.use_megatron_fsdp and (tp > 1 or cp > 1) and connections != "1":
+        raise Rejected("launch-megatron.sh", f"tp or cp > 1 with CUDA_DEVICE_MAX_CONNECTIONS={connections!r} "
+                                             "(validate_args asserts 1)")
     print(f"megatron-core {version} accepted {file}: tp {tp} pp {pp} vpp {vpp} cp {cp} ep {ep} etp {etp} dp {dp} "
           f"zero {zero} mbs {args['micro_batch_size']} gbs {args['global_batch_size']} microbatches {calc.get()} "
           f"recompute {config.recompute_granularity or 'none'} {precision} offload {opt.optimizer_cpu_offload}; "
@@ -505,6 +537,11 @@ def check_torchtitan(plan, export_dir):
             expect(file, f"(first layer, layers) of virtual stage {s}", got if ids else (want[0], 0), want)
     expect(file, "stages per pipeline rank (vpp)", stages_per_rank, plan.vpp)
     check_torchtitan_model(job, plan, path, file)
+    script, rest, _ = check_torchrun_launch(export_dir, "launch-torchtitan.sh", plan)
+    if script != "torchtitan.train" or len(rest) < 2 or rest[0] != "--job.config_file" or \
+            os.path.realpath(rest[1]) != os.path.realpath(path):
+        raise Rejected("launch-torchtitan.sh", f"runs {script} {' '.join(rest[:2])}, not -m torchtitan.train "
+                                               "--job.config_file with this torchtitan.toml")
     print(f"torchtitan {version} accepted {file}: tp {view['tp']} pp {view['pp']} vpp {stages_per_rank} cp {view['cp']} "
           f"ep {view['ep']} etp {view['etp']} dp {view['dp']} zero {view['zero']} local/micro batch {view['mbs']} "
           f"gbs {view['gbs']} microbatches {view['microbatches']} recompute {view['recompute']} {view['precision']} "
@@ -720,7 +757,7 @@ def launch_arguments(export_dir, script, program, env_names=()):
         os.chmod(shim, 0o755)
         # A multi-node script asks which node it runs on: node 0 of a job whose first node is here.
         env = dict(os.environ, PATH=tmp + os.pathsep + os.environ["PATH"], TRAIN_SCRIPT="train.py", NODE_RANK="0",
-                   MASTER_ADDR="127.0.0.1")
+                   MASTER_ADDR="127.0.0.1", MEGATRON_LM="/megatron-lm")
         run = subprocess.run(["bash", os.path.join(os.path.abspath(export_dir), script)], cwd=tmp, env=env,
                              capture_output=True, text=True)
         if run.returncode != 0 or not os.path.exists(out):

@@ -761,7 +761,9 @@ def launch_arguments(export_dir, script, program, env_names=()):
         run = subprocess.run(["bash", os.path.join(os.path.abspath(export_dir), script)], cwd=tmp, env=env,
                              capture_output=True, text=True)
         if run.returncode != 0 or not os.path.exists(out):
-            raise Rejected(script, f"exit {run.returncode} before starting {program}: {run.stderr.strip()[-300:]}")
+            said = run.stderr.strip().splitlines()
+            raise Rejected(script, f"exit {run.returncode} before starting {program}: {said[-1] if said else ''}",
+                           engine="bash")
         args, exported = open(out).read().split("\1")
         return args.split("\0")[:-1], dict(zip(env_names, exported.split("\0")))
 

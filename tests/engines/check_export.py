@@ -79,13 +79,15 @@ def quiet():
         with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
             try:
                 yield buffer
+            except Rejected:
+                raise  # our own verdict: the engine's chatter adds nothing
             except BaseException:
                 sys.__stderr__.write(buffer.getvalue()[-4000:])
                 raise
 
 
 class Plan:
-    """The layout facts of a plan.json (the file format of docs/plan-json.md)."""
+    """The layout facts of a plan.json as `dplan estimate -o` writes it (docs/cli.md)."""
 
     def __init__(self, path):
         with open(path) as f:

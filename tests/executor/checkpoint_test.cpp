@@ -146,11 +146,12 @@ struct Live {
   std::string err_path;
 };
 
-Live start_live(const TempDir& dir, const std::string& plan, const std::vector<std::string>& extra, int ready = 2) {
+Live start_live(const TempDir& dir, const std::string& plan, const std::vector<std::string>& extra, int ready = 2,
+                const std::string& timeout_s = "20") {
   Live run;
   run.err_path = (dir.path() / "live.err").string();
   fs::remove(run.err_path);
-  std::vector<std::string> args = {DPLAN_BINARY, "run", plan, "--steps", "100000", "--timeout-s", "20"};
+  std::vector<std::string> args = {DPLAN_BINARY, "run", plan, "--steps", "100000", "--timeout-s", timeout_s};
   args.insert(args.end(), extra.begin(), extra.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -270,7 +271,7 @@ TEST_CASE("a rank killed during a save leaves the previous checkpoint which the 
   TempDir dir;
   const fs::path ckpt = dir.path() / "ckpt";
   const std::string plan = write_plan(dir, "gpt-tiny", {1, 1, 2}, 8);
-  Live run = start_live(dir, plan, {"--checkpoint-dir", ckpt.string(), "--save-every", "2"}, 1);
+  Live run = start_live(dir, plan, {"--checkpoint-dir", ckpt.string(), "--save-every", "2"}, 1, "4");
   pid_t rank1 = 0;
   {
     std::string children = read_file("/proc/" + std::to_string(run.launcher) + "/task/" + std::to_string(run.launcher) + "/children");
@@ -289,13 +290,85 @@ TEST_CASE("a rank killed during a save leaves the previous checkpoint which the 
   REQUIRE(::kill(rank1, SIGKILL) == 0);
   const int wstatus = wait_exit(run, std::chrono::seconds(60));
   const bool manifest4 = fs::exists(fs::path(step_folder(ckpt, 4)) / "manifest.json");
-  std::printf("killed during the step-4 save: dplan run exit %d; step-4 manifest %s; step-2 manifest %s\n",
+  const std::string err = read_file(run.err_path);
+  std::printf("killed during the step-4 save: dplan run exit %d; step-4 manifest %s; step-2 manifest %s; %s",
               WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1, manifest4 ? "written" : "absent",
-              fs::exists(fs::path(step_folder(ckpt, 2)) / "manifest.json") ? "present" : "absent");
+              fs::exists(fs::path(step_folder(ckpt, 2)) / "manifest.json") ? "present" : "absent",
+              err.find("dplan: error:") == std::string::npos ? "no error line\n" : err.substr(err.find("dplan: error:")).c_str());
   CHECK(WIFEXITED(wstatus));
   CHECK(WEXITSTATUS(wstatus) == 1);
   CHECK_FALSE(manifest4);
   REQUIRE(fs::exists(fs::path(step_folder(ckpt, 2)) / "manifest.json"));
   const json resumed = run_to(plan, (dir.path() / "resumed.json").string(), 4, {"--resume", ckpt.string()});
   CHECK(resumed["checkpoints"]["resumed_from"]["step"] == 2);
+}
+
+TEST_CASE("torchrun --max-restarts 1 with a rank killed mid-run restarts and resumes from the newest checkpoint",
+          "[executor][checkpoint][fault][launch]") {
+  std::string torchrun;
+  for (const char* d : {"/usr/bin", "/usr/local/bin"})
+    if (fs::exists(fs::path(d) / "torchrun")) torchrun = (fs::path(d) / "torchrun").string();
+  INFO("torchrun is not installed in /usr/bin or /usr/local/bin (Debian package python3-torch; ./setup.sh --all)");
+  REQUIRE(!torchrun.empty());
+  TempDir dir;
+  const fs::path ckpt = dir.path() / "ckpt";
+  const std::string plan = write_plan(dir, "gpt-tiny", {1, 1, 2}, 8);
+  constexpr int steps = 10;
+  const std::vector<double> uninterrupted = losses(run_to(plan, (dir.path() / "full.json").string(), steps, {}));
+  const std::string out = (dir.path() / "torchrun.run.json").string(), err_path = (dir.path() / "torchrun.err").string();
+  std::vector<std::string> args = {torchrun, "--standalone", "--nproc_per_node", "2", "--max_restarts", "1",
+                                   "--redirects", "1", "--tee", "1", "--log_dir", (dir.path() / "logs").string(),
+                                   "--no_python", DPLAN_WORKER_BINARY, plan, "--steps", std::to_string(steps),
+                                   "--timeout-s", "10", "--checkpoint-dir", ckpt.string(), "--save-every", "2",
+                                   "-o", out};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t agent = ::fork();
+  REQUIRE(agent >= 0);
+  if (agent == 0) {
+    ::setpgid(0, 0);
+    int fd = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execv(torchrun.c_str(), argv.data());
+    ::_exit(127);
+  }
+  ::setpgid(agent, agent);
+  // Rank 1 of the first attempt, killed once the first checkpoint is complete.
+  const auto started = std::chrono::steady_clock::now();
+  while (!fs::exists(fs::path(step_folder(ckpt, 2)) / "manifest.json") &&
+         std::chrono::steady_clock::now() - started < std::chrono::seconds(90))
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  pid_t rank1 = 0;
+  const std::string nul(1, '\0');
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string env = nul + read_file(entry.path() / "environ");
+    if (env.find(nul + "RANK=1" + nul) != std::string::npos &&
+        env.find(nul + "TORCHELASTIC_RESTART_COUNT=0" + nul) != std::string::npos &&
+        env.find(nul + "TORCHELASTIC_RUN_ID=") != std::string::npos)
+      rank1 = std::stoi(entry.path().filename().string());
+  }
+  if (rank1 > 0) ::kill(rank1, SIGKILL);
+  int wstatus = 0;
+  while (::waitpid(agent, &wstatus, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() - started > std::chrono::seconds(150)) {
+      ::kill(-agent, SIGKILL);
+      ::waitpid(agent, &wstatus, 0);
+      FAIL("torchrun still running after 150 s:\n" << read_file(err_path));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  INFO(read_file(err_path));
+  REQUIRE(rank1 > 0);
+  REQUIRE(WIFEXITED(wstatus));
+  REQUIRE(WEXITSTATUS(wstatus) == 0);
+  const json run = json::parse(read_file(out));
+  REQUIRE(run["checkpoints"].contains("resumed_from"));
+  const int from = run["checkpoints"]["resumed_from"]["step"].get<int>();
+  CHECK(from >= 2);
+  const std::vector<double> resumed = losses(run);
+  REQUIRE(resumed.size() == size_t(steps - from));
+  print_table("torchrun restart: rank 1 killed; resumed from step " + std::to_string(from), uninterrupted, resumed, from);
+  for (size_t i = 0; i < resumed.size(); ++i) CHECK(std::memcmp(&resumed[i], &uninterrupted[from + i], sizeof(double)) == 0);
 }

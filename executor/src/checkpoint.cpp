@@ -345,8 +345,10 @@ void Checkpointer::save(int step, const TrainingState& state) {
   HostShard shard = copy_to_host(step, impl_->rank, impl_->world, impl_->plan_info, state);
   shard.wait_s = wait_s;
   shard.blocking_s = Seconds(Clock::now() - start).count();
-  if (!impl_->async) {
+  if (!impl_->async) {  // the step loop stalls for the write too
     impl_->write(std::move(shard));
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->records.back().blocking_s = Seconds(Clock::now() - start).count();
     return;
   }
   impl_->writer = std::thread([this, shard = std::move(shard)]() mutable {

@@ -42,7 +42,8 @@ std::string shard_file_name(int rank);
 // One save as this rank measured it (run.json "checkpoints").
 struct SaveRecord {
   int step = 0;
-  double blocking_s = 0;  // the step loop's stall: waiting for the previous write, then the copy to host memory
+  double blocking_s = 0;  // the step loop's stall: waiting for the previous write, the copy to host memory (and with
+                          // a synchronous save the write)
   double wait_s = 0;      // of which waiting for the previous write to finish
   double write_s = 0;     // the shard written (serialise, checksum, write, rename); rank 0 also its manifest
   int64_t file_bytes = 0;   // the shard file

@@ -546,7 +546,9 @@ int train(const RunOptions& args, const Place& place) {
     std::unique_ptr<Checkpointer> checkpointer;
     CheckpointPlan checkpoints;
     if (!args.checkpoint_dir.empty()) {
-      if (place.rank == 0) std::filesystem::create_directories(args.checkpoint_dir);
+      std::error_code ec;
+      if (place.rank == 0 && !std::filesystem::create_directories(args.checkpoint_dir, ec) && ec)
+        throw InputError("--checkpoint-dir " + args.checkpoint_dir + ": cannot create it (" + ec.message() + ")");
       StorePtr checkpoint_store = place.world > 1 ? connect_store(place, false, timeout) : store;
       checkpointer = std::make_unique<Checkpointer>(args.checkpoint_dir, args.keep, !args.sync_save, place.rank,
                                                     place.world, checkpoint_store, plan_info);

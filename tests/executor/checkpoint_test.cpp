@@ -224,6 +224,20 @@ TEST_CASE("SIGTERM to dplan run: the ranks finish the step and save and it exits
     CHECK(resumed["steps"].size() == 2);
   }
   {
+    // A terminal's Ctrl-C: SIGINT to the whole process group. The ranks ignore it; the launcher
+    // passes SIGTERM on once.
+    Live run = start_live(dir, plan, {"--checkpoint-dir", ckpt.string()});
+    REQUIRE(::kill(-run.launcher, SIGINT) == 0);
+    const int wstatus = wait_exit(run, std::chrono::seconds(60));
+    const std::string err = read_file(run.err_path);
+    std::printf("SIGINT to the group: exit %d; its last line: %s", WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1,
+                err.substr(err.rfind('\n', err.size() - 2) + 1).c_str());
+    INFO(err);
+    REQUIRE(WIFEXITED(wstatus));
+    CHECK(WEXITSTATUS(wstatus) == 0);
+    CHECK_THAT(err, Contains("; saved checkpoint " + ckpt.string() + "/step-"));
+  }
+  {
     Live run = start_live(dir, plan, {"--checkpoint-dir", ckpt.string()});
     REQUIRE(::kill(run.launcher, SIGTERM) == 0);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -1,6 +1,7 @@
 #include "comm.h"
 
 #include <cstdlib>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <stdexcept>
@@ -18,12 +19,16 @@
 namespace dplan::executor {
 
 namespace {
+// 1.13's key is c10::guts::to_string of the TensorImpl pointer: the address as an ostream prints it.
 template <typename Key>
 Key optimizer_state_key(const at::Tensor& param) {
-  if constexpr (std::is_same_v<Key, std::string>)
-    return c10::guts::to_string(param.unsafeGetTensorImpl());
-  else
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;
+    key << static_cast<const void*>(param.unsafeGetTensorImpl());
+    return key.str();
+  } else {
     return static_cast<Key>(param.unsafeGetTensorImpl());
+  }
 }
 using OptimizerStateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
 }  // namespace

@@ -260,8 +260,10 @@ TEST_CASE("a flipped byte in a shard is caught by its checksum and named in one 
   TempDir dir;
   const fs::path ckpt = dir.path() / "ckpt";
   const std::string plan = write_plan(dir, "gpt-tiny", {1, 1, 2}, 8);
-  run_to(plan, (dir.path() / "run.json").string(), 2, {"--checkpoint-dir", ckpt.string(), "--save-every", "2"});
-  const std::string shard = (fs::path(step_folder(ckpt, 2)) / "rank-00001.safetensors").string();
+  run_to(plan, (dir.path() / "run.json").string(), 4,
+         {"--checkpoint-dir", ckpt.string(), "--save-every", "2", "--keep", "1"});
+  CHECK_FALSE(fs::exists(step_folder(ckpt, 2)));  // --keep 1: gone once step 4 was complete
+  const std::string shard = (fs::path(step_folder(ckpt, 4)) / "rank-00001.safetensors").string();
   {
     std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
     f.seekg(0, std::ios::end);
@@ -273,7 +275,7 @@ TEST_CASE("a flipped byte in a shard is caught by its checksum and named in one 
     f.seekp(middle);
     f.write(&c, 1);
   }
-  Result r = run_program(DPLAN_BINARY, {"run", plan, "--steps", "4", "--quiet", "--resume", ckpt.string()});
+  Result r = run_program(DPLAN_BINARY, {"run", plan, "--steps", "6", "--quiet", "--resume", ckpt.string()});
   std::printf("flipped byte: exit %d: %s", r.status, r.err.c_str());
   INFO(r.err);
   CHECK(r.status == 2);

@@ -21,6 +21,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -76,18 +77,23 @@ double print_table(const std::string& what, const std::vector<double>& full, con
 TEST_CASE("resume from a checkpoint is bit-exact for tp pp dp layouts with ZeRO 1 2 3 and recompute",
           "[executor][checkpoint]") {
   TempDir dir;
-  const std::vector<std::pair<Layout, std::vector<std::string>>> cases = {
+  // With dropout (attention probabilities, residuals, embeddings), the same masks after the resume
+  // only if every rank's generator state came back.
+  const std::string dropout = std::string(DPLAN_VALIDATION_DIR) + "/executor/gpt-tiny-dropout/config.json";
+  const std::vector<std::tuple<std::string, Layout, std::vector<std::string>>> cases = {
       // tp and dp; pp and dp; the tp 2 x pp 2 save is the resharding test's.
-      {{2, 1, 2, "1f1b", false, 1, "selective"}, {"--zero", "1"}},
-      {{1, 2, 2}, {"--zero", "2"}},
-      {{1, 1, 2, "1f1b", false, 1, "full"}, {"--zero", "3"}},
+      {"gpt-tiny", {2, 1, 2, "1f1b", false, 1, "selective"}, {"--zero", "1"}},
+      {"gpt-tiny", {1, 2, 2}, {"--zero", "2"}},
+      {dropout, {1, 1, 2, "1f1b", false, 1, "full"}, {"--zero", "3"}},
   };
-  for (const auto& [layout, flags] : cases) {
+  int index = 0;
+  for (const auto& [model, layout, flags] : cases) {
     std::string what = layout.describe();
     for (const auto& f : flags) what += " " + f;
+    if (model == dropout) what += " (gpt-tiny with dropout 0.1)";
     INFO(what);
-    const std::string plan = write_plan(dir, "gpt-tiny", layout, 8, flags);
-    const fs::path ckpt = dir.path() / ("ckpt" + std::to_string(&layout - &cases[0].first));
+    const std::string plan = write_plan(dir, model, layout, 8, flags);
+    const fs::path ckpt = dir.path() / ("ckpt" + std::to_string(index++));
     const json full = run_to(plan, (dir.path() / "full.json").string(), kCheckpointSteps,
                              {"--checkpoint-dir", ckpt.string(), "--save-every", std::to_string(kSaveAt)});
     REQUIRE(fs::exists(fs::path(step_folder(ckpt, kSaveAt)) / "manifest.json"));

@@ -81,6 +81,20 @@ std::vector<int64_t> local_shape(const GlobalSlice& s) {
   return shape;
 }
 
+// How many leading elements of the flattened local tensor are the global tensor's: all of them,
+// except where a padded section (the vocabulary padded to a multiple of tp, split along dim 0) puts
+// padding rows at the end of the last slices. Padding is not written: each slice's elements past
+// this count are zeros, and stay zeros (no token reaches them).
+int64_t real_elements(const GlobalSlice& s) {
+  const std::vector<int64_t> shape = local_shape(s);
+  const int64_t numel = c10::multiply_integers(shape);
+  const auto sections = s.sections_or_whole();
+  if (s.dim != 0 || sections.size() != 1 || sections[0].padded == sections[0].length || shape[0] == 0) return numel;
+  const int64_t chunk = sections[0].padded / s.parts;
+  const int64_t rows = std::clamp<int64_t>(sections[0].length - s.index * chunk, 0, chunk);
+  return rows * (numel / shape[0]);
+}
+
 // The CPU generator's state and, on CUDA, the device's: the streams dropout draws from.
 NamedTensors rng_states(const at::Device& device) {
   NamedTensors out;
@@ -130,9 +144,12 @@ HostShard copy_to_host(int step, int rank, int world, const json& plan_info, con
   for (const GradSync::StatePiece& piece : state.grads.state_pieces()) {
     if (!piece.writes) continue;
     const Parameter& p = params[piece.param];
+    const int64_t n = std::min(piece.n, real_elements(p.slice) - piece.lo);  // padding left out
+    if (n <= 0) continue;
     const std::string suffix = "/" + p.name + "/" + std::to_string(piece.lo);
     json keys = json::object();
-    auto put = [&](const std::string& kind, const at::Tensor& t) {
+    auto put = [&](const std::string& kind, const at::Tensor& whole) {
+      const at::Tensor t = whole.narrow(0, 0, n);
       shard.tensors.emplace_back(kind + suffix, host(t));
       shard.state_bytes += static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
       keys[kind] = kind + suffix;
@@ -146,7 +163,7 @@ HostShard copy_to_host(int step, int rank, int world, const json& plan_info, con
       throw std::logic_error("no AdamW state for " + p.name + " at step " + std::to_string(step));
     put("exp_avg", adam->exp_avg());
     put("exp_avg_sq", adam->exp_avg_sq());
-    pieces.push_back({{"name", p.name}, {"slice", slice_to_json(p.slice)}, {"lo", piece.lo}, {"n", piece.n},
+    pieces.push_back({{"name", p.name}, {"slice", slice_to_json(p.slice)}, {"lo", piece.lo}, {"n", n},
                       {"tensors", keys}, {"optimizer_step", adam->step()}});
   }
   json rng = json::array();
@@ -430,7 +447,7 @@ void load_checkpoint(const FoundCheckpoint& found, const TrainingState& state, i
   struct Local {
     GlobalSlice slice;
     std::map<std::string, at::Tensor> flat;
-    int64_t covered = 0, numel = 0;
+    int64_t covered = 0, numel = 0, real = 0;  // real: the elements that are not padding
   };
   std::map<std::tuple<std::string, int, int>, Local> locals;
   int64_t optimizer_step = -1;
@@ -463,6 +480,7 @@ void load_checkpoint(const FoundCheckpoint& found, const TrainingState& state, i
       if (local.numel == 0) {
         local.slice = slice;
         local.numel = c10::multiply_integers(local_shape(slice));
+        local.real = real_elements(slice);
       }
       const int64_t lo = piece.at("lo").get<int64_t>(), n = piece.at("n").get<int64_t>();
       if (lo < 0 || n < 0 || lo + n > local.numel) throw InputError("checkpoint " + found.folder + ": shard " + file + ": a piece of " + name + " outside its tensor");
@@ -481,9 +499,9 @@ void load_checkpoint(const FoundCheckpoint& found, const TrainingState& state, i
   std::map<std::string, std::set<int>> indices;                      // name -> the tp (etp) slices seen
   for (auto& [key, local] : locals) {
     const std::string& name = std::get<0>(key);
-    if (local.covered != local.numel)
+    if (local.covered != local.real)
       throw InputError("checkpoint " + found.folder + " holds " + std::to_string(local.covered) + " of the " +
-                       std::to_string(local.numel) + " elements of " + name + "'s slice " +
+                       std::to_string(local.real) + " elements of " + name + "'s slice " +
                        std::to_string(local.slice.index) + " of " + std::to_string(local.slice.parts));
     indices[name].insert(local.slice.index);
     for (auto& [kind, flat] : local.flat) {

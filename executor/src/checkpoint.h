@@ -8,7 +8,7 @@
 // the job: GradSync::state_pieces), stored per parameter under its GLOBAL name with the slice of
 // the global tensor it covers (GlobalSlice) and the element range of that slice; so a loader
 // rebuilds any global tensor from the shards that hold it and cuts any layout's part of it
-// (resharding on load). Per piece: the weights in the dtype the executor keeps them, the fp32
+// (resharding on load); the padding of a padded vocabulary is left out. Per piece: the weights in the dtype the executor keeps them, the fp32
 // master weights when they differ (mixed precision), and AdamW's two moments. Small state in the
 // safetensors metadata and tensors beside them: the optimizer step count, the data position, and
 // this rank's RNG states (the CPU generator, which also seeds the dropout masks, and the CUDA

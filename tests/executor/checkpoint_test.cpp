@@ -265,9 +265,14 @@ TEST_CASE("a flipped byte in a shard is caught by its checksum and named in one 
           "[executor][checkpoint][fault]") {
   TempDir dir;
   const fs::path ckpt = dir.path() / "ckpt";
-  const std::string plan = write_plan(dir, "gpt-tiny", {1, 1, 2}, 8);
-  run_to(plan, (dir.path() / "run.json").string(), 4,
-         {"--checkpoint-dir", ckpt.string(), "--save-every", "2", "--keep", "1"});
+  // tp 2 of a vocabulary of 259 (padded to 260): the padding row is not written, so the size is the
+  // plan's parameter count x 12 bytes here too.
+  const std::string model = std::string(DPLAN_VALIDATION_DIR) + "/executor/gpt-tiny-odd-vocab/config.json";
+  const std::string plan = write_plan(dir, model, {2, 1, 1}, 8);
+  const json run = run_to(plan, (dir.path() / "run.json").string(), 4,
+                          {"--checkpoint-dir", ckpt.string(), "--save-every", "2", "--keep", "1"});
+  CHECK(run["checkpoints"]["saves"][1]["state_bytes"].get<double>() ==
+        json::parse(read_file(plan))["model"]["num_params"].get<double>() * 12);
   CHECK_FALSE(fs::exists(step_folder(ckpt, 2)));  // --keep 1: gone once step 4 was complete
   const std::string shard = (fs::path(step_folder(ckpt, 4)) / "rank-00001.safetensors").string();
   {

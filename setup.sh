@@ -28,14 +28,15 @@ for arg in "$@"; do
   esac
 done
 
-# The planner needs only these; the executor LibTorch with c10d and Gloo, the tests Catch2, the
+# The planner needs only these; the executor LibTorch with c10d and Gloo (and zlib for its
+# checkpoints' CRC-32), the tests Catch2, the
 # torchrun launch test and the DDP benchmark Debian's PyTorch, and the sanitizer tests and fuzz
 # targets (fuzz/sanitize.sh, fuzz/run.sh) clang with its ASan, UBSan and libFuzzer runtimes and
 # llvm-symbolizer for their stack traces.
 packages=(cmake g++ make pkg-config nlohmann-json3-dev libcli11-dev libboost-graph-dev)
 # ccache: the executor's second build (against PyTorch 2.x, BUILD_DIR=build-torch2) compiles the
 # cost model, the planner and their tests exactly as the first did, and takes them from the cache.
-if ((all)); then packages+=(catch2 libtorch-dev libgloo-dev python3-torch clang libclang-rt-14-dev llvm-14 ccache); fi
+if ((all)); then packages+=(catch2 libtorch-dev libgloo-dev zlib1g-dev python3-torch clang libclang-rt-14-dev llvm-14 ccache); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

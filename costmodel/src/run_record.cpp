@@ -63,7 +63,7 @@ json to_json(const RunRecord& run) {
     memory[std::to_string(rank)] = row;
   }
   const StepTimeStats& t = run.step_time;
-  return json{
+  json out{
       {"format_version", kRunFormatVersion},
       {"generator", "dplan"},
       {"plan", run.plan},
@@ -85,6 +85,23 @@ json to_json(const RunRecord& run) {
       {"memory_source", run.memory_source},
       {"stage_of_rank", run.stage_of_rank},
       {"replicas", {{"identical", run.replicas_identical}, {"weights_hash_by_rank", run.weights_hash_by_rank}}}};
+  if (run.checkpoints) {
+    const RunCheckpoints& c = *run.checkpoints;
+    json saves = json::array();
+    for (const CheckpointSave& s : c.saves) {
+      long long file_total = 0, state_total = 0;
+      for (long long b : s.file_bytes_by_rank) file_total += b;
+      for (long long b : s.state_bytes_by_rank) state_total += b;
+      saves.push_back({{"step", s.step}, {"blocking_s", s.blocking_s}, {"wait_s", s.wait_s}, {"write_s", s.write_s},
+                       {"file_bytes_by_rank", s.file_bytes_by_rank}, {"state_bytes_by_rank", s.state_bytes_by_rank},
+                       {"file_bytes", file_total}, {"state_bytes", state_total}});
+    }
+    json block = {{"dir", c.dir}, {"async", c.async}, {"saves", saves}};
+    if (c.resumed_from_step) block["resumed_from"] = {{"step", *c.resumed_from_step}, {"folder", c.resumed_from}};
+    if (c.stopped_by_signal) block["stopped_by_signal"] = *c.stopped_by_signal;
+    out["checkpoints"] = block;
+  }
+  return out;
 }
 
 RunRecord run_record_from_json(const json& j, const std::string& file) {
@@ -198,6 +215,50 @@ RunRecord run_record_from_json(const json& j, const std::string& file) {
     run.weights_hash_by_rank.push_back(hashes[i].get<std::string>());
   }
   replicas.finish();
+  if (r.has("checkpoints")) {  // written since checkpoints exist; older files lack it
+    ObjectReader c = r.object("checkpoints");
+    RunCheckpoints& out = run.checkpoints.emplace();
+    out.dir = c.string("dir");
+    out.async = c.boolean("async");
+    if (c.has("resumed_from")) {
+      ObjectReader from = c.object("resumed_from");
+      out.resumed_from_step = static_cast<int>(from.non_negative_int("step"));
+      out.resumed_from = from.string("folder");
+      from.finish();
+    }
+    if (c.has("stopped_by_signal")) out.stopped_by_signal = static_cast<int>(c.int_in("stopped_by_signal", 1, 64));
+    const json& saves = c.raw("saves");
+    if (!saves.is_array()) c.fail("saves", "a list of saves");
+    for (size_t i = 0; i < saves.size(); ++i) {
+      const std::string pointer = "/checkpoints/saves/" + std::to_string(i);
+      ObjectReader save(saves[i], file, pointer);
+      CheckpointSave s;
+      s.step = static_cast<int>(save.non_negative_int("step"));
+      s.blocking_s = save.non_negative_number("blocking_s");
+      s.wait_s = save.non_negative_number("wait_s");
+      s.write_s = save.non_negative_number("write_s");
+      long long file_total = 0, state_total = 0;
+      for (const auto& [key, list, total] : {std::tuple{"file_bytes_by_rank", &s.file_bytes_by_rank, &file_total},
+                                             std::tuple{"state_bytes_by_rank", &s.state_bytes_by_rank, &state_total}}) {
+        const json& bytes = save.raw(key);
+        if (!bytes.is_array() || bytes.size() != run.stage_of_rank.size())
+          save.fail(key, "a list of " + std::to_string(run.stage_of_rank.size()) + " byte counts, one per rank");
+        for (const json& b : bytes) {
+          if (!b.is_number_integer() || b.get<long long>() < 0)
+            throw InputError(save.where(key) + ": expected byte counts, got " + describe_json_value(b));
+          list->push_back(b.get<long long>());
+          *total += b.get<long long>();
+        }
+      }
+      if (save.int_in("file_bytes", 0, 1LL << 62) != file_total)
+        save.fail("file_bytes", "the sum of file_bytes_by_rank (" + std::to_string(file_total) + ")");
+      if (save.int_in("state_bytes", 0, 1LL << 62) != state_total)
+        save.fail("state_bytes", "the sum of state_bytes_by_rank (" + std::to_string(state_total) + ")");
+      save.finish();
+      out.saves.push_back(s);
+    }
+    c.finish();
+  }
   r.finish();
   return run;
 }

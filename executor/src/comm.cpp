@@ -1,6 +1,9 @@
 #include "comm.h"
 
 #include <cstdlib>
+#include <sstream>
+#include <string>
+#include <type_traits>
 #include <stdexcept>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -14,6 +17,32 @@
 #endif
 
 namespace dplan::executor {
+
+namespace {
+// 1.13's key is c10::guts::to_string of the TensorImpl pointer: the address as an ostream prints it.
+template <typename Key>
+Key optimizer_state_key(const at::Tensor& param) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;
+    key << static_cast<const void*>(param.unsafeGetTensorImpl());
+    return key.str();
+  } else {
+    return static_cast<Key>(param.unsafeGetTensorImpl());
+  }
+}
+using OptimizerStateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+}  // namespace
+
+torch::optim::OptimizerParamState* optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param) {
+  auto& states = optimizer.state();
+  auto it = states.find(optimizer_state_key<OptimizerStateKey>(param));
+  return it == states.end() ? nullptr : it->second.get();
+}
+
+void set_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                         std::unique_ptr<torch::optim::OptimizerParamState> state) {
+  optimizer.state()[optimizer_state_key<OptimizerStateKey>(param)] = std::move(state);
+}
 
 #if TORCH_VERSION_MAJOR >= 2
 using BackendBase = c10d::Backend;

@@ -21,6 +21,7 @@
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/optim/optimizer.h>
 
 namespace dplan::executor {
 
@@ -28,6 +29,12 @@ enum class Backend { gloo, nccl };
 const char* to_string(Backend b);
 // True when this build can create NCCL groups (LibTorch with CUDA and c10d NCCL).
 bool nccl_available();
+
+// The state an optimizer keeps for `param` (nullptr: none yet), and setting it. LibTorch 1.13 keys
+// an optimizer's state by the string of the parameter's TensorImpl address, 2.x by the address.
+torch::optim::OptimizerParamState* optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param);
+void set_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                         std::unique_ptr<torch::optim::OptimizerParamState> state);
 
 // An outstanding asynchronous operation; wait() rethrows the backend's error (peer gone, timeout).
 class Work {

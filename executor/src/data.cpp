@@ -52,6 +52,21 @@ void DataSource::start_epoch() {
   cursor_ = 0;
 }
 
+void DataSource::seek(const Position& at) {
+  const int64_t usable = num_samples_ / global_batch_ * global_batch_;
+  if (at.epoch < -1 || at.samples < 0 || at.samples % global_batch_ != 0 || at.samples > usable ||
+      (at.epoch == -1 && at.samples != 0))
+    throw std::invalid_argument("data position epoch " + std::to_string(at.epoch) + " sample " +
+                                std::to_string(at.samples) + " is not one of whole global batches of " +
+                                std::to_string(global_batch_) + " in " + std::to_string(usable) + " samples");
+  epoch_ = at.epoch - 1;
+  order_.clear();
+  cursor_ = 0;
+  if (at.epoch < 0) return;
+  start_epoch();
+  cursor_ = static_cast<size_t>(at.samples / dp_);
+}
+
 at::Tensor DataSource::sample(int64_t index) const {
   at::Tensor t = at::empty({seq_len_ + 1}, at::kLong);
   int64_t* out = t.data_ptr<int64_t>();

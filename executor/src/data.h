@@ -30,6 +30,15 @@ class DataSource {
   int64_t num_samples() const { return num_samples_; }
   int epoch() const { return epoch_; }
   std::string describe() const;
+  // Where the stream is, whatever dp is: the epoch (-1 before the first step) and the samples of
+  // the global batches read in it. seek() goes back there (a checkpoint's data position); it
+  // throws std::invalid_argument when the position is not one of whole global batches.
+  struct Position {
+    int epoch = -1;
+    int64_t samples = 0;
+  };
+  Position position() const { return {epoch_, static_cast<int64_t>(cursor_) * dp_}; }
+  void seek(const Position& at);
 
  private:
   at::Tensor sample(int64_t index) const;  // [seq_len + 1]

@@ -72,23 +72,30 @@ GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, in
   const double out_std = kInitStd / std::sqrt(2.0 * model.num_layers);  // Megatron's scaled init of output layers
 
   // replicated: the same on every tp rank (its grad is partial under SP, summed by GradSync).
-  auto add = [&](const std::string& name, const at::Tensor& local, bool decay, bool replicated, bool tied = false) {
+  // `slice`: the part of the global tensor `local` is (default: all of it).
+  auto add = [&](const std::string& name, const at::Tensor& local, bool decay, bool replicated, bool tied = false,
+                 GlobalSlice slice = {}) {
     at::Tensor t = local.to(ctx.device, ctx.dtype).contiguous().clone().set_requires_grad(true);
-    params_.push_back({name, t, decay, replicated && sp, tied, replicated});
+    if (slice.shape.empty()) slice.shape = local.sizes().vec();
+    params_.push_back({name, t, decay, replicated && sp, tied, replicated, false, slice});
     unit_of_param_.push_back(num_units_);
     return t;
   };
+  auto tp_slice = [&](at::IntArrayRef shape, int dim, std::vector<GlobalSlice::Section> sections = {}) {
+    return GlobalSlice{shape.vec(), dim, tp, r, std::move(sections)};
+  };
   auto split = [&](const std::string& name, at::IntArrayRef shape, double std, int64_t dim, bool decay) {
     at::Tensor full = std == 0 ? at::zeros(shape, at::kFloat) : draw(seed, name, shape, std);
-    return add(name, shard(full, dim, tp, r), decay, false);
+    return add(name, shard(full, dim, tp, r), decay, false, false, tp_slice(shape, static_cast<int>(dim)));
   };
   auto replicated = [&](const std::string& name, int64_t n, double value) {
     return add(name, at::full({n}, value, at::kFloat), false, true);
   };
+  const GlobalSlice vocab_slice = tp_slice({model.vocab_size, H}, 0, {{model.vocab_size, padded_vocab_}});
   auto word_embedding = [&]() {
     at::Tensor full = at::zeros({padded_vocab_, H}, at::kFloat);
     full.narrow(0, 0, model.vocab_size).copy_(draw(seed, "wte", {model.vocab_size, H}, kInitStd));
-    return add("wte", shard(full, 0, tp, r), true, false, model.tied_embeddings && ctx.num_stages > 1);
+    return add("wte", shard(full, 0, tp, r), true, false, model.tied_embeddings && ctx.num_stages > 1, vocab_slice);
   };
 
   if (stage.chunks.empty()) throw std::logic_error("a pipeline stage without model chunks");
@@ -118,8 +125,13 @@ GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, in
     at::Tensor q = shard(draw(seed, p + "attn.q.weight", {model.q_dim(), H}, kInitStd), 0, tp, r);
     at::Tensor k = shard(draw(seed, p + "attn.k.weight", {model.kv_dim(), H}, kInitStd), 0, tp, r);
     at::Tensor v = shard(draw(seed, p + "attn.v.weight", {model.kv_dim(), H}, kInitStd), 0, tp, r);
-    b.qkv_w = add(p + "attn.qkv.weight", at::cat({q, k, v}, 0), true, false);
-    if (model.qkv_bias) b.qkv_b = add(p + "attn.qkv.bias", at::zeros({q.size(0) + 2 * k.size(0)}), false, false);
+    const std::vector<GlobalSlice::Section> qkv_rows = {
+        {model.q_dim(), model.q_dim()}, {model.kv_dim(), model.kv_dim()}, {model.kv_dim(), model.kv_dim()}};
+    const int64_t qkv_dim = model.q_dim() + 2 * model.kv_dim();
+    b.qkv_w = add(p + "attn.qkv.weight", at::cat({q, k, v}, 0), true, false, false, tp_slice({qkv_dim, H}, 0, qkv_rows));
+    if (model.qkv_bias)
+      b.qkv_b = add(p + "attn.qkv.bias", at::zeros({q.size(0) + 2 * k.size(0)}), false, false, false,
+                    tp_slice({qkv_dim}, 0, qkv_rows));
     b.proj_w = split(p + "attn.proj.weight", {H, model.q_dim()}, out_std, 1, true);
     if (model.out_bias) b.proj_b = replicated(p + "attn.proj.bias", H, 0.0);
     b.norm2_w = replicated(p + "norm2.weight", H, 1.0);
@@ -137,7 +149,8 @@ GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, in
       // This ep rank's experts, each drawn whole from its global name and cut to this etp rank's slice.
       b.moe.first_expert = static_cast<int>(ctx.ep.rank() * local);
       auto expert = [&](const std::string& name, at::IntArrayRef shape, double std, int64_t dim) {
-        at::Tensor t = add(name, shard(draw(seed, name, shape, std), dim, etp, er), true, false);
+        at::Tensor t = add(name, shard(draw(seed, name, shape, std), dim, etp, er), true, false, false,
+                           GlobalSlice{shape.vec(), static_cast<int>(dim), etp, er, {}});
         params_.back().expert = true;
         return t;
       };
@@ -165,7 +178,7 @@ GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, in
     } else {
       at::Tensor full = at::zeros({padded_vocab_, H}, at::kFloat);
       full.narrow(0, 0, model.vocab_size).copy_(draw(seed, "lm_head.weight", {model.vocab_size, H}, kInitStd));
-      head_w_ = add("lm_head.weight", shard(full, 0, tp, r), true, false);
+      head_w_ = add("lm_head.weight", shard(full, 0, tp, r), true, false, false, vocab_slice);
     }
     head_unit_ = num_units_++;
     chunk_of_unit_.push_back(static_cast<int>(stage.chunks.size()) - 1);

@@ -68,6 +68,25 @@ struct StageSpec {
   bool embedding = false, lm_head = false;
 };
 
+// Which part of the global tensor (the whole parameter under its global name, as a one-rank run holds
+// it) a rank's tensor is: along `dim`, the global tensor is cut into sections (one, or the query,
+// key and value rows of the fused QKV weight), each padded with zeros to `padded` (the vocabulary
+// to a multiple of tp) and split into `parts` equal chunks, of which this rank holds chunk `index`
+// of every section, concatenated in section order. parts 1: the whole tensor. Checkpoints store
+// each tensor with its slice, so a loader can rebuild the global tensor and cut any rank's part.
+struct GlobalSlice {
+  struct Section {
+    int64_t length = 0, padded = 0;
+  };
+  std::vector<int64_t> shape;  // the global tensor's shape (unpadded)
+  int dim = 0;
+  int parts = 1, index = 0;
+  std::vector<Section> sections;  // along dim; empty: one section, the whole dim, unpadded
+  std::vector<Section> sections_or_whole() const {
+    return sections.empty() ? std::vector<Section>{{shape.at(dim), shape.at(dim)}} : sections;
+  }
+};
+
 struct Parameter {
   std::string name;             // global name, e.g. "layers.3.mlp.fc1.weight"
   at::Tensor tensor;            // this rank's shard (a leaf that requires grad)
@@ -78,6 +97,7 @@ struct Parameter {
   // An MoE expert's weight: this rank holds its ep rank's experts (etp slice); its gradient is
   // summed and ZeRO-sharded over ctx.edp, not dp (moe.h).
   bool expert = false;
+  GlobalSlice slice;            // the part of the global tensor this rank holds
 };
 
 // ZeRO-3 gathers a unit's parameters just before the unit runs and frees them after (Rajbhandari

@@ -412,6 +412,30 @@ std::vector<GradSync::OptimizerParam> GradSync::optimizer_params() {
   return out;
 }
 
+std::vector<GradSync::StatePiece> GradSync::state_pieces() {
+  std::vector<StatePiece> out;
+  for (auto& b : buckets_) {
+    const int parts = shard_optimizer_ ? b.group->size() : 1, index = shard_optimizer_ ? b.group->rank() : 0;
+    const int64_t slice = b.numel / parts, lo = index * slice, hi = lo + slice;
+    const at::Tensor weights = optimizer_weights(b);
+    const bool owner = shard_optimizer_ || b.group->rank() == 0;
+    int64_t offset = 0;
+    for (int i : b.members) {  // as for_each_piece, with the offset in the parameter too
+      const Parameter& p = params_[i];
+      const int64_t numel = p.tensor.numel();
+      const int64_t first = std::max(lo, offset), last = std::min(hi, offset + numel);
+      if (first < last) {
+        const bool writes = owner && (!p.tp_replicated || ctx_.tp.rank() == 0) &&
+                            !(p.tied_embedding && ctx_.has_embedding_group && ctx_.stage != 0);
+        out.push_back({i, first - offset, last - first, weights.narrow(0, first - lo, last - first),
+                       b.master.narrow(0, first - lo, last - first), writes});
+      }
+      offset += numel;
+    }
+  }
+  return out;
+}
+
 void GradSync::finish_step() {
   at::NoGradGuard no_grad;
   for (auto& b : buckets_) {  // mixed precision or offload: the stepped fp32 master weights into the parameters

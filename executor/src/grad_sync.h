@@ -93,6 +93,21 @@ class GradSync : public UnitHooks {
     bool weight_decay = true;
   };
   std::vector<OptimizerParam> optimizer_params();
+  // What a checkpoint holds of this rank's optimizer region, one entry per optimizer_params()
+  // entry, in the same order: parameter `param`'s elements [lo, lo + n) (of its flattened local
+  // tensor), its weights in the parameters' dtype (`weight`: views into the parameters, the shard
+  // under ZeRO-3) and the fp32 weights the optimizer steps (`master`: the tensor optimizer_params()
+  // gave, a view of `weight` itself when the parameters are fp32 and not offloaded). `writes`:
+  // this rank is the one that writes these elements (each element once across the job: the dp x cp
+  // (edp for experts) rank 0 of an unsharded optimizer, every shard's owner of a sharded one; tp
+  // rank 0 of tp-replicated parameters; the first stage of a tied embedding).
+  struct StatePiece {
+    int param = 0;
+    int64_t lo = 0, n = 0;
+    at::Tensor weight, master;
+    bool writes = false;
+  };
+  std::vector<StatePiece> state_pieces();
   // After the optimizer step: master weights into 16-bit parameters, and for a sharded optimizer
   // (ZeRO 1 and 2) every rank's updated slice to every rank.
   void finish_step();

@@ -104,7 +104,8 @@ json rank_report(int rank, int stage_index, const std::vector<StepRecord>& steps
 }
 
 json assemble_run(const ExecPlan& plan, int world_size, int num_steps, int warmup_steps, const std::vector<json>& ranks,
-                  const json& config, const std::string& memory_source) {
+                  const json& config, const std::string& memory_source, int first_step,
+                  std::optional<costmodel::RunCheckpoints> checkpoints) {
   const auto& p = plan.parallel;
   costmodel::RunRecord run;
   run.plan = plan.path;
@@ -134,7 +135,7 @@ json assemble_run(const ExecPlan& plan, int world_size, int num_steps, int warmu
     for (const auto& r : ranks) t = std::max(t, r["step_times_s"][s].get<double>());
     const bool warm = s < warmup_steps;
     if (!warm) measured.push_back(t);
-    run.steps.push_back({s, ranks[0]["losses"][s].get<double>(), ranks[0]["grad_norms"][s].get<double>(), t, warm,
+    run.steps.push_back({first_step + s, ranks[0]["losses"][s].get<double>(), ranks[0]["grad_norms"][s].get<double>(), t, warm,
                          tokens / t});
   }
   double mean = 0, var = 0;
@@ -156,6 +157,23 @@ json assemble_run(const ExecPlan& plan, int world_size, int num_steps, int warmu
     run.stage_of_rank.push_back(r["stage"].get<int>());
   }
   run.memory_source = memory_source;
+  if (checkpoints) {
+    const size_t saves = ranks[0].value("checkpoint_saves", json::array()).size();
+    for (size_t i = 0; i < saves; ++i) {
+      costmodel::CheckpointSave save;
+      for (const auto& r : ranks) {
+        const json& mine = r.at("checkpoint_saves").at(i);
+        save.step = mine.at("step").get<int>();
+        save.blocking_s = std::max(save.blocking_s, mine.at("blocking_s").get<double>());
+        save.wait_s = std::max(save.wait_s, mine.at("wait_s").get<double>());
+        save.write_s = std::max(save.write_s, mine.at("write_s").get<double>());
+        save.file_bytes_by_rank.push_back(mine.at("file_bytes").get<long long>());
+        save.state_bytes_by_rank.push_back(mine.at("state_bytes").get<long long>());
+      }
+      checkpoints->saves.push_back(save);
+    }
+    run.checkpoints = std::move(checkpoints);
+  }
   // Data-parallel replicas (same tp and pp coordinates; in an MoE model also the same experts: ep
   // and etp) must hold bit-identical weights; so must the cp ranks, which hold the same parameters
   // and step the gradients summed over dp x cp.

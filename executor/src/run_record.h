@@ -5,12 +5,14 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <torch/torch.h>
 
 #include "dplan/costmodel/json_io.h"
+#include "dplan/costmodel/run_record.h"
 #include "gpt.h"
 #include "grad_sync.h"
 #include "phase_clock.h"
@@ -42,7 +44,11 @@ json rank_report(int rank, int stage_index, const std::vector<StepRecord>& steps
 
 // Rank 0: every rank's report (indexed by rank) into run.json, through costmodel's RunRecord and
 // its writer; `config` becomes its "config".
+// `first_step`: the optimizer steps done before this run's first (a resumed run's checkpoint step).
+// `checkpoints`: the run's checkpoint settings, whose saves are filled in from each report's
+// "checkpoint_saves" (the same saves, in order, on every rank).
 json assemble_run(const ExecPlan& plan, int world_size, int num_steps, int warmup_steps, const std::vector<json>& reports,
-                  const json& config, const std::string& memory_source);
+                  const json& config, const std::string& memory_source, int first_step = 0,
+                  std::optional<costmodel::RunCheckpoints> checkpoints = std::nullopt);
 
 }  // namespace dplan::executor

@@ -15,9 +15,13 @@
 #include <functional>
 #include <thread>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include "checkpoint.h"
 #include "comm.h"
 #include "data.h"
 #include "dplan/costmodel/errors.h"
@@ -56,6 +60,33 @@ std::string prefix() { return env_or("DPLAN_ERROR_PREFIX", "dplan-worker") + ": 
   std::fflush(stderr);
   std::_Exit(status);  // no destructors: a process group torn down mid-failure can block
 }
+
+// SIGTERM and SIGINT with --checkpoint-dir: the first asks the run to stop after the current step
+// (the ranks agree on the step, save, and exit 0); a second aborts at once. Without
+// --checkpoint-dir the default stands: the signal ends the rank.
+volatile sig_atomic_t g_stop_signal = 0;
+void on_stop_signal(int sig) {
+  if (g_stop_signal) {
+    static const char line[] = "dplan-worker: a second signal: aborting without saving\n";
+    [[maybe_unused]] auto n = ::write(2, line, sizeof line - 1);
+    ::_exit(128 + sig);
+  }
+  g_stop_signal = sig;
+}
+// Installs it for SIGTERM and SIGINT, except one this process was started ignoring (dplan run
+// starts its ranks ignoring SIGINT: a terminal's Ctrl-C is the launcher's to forward).
+void install_stop_signals() {
+  for (int sig : {SIGTERM, SIGINT}) {
+    struct sigaction old {};
+    sigaction(sig, nullptr, &old);
+    if (old.sa_handler == SIG_IGN) continue;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(sig, &sa, nullptr);
+  }
+}
+const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
 
 // A CPU rank's intra-op threads: one. The plan's device is one core (the
 // local-cpu cluster's cpu-core GPU; the time model gives each rank min(1, cores
@@ -306,16 +337,29 @@ void save_reference(const RunOptions& args, const ExecPlan& plan, GptStage& stag
 struct TrainLog {
   std::vector<StepRecord> steps;
   MemoryPeaks peaks;
+  int stop_signal = 0;  // the signal after which the ranks stopped early (0: ran every step)
 };
 
-// The loop: --steps optimizer steps, each timed by phase and metered; rank 0 prints a progress
-// line every --log-every steps. Throws when the loss is no longer finite.
+// Checkpoints during the loop: where they go, and the state they read.
+struct CheckpointPlan {
+  Checkpointer* checkpointer = nullptr;  // null: no --checkpoint-dir
+  const TrainingState* state = nullptr;
+  Group* world = nullptr;
+  at::Device device = at::kCPU;
+};
+
+// The loop: from step `first_step` (a resumed run's checkpoint) to --steps optimizer steps, each
+// timed by phase and metered; rank 0 prints a progress line every --log-every steps. With
+// checkpoints: a save every --save-every steps, and after each step the ranks agree (a one-number
+// all-reduce over the world) whether any received SIGTERM or SIGINT; if one did, every rank
+// saves at this step and the loop ends. Throws when the loss is no longer finite.
 TrainLog train_steps(const RunOptions& args, const Place& place, const ExecPlan& plan, Trainer& trainer,
-                     DataSource& data, PhaseClock& clock, MemoryMeter& meter) {
+                     DataSource& data, PhaseClock& clock, MemoryMeter& meter, int first_step,
+                     const CheckpointPlan& checkpoints) {
   TrainLog log;
   const double tokens = double(plan.training.global_batch) * plan.training.seq_len;
   const auto run_start = std::chrono::steady_clock::now();
-  for (int s = 0; s < args.steps; ++s) {
+  for (int s = first_step; s < args.steps; ++s) {
     std::vector<Batch> batches = data.next_step(plan.parallel.micro_batch);
     const int64_t resident = meter.current_bytes();
     meter.reset_peak();
@@ -331,7 +375,7 @@ TrainLog train_steps(const RunOptions& args, const Place& place, const ExecPlan&
     // Activations: the high-water mark of what a step allocates above what it started with,
     // communication buffers (counted apart) excluded; the first step also creates the
     // optimizer states, so it is left out.
-    if (s > 0 || args.steps == 1) {
+    if (s > first_step || args.steps == first_step + 1) {
       log.peaks.activations_bytes =
           std::max(log.peaks.activations_bytes, meter.peak_excluding_buffers_bytes() - resident);
       log.peaks.buffers_bytes = std::max(log.peaks.buffers_bytes, meter.peak_buffer_bytes());
@@ -339,12 +383,25 @@ TrainLog train_steps(const RunOptions& args, const Place& place, const ExecPlan&
     log.steps.push_back(step);
     if (place.rank == 0 && !args.quiet && ((s + 1) % args.log_every == 0 || s + 1 == args.steps)) {
       double elapsed = Seconds(std::chrono::steady_clock::now() - run_start).count();
-      double eta = elapsed / (s + 1) * (args.steps - s - 1);
+      double eta = elapsed / (s + 1 - first_step) * (args.steps - s - 1);
       std::fprintf(stderr, "step %d/%d  loss %.4f  %.3f s  %.0f tokens/s  ETA %.0f s%s\n", s + 1, args.steps,
-                   step.loss, step.time_s, tokens / step.time_s, eta, s < args.warmup_steps() ? "  (warm-up)" : "");
+                   step.loss, step.time_s, tokens / step.time_s, eta,
+                   s - first_step < args.warmup_steps() ? "  (warm-up)" : "");
     }
     if (!std::isfinite(step.loss))
       throw std::runtime_error("the loss is " + std::to_string(step.loss) + " at step " + std::to_string(s));
+    if (!checkpoints.checkpointer) continue;
+    // The ranks agree on whether to stop: any rank's signal stops all after this step.
+    at::Tensor stop = at::full({1}, g_stop_signal ? double(g_stop_signal) : 0.0,
+                               at::TensorOptions().dtype(at::kFloat).device(checkpoints.device));
+    checkpoints.world->all_reduce(stop);
+    const bool stopping = stop.item<double>() > 0;
+    const bool due = args.save_every > 0 && (s + 1) % args.save_every == 0;
+    if (due || stopping) checkpoints.checkpointer->save(s + 1, *checkpoints.state);
+    if (stopping) {
+      log.stop_signal = g_stop_signal ? int(g_stop_signal) : SIGTERM;  // a peer's signal: it was asked to stop
+      break;
+    }
   }
   return log;
 }
@@ -383,8 +440,10 @@ std::vector<json> gather_reports(c10d::Store& store, const Place& place, const j
 // are done, and the measurements are not lost: they are saved in the temporary folder instead.
 std::string write_run_record(const RunOptions& args, const Place& place, const ExecPlan& plan,
                              const std::vector<json>& reports, const json& config, const MemoryMeter& meter,
-                             const TrainLog& log) {
-  json run = assemble_run(plan, place.world, args.steps, args.warmup_steps(), reports, config, meter.source());
+                             const TrainLog& log, int first_step, const std::optional<costmodel::RunCheckpoints>& checkpoints) {
+  const int ran = static_cast<int>(log.steps.size());
+  json run = assemble_run(plan, place.world, ran, std::min(args.warmup_steps(), std::max(0, ran - 1)), reports, config,
+                          meter.source(), first_step, checkpoints);
   std::string write_error;
   if (!args.output.empty()) {
     const std::string text = run.dump(1) + "\n";
@@ -399,7 +458,7 @@ std::string write_run_record(const RunOptions& args, const Place& place, const E
   }
   if (!args.quiet) {
     std::fprintf(stderr, "median step %.4f s (%zu measured steps), %.0f tokens/s, final loss %.4f%s\n",
-                 run["step_time_s"]["median"].get<double>(), log.steps.size() - args.warmup_steps(),
+                 run["step_time_s"]["median"].get<double>(), static_cast<size_t>(run["step_time_s"]["count"].get<long long>()),
                  run["tokens_per_s"].get<double>(), log.steps.back().loss,
                  args.output.empty() ? "" : ("; wrote " + args.output).c_str());
   }
@@ -453,15 +512,74 @@ int train(const RunOptions& args, const Place& place) {
     Trainer trainer(stage, ctx, grads, *optimizer, step_options(plan, args.max_grad_norm));
     if (!args.save_reference.empty()) save_reference(args, plan, stage, data);
 
-    const TrainLog log = train_steps(args, place, plan, trainer, data, clock, meter);
+    // Checkpoints: resume (--resume, or a torchrun restart with --checkpoint-dir), then save.
+    const TrainingState state{stage, grads, *optimizer, data, ctx.device};
+    std::optional<costmodel::RunCheckpoints> checkpoint_record;
+    json plan_info;
+    int first_step = 0;
+    std::string resume_dir = args.resume;
+    const bool restarted = std::atoi(env_or("TORCHELASTIC_RESTART_COUNT", "0").c_str()) > 0;
+    if (resume_dir.empty() && restarted && !args.checkpoint_dir.empty() && std::filesystem::is_directory(args.checkpoint_dir))
+      resume_dir = args.checkpoint_dir;
+    if (!resume_dir.empty() || !args.checkpoint_dir.empty()) {
+      plan_info = checkpoint_plan_info(args.plan_path);
+      checkpoint_record.emplace();
+      checkpoint_record->dir = args.checkpoint_dir;
+      checkpoint_record->async = !args.sync_save;
+    }
+    if (!resume_dir.empty()) {
+      const std::optional<FoundCheckpoint> found = find_checkpoint(resume_dir, place.rank == 0);
+      if (!found && !args.resume.empty())
+        throw InputError("--resume " + resume_dir + ": no complete checkpoint there (a folder step-N with its manifest.json)");
+      if (found) {
+        if (found->step >= args.steps)
+          throw InputError(found->folder + " is at step " + std::to_string(found->step) + ", not before --steps " +
+                           std::to_string(args.steps) + "; give more steps");
+        load_checkpoint(*found, state, place.rank, place.world, plan_info);
+        first_step = found->step;
+        checkpoint_record->resumed_from_step = found->step;
+        checkpoint_record->resumed_from = found->folder;
+        if (place.rank == 0 && !args.quiet)
+          std::fprintf(stderr, "resuming from %s (step %d)\n", found->folder.c_str(), found->step);
+      }
+    }
+    std::unique_ptr<Checkpointer> checkpointer;
+    CheckpointPlan checkpoints;
+    if (!args.checkpoint_dir.empty()) {
+      std::error_code ec;
+      if (place.rank == 0 && !std::filesystem::create_directories(args.checkpoint_dir, ec) && ec)
+        throw InputError("--checkpoint-dir " + args.checkpoint_dir + ": cannot create it (" + ec.message() + ")");
+      StorePtr checkpoint_store = place.world > 1 ? connect_store(place, false, timeout) : store;
+      checkpointer = std::make_unique<Checkpointer>(args.checkpoint_dir, args.keep, !args.sync_save, place.rank,
+                                                    place.world, checkpoint_store, plan_info);
+      checkpoints = {checkpointer.get(), &state, &ctx.world, ctx.device};
+    }
+
+    const TrainLog log = train_steps(args, place, plan, trainer, data, clock, meter, first_step, checkpoints);
+    if (checkpointer) checkpointer->wait();  // the last save's write, and rank 0's manifest
+    if (log.stop_signal) checkpoint_record->stopped_by_signal = log.stop_signal;
 
     grads.gather_all_units();  // ZeRO-3: the whole model, to hash it
-    const json mine = rank_report(place.rank, ctx.stage, log.steps, args.warmup_steps(), log.peaks, stage, grads, *optimizer);
+    json mine = rank_report(place.rank, ctx.stage, log.steps,
+                            std::min(args.warmup_steps(), std::max(0, static_cast<int>(log.steps.size()) - 1)), log.peaks,
+                            stage, grads, *optimizer);
+    if (checkpointer) {
+      json saves = json::array();
+      for (const SaveRecord& r : checkpointer->records())
+        saves.push_back({{"step", r.step}, {"blocking_s", r.blocking_s}, {"wait_s", r.wait_s}, {"write_s", r.write_s},
+                         {"file_bytes", r.file_bytes}, {"state_bytes", r.state_bytes}});
+      mine["checkpoint_saves"] = saves;
+    }
     const std::vector<json> reports = gather_reports(*store, place, mine);
     std::string write_error;
     if (place.rank == 0)
       write_error = write_run_record(args, place, plan, reports,
-                                     run_config(args, place, plan, device, go.backend, grads, data), meter, log);
+                                     run_config(args, place, plan, device, go.backend, grads, data), meter, log,
+                                     first_step, checkpoint_record);
+    if (place.rank == 0 && log.stop_signal)
+      std::fprintf(stderr, "stopped by %s after step %d; saved checkpoint %s\n", signal_name(log.stop_signal),
+                   first_step + static_cast<int>(log.steps.size()),
+                   checkpoint_folder(args.checkpoint_dir, first_step + static_cast<int>(log.steps.size())).c_str());
     ctx.world.barrier();  // a TCPStore lives in rank 0: nobody leaves before it has read everything
     heartbeat.stop();
     if (!write_error.empty()) throw InputError(write_error);
@@ -501,6 +619,7 @@ int main(int argc, char** argv) {
     place = read_place();
     if (probe) return probe_machine(args, place) == 0 ? (exit_now(0), 0) : 1;
     if (args.plan_path.empty()) throw InputError("give plan.json (written by dplan -o), or --probe -o FILE");
+    if (!args.checkpoint_dir.empty()) install_stop_signals();
     return train(args, place) == 0 ? (exit_now(0), 0) : 1;
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);

@@ -91,8 +91,12 @@ constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
 const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP"; }
 
 volatile sig_atomic_t g_stop_signal = 0;
+volatile sig_atomic_t g_second_signal = 0;  // a signal after the first
 void on_stop_signal(int sig) {
-  if (!g_stop_signal) g_stop_signal = sig;
+  if (!g_stop_signal)
+    g_stop_signal = sig;
+  else
+    g_second_signal = sig;
 }
 
 // Installs on_stop_signal for kStopSignals, except those this process was started ignoring (nohup,
@@ -101,6 +105,7 @@ class StopSignals {
  public:
   StopSignals() {
     g_stop_signal = 0;
+    g_second_signal = 0;
     for (size_t i = 0; i < std::size(kStopSignals); ++i) {
       sigaction(kStopSignals[i], nullptr, &old_[i]);
       if (old_[i].sa_handler == SIG_IGN) continue;
@@ -171,10 +176,10 @@ int run_run(const RunOptions& a) {
   std::vector<std::string> args = {worker, a.plan_path};
   const std::vector<std::string> flags = executor::run_flags_argv(a);
   args.insert(args.end(), flags.begin(), flags.end());
-  return launch_local_ranks(args, world, a.timeout_s);
+  return launch_local_ranks(args, world, a.timeout_s, !a.checkpoint_dir.empty());
 }
 
-int launch_local_ranks(std::vector<std::string> args, int world, double timeout_s) {
+int launch_local_ranks(std::vector<std::string> args, int world, double timeout_s, bool graceful_stop) {
   const std::string worker = args.at(0);
   std::vector<char*> argv;
   for (auto& s : args) argv.push_back(s.data());
@@ -252,18 +257,33 @@ int launch_local_ranks(std::vector<std::string> args, int world, double timeout_
   std::set<int> stopped_ranks;   // the ranks still running when the launcher got its signal
   std::set<pid_t> killed_by_us;  // not named as having crashed when they are reaped
   auto deadline = Clock::time_point::max();
+  // Graceful: the ranks finish their step, save and exit 0 on their own; the launcher waits for
+  // that (at most the collective timeout and a margin for the save) unless a second signal comes.
+  bool graceful = false;
   auto begin_stop = [&] {
     stop_signal = g_stop_signal;
+    graceful = graceful_stop;
     for (const auto& [p, r] : rank_of) {
       ::kill(p, SIGTERM);
       ::kill(p, SIGCONT);  // a stopped rank acts on its SIGTERM only once it runs
       stopped_ranks.insert(r);
-      killed_by_us.insert(p);
+      if (!graceful) killed_by_us.insert(p);
     }
-    deadline = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+    const auto grace = graceful ? std::chrono::milliseconds(static_cast<int64_t>((2 * timeout_s + 30) * 1000))
+                                : std::chrono::milliseconds(5000);
+    deadline = std::min(deadline, Clock::now() + grace);
   };
+  bool graceful_failed = false;  // a rank did not exit 0 after a graceful stop
   while (!rank_of.empty()) {
     if (g_stop_signal && !stop_signal) begin_stop();
+    if (graceful && g_second_signal) {  // a second signal: no more waiting
+      for (const auto& [p, r] : rank_of) {
+        ::kill(p, SIGKILL);
+        killed_by_us.insert(p);
+      }
+      graceful = false;
+      stop_signal = g_second_signal;
+    }
     int wstatus = 0;
     pid_t pid = ::waitpid(-1, &wstatus, WNOHANG);
     if (pid > 0) {
@@ -274,6 +294,7 @@ int launch_local_ranks(std::vector<std::string> args, int world, double timeout_
         begin_stop();
         if (!ok) stopped_ranks.insert(r);
       }
+      if (graceful && !ok) graceful_failed = true;
       if (stop_signal || ok) continue;
       const bool ours = killed_by_us.count(pid) > 0;
       if (!failed) {
@@ -317,6 +338,7 @@ int launch_local_ranks(std::vector<std::string> args, int world, double timeout_
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  if (stop_signal && graceful && !graceful_failed) return 0;  // the ranks saved; rank 0 said where
   if (stop_signal) {
     std::cerr << "dplan: error: " << (failed ? failure + also_crashed + "; then " : "") << "stopped by "
               << signal_name(stop_signal) << " sent to the launcher; "

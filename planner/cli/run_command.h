@@ -30,6 +30,10 @@ std::string find_worker();
 // when a rank exited 2 (bad input, which rank 0 has reported); 128 + the signal when SIGINT,
 // SIGTERM or SIGHUP stopped the launcher; else 1. Call it from the main thread: a rank dies when
 // the thread that started it ends.
-int launch_local_ranks(std::vector<std::string> args, int world, double timeout_s);
+// graceful_stop (a run with --checkpoint-dir): the first such signal is passed on to the ranks as
+// SIGTERM, as torchrun and Slurm deliver it, and the ranks get the collective timeout (plus a
+// margin) to finish their step, save and exit; when they all exit 0 the launcher returns 0. A
+// second signal kills them at once (128 + signal).
+int launch_local_ranks(std::vector<std::string> args, int world, double timeout_s, bool graceful_stop = false);
 
 }  // namespace dplan::cli

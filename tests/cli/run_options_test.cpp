@@ -44,6 +44,11 @@ TEST_CASE("the run flags the launcher passes on read back as what was given", "[
   given.max_grad_norm = 0;
   given.quiet = true;
   given.save_reference = "ref.safetensors";
+  given.checkpoint_dir = "ck dir";
+  given.resume = "older ck";
+  given.save_every = 25;
+  given.keep = 3;
+  given.sync_save = true;
   std::vector<std::string> argv = {given.plan_path};
   for (const std::string& a : dplan::executor::run_flags_argv(given)) argv.push_back(a);
   const RunOptions got = parse_as_worker(argv);
@@ -61,6 +66,25 @@ TEST_CASE("the run flags the launcher passes on read back as what was given", "[
   CHECK(got.max_grad_norm == given.max_grad_norm);
   CHECK(got.quiet == given.quiet);
   CHECK(got.save_reference == given.save_reference);
+  CHECK(got.checkpoint_dir == given.checkpoint_dir);
+  CHECK(got.resume == given.resume);
+  CHECK(got.save_every == given.save_every);
+  CHECK(got.keep == given.keep);
+  CHECK(got.sync_save == given.sync_save);
+}
+
+TEST_CASE("the checkpoint flags are checked: --save-every needs --checkpoint-dir and --keep at least 1",
+          "[cli][run-options]") {
+  RunOptions o;
+  o.save_every = 10;
+  CHECK(dplan::executor::run_options_problem(o) == "--save-every needs --checkpoint-dir DIR");
+  o.checkpoint_dir = "ck";
+  CHECK(dplan::executor::run_options_problem(o).empty());
+  o.keep = 0;
+  CHECK(dplan::executor::run_options_problem(o) == "--keep must be at least 1, got 0");
+  o.keep = 1;
+  o.save_every = -1;
+  CHECK_THAT(dplan::executor::run_options_problem(o), Contains("--save-every must be 0"));
 }
 
 TEST_CASE("the defaults survive the trip too, an unset flag stays unset", "[cli][run-options]") {

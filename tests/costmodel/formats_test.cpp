@@ -132,6 +132,34 @@ TEST_CASE("run.json: a rank with no memory figures is written back and reads aga
   CHECK(run_record_from_json(to_json(run), "run.json") == run);
 }
 
+TEST_CASE("run.json: the checkpoints block reads strictly and round-trips and older files read without it", "[formats]") {
+  json j = read_json_file(kData + "/compare/run.json");
+  CHECK_FALSE(run_record_from_json(j, "run.json").checkpoints);  // written before checkpoints existed
+  // As a run with --checkpoint-dir and --resume writes it (8 ranks: compare/run.json's layout).
+  j["checkpoints"] = json::parse(R"({"async": true, "dir": "ck", "resumed_from": {"folder": "ck/step-00000003", "step": 3},
+    "stopped_by_signal": 15, "saves": [{"step": 6, "blocking_s": 0.0019, "wait_s": 0.0001, "write_s": 0.027,
+    "file_bytes_by_rank": [1, 2, 3, 4, 5, 6, 7, 8], "state_bytes_by_rank": [1, 1, 1, 1, 1, 1, 1, 1],
+    "file_bytes": 36, "state_bytes": 8}]})");
+  const RunRecord run = run_record_from_json(j, "run.json");
+  REQUIRE(run.checkpoints);
+  CHECK(run.checkpoints->resumed_from_step == 3);
+  CHECK(run.checkpoints->stopped_by_signal == 15);
+  CHECK(run.checkpoints->saves.at(0).file_bytes_by_rank.at(7) == 8);
+  CHECK(to_json(run) == j);
+  CHECK(run_record_from_json(to_json(run), "run.json") == run);
+  json bad = j;
+  bad["checkpoints"]["saves"][0]["file_bytes"] = 35;
+  CHECK_THAT(error_of([&] { run_record_from_json(bad, "run.json"); }),
+             Catch::StartsWith("run.json: /checkpoints/saves/0/file_bytes: expected the sum of file_bytes_by_rank (36)"));
+  bad = j;
+  bad["checkpoints"]["saves"][0]["state_bytes_by_rank"] = {1, 2};
+  CHECK_THAT(error_of([&] { run_record_from_json(bad, "run.json"); }),
+             Catch::StartsWith("run.json: /checkpoints/saves/0/state_bytes_by_rank: expected a list of 8 byte counts"));
+  bad = j;
+  bad["checkpoints"]["extra"] = 1;
+  CHECK_THAT(error_of([&] { run_record_from_json(bad, "run.json"); }), Catch::StartsWith("run.json: /checkpoints"));
+}
+
 TEST_CASE("run.json: a newer format, a missing key and a wrong type are one line naming file and pointer", "[formats]") {
   const json good = read_json_file(kData + "/compare/run.json");
   json j = good;

@@ -42,6 +42,27 @@ struct StepTimeStats {
   bool operator==(const StepTimeStats&) const = default;
 };
 
+// One checkpoint save (docs/run-json.md, "checkpoints"), over the ranks.
+struct CheckpointSave {
+  int step = 0;                // the optimizer steps done when it was saved
+  double blocking_s = 0;       // the step loop's stall, the slowest rank's (waiting for the previous write included)
+  double wait_s = 0;           // of which waiting for the previous save's write to finish, the slowest rank's
+  double write_s = 0;          // the write (serialise, checksum, write; rank 0: the manifest), the slowest rank's
+  std::vector<long long> file_bytes_by_rank;   // each rank's shard file
+  std::vector<long long> state_bytes_by_rank;  // of which weights, master weights and AdamW moments
+  bool operator==(const CheckpointSave&) const = default;
+};
+
+struct RunCheckpoints {
+  std::string dir;                         // --checkpoint-dir ("" when the run only resumed)
+  bool async = true;                       // written by a background thread (else within the step loop)
+  std::optional<int> resumed_from_step;    // the checkpoint this run continued from (--resume)
+  std::string resumed_from;                // its folder
+  std::optional<int> stopped_by_signal;    // the signal (SIGTERM 15, SIGINT 2) after which the run saved and stopped
+  std::vector<CheckpointSave> saves;
+  bool operator==(const RunCheckpoints&) const = default;
+};
+
 struct RunRecord {
   std::string plan;  // the plan.json path it ran, as given
   RunLayout layout;
@@ -57,6 +78,7 @@ struct RunRecord {
   std::vector<int> stage_of_rank;
   bool replicas_identical = true;
   std::vector<std::string> weights_hash_by_rank;
+  std::optional<RunCheckpoints> checkpoints;  // absent in older files and in runs that neither saved nor resumed
   bool operator==(const RunRecord&) const = default;
 };
 

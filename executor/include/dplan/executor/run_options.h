@@ -29,6 +29,11 @@ struct RunOptions {
   int steps = 20, warmup = kAutoWarmup, log_every = 1;
   unsigned long long seed = 1234;
   double timeout_s = 60, lr = 1e-3, max_grad_norm = 1.0;
+  // Checkpoints (docs/executor.md): every --save-every steps into --checkpoint-dir, the newest
+  // --keep kept; --resume DIR continues from the newest complete one there.
+  std::string checkpoint_dir, resume;
+  int save_every = 0, keep = 2;
+  bool sync_save = false;  // write within the step loop instead of a background thread
   bool quiet = false;
   bool force = false;  // -o may replace a file dplan did not write
   // The first steps left out of the statistics: --warmup, or by default 2 (fewer when --steps is).
@@ -63,6 +68,17 @@ void for_each_run_flag(Options& o, Visit&& visit) {
         "one rank only: write the initial parameters (full, fp32, global names) and every step's token ids "
         "to this safetensors file, the inputs of bench/torch_gpt.py --reference",
         !show_default);
+  visit("--checkpoint-dir", o.checkpoint_dir,
+        "save sharded checkpoints into this folder (every --save-every steps, and when SIGTERM or SIGINT stops the "
+        "run)",
+        !show_default);
+  visit("--save-every", o.save_every, "steps between checkpoints (0: only when a signal stops the run)", show_default);
+  visit("--keep", o.keep, "the newest complete checkpoints kept; older ones go once a newer one is complete",
+        show_default);
+  visit("--sync-save", o.sync_save, "write checkpoints within the step loop (default: in a background thread)",
+        !show_default);
+  visit("--resume", o.resume,
+        "continue from the newest complete checkpoint in this folder (any layout of the same model)", !show_default);
   visit("--log-every", o.log_every, "progress line every N steps", show_default);
   visit("--quiet", o.quiet, "no progress lines", !show_default);
 }
@@ -95,6 +111,10 @@ inline std::string run_options_problem(const RunOptions& o) {
   if (o.log_every < 1) return "--log-every must be a positive integer, got " + std::to_string(o.log_every);
   if (outside(o.timeout_s, 0.1, 7 * 86400.0))
     return "--timeout-s must be from 0.1 to 604800 seconds, got " + text(o.timeout_s);
+  if (o.save_every < 0) return "--save-every must be 0 (only on a signal) or a positive number of steps, got " + std::to_string(o.save_every);
+  if (o.keep < 1) return "--keep must be at least 1, got " + std::to_string(o.keep);
+  if (o.save_every > 0 && o.checkpoint_dir.empty()) return "--save-every needs --checkpoint-dir DIR";
+  if (o.sync_save && o.checkpoint_dir.empty()) return "--sync-save needs --checkpoint-dir DIR";
   if (outside(o.lr, 1e-12, 10)) return "--lr must be from 1e-12 to 10, got " + text(o.lr);
   if (outside(o.max_grad_norm, 0, 1e9)) return "--max-grad-norm must be from 0 (no clipping) to 1e9, got " + text(o.max_grad_norm);
   return "";

@@ -30,6 +30,7 @@ double figure(const ClusterSpec& c, const std::string& name) {
   if (name == "intra_node.measured_scale") return c.intra_node.measured_scale;
   if (name == "inter_node.efficiency") return c.nic_efficiency_fraction;
   if (name == "comm_overlap") return c.comm_overlap_fraction;
+  if (name == "storage.node_write") return c.storage.node_write_bytes_per_s / 1e9;  // GB/s
   return c.inter_node_latency_s * 1e6;  // inter_node.latency
 }
 
@@ -94,7 +95,7 @@ int run_calibrate(const CalibrateArgs& a, const planner::ProfileStore& store) {
                 logs == 1 ? "" : "s", planner::kWarmupLogLines);
   for (const auto& p : cal.parameters)
     std::printf("  %-24s %12.4g -> %.4g%s\n", p.c_str(), figure(base, p), figure(cal.cluster, p),
-                p.ends_with("latency") ? " us" : "");
+                p.ends_with("latency") ? " us" : p.starts_with("storage") ? " GB/s (from the checkpoint saves' write times)" : "");
   std::printf("\n%-28s %-18s %13s %13s %8s %13s %8s\n", "run", "layout", "measured (ms)", "before (ms)", "error",
               "after (ms)", "error");
   for (size_t i = 0; i < runs.size(); ++i)
@@ -131,6 +132,12 @@ int run_calibrate(const CalibrateArgs& a, const planner::ProfileStore& store) {
                                  {"source", source + (cluster.contains("comm_overlap")
                                                           ? cluster["comm_overlap"].value("source", std::string())
                                                           : std::string("default: full overlap"))}};
+    } else if (p == "storage.node_write") {
+      json storage = fitted.at("storage");
+      storage["source"] = "calibrated by dplan calibrate from the checkpoint saves' write times of " + fitted_on +
+                          (cluster.contains("storage") ? "; before: " + cluster["storage"].value("source", std::string())
+                                                       : std::string("; reads assumed as fast as writes (no read measured)"));
+      cluster["storage"] = storage;
     } else if (p.starts_with("inter_node")) {
       costmodel::put_figures(cluster, costmodel::pick_figures(fitted, {"inter_node.efficiency", "inter_node.latency_us"}));
     }

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "dplan/costmodel/errors.h"
@@ -81,7 +82,19 @@ CalibrationRun read_calibration_run(const std::string& run_file) {
       throw InputError(run_file + ": the plan it ran, " + r.plan_file + ", is neither there nor beside the run.json");
     r.plan_file = beside.string();
   }
-  set_plan(r, costmodel::read_plan(r.plan_file));
+  const costmodel::Plan plan = costmodel::read_plan(r.plan_file);
+  set_plan(r, plan);
+  if (run.checkpoints) {
+    for (const costmodel::CheckpointSave& save : run.checkpoints->saves) {
+      if (!(save.write_s > 0) || save.state_bytes_by_rank.size() != plan.ranks.size()) continue;
+      std::map<int, double> node_bytes;
+      for (size_t rank = 0; rank < plan.ranks.size(); ++rank)
+        node_bytes[plan.ranks[rank].node] += static_cast<double>(save.state_bytes_by_rank[rank]);
+      double busiest = 0;
+      for (const auto& [node, bytes] : node_bytes) busiest = std::max(busiest, bytes);
+      if (busiest > 0) r.node_write_bytes_per_s.push_back(busiest / save.write_s);
+    }
+  }
   return r;
 }
 
@@ -166,6 +179,26 @@ Calibration calibrate(const ClusterSpec& base, const std::vector<CalibrationRun>
   cal.rms_log_error_before = detail::rms_log_error(cal.before_s, measured);
   cal.rms_log_error_after = detail::rms_log_error(cal.after_s, measured);
   cal.cluster = c;
+  // Storage: the median save's per-node write bandwidth (see calibrate.h).
+  std::vector<double> write_rates;
+  for (const auto& r : runs) write_rates.insert(write_rates.end(), r.node_write_bytes_per_s.begin(), r.node_write_bytes_per_s.end());
+  if (!write_rates.empty()) {
+    std::sort(write_rates.begin(), write_rates.end());
+    const size_t n = write_rates.size();
+    const double node_write = n % 2 ? write_rates[n / 2] : 0.5 * (write_rates[n / 2 - 1] + write_rates[n / 2]);
+    costmodel::StorageSpec& storage = cal.cluster.storage;
+    if (!storage.given()) {
+      storage.node_read_bytes_per_s = storage.aggregate_read_bytes_per_s = node_write;
+      storage.aggregate_write_bytes_per_s = node_write;
+    }
+    storage.node_write_bytes_per_s = node_write;
+    // A cluster that is one shared machine's cores (cores_per_node) has one node: its disk is the aggregate.
+    const bool one_machine = cal.cluster.cores_per_node > 0;
+    if (one_machine || storage.aggregate_write_bytes_per_s < node_write) storage.aggregate_write_bytes_per_s = node_write;
+    if (storage.aggregate_read_bytes_per_s < storage.node_read_bytes_per_s)
+      storage.aggregate_read_bytes_per_s = storage.node_read_bytes_per_s;
+    cal.parameters.push_back("storage.node_write");
+  }
   return cal;
 }
 

@@ -1,5 +1,7 @@
 // dplan calibrate: a profile's efficiency figures fitted to measured step times.
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 #include <catch2/catch.hpp>
 
@@ -156,4 +158,63 @@ TEST_CASE("dplan calibrate prints every run before and after and writes the prof
   r = run_program(DPLAN_BINARY, {"calibrate", (dir.path() / "missing.json").string(), "--profile", "local-cpu"});
   CHECK(r.status == 2);
   CHECK_THAT(r.err, Catch::Contains("missing.json"));
+}
+
+TEST_CASE("dplan calibrate fits the storage write bandwidth to the checkpoint saves a run.json records",
+          "[calibrate][cli]") {
+  const ClusterSpec base = dplan::testing::store().load_cluster("local-cpu");
+  ClusterSpec truth = base;
+  truth.gpu.sustained_fraction = 0.12;
+  TempDir dir;
+  std::vector<std::string> runs = synthetic_runs(dir, truth, six_layouts());
+  // Two runs saved checkpoints: run1 (dp 4, one node of local-cpu) three times, run4 (tp 2 dp 2) once.
+  // Per save: the busiest node's state bytes (all ranks are on node 0 here) over its write time.
+  const std::vector<std::pair<size_t, std::vector<std::pair<long long, double>>>> saved = {
+      {1, {{1000000, 0.010}, {1000000, 0.020}, {1000000, 0.040}}}, {4, {{3000000, 0.025}}}};
+  std::vector<double> rates;
+  for (const auto& [index, saves] : saved) {
+    costmodel::RunRecord run = costmodel::read_run_record(runs[index]);
+    costmodel::RunCheckpoints block;
+    block.dir = "ckpt";
+    const int world = static_cast<int>(run.stage_of_rank.size());
+    for (size_t i = 0; i < saves.size(); ++i) {
+      costmodel::CheckpointSave save;
+      save.step = static_cast<int>(i + 1);
+      save.write_s = saves[i].second;
+      save.blocking_s = 0.001;
+      for (int r = 0; r < world; ++r) {
+        save.state_bytes_by_rank.push_back(saves[i].first / world);
+        save.file_bytes_by_rank.push_back(saves[i].first / world + 1000);
+      }
+      rates.push_back(static_cast<double>(saves[i].first / world * world) / saves[i].second);
+      block.saves.push_back(save);
+    }
+    run.checkpoints = block;
+    dir.write(std::filesystem::path(runs[index]).filename().string(), to_json(run).dump());
+  }
+  std::sort(rates.begin(), rates.end());  // 4 saves: the median is the mean of the middle two
+  const double expected_bytes_per_s = 0.5 * (rates[1] + rates[2]);
+  std::vector<std::string> args = {"calibrate"};
+  args.insert(args.end(), runs.begin(), runs.end());
+  const std::string out = (dir.path() / "calibrated.json").string();
+  args.insert(args.end(), {"--profile", "local-cpu", "-o", out});
+  const auto r = run_program(DPLAN_BINARY, args);
+  INFO(r.out << r.err);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.out, Catch::Contains("storage.node_write"));
+  const ClusterSpec fitted = dplan::testing::store().load_cluster(out);
+  CHECK(fitted.storage.node_write_bytes_per_s == Approx(expected_bytes_per_s));
+  // local-cpu is one machine: its disk is the aggregate.
+  CHECK(fitted.storage.aggregate_write_bytes_per_s == Approx(expected_bytes_per_s));
+  CHECK(fitted.storage.node_read_bytes_per_s == base.storage.node_read_bytes_per_s);
+  CHECK_THAT(read_file(out), Catch::Contains("checkpoint saves' write times"));
+  // Without saves nothing about storage is fitted.
+  std::vector<std::string> plain = {"calibrate"};
+  for (size_t i = 0; i < runs.size(); ++i)
+    if (i != 1 && i != 4) plain.push_back(runs[i]);
+  plain.insert(plain.end(), {"--profile", "local-cpu"});
+  const auto p = run_program(DPLAN_BINARY, plain);
+  INFO(p.out << p.err);
+  REQUIRE(p.status == 0);
+  CHECK_THAT(p.out, !Catch::Contains("storage"));
 }

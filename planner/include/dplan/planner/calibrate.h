@@ -34,6 +34,10 @@ struct CalibrationRun {
   // Forward + backward (with recompute) + optimizer, the slowest rank's mean ("phases_s"); 0 when
   // the run.json has no phases. Fitted beside the step time: it tells compute from communication.
   double measured_compute_s = 0;
+  // Each checkpoint save the run.json records (docs/run-json.md "checkpoints"): the busiest node's
+  // state bytes (weights, master weights, AdamW moments: what checkpoint_cost.h predicts) over the
+  // save's write time, the per-node write bandwidth that save achieved. Empty for engine logs.
+  std::vector<double> node_write_bytes_per_s;
 };
 
 // Reads run.json and the plan it names ("plan": as given to dplan run; a relative path that does
@@ -55,6 +59,11 @@ struct Calibration {
   double rms_log_error_before = 0, rms_log_error_after = 0;
 };
 
+// Besides the least-squares fit: when some run.json recorded checkpoint saves, the storage's
+// per-node write bandwidth is the median of their node_write_bytes_per_s (so the cost model's
+// write time, the busiest node's bytes over it, reproduces the median save), parameter
+// "storage.node_write". On a cluster that is one machine's cores the aggregate is that node's; a profile without a
+// storage block gets one, reads assumed as fast as writes (the save measures no read).
 Calibration calibrate(const costmodel::ClusterSpec& base, const std::vector<CalibrationRun>& runs);
 
 }  // namespace dplan::planner

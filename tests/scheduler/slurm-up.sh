@@ -8,11 +8,12 @@
 #   export SLURM_CONF=STATE_DIR/slurm.conf    # then sbatch, srun, sinfo, squeue use this Slurm
 #   tests/scheduler/slurm-down.sh STATE_DIR   # stops it
 #
-# Everything is written under STATE_DIR (created if missing; mode 0755, which munged requires of
-# its socket's folder): slurm.conf, munge's own key (munge.key) and socket, the daemons' pid files,
-# logs, spool and state folders. Nothing is written outside it: munged runs with --key-file,
-# --socket, --pid-file, --log-file and --seed-file there, and slurm.conf points Slurm at that socket
-# (AuthInfo=socket=...), so neither /etc/munge/munge.key nor /run/munge is used.
+# Everything is written under STATE_DIR (created if missing, made mode 0755; munged requires every
+# folder above its socket, those above STATE_DIR too, to be searchable by all): slurm.conf, munge's
+# own key (munge.key) and socket, the daemons' pid files, logs, spool and state folders. Nothing is
+# written outside it: munged runs with --key-file, --socket, --pid-file, --log-file and --seed-file
+# there, and slurm.conf points Slurm at that socket (AuthInfo=socket=...), so neither
+# /etc/munge/munge.key nor /run/munge is used.
 #
 # The nodes are named by loopback addresses: 127.0.0.1, 127.0.0.2, ... (Linux routes all of
 # 127.0.0.0/8 to this machine), because a job script takes its MASTER_ADDR from `scontrol show
@@ -51,6 +52,13 @@ done
 mkdir -p "$state"
 state=$(cd "$state" && pwd)
 chmod 0755 "$state"
+# munged refuses a socket below a folder that not everyone may search (execute permission).
+dir=$state
+while [[ $dir != / ]]; do
+  dir=$(dirname "$dir")
+  (( 8#$(stat -c %a "$dir") & 1 )) ||
+    fail "$dir is mode $(stat -c %a "$dir"): munged needs every folder above its socket searchable by all (chmod o+x $dir)"
+done
 [[ -e $state/slurmctld.pid ]] && fail "$state already holds a running or stale Slurm (slurmctld.pid): run slurm-down.sh $state first"
 
 # The nodes' names: loopback addresses, 127.0.0.1, 127.0.0.2, ... (see the header).

@@ -43,7 +43,7 @@ if ! [[ $nodes =~ ^[1-9][0-9]*$ ]]; then
 fi
 timeout_s=${SLURM_UP_TIMEOUT_S:-60}
 
-for tool in munged mungekey slurmctld slurmd sinfo scontrol sbatch srun; do
+for tool in munged mungekey munge unmunge slurmctld slurmd sinfo scontrol sbatch srun; do
   command -v "$tool" >/dev/null ||
     fail "$tool not found: install Slurm and munge with ./setup.sh --slurm (Debian's slurm-wlm and munge)"
 done

@@ -5,6 +5,9 @@
 //   dplan run plan.json                      train with that layout (executor), write run.json
 //   dplan compare plan.json run.json         predicted vs measured, phase by phase
 //   dplan explain plan.json                  why MFU is low, and the changes that recover the most
+//   dplan export plan.json --to ENGINE       the plan as Megatron / torchtitan / DeepSpeed / Accelerate files, or a
+//                                            torchrun / Slurm launch of dplan-worker
+//   dplan check plan.json --engine ENGINE    the engine's own rules on the plan, one line per failure
 // Errors in input print "dplan: error: ..." on stderr and exit 2.
 #include <charconv>
 #include <algorithm>
@@ -32,6 +35,7 @@
 #include "calibrate_command.h"
 #include "compare_command.h"
 #include "explain_command.h"
+#include "export_command.h"
 #include "probe_command.h"
 #include "run_command.h"
 
@@ -568,6 +572,15 @@ int main(int argc, char** argv) {
   cli::add_explain_options(*explain, explain_args);
   add_profiles(*explain, o);
 
+  cli::ExportArgs export_args;
+  CLI::App* export_cmd = app.add_subcommand("export", "the plan as an engine's own files (megatron, torchtitan, deepspeed, "
+                                                      "accelerate) or a torchrun / slurm launch of dplan-worker");
+  cli::add_export_options(*export_cmd, export_args);
+
+  cli::CheckArgs check_args;
+  CLI::App* check = app.add_subcommand("check", "an engine's own rules on a plan, one line per failure (exit 1)");
+  cli::add_check_options(*check, check_args);
+
   ScaleOptions scale_opts;
   CLI::App* scale = app.add_subcommand("scale", "plan and run each size, predicted against measured scaling, and an SVG");
   scale->add_option("--model", o.model, "preset, size shorthand or path to a config.json")->required();
@@ -603,13 +616,15 @@ int main(int argc, char** argv) {
     if (*run) return cli::run_run(run_args);
     if (*compare) return cli::run_compare(compare_args);
     if (*explain) return cli::run_explain(explain_args, store);
+    if (*export_cmd) return cli::run_export(export_args);
+    if (*check) return cli::run_check(check_args);
     if (*probe) return cli::run_probe(probe_args, store);
     if (*calibrate) return cli::run_calibrate(calibrate_args, store);
     if (*scale) return run_scale(o, scale_opts, store);
     if (*estimate) return run_estimate(o, store);
     if (o.model.empty() || top_gpus->count() == 0) {
       std::cerr << "dplan: error: give --model and --gpus (e.g. dplan --model 70B --gpus 64), or a subcommand: "
-                   "estimate, list, run, compare, explain, probe, calibrate, scale; see dplan --help\n";
+                   "estimate, list, run, compare, explain, export, check, probe, calibrate, scale; see dplan --help\n";
       return 2;
     }
     return run_plan(o, store);

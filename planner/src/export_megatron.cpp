@@ -1,0 +1,245 @@
+// Megatron-LM: megatron.args (one argument per line) and launch-megatron.sh (torchrun running
+// pretrain_gpt.py). Spellings: Megatron-LM core_v0.15.0 megatron/training/arguments.py (each an
+// explicit add_argument there; CONVENTIONS.md a.1), all in the table below.
+#include <sstream>
+#include <utility>
+
+#include "export_engines.h"
+
+namespace dplan::planner::detail {
+using namespace costmodel;
+
+namespace {
+
+// The one table of Megatron-LM's flag spellings dplan writes (core_v0.15.0).
+namespace flag {
+// _add_network_size_args
+constexpr const char* num_layers = "--num-layers";
+constexpr const char* hidden_size = "--hidden-size";
+constexpr const char* ffn_hidden_size = "--ffn-hidden-size";
+constexpr const char* num_attention_heads = "--num-attention-heads";
+constexpr const char* group_query_attention = "--group-query-attention";
+constexpr const char* num_query_groups = "--num-query-groups";
+constexpr const char* kv_channels = "--kv-channels";
+constexpr const char* max_position_embeddings = "--max-position-embeddings";
+constexpr const char* position_embedding_type = "--position-embedding-type";  // learned_absolute | rope
+constexpr const char* normalization = "--normalization";                       // LayerNorm | RMSNorm
+constexpr const char* apply_layernorm_1p = "--apply-layernorm-1p";
+constexpr const char* qk_layernorm = "--qk-layernorm";
+constexpr const char* swiglu = "--swiglu";
+constexpr const char* squared_relu = "--squared-relu";
+constexpr const char* untie_embeddings = "--untie-embeddings-and-output-weights";
+constexpr const char* disable_bias_linear = "--disable-bias-linear";
+constexpr const char* add_qkv_bias = "--add-qkv-bias";
+constexpr const char* vocab_size = "--vocab-size";
+constexpr const char* make_vocab_size_divisible_by = "--make-vocab-size-divisible-by";
+// _add_regularization_args
+constexpr const char* attention_dropout = "--attention-dropout";
+constexpr const char* hidden_dropout = "--hidden-dropout";
+// _add_moe_args
+constexpr const char* num_experts = "--num-experts";
+constexpr const char* moe_router_topk = "--moe-router-topk";
+constexpr const char* moe_ffn_hidden_size = "--moe-ffn-hidden-size";
+constexpr const char* moe_shared_expert_intermediate_size = "--moe-shared-expert-intermediate-size";
+constexpr const char* moe_layer_freq = "--moe-layer-freq";
+constexpr const char* moe_token_dispatcher_type = "--moe-token-dispatcher-type";
+constexpr const char* moe_grouped_gemm = "--moe-grouped-gemm";
+constexpr const char* expert_model_parallel_size = "--expert-model-parallel-size";
+constexpr const char* expert_tensor_parallel_size = "--expert-tensor-parallel-size";
+// _add_distributed_args
+constexpr const char* tensor_model_parallel_size = "--tensor-model-parallel-size";
+constexpr const char* pipeline_model_parallel_size = "--pipeline-model-parallel-size";
+constexpr const char* num_layers_per_virtual_pipeline_stage = "--num-layers-per-virtual-pipeline-stage";
+constexpr const char* num_virtual_stages_per_pipeline_rank = "--num-virtual-stages-per-pipeline-rank";
+constexpr const char* decoder_first_pipeline_num_layers = "--decoder-first-pipeline-num-layers";
+constexpr const char* decoder_last_pipeline_num_layers = "--decoder-last-pipeline-num-layers";
+constexpr const char* account_for_embedding = "--account-for-embedding-in-pipeline-split";
+constexpr const char* account_for_loss = "--account-for-loss-in-pipeline-split";
+constexpr const char* context_parallel_size = "--context-parallel-size";
+constexpr const char* use_distributed_optimizer = "--use-distributed-optimizer";
+constexpr const char* overlap_grad_reduce = "--overlap-grad-reduce";
+constexpr const char* overlap_param_gather = "--overlap-param-gather";
+constexpr const char* tp_comm_overlap = "--tp-comm-overlap";
+constexpr const char* use_megatron_fsdp = "--use-megatron-fsdp";
+constexpr const char* data_parallel_sharding_strategy = "--data-parallel-sharding-strategy";  // optim_grads[_params]
+constexpr const char* ckpt_format = "--ckpt-format";  // Megatron-FSDP asserts fsdp_dtensor (v0.15)
+constexpr const char* no_gradient_accumulation_fusion = "--no-gradient-accumulation-fusion";
+// _add_training_args
+constexpr const char* sequence_parallel = "--sequence-parallel";
+constexpr const char* micro_batch_size = "--micro-batch-size";
+constexpr const char* global_batch_size = "--global-batch-size";
+constexpr const char* seq_length = "--seq-length";
+constexpr const char* recompute_granularity = "--recompute-granularity";  // full | selective
+constexpr const char* recompute_method = "--recompute-method";            // uniform | block
+constexpr const char* recompute_num_layers = "--recompute-num-layers";
+constexpr const char* optimizer_cpu_offload = "--optimizer-cpu-offload";
+// _add_mixed_precision_args
+constexpr const char* bf16 = "--bf16";
+constexpr const char* fp16 = "--fp16";
+constexpr const char* fp8_format = "--fp8-format";  // e4m3 | hybrid
+constexpr const char* grad_reduce_in_bf16 = "--grad-reduce-in-bf16";
+}  // namespace flag
+
+using Args = std::vector<std::pair<std::string, std::string>>;  // flag, value ("" for a switch)
+
+Args megatron_arguments(const Plan& plan) {
+  const ModelSpec& m = plan.model;
+  const TrainingSpec& t = plan.training;
+  const ParallelConfig& p = plan.parallel;
+  Args a;
+  auto add = [&a](const char* f, const std::string& v = "") { a.emplace_back(f, v); };
+  auto num = [](long long x) { return std::to_string(x); };
+
+  // Model shape.
+  add(flag::num_layers, num(m.num_layers));
+  add(flag::hidden_size, num(m.hidden_size));
+  // --ffn-hidden-size is the dense MLP's; MoE layers take --moe-ffn-hidden-size (Mixtral example:
+  // both the expert width).
+  add(flag::ffn_hidden_size, num(m.num_dense_layers > 0 ? m.dense_ffn_hidden_size : m.ffn_hidden_size));
+  add(flag::num_attention_heads, num(m.num_heads));
+  if (m.num_kv_heads != m.num_heads) {
+    add(flag::group_query_attention);
+    add(flag::num_query_groups, num(m.num_kv_heads));
+  }
+  add(flag::kv_channels, num(m.head_dim));
+  add(flag::seq_length, num(t.seq_len));
+  add(flag::max_position_embeddings, num(std::max(m.max_seq_len, t.seq_len)));  // asserted >= seq_length
+  add(flag::position_embedding_type, m.position == PositionKind::rotary ? "rope" : "learned_absolute");
+  add(flag::normalization, m.norm == NormKind::rmsnorm ? "RMSNorm" : "LayerNorm");
+  if (m.family == "nemotron") add(flag::apply_layernorm_1p);
+  if (m.qk_norm) add(flag::qk_layernorm);
+  if (m.mlp == MlpKind::gated) add(flag::swiglu);
+  else if (m.activation == "relu2") add(flag::squared_relu);
+  if (!m.tied_embeddings) add(flag::untie_embeddings);
+  if (!m.out_bias && !m.mlp_bias) {
+    add(flag::disable_bias_linear);
+    if (m.qkv_bias) add(flag::add_qkv_bias);
+  }
+  add(flag::vocab_size, num(m.vocab_size));
+  add(flag::make_vocab_size_divisible_by, num(t.vocab_pad_multiple));
+  // Megatron's defaults are 0.1 each: written always.
+  add(flag::attention_dropout, number(m.attention_dropout));
+  add(flag::hidden_dropout, number(m.hidden_dropout));
+  if (m.is_moe()) {
+    add(flag::num_experts, num(m.num_experts));
+    add(flag::moe_router_topk, num(m.experts_per_token));
+    add(flag::moe_ffn_hidden_size, num(m.ffn_hidden_size));
+    if (m.shared_expert_ffn_size > 0) add(flag::moe_shared_expert_intermediate_size, num(m.shared_expert_ffn_size));
+    if (m.num_dense_layers > 0)  // DeepSeek's first_k_dense_replace (engine_rules: other families refused)
+      add(flag::moe_layer_freq, "([0]*" + num(m.num_dense_layers) + "+[1]*" + num(m.num_moe_layers()) + ")");
+    add(flag::moe_token_dispatcher_type, "alltoall");
+    add(flag::moe_grouped_gemm);
+  }
+
+  // Parallel layout.
+  add(flag::tensor_model_parallel_size, num(p.tp));
+  add(flag::pipeline_model_parallel_size, num(p.pp));
+  const MegatronSplit split = megatron_split_flags(plan);
+  if (split.first_stage_layers > 0) add(flag::decoder_first_pipeline_num_layers, num(split.first_stage_layers));
+  if (split.last_stage_layers > 0) add(flag::decoder_last_pipeline_num_layers, num(split.last_stage_layers));
+  if (split.account_for_embedding) add(flag::account_for_embedding);
+  if (split.account_for_loss) add(flag::account_for_loss);
+  if (p.vpp > 1) {
+    const bool even = split.first_stage_layers == 0 && split.last_stage_layers == 0 && !split.account_for_embedding &&
+                      !split.account_for_loss;
+    // validate_args: --num-layers-per-virtual-pipeline-stage only with an even split; uneven
+    // pipelines give the virtual stages per rank instead.
+    if (even)
+      add(flag::num_layers_per_virtual_pipeline_stage, num(m.num_layers / (p.pp * p.vpp)));
+    else
+      add(flag::num_virtual_stages_per_pipeline_rank, num(p.vpp));
+  }
+  if (p.cp > 1) add(flag::context_parallel_size, num(p.cp));
+  if (p.tp > 1 && p.sequence_parallel) add(flag::sequence_parallel);
+  if (m.is_moe()) {
+    add(flag::expert_model_parallel_size, num(p.ep));
+    add(flag::expert_tensor_parallel_size, num(p.expert_tp()));
+  }
+
+  // Batch.
+  add(flag::micro_batch_size, num(p.micro_batch));
+  add(flag::global_batch_size, num(t.global_batch));
+
+  // Precision. Megatron keeps bf16 training's gradients in fp32 unless told otherwise.
+  switch (t.precision) {
+    case Precision::bf16: add(flag::bf16); break;
+    case Precision::fp16: add(flag::fp16); break;
+    case Precision::fp8:
+      add(flag::bf16);
+      add(flag::fp8_format, "hybrid");
+      break;
+    case Precision::fp32: break;
+  }
+  if ((t.precision == Precision::bf16 || t.precision == Precision::fp8) && !t.fp32_grads) add(flag::grad_reduce_in_bf16);
+
+  // Sharding: ZeRO-1 is the distributed optimizer; ZeRO-2/3 are Megatron-FSDP's optim_grads /
+  // optim_grads_params (CONVENTIONS h), which v0.15 runs with the distributed optimizer, no
+  // gradient-accumulation fusion and the fsdp_dtensor checkpoint format.
+  const bool fsdp = p.zero_stage >= 2;
+  const bool sharded_optimizer = fsdp || p.zero_stage == 1 || p.distributed_optimizer;
+  if (fsdp) {
+    add(flag::use_megatron_fsdp);
+    add(flag::data_parallel_sharding_strategy, p.zero_stage == 3 ? "optim_grads_params" : "optim_grads");
+    add(flag::no_gradient_accumulation_fusion);
+    add(flag::ckpt_format, "fsdp_dtensor");
+  }
+  if (sharded_optimizer) add(flag::use_distributed_optimizer);
+  if (p.offload_optimizer) add(flag::optimizer_cpu_offload);
+  // Overlap: --overlap-param-gather needs a sharded optimizer and --overlap-grad-reduce (a.2 item 11).
+  if (plan.overlap.grad_reduce && p.dp * p.cp > 1) add(flag::overlap_grad_reduce);
+  if (plan.overlap.param_gather && plan.overlap.grad_reduce && sharded_optimizer && p.dp * p.cp > 1)
+    add(flag::overlap_param_gather);
+  if (plan.overlap.tp_comm && p.tp > 1 && p.sequence_parallel) add(flag::tp_comm_overlap);
+
+  // Recompute (a.2 item 13: no --recompute-method with selective).
+  if (p.recompute == Recompute::selective) {
+    add(flag::recompute_granularity, "selective");
+  } else if (p.recompute == Recompute::full) {
+    add(flag::recompute_granularity, "full");
+    add(flag::recompute_method, "uniform");
+    add(flag::recompute_num_layers, "1");
+  }
+  return a;
+}
+
+}  // namespace
+
+Exported export_megatron(const ExportInput& in) {
+  const Plan& plan = in.plan;
+  const LaunchShape s = launch_shape(plan);
+  std::ostringstream args;
+  args << header(in, "# ");
+  args << "# One argument per line; launch-megatron.sh passes them to pretrain_gpt.py. Data, tokenizer and\n"
+          "# training length (--train-iters, --lr, ...) are the user's: give them to launch-megatron.sh.\n";
+  if (plan.model.position == PositionKind::rotary)
+    args << "# The plan does not record the rotary base: add --rotary-base if the model's is not 10000.\n";
+  for (const auto& [f, v] : megatron_arguments(plan)) args << f << (v.empty() ? "" : " " + v) << "\n";
+
+  std::ostringstream sh;
+  sh << script_preamble(in);
+  sh << ": \"${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout (core_v0.15.0)}\"\n";
+  if (plan.parallel.tp > 1 || plan.parallel.cp > 1)
+    sh << "# Megatron asserts it with tp > 1 or cp > 1 (validate_args).\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\n";
+  sh << "args=()\n"
+        "while read -r -a words; do\n"
+        "  [[ ${#words[@]} -eq 0 || ${words[0]} == \\#* ]] && continue\n"
+        "  args+=(\"${words[@]}\")\n"
+        "done <\"$here/megatron.args\"\n";
+  sh << "exec " << torchrun_command(s) << " \"$MEGATRON_LM/pretrain_gpt.py\" \"${args[@]}\" \"$@\"\n";
+
+  Exported e;
+  e.files.push_back({"megatron.args", args.str(), false});
+  e.files.push_back({"launch-megatron.sh", sh.str(), true});
+  e.launch_line = std::string(s.nodes > 1 ? "MASTER_ADDR=<first node> " : "") +
+                  "MEGATRON_LM=<Megatron-LM checkout> ./launch-megatron.sh --train-iters N --lr X "
+                  "--tokenizer-type ... --data-path ...";
+  std::vector<std::string> notes = {
+      "data, tokenizer, optimizer hyper-parameters and training length are not in the plan: pass them after the script",
+      "the rank order is Megatron's default tp-cp-ep-dp-pp, the plan's own (no --use-tp-pp-dp-mapping)"};
+  if (plan.model.position == PositionKind::rotary)
+    notes.push_back("the plan does not record the rotary base (--rotary-base, default 10000)");
+  e.files.push_back(readme(in, e.files, e.launch_line, notes));
+  return e;
+}
+
+}  // namespace dplan::planner::detail

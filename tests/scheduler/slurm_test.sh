@@ -63,7 +63,8 @@ echo "$NAME: sbatch --wait $TMP/export/dplan.sbatch --steps $STEPS (DPLAN_WORKER
 rc=0
 DPLAN_WORKER=$WORKER MASTER_PORT=$port timeout 240 sbatch --wait --job-name dplan-test --time 4 -o job.out \
   "$TMP/export/dplan.sbatch" --steps "$STEPS" || rc=$?
-((rc == 0)) || fail "the Slurm job failed (sbatch --wait: exit $rc; 124: not done in 240 s)"
+((rc != 124)) || fail "the Slurm job was not done in 240 s"
+((rc == 0)) || fail "the Slurm job failed (sbatch --wait: exit $rc)"
 echo "--- the job's output ($TMP/submit/job.out):"
 cat job.out
 check_run "$TMP/plan.json" "$TMP/submit/run.json" slurm

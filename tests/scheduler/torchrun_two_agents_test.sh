@@ -68,7 +68,8 @@ failed=0
 for i in 0 1; do
   rc=0
   wait "${agents[i]}" || rc=$?
-  ((rc == 0)) || { echo "$NAME: agent $i (node$i) exited $rc (124: not done in 240 s)" >&2; failed=1; }
+  ((rc == 124)) && echo "$NAME: agent $i (node$i) was not done in 240 s" >&2
+  ((rc == 0)) || { echo "$NAME: agent $i (node$i) exited $rc" >&2; failed=1; }
 done
 agents=()
 ((failed == 0)) || fail "a torchrun agent failed (logs below)"

@@ -8,10 +8,15 @@
 
 namespace dplan::costmodel {
 
-// Throws InputError "<file>: /format_version: expected 1 (this dplan reads format 1), got 2"
-// unless the object's format_version is `supported`.
+// Throws InputError unless the object's format_version is `supported`: for a newer one
+// "<file>: /format_version: format 2 is newer than this dplan reads (format 1); use a newer dplan",
+// for an older one "<file>: /format_version: expected 1 (this dplan reads format 1), got 0".
 inline void check_format_version(ObjectReader& r, int supported) {
   const long long version = r.positive_int("format_version");
+  if (version > supported)
+    throw InputError(r.where("format_version") + ": format " + std::to_string(version) +
+                     " is newer than this dplan reads (format " + std::to_string(supported) +
+                     "); use a newer dplan, or write the file again with this one");
   if (version != supported)
     throw InputError(r.where("format_version") + ": expected " + std::to_string(supported) + " (this dplan reads format " +
                      std::to_string(supported) + "), got " + std::to_string(version));

@@ -1,7 +1,7 @@
 // Each engine's invariants on a plan. Sources (docs/export.md has the full table):
 //   Megatron-LM core_v0.15.0: megatron/training/arguments.py validate_args, megatron/core/
 //     parallel_state.py initialize_model_parallel, megatron/core/num_microbatches_calculator.py,
-//     megatron/core/transformer/transformer_config.py (CONVENTIONS a.2 items 1-13)
+//     megatron/core/transformer/transformer_config.py, model_parallel_config.py
 //   torchtitan v0.2.2: torchtitan/distributed/parallel_dims.py ParallelDims._validate and
 //     seq_len_divisor, torchtitan/config/job_config.py, torchtitan/models/llama3
 //   DeepSpeed (HEAD 38327e07f6): deepspeed/runtime/config.py _batch_assertion,
@@ -193,14 +193,14 @@ void megatron_rules(const Plan& plan, Rules& r) {
   const ParallelConfig& p = plan.parallel;
   const ModelSpec& m = plan.model;
   const int world = plan.ranks.empty() ? p.world_size() : static_cast<int>(plan.ranks.size());
-  // a.2 item 1: world % (tp*pp*cp) == 0, data parallel = world / (tp*pp*cp) (EP not in it).
+  // validate_args: world % (tp*pp*cp) == 0, data parallel = world / (tp*pp*cp) (EP not in it).
   const int tpppcp = p.tp * p.pp * p.cp;
   r.rule(world % tpppcp == 0 && world / tpppcp == p.dp, [&] {
     return "world size " + str(world) + " is not tp " + str(p.tp) + " x pp " + str(p.pp) + " x cp " + str(p.cp) +
            " x dp " + str(p.dp) + " (validate_args: data parallel = world / (tp x pp x cp)); use --gpus " +
            str(static_cast<long long>(tpppcp) * p.dp);
   });
-  // Item 2: expert data parallel = world / (etp * ep * pp) (parallel_state.py).
+  // Expert data parallel = world / (etp * ep * pp) (parallel_state.py).
   if (m.is_moe()) {
     const int etp_ep_pp = p.expert_tp() * p.ep * p.pp;
     r.rule(world % etp_ep_pp == 0, [&] {
@@ -210,12 +210,12 @@ void megatron_rules(const Plan& plan, Rules& r) {
              str(world / std::max(1, p.expert_tp() * p.pp));
     });
   }
-  // Item 3: ConstantNumMicroBatchesCalculator.
+  // ConstantNumMicroBatchesCalculator.
   batch_rule(plan, r, "num_microbatches_calculator.py");
-  // Item 4: layers per pipeline stage as the flags can say them.
+  // Layers per pipeline stage as the flags can say them.
   const MegatronSplit split = megatron_split_flags(plan);
   r.rule(split.problem.empty(), [&] { return split.problem; });
-  // Item 5: the interleaved schedule.
+  // The interleaved schedule.
   if (p.pp > 1)
     r.rule(p.schedule != Schedule::gpipe, [&] {
       return std::string("cannot express the gpipe schedule (its pipeline schedules are 1F1B and interleaved "
@@ -241,15 +241,22 @@ void megatron_rules(const Plan& plan, Rules& r) {
              nearest_multiples(plan.training.global_batch, p.micro_batch * p.dp * p.pp);
     });
   }
-  // Item 6.
+  // validate_args: seq_length % (2 x cp).
   context_parallel_rule(plan, r, "validate_args");
-  // Item 9: heads and query groups divisible by tp (core_v0.15.0 transformer_config.py L743-762;
+  // Heads and query groups divisible by tp (core_v0.15.0 transformer_config.py L743-762;
   // HEAD relaxes the second to "multiple or divisor").
   heads_rules(plan, r, "transformer_config.py core_v0.15.0", true);
-  // Item 10.
+  // validate_args: experts per ep rank; no expert parallel in fp16.
   if (m.is_moe()) {
     r.rule(m.num_experts % p.ep == 0, [&] {
       return "experts " + str(m.num_experts) + " are not divisible by ep " + str(p.ep) + "; use --ep " + divisors(m.num_experts);
+    });
+    // megatron/core/model_parallel_config.py: "When using expert parallelism and tensor parallelism
+    // for training, sequence parallelism must be used" (a warning at core_v0.15.0).
+    r.rule(p.ep == 1 || p.tp == 1 || p.sequence_parallel, [&] {
+      return "expert parallel (ep " + str(p.ep) + ") with tp " + str(p.tp) +
+             " needs sequence parallel (model_parallel_config.py: \"When using expert parallelism and tensor "
+             "parallelism for training, sequence parallelism must be used\"); use --sp";
     });
     r.rule(p.ep == 1 || plan.training.precision != Precision::fp16, [&] {
       return std::string("expert parallel (ep ") + str(p.ep) + ") does not run with fp16 (validate_args); use --precision bf16";
@@ -260,7 +267,7 @@ void megatron_rules(const Plan& plan, Rules& r) {
   r.rule(!p.offload_optimizer || p.zero_stage >= 1 || p.distributed_optimizer, [&] {
     return std::string("--optimizer-cpu-offload needs the distributed optimizer; use --dist-opt or --zero 1");
   });
-  // Items 7, 8, 11, 12, 13 hold by construction of the exported flags (docs/export.md):
+  // These hold by construction of the exported flags (docs/export.md):
   // --sequence-parallel only with tp > 1, CUDA_DEVICE_MAX_CONNECTIONS=1 in the launch script,
   // --overlap-param-gather only with a sharded optimizer and --overlap-grad-reduce, no
   // --use-torch-fsdp2, no --recompute-method with selective recompute.
@@ -404,8 +411,15 @@ void deepspeed_rules(const Plan& plan, Rules& r) {
                          "\"uniform\" gives every stage the same layer count); use a pp dividing the layers");
     });
   }
-  if (p.tp > 1)
+  if (p.tp > 1) {
     heads_rules(plan, r, "AutoTP splits attention heads over tp", true);
+    // deepspeed/runtime/engine.py _configure_tensor_parallel_states asserts ZeRO stage <= 2.
+    r.rule(p.zero_stage <= 2, [&] {
+      return std::string("DeepSpeed's AutoTP (tensor_parallel.autotp_size) runs with ZeRO stage 0-2 (engine.py: "
+                         "\"the compatibility between 'autotp' and 'zero_stage = 3' has not been validated\"); use "
+                         "--zero 2 or --tp 1");
+    });
+  }
 }
 
 void accelerate_rules(const Plan& plan, Rules& r) {
@@ -432,7 +446,7 @@ void accelerate_rules(const Plan& plan, Rules& r) {
              " with DeepSpeed (ZeRO-1 or optimizer offload; parallelism_config is for FSDP2); use --tp 1 or --zero 3";
     });
   } else {
-    batch_rule(plan, r, "accelerate");
+    batch_rule(plan, r, "gradient accumulation steps");
     r.rule(p.cp == 1 || p.zero_stage >= 2, [&] {
       return "accelerate runs context parallel with FSDP2 only (parallelism_config_cp_size); the plan has cp " +
              str(p.cp) + " with ZeRO-" + str(p.zero_stage) + ": use --zero 2 or --zero 3";

@@ -68,8 +68,12 @@ ExportFile readme(const ExportInput& in, const std::vector<ExportFile>& files, c
   o << "\nfiles:\n";
   for (const ExportFile& f : files) o << "  " << f.name << "\n";
   o << "  README.export\n";
-  o << "\nrun (on every node" << (launch_shape(in.plan).nodes == 1 ? ", here one" : "") << "):\n  " << launch_line
-    << "\n";
+  const bool one_node = launch_shape(in.plan).nodes == 1;
+  std::string where = one_node ? "run (one node):" : "run (on every node):";
+  if (in.engine == Engine::slurm) where = "submit (once; Slurm starts the tasks on every node):";
+  if (in.engine == Engine::deepspeed && !one_node)
+    where = "run (on the first node; the deepspeed launcher starts the others from the hostfile):";
+  o << "\n" << where << "\n  " << launch_line << "\n";
   if (!notes.empty()) {
     o << "\nnotes:\n";
     for (const std::string& n : notes) o << "  - " << n << "\n";

@@ -1,8 +1,8 @@
 // DeepSpeed (ds_config.json, launch-deepspeed.sh) and Accelerate (accelerate.yaml, a
 // ds_config.json when it runs DeepSpeed, launch-accelerate.sh).
-// DeepSpeed keys: docs/_pages/config-json.md and deepspeed/runtime/constants.py at 38327e07f6
-// (CONVENTIONS b.1). Accelerate keys: examples/config_yaml_templates/*.yaml, tests/test_configs/
-// latest_fsdp.yaml and examples/torch_native_parallelism/configs at 16cb6eb80d (CONVENTIONS d.1).
+// DeepSpeed keys: docs/_pages/config-json.md and deepspeed/runtime/constants.py at 38327e07f6.
+// Accelerate keys: examples/config_yaml_templates/*.yaml, tests/test_configs/
+// latest_fsdp.yaml and examples/torch_native_parallelism/configs at 16cb6eb80d.
 #include <sstream>
 
 #include "export_engines.h"
@@ -92,7 +92,7 @@ Exported export_accelerate(const ExportInput& in) {
   const Plan& plan = in.plan;
   const ParallelConfig& p = plan.parallel;
   const LaunchShape s = launch_shape(plan);
-  // Which backend says the plan (CONVENTIONS h): DeepSpeed for ZeRO-1 / the distributed optimizer
+  // Which backend says the plan (docs/export.md): DeepSpeed for ZeRO-1 / the distributed optimizer
   // and for optimizer offload (FSDP2 offloads parameters too), FSDP2 for ZeRO-2/3, DDP otherwise.
   const bool deepspeed = p.offload_optimizer || p.zero_stage == 1 || p.distributed_optimizer;
   const bool fsdp = !deepspeed && p.zero_stage >= 2;

@@ -1,6 +1,6 @@
 // Megatron-LM: megatron.args (one argument per line) and launch-megatron.sh (torchrun running
 // pretrain_gpt.py). Spellings: Megatron-LM core_v0.15.0 megatron/training/arguments.py (each an
-// explicit add_argument there; CONVENTIONS.md a.1), all in the table below.
+// explicit add_argument there), all in the table below.
 #include <sstream>
 #include <utility>
 
@@ -73,6 +73,9 @@ constexpr const char* recompute_granularity = "--recompute-granularity";  // ful
 constexpr const char* recompute_method = "--recompute-method";            // uniform | block
 constexpr const char* recompute_num_layers = "--recompute-num-layers";
 constexpr const char* optimizer_cpu_offload = "--optimizer-cpu-offload";
+// validate_args: "The optimizer cpu offload must be used in conjunction with
+// `--use-precision-aware-optimizer`" (the hybrid device optimizer runs its code path).
+constexpr const char* use_precision_aware_optimizer = "--use-precision-aware-optimizer";
 // _add_mixed_precision_args
 constexpr const char* bf16 = "--bf16";
 constexpr const char* fp16 = "--fp16";
@@ -173,7 +176,7 @@ Args megatron_arguments(const Plan& plan) {
   if ((t.precision == Precision::bf16 || t.precision == Precision::fp8) && !t.fp32_grads) add(flag::grad_reduce_in_bf16);
 
   // Sharding: ZeRO-1 is the distributed optimizer; ZeRO-2/3 are Megatron-FSDP's optim_grads /
-  // optim_grads_params (CONVENTIONS h), which v0.15 runs with the distributed optimizer, no
+  // optim_grads_params (Megatron-FSDP's ZeRO-like strategies), which v0.15 runs with the distributed optimizer, no
   // gradient-accumulation fusion and the fsdp_dtensor checkpoint format.
   const bool fsdp = p.zero_stage >= 2;
   const bool sharded_optimizer = fsdp || p.zero_stage == 1 || p.distributed_optimizer;
@@ -184,14 +187,17 @@ Args megatron_arguments(const Plan& plan) {
     add(flag::ckpt_format, "fsdp_dtensor");
   }
   if (sharded_optimizer) add(flag::use_distributed_optimizer);
-  if (p.offload_optimizer) add(flag::optimizer_cpu_offload);
-  // Overlap: --overlap-param-gather needs a sharded optimizer and --overlap-grad-reduce (a.2 item 11).
+  if (p.offload_optimizer) {
+    add(flag::optimizer_cpu_offload);
+    add(flag::use_precision_aware_optimizer);
+  }
+  // Overlap: --overlap-param-gather needs a sharded optimizer and --overlap-grad-reduce (validate_args).
   if (plan.overlap.grad_reduce && p.dp * p.cp > 1) add(flag::overlap_grad_reduce);
   if (plan.overlap.param_gather && plan.overlap.grad_reduce && sharded_optimizer && p.dp * p.cp > 1)
     add(flag::overlap_param_gather);
   if (plan.overlap.tp_comm && p.tp > 1 && p.sequence_parallel) add(flag::tp_comm_overlap);
 
-  // Recompute (a.2 item 13: no --recompute-method with selective).
+  // Recompute (validate_args: no --recompute-method with selective).
   if (p.recompute == Recompute::selective) {
     add(flag::recompute_granularity, "selective");
   } else if (p.recompute == Recompute::full) {
@@ -218,7 +224,12 @@ Exported export_megatron(const ExportInput& in) {
   std::ostringstream sh;
   sh << script_preamble(in);
   sh << ": \"${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout (core_v0.15.0)}\"\n";
-  if (plan.parallel.tp > 1 || plan.parallel.cp > 1)
+  // validate_args (core_v0.15.0): Megatron-FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS != 1; without it,
+  // tp > 1 or cp > 1 asserts == 1 (before Blackwell).
+  if (plan.parallel.zero_stage >= 2)
+    sh << "# Megatron-FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS is not 1 (validate_args).\n"
+          "unset CUDA_DEVICE_MAX_CONNECTIONS\n";
+  else if (plan.parallel.tp > 1 || plan.parallel.cp > 1)
     sh << "# Megatron asserts it with tp > 1 or cp > 1 (validate_args).\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\n";
   sh << "args=()\n"
         "while read -r -a words; do\n"

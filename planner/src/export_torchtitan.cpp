@@ -12,6 +12,9 @@ using namespace costmodel;
 
 namespace {
 
+// The Float8 linear converter's registered name (v0.2.2 torchtitan/components/quantization/float8.py).
+constexpr const char* kFloat8 = "quantize.linear.float8";
+
 struct Setting {
   std::string section, key;
   std::string value;   // as the command line gives it
@@ -19,12 +22,13 @@ struct Setting {
 };
 
 // torchtitan v0.2.2's llama3 flavors (torchtitan/models/llama3/__init__.py llama3_args), matched
-// by shape; CONVENTIONS g.2 lists their dims.
+// by shape (dim, layers, heads, kv heads and the FFN width their multiplier and multiple_of give).
 struct Flavor {
   const char* name;
   int dim, layers, heads, kv_heads, ffn;
 };
 constexpr Flavor kLlama3Flavors[] = {
+    {"debugmodel", 256, 6, 16, 16, 768},  // multiple_of 256 rounds int(2 * 4 * 256 / 3) = 682 up to 768
     {"8B", 4096, 32, 32, 8, 14336},
     {"70B", 8192, 80, 64, 8, 28672},
     {"405B", 16384, 126, 128, 8, 53248},
@@ -76,8 +80,10 @@ std::vector<Setting> torchtitan_settings(const Plan& plan, const std::string& fl
   add("training", "max_norm", "1.0");
   const bool fp32 = t.precision == Precision::fp32;
   add("training", "mixed_precision_param", fp32 ? "float32" : "bfloat16", true);
-  add("training", "mixed_precision_reduce", fp32 || t.fp32_grads ? "float32" : "bfloat16", true);
-  // Data parallel: FSDP (dp_shard) for ZeRO-2/3, DDP (dp_replicate) otherwise (CONVENTIONS h).
+  // v0.2.2 job_config.py: mixed_precision_reduce: Literal["float32"]; FSDP2 reduces (and keeps
+  // the sharded gradients) in fp32 whatever the plan's gradient dtype (README.export says so).
+  add("training", "mixed_precision_reduce", "float32", true);
+  // Data parallel: FSDP (dp_shard) for ZeRO-2/3, DDP (dp_replicate) otherwise.
   const bool sharded = p.zero_stage >= 2;
   add("parallelism", "data_parallel_replicate_degree", num(sharded ? 1 : p.dp));
   add("parallelism", "data_parallel_shard_degree", num(sharded ? p.dp : 1));
@@ -132,7 +138,7 @@ Exported export_torchtitan(const ExportInput& in) {
     if (s.section != section) {
       toml << (section.empty() ? "" : "\n") << "[" << s.section << "]\n";
       section = s.section;
-      if (section == "model" && plan.training.precision == Precision::fp8) toml << "converters = [\"float8\"]\n";
+      if (section == "model" && plan.training.precision == Precision::fp8) toml << "converters = [\"" << kFloat8 << "\"]\n";
     }
     toml << s.key << " = " << (s.quoted ? "\"" + s.value + "\"" : s.value) << "\n";
   }
@@ -140,7 +146,7 @@ Exported export_torchtitan(const ExportInput& in) {
   std::ostringstream overrides;
   overrides << header(in, "# ");
   overrides << "# The same settings as command-line overrides for torchtitan HEAD (Python configs; --section.key value).\n";
-  if (plan.training.precision == Precision::fp8) overrides << "--model.converters float8\n";
+  if (plan.training.precision == Precision::fp8) overrides << "--model.converters " << kFloat8 << "\n";
   for (const Setting& s : settings) {
     if (s.section == "job") continue;  // free text, no value to check
     overrides << "--" << s.section << "." << s.key << " " << s.value << "\n";
@@ -162,6 +168,9 @@ Exported export_torchtitan(const ExportInput& in) {
       "torchtitan HEAD: torchrun ... -m torchtitan.train --module llama3 --config <config> $(grep -v '^#' "
       "torchtitan.overrides)",
       "torchtitan's llama3 has no rotary-base key in the TOML: the flavor's rope_theta applies"};
+  if (plan.training.precision != Precision::fp32 && !plan.training.fp32_grads)
+    notes.push_back("gradients: torchtitan v0.2.2 reduces them in float32 (mixed_precision_reduce accepts only "
+                    "\"float32\"), where the plan counted 16-bit gradients");
   if (known.empty()) notes.push_back("register the flavor \"dplan\": " + llama3_model_args(plan.model));
   e.files.push_back(readme(in, e.files, e.launch_line, notes));
   return e;

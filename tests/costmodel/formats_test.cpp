@@ -77,7 +77,7 @@ TEST_CASE("plan.json: a newer format, a missing key and a wrong type are one lin
   json j = good;
   j["format_version"] = 2;
   CHECK(error_of([&] { plan_from_json(j, "plan.json"); }) ==
-        "plan.json: /format_version: expected 1 (this dplan reads format 1), got 2");
+        "plan.json: /format_version: format 2 is newer than this dplan reads (format 1); use a newer dplan, or write the file again with this one");
   j = good;
   j["parallel"]["tp"] = "x";
   CHECK(error_of([&] { plan_from_json(j, "plan.json"); }) == "plan.json: /parallel/tp: expected an integer from 1 to 1048576, got \"x\"");
@@ -137,7 +137,7 @@ TEST_CASE("run.json: a newer format, a missing key and a wrong type are one line
   json j = good;
   j["format_version"] = 2;
   CHECK(error_of([&] { run_record_from_json(j, "run.json"); }) ==
-        "run.json: /format_version: expected 1 (this dplan reads format 1), got 2");
+        "run.json: /format_version: format 2 is newer than this dplan reads (format 1); use a newer dplan, or write the file again with this one");
   j = good;
   j["step_time_s"].erase("median");
   CHECK_THAT(error_of([&] { run_record_from_json(j, "run.json"); }),

@@ -1,0 +1,184 @@
+// dplan export and dplan check through the binary: export writes the engine's files (scripts
+// executable) and the launch line, refuses to replace them without --force and the plan itself
+// even with it; an unknown engine or a newer plan format is one error line and exit 2; check
+// prints one line per failed rule and exits 1, or one ok line and 0.
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "process.h"
+
+namespace {
+namespace fs = std::filesystem;
+using dplan::testing::read_file;
+using dplan::testing::require_one_error_line;
+using dplan::testing::Result;
+using dplan::testing::run_program;
+using dplan::testing::TempDir;
+using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
+
+Result run_dplan(const std::vector<std::string>& args) { return run_program(DPLAN_BINARY, args); }
+
+// `dplan estimate --model MODEL ... -o DIR/NAME`: the plan's path.
+std::string make_plan(const TempDir& dir, const std::string& name, const std::vector<std::string>& layout,
+                      const std::string& model = "llama-3-8b") {
+  const std::string path = (dir.path() / name).string();
+  std::vector<std::string> args = {"estimate", "--model", model};
+  args.insert(args.end(), layout.begin(), layout.end());
+  args.insert(args.end(), {"-o", path, "--json"});
+  const Result r = run_dplan(args);
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  return path;
+}
+
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+const std::vector<std::string> kTp2Pp2 = {"--gpus", "16", "--tp", "2", "--pp", "2", "--sp", "--zero", "1",
+                                          "--mbs", "1", "--global-batch", "64"};
+
+}  // namespace
+
+TEST_CASE("dplan export writes the engine's files beside the plan and prints them with the launch line", "[cli][export]") {
+  TempDir dir;
+  const std::string plan = make_plan(dir, "plan.json", kTp2Pp2);
+  const Result r = run_dplan({"export", plan, "--to", "megatron"});
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  CHECK(r.err.empty());
+  const fs::path out = dir.path() / "plan-megatron";
+  for (const char* name : {"megatron.args", "launch-megatron.sh", "README.export"}) {
+    CAPTURE(name);
+    CHECK(fs::is_regular_file(out / name));
+    CHECK_THAT(r.out, Contains("wrote " + (out / name).string()));
+  }
+  CHECK_THAT(r.out, Contains("launch: cd " + out.string() + " && "));
+  CHECK_THAT(r.out, Contains("./launch-megatron.sh"));
+  struct stat st {};
+  REQUIRE(::stat((out / "launch-megatron.sh").c_str(), &st) == 0);
+  CHECK((st.st_mode & S_IXUSR) != 0);
+  REQUIRE(::stat((out / "megatron.args").c_str(), &st) == 0);
+  CHECK((st.st_mode & S_IXUSR) == 0);
+  const std::string args = read_file(out / "megatron.args");
+  CHECK_THAT(args, Contains("--tensor-model-parallel-size 2\n"));
+  CHECK_THAT(args, Contains("--pipeline-model-parallel-size 2\n"));
+  CHECK_THAT(args, Contains("--use-distributed-optimizer\n"));
+  // Every engine exports this plan or refuses it with its reasons; -o picks the folder.
+  for (const char* engine : {"torchtitan", "deepspeed", "accelerate"}) {
+    const Result e = run_dplan({"export", plan, "--to", engine, "-o", (dir.path() / engine).string()});
+    CAPTURE(engine, e.out, e.err);
+    CHECK(e.status == 2);
+    CHECK(e.out.empty());
+    for (const std::string& line : lines(e.err)) CHECK_THAT(line, StartsWith(std::string("dplan: error: ") + engine + ": "));
+    CHECK(!fs::exists(dir.path() / engine / "README.export"));
+  }
+  for (const char* engine : {"torchrun", "slurm"}) {
+    const Result e = run_dplan({"export", plan, "--to", engine, "-o", (dir.path() / engine).string()});
+    CAPTURE(engine, e.err);
+    CHECK(e.status == 0);
+    CHECK(read_file(dir.path() / engine / "plan.json") == read_file(plan));
+  }
+  CHECK(fs::is_regular_file(dir.path() / "slurm" / "dplan.sbatch"));
+  CHECK(fs::is_regular_file(dir.path() / "torchrun" / "launch-torchrun.sh"));
+}
+
+TEST_CASE("dplan export does not replace an earlier export without --force and never the plan", "[cli][export]") {
+  TempDir dir;
+  const std::string plan = make_plan(dir, "plan.json", {"--gpus", "8", "--zero", "3", "--global-batch", "64"});
+  const std::string out = (dir.path() / "ds").string();
+  REQUIRE(run_dplan({"export", plan, "--to", "deepspeed", "-o", out}).status == 0);
+  const fs::path config = fs::path(out) / "ds_config.json";
+  {
+    std::ofstream(config) << "edited\n";
+  }
+  const std::string line = require_one_error_line(run_dplan({"export", plan, "--to", "deepspeed", "-o", out}));
+  CHECK_THAT(line, Contains("exists"));
+  CHECK_THAT(line, Contains("--force"));
+  CHECK(read_file(config) == "edited\n");
+  const Result forced = run_dplan({"export", plan, "--to", "deepspeed", "-o", out, "--force"});
+  INFO(forced.err);
+  REQUIRE(forced.status == 0);
+  CHECK(nlohmann::json::parse(read_file(config)).at("zero_optimization").at("stage") == 3);
+  // The plan itself, in the folder it would be copied to: refused even with --force.
+  const std::string before = read_file(plan);
+  const std::string self = require_one_error_line(
+      run_dplan({"export", plan, "--to", "torchrun", "-o", dir.path().string(), "--force"}));
+  CHECK_THAT(self, Contains("one of this command's inputs"));
+  CHECK(read_file(plan) == before);
+  CHECK(!fs::exists(dir.path() / "launch-torchrun.sh"));
+}
+
+TEST_CASE("dplan export and check: an unknown engine is one line naming the valid ones and exit 2", "[cli][export][error]") {
+  TempDir dir;
+  const std::string plan = make_plan(dir, "plan.json", {"--gpus", "8", "--global-batch", "64"});
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"export", plan, "--to", "nemo"}, {"check", plan, "--engine", "nemo"}}) {
+    const std::string line = require_one_error_line(run_dplan(args));
+    CHECK_THAT(line, Contains("unknown engine \"nemo\""));
+    CHECK_THAT(line, Contains("megatron, torchtitan, deepspeed, accelerate, torchrun or slurm"));
+  }
+  CHECK(!fs::exists(dir.path() / "plan-nemo"));
+}
+
+TEST_CASE("dplan export and check: a plan of a newer format is one line saying so and exit 2", "[cli][export][error]") {
+  TempDir dir;
+  const std::string plan = make_plan(dir, "plan.json", {"--gpus", "8", "--global-batch", "64"});
+  nlohmann::json j = nlohmann::json::parse(read_file(plan));
+  j["format_version"] = 2;
+  const std::string newer = dir.write("newer.json", j.dump(1));
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"export", newer, "--to", "megatron"}, {"check", newer, "--engine", "megatron"}}) {
+    const std::string line = require_one_error_line(run_dplan(args));
+    CHECK_THAT(line, Contains("format 2 is newer than this dplan reads (format 1)"));
+  }
+  const std::string missing = require_one_error_line(run_dplan({"check", (dir.path() / "none.json").string(), "--engine", "slurm"}));
+  CHECK_THAT(missing, Contains("none.json"));
+}
+
+TEST_CASE("dplan check: one line per failed rule and exit 1 / one ok line and exit 0", "[cli][export]") {
+  TempDir dir;
+  // Megatron has no GPipe schedule (plan files keep every layout rule of dplan's own, such as the
+  // batch divisibility, so the rules a plan file can break are the engines' own).
+  const std::string bad = make_plan(dir, "bad.json", {"--gpus", "8", "--pp", "2", "--schedule", "gpipe", "--global-batch", "64"});
+  const Result r = run_dplan({"check", bad, "--engine", "megatron"});
+  CHECK(r.status == 1);
+  CHECK(r.err.empty());
+  const std::vector<std::string> out = lines(r.out);
+  REQUIRE(out.size() == 1);
+  CHECK_THAT(out[0], StartsWith("megatron: cannot express the gpipe schedule"));
+  CHECK_THAT(out[0], Contains("use --schedule 1f1b"));
+  // Several failures: one line each.
+  const std::string many = make_plan(dir, "many.json", {"--gpus", "16", "--tp", "2", "--sp", "--pp", "2", "--global-batch", "64"});
+  const Result a = run_dplan({"check", many, "--engine", "accelerate"});
+  CHECK(a.status == 1);
+  const std::vector<std::string> failures = lines(a.out);
+  CHECK(failures.size() == 2);
+  for (const std::string& f : failures) CHECK_THAT(f, StartsWith("accelerate: "));
+  // The export refuses the same plan with the same lines, as errors, and writes nothing.
+  const Result e = run_dplan({"export", many, "--to", "accelerate"});
+  CHECK(e.status == 2);
+  CHECK(lines(e.err).size() == failures.size());
+  for (size_t i = 0; i < failures.size() && i < lines(e.err).size(); ++i) CHECK(lines(e.err)[i] == "dplan: error: " + failures[i]);
+  CHECK(!fs::exists(dir.path() / "many-accelerate"));
+
+  const std::string good = make_plan(dir, "good.json", kTp2Pp2);
+  const Result ok = run_dplan({"check", good, "--engine", "megatron"});
+  INFO(ok.out << ok.err);
+  CHECK(ok.status == 0);
+  REQUIRE(lines(ok.out).size() == 1);
+  CHECK_THAT(ok.out, StartsWith("megatron: ok: "));
+  CHECK_THAT(ok.out, Contains("16 ranks = 2 nodes x 8"));
+}

@@ -61,11 +61,17 @@ port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)
 cd "$TMP/submit"
 echo "$NAME: sbatch --wait $TMP/export/dplan.sbatch --steps $STEPS (DPLAN_WORKER=$WORKER MASTER_PORT=$port)"
 rc=0
-DPLAN_WORKER=$WORKER MASTER_PORT=$port timeout 240 sbatch --wait --job-name dplan-test --time 4 -o job.out \
-  "$TMP/export/dplan.sbatch" --steps "$STEPS" || rc=$?
+DPLAN_WORKER=$WORKER MASTER_PORT=$port timeout 240 sbatch --parsable --wait --job-name dplan-test --time 4 -o job.out \
+  "$TMP/export/dplan.sbatch" --steps "$STEPS" >job.id || rc=$?
 ((rc != 124)) || fail "the Slurm job was not done in 240 s"
 ((rc == 0)) || fail "the Slurm job failed (sbatch --wait: exit $rc)"
-echo "--- the job's output ($TMP/submit/job.out):"
+job=$(<job.id)
+echo "--- the output of job $job ($TMP/submit/job.out):"
 cat job.out
+# Both nodes started tasks of the job's step (srun's step 0): each slurmd logs its launch.
+for log in "$TMP"/slurm/slurmd-*.log; do
+  grep -q "launch task StepId=$job.0 " "$log" || fail "$log has no launch of job $job's srun step: the tasks did not run on both nodes"
+done
+echo "$NAME: job $job's srun step ran on both nodes ($(cd "$TMP/slurm" && echo slurmd-*.log))"
 check_run "$TMP/plan.json" "$TMP/submit/run.json" slurm
 status=0

@@ -6,6 +6,8 @@
 #   ./setup.sh --all      everything: also the executor (dplan-worker, for dplan run / probe / scale),
 #                         the test suite and the benchmarks, with what the tests launch (torchrun)
 #   ./setup.sh --executor dplan, the executor, dplan-gpu-probe and the executor's tests only
+#   --slurm               also Debian's Slurm and munge (slurm-wlm, munge), which the scheduler tests
+#                         (tests/scheduler) start a private Slurm from; with --all, they run them
 #   --torch=CHOICE        which LibTorch the executor builds against (with --all or --executor):
 #                         auto (default): the PyTorch 2.x that python3 imports when it has one
 #                         (with CUDA and NCCL when that install has them), else Debian's LibTorch
@@ -17,14 +19,16 @@ cd "$(dirname "$0")"
 
 all=0
 executor_only=0
+slurm=0
 torch=${DPLAN_TORCH:-auto}
 for arg in "$@"; do
   case "$arg" in
     --all) all=1 ;;
     --executor) all=1; executor_only=1 ;;
+    --slurm) slurm=1 ;;
     --torch=*) torch=${arg#--torch=} ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "setup: unknown option '$arg'; valid: --all, --executor, --torch=auto|debian|PYTHON, --help" >&2; exit 2 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "setup: unknown option '$arg'; valid: --all, --executor, --slurm, --torch=auto|debian|PYTHON, --help" >&2; exit 2 ;;
   esac
 done
 
@@ -36,6 +40,7 @@ done
 packages=(cmake g++ make pkg-config nlohmann-json3-dev libcli11-dev libboost-graph-dev)
 # ccache: the executor's second build (against PyTorch 2.x, BUILD_DIR=build-torch2) compiles the
 # cost model, the planner and their tests exactly as the first did, and takes them from the cache.
+if ((slurm)); then packages+=(slurm-wlm munge); fi
 if ((all)); then packages+=(catch2 libtorch-dev libgloo-dev zlib1g-dev python3-torch clang libclang-rt-14-dev llvm-14 ccache); fi
 missing=()
 for p in "${packages[@]}"; do

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <exception>
 #include <limits>
+#include <stdexcept>
+#include <string>
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -25,6 +27,48 @@ int env_int(const char* name, int fallback) {
   } catch (const std::exception&) {
   }
   throw InputError(std::string("environment variable ") + name + "=" + v + " is not an integer");
+}
+
+// The tasks srun started on this node: SLURM_NTASKS_PER_NODE when the job asked for a count per
+// node, else this node's (SLURM_NODEID's) entry in SLURM_TASKS_PER_NODE, which lists the counts
+// node by node with repeats folded, e.g. "2(x3),1" (Slurm 22.05 srun(1) and sbatch(1), OUTPUT
+// ENVIRONMENT VARIABLES). `fallback` when neither is set.
+int slurm_tasks_on_node(int fallback) {
+  if (!env_or("SLURM_NTASKS_PER_NODE").empty()) return env_int("SLURM_NTASKS_PER_NODE", fallback);
+  const std::string list = env_or("SLURM_TASKS_PER_NODE");
+  if (list.empty()) return fallback;
+  const int node = env_int("SLURM_NODEID", 0);
+  auto bad = [&] {
+    return InputError("environment variable SLURM_TASKS_PER_NODE=" + list +
+                      " is not Slurm's list of tasks per node (e.g. 2(x3),1) covering SLURM_NODEID " +
+                      std::to_string(node));
+  };
+  int first_node = 0;  // of the current entry
+  size_t at = 0;
+  while (at < list.size()) {
+    size_t end = list.find(',', at);
+    if (end == std::string::npos) end = list.size();
+    const std::string entry = list.substr(at, end - at);
+    int tasks = 0, repeat = 1;
+    try {
+      size_t used = 0;
+      tasks = std::stoi(entry, &used);
+      if (used != entry.size()) {
+        if (entry.compare(used, 2, "(x") != 0 || entry.back() != ')') throw bad();
+        const std::string count = entry.substr(used + 2, entry.size() - used - 3);
+        size_t count_used = 0;
+        repeat = std::stoi(count, &count_used);
+        if (count_used != count.size()) throw bad();
+      }
+    } catch (const std::logic_error&) {  // std::stoi's invalid_argument and out_of_range
+      throw bad();
+    }
+    if (tasks < 1 || repeat < 1) throw bad();
+    if (node < first_node + repeat) return tasks;
+    first_node += repeat;
+    at = end + 1;
+  }
+  throw bad();
 }
 
 }  // namespace
@@ -49,7 +93,7 @@ Place read_place() {
     p.rank = env_int("SLURM_PROCID", 0);
     p.world = env_int("SLURM_NTASKS", 1);
     p.local_rank = env_int("SLURM_LOCALID", 0);
-    p.local_world = env_int("SLURM_NTASKS_PER_NODE", env_int("SLURM_TASKS_PER_NODE", p.world));
+    p.local_world = slurm_tasks_on_node(p.world);
     p.launcher = "slurm";
     if (p.world > 1 && env_or("MASTER_ADDR").empty())
       throw InputError("under Slurm set MASTER_ADDR to the first node of the job, e.g. "

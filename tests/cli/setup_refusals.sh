@@ -20,7 +20,7 @@ expect() {  # expect MESSAGE ARGS...: setup.sh ARGS prints exactly MESSAGE and e
     failures=$((failures + 1))
   fi
 }
-expect "setup: unknown option '--bogus'; valid: --all, --executor, --torch=auto|debian|PYTHON, --help" --bogus
+expect "setup: unknown option '--bogus'; valid: --all, --executor, --slurm, --torch=auto|debian|PYTHON, --help" --bogus
 # `false` is a command, but not a python: the same as a python without PyTorch 2.x.
 expect "setup: --torch=false: not a python that imports PyTorch 2.x; valid: auto, debian, or such a python" \
   --all --torch=false

@@ -43,7 +43,7 @@ int slurm_tasks_on_node(int fallback) {
                       " is not Slurm's list of tasks per node (e.g. 2(x3),1) covering SLURM_NODEID " +
                       std::to_string(node));
   };
-  int first_node = 0;  // of the current entry
+  long long first_node = 0;  // of the current entry (long long: repeats summed cannot overflow)
   size_t at = 0;
   while (at < list.size()) {
     size_t end = list.find(',', at);

@@ -150,8 +150,8 @@ Exported export_accelerate(const ExportInput& in) {
   if (deepspeed) sh << " --deepspeed_config_file \"$here/ds_config.json\"";
   sh << ")\n";
   if (s.nodes > 1)
-    sh << "launch+=(--machine_rank \"${NODE_RANK:?set NODE_RANK to this node's index}\" --main_process_ip "
-          "\"${MASTER_ADDR:?set MASTER_ADDR to the first node's address}\" --main_process_port \"${MASTER_PORT:-29500}\")\n";
+    sh << "launch+=(--machine_rank \"${NODE_RANK:?set NODE_RANK to the index of this node}\" --main_process_ip "
+          "\"${MASTER_ADDR:?set MASTER_ADDR to the address of the first node}\" --main_process_port \"${MASTER_PORT:-29500}\")\n";
   sh << "exec accelerate launch \"${launch[@]}\" \"$TRAIN_SCRIPT\" \"$@\"\n";
 
   Exported e;

@@ -575,7 +575,7 @@ TEST_CASE("torchrun and slurm exports: a copy of the plan and the launch of dpla
   const ExportFile& sh = file(t, "launch-torchrun.sh");
   CHECK(sh.executable);
   CHECK_THAT(sh.content, Contains("torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint "
-                                  "\"${MASTER_ADDR:?set MASTER_ADDR to the first node's address}:${MASTER_PORT:-29400}\" "
+                                  "\"${MASTER_ADDR:?set MASTER_ADDR to the address of the first node}:${MASTER_PORT:-29400}\" "
                                   "--rdzv_id \"${RUN_ID:-dplan}\""));
   CHECK_THAT(sh.content, Contains("--no_python \"${DPLAN_WORKER:-dplan-worker}\" \"$here/plan.json\" -o \"${RUN_JSON:-run.json}\" \"$@\""));
   const Exported s = export_plan(plan, Engine::slurm, text, "plan.json");

@@ -96,7 +96,10 @@ Exported export_accelerate(const ExportInput& in) {
   // and for optimizer offload (FSDP2 offloads parameters too), FSDP2 for ZeRO-2/3, DDP otherwise.
   const bool deepspeed = p.offload_optimizer || p.zero_stage == 1 || p.distributed_optimizer;
   const bool fsdp = !deepspeed && p.zero_stage >= 2;
-  std::string precision = "no";
+  // Quoted: YAML 1.1 (PyYAML, which accelerate's config loader uses) reads a bare no as False,
+  // and accelerate launch then fails on False.lower() (accelerate/utils/launch.py
+  // prepare_multi_gpu_env); accelerate's own templates and `accelerate config` write 'no'.
+  std::string precision = "'no'";
   if (plan.training.precision == Precision::bf16) precision = "bf16";
   if (plan.training.precision == Precision::fp16) precision = "fp16";
 

@@ -567,6 +567,17 @@ TEST_CASE("accelerate export: FSDP2 for ZeRO-3 and ZeRO-2 / DeepSpeed for ZeRO-1
   CHECK(y0.at("use_cpu") == "true");
 }
 
+TEST_CASE("accelerate export: fp32 is mixed_precision 'no' quoted as YAML 1.1 needs", "[export][files]") {
+  // PyYAML (accelerate's config loader) reads a bare no as False; accelerate launch then fails.
+  const TrainingSpec fp32 = {.seq_len = 8192, .global_batch = 64, .precision = Precision::fp32};
+  for (const Plan& plan : {plan_of("llama-3-8b", fp32, {.dp = 8}), plan_of("llama-3-8b", fp32, {.dp = 8, .zero_stage = 3})}) {
+    const std::string& yaml = file(exported(plan, Engine::accelerate), "accelerate.yaml").content;
+    CAPTURE(yaml);
+    CHECK(keyed_lines(yaml, ": ").at("mixed_precision") == "'no'");
+    CHECK(yaml.find("mixed_precision: no") == std::string::npos);
+  }
+}
+
 TEST_CASE("torchrun and slurm exports: a copy of the plan and the launch of dplan-worker", "[export][files]") {
   const Plan plan = plan_of("llama-3-8b", {.seq_len = 8192, .global_batch = 64}, {.tp = 2, .pp = 2, .dp = 4});
   const std::string text = to_json(plan).dump(1);

@@ -554,11 +554,25 @@ TEST_CASE("accelerate export: FSDP2 for ZeRO-3 and ZeRO-2 / DeepSpeed for ZeRO-1
 
   const Plan z1 = plan_of("llama-3-8b", k8k64, {.dp = 8, .zero_stage = 1, .offload_optimizer = true});
   const Exported e1 = exported(z1, Engine::accelerate);
-  CHECK(keyed_lines(file(e1, "accelerate.yaml").content, ": ").at("distributed_type") == "DEEPSPEED");
+  const auto y1 = keyed_lines(file(e1, "accelerate.yaml").content, ": ");
+  CHECK(y1.at("distributed_type") == "DEEPSPEED");
+  // accelerate refuses mixed_precision from the YAML beside a deepspeed_config_file: the JSON says it.
+  CHECK(y1.count("mixed_precision") == 0);
   const nlohmann::json ds = nlohmann::json::parse(file(e1, "ds_config.json").content);
   CHECK(ds.at("zero_optimization").at("stage") == 1);
   CHECK(ds.at("zero_optimization").at("offload_optimizer").at("device") == "cpu");
-  CHECK(ds.at("bf16").at("enabled") == "auto");  // the YAML sets mixed_precision
+  CHECK(ds.at("bf16").at("enabled") == true);
+  CHECK(ds.count("fp16") == 0);
+  for (const Precision precision : {Precision::fp16, Precision::fp32}) {
+    CAPTURE(to_string(precision));
+    const Plan other = plan_of("llama-3-8b", {.seq_len = 8192, .global_batch = 64, .precision = precision}, {.dp = 8, .zero_stage = 1});
+    const Exported eo = exported(other, Engine::accelerate);
+    CHECK(keyed_lines(file(eo, "accelerate.yaml").content, ": ").count("mixed_precision") == 0);
+    const nlohmann::json dso = nlohmann::json::parse(file(eo, "ds_config.json").content);
+    CHECK(dso.count("bf16") == 0);
+    if (precision == Precision::fp16) CHECK(dso.at("fp16").at("enabled") == true);
+    if (precision == Precision::fp32) CHECK(dso.count("fp16") == 0);
+  }
   CHECK_THAT(file(e1, "launch-accelerate.sh").content, Contains("--deepspeed_config_file \"$here/ds_config.json\""));
 
   const Plan z0 = plan_of("gpt-tiny", {.seq_len = 128, .global_batch = 8}, {.dp = 4}, "local-cpu");

@@ -241,7 +241,7 @@ TEST_CASE("every exported launch script of a 1-node and a 2-node plan parses wit
 
 TEST_CASE("a 2-node launch script without MASTER_ADDR or NODE_RANK stops with its own message intact", "[cli][export][scripts]") {
   TempDir dir;
-  const std::string plan = make_plan(dir, "plan.json", {"--gpus", "16", "--zero", "1", "--global-batch", "64"});
+  const std::string plan = make_plan(dir, "plan.json", {"--gpus", "16", "--zero", "2", "--global-batch", "64"});
   for (const std::string engine : {"torchrun", "megatron", "torchtitan", "accelerate"}) {
     CAPTURE(engine);
     const fs::path out = dir.path() / engine;

@@ -21,6 +21,7 @@ using namespace dplan::costmodel;
 using namespace dplan::planner;
 using dplan::testing::store;
 using Catch::Matchers::Contains;
+using Catch::Matchers::EndsWith;
 
 namespace {
 
@@ -484,6 +485,19 @@ TEST_CASE("torchtitan export: degrees and schedule and batch and checkpointing i
   CHECK(o.at("--parallelism.tensor_parallel_degree") == "2");
   CHECK(o.at("--parallelism.pipeline_parallel_schedule") == "Interleaved1F1B");
   CHECK(o.at("--training.local_batch_size") == "8");
+  // torchtitan 0.3.0 spellings: the model from --module/--config, no --model.* keys, the AC kind
+  // as the last word, CUDA graphs off with pp, no selective_ac_option / expert tp, reduce float32.
+  const std::string& ov = file(e, "torchtitan.overrides").content;
+  CHECK_THAT(ov, Contains("torchtitan 0.3.0"));
+  CHECK(o.at("--module") == "llama3");
+  CHECK(o.at("--config") == "llama3_8b");
+  CHECK(ov.find("--model.") == std::string::npos);
+  CHECK(ov.find("--activation_checkpoint") == std::string::npos);
+  CHECK(ov.find("selective_ac_option") == std::string::npos);
+  CHECK(ov.find("expert_tensor_parallel_degree") == std::string::npos);
+  CHECK(o.at("--training.mixed_precision_reduce") == "float32");
+  CHECK_THAT(ov, Contains("\n--training.disable_cuda_graphs\n"));
+  CHECK_THAT(ov, EndsWith("\nactivation-checkpoint:full\n"));
   CHECK_THAT(file(e, "torchtitan.toml").content, Contains("v0.2.2"));
   CHECK_THAT(file(e, "launch-torchtitan.sh").content, Contains("-m torchtitan.train --job.config_file \"$here/torchtitan.toml\""));
 
@@ -497,6 +511,21 @@ TEST_CASE("torchtitan export: degrees and schedule and batch and checkpointing i
   CHECK(c.at("activation_checkpoint.mode") == "\"selective\"");
   CHECK(c.at("activation_checkpoint.selective_ac_option") == "\"op\"");
   CHECK(c.count("parallelism.pipeline_parallel_schedule") == 0);
+  const std::string& cov = file(exported(cp, Engine::torchtitan), "torchtitan.overrides").content;
+  CHECK(cov.find("disable_cuda_graphs") == std::string::npos);  // no pp
+  CHECK_THAT(cov, EndsWith("\nactivation-checkpoint:selective\n"));
+  CHECK(cov.find("selective_ac_option") == std::string::npos);
+
+  // A shape torchtitan ships no config function for: the --module/--config line is the user's.
+  const Plan tiny = plan_of("llama-3-8b", k8k64, {.dp = 8, .zero_stage = 3});
+  Plan odd = tiny;
+  odd.model.num_layers = 30;
+  odd.model.name = "llama-30-layers";
+  const auto oo = keyed_lines(file(exported(odd, Engine::torchtitan), "torchtitan.overrides").content, " ");
+  CHECK(oo.count("--config") == 0);
+  CHECK_THAT(file(exported(odd, Engine::torchtitan), "torchtitan.overrides").content,
+             Contains("# and give it here as --module llama3 --config <its name>."));
+  CHECK_THAT(file(exported(tiny, Engine::torchtitan), "torchtitan.overrides").content, EndsWith("\nactivation-checkpoint:none\n"));
 }
 
 TEST_CASE("deepspeed export: batch keys and ZeRO stage and offload and AutoTP", "[export][files]") {

@@ -511,7 +511,8 @@ TEST_CASE("torchtitan export: degrees and schedule and batch and checkpointing i
   CHECK(c.at("activation_checkpoint.mode") == "\"selective\"");
   CHECK(c.at("activation_checkpoint.selective_ac_option") == "\"op\"");
   CHECK(c.count("parallelism.pipeline_parallel_schedule") == 0);
-  const std::string& cov = file(exported(cp, Engine::torchtitan), "torchtitan.overrides").content;
+  const Exported ce = exported(cp, Engine::torchtitan);
+  const std::string& cov = file(ce, "torchtitan.overrides").content;
   CHECK(cov.find("disable_cuda_graphs") == std::string::npos);  // no pp
   CHECK_THAT(cov, EndsWith("\nactivation-checkpoint:selective\n"));
   CHECK(cov.find("selective_ac_option") == std::string::npos);
@@ -614,7 +615,7 @@ TEST_CASE("accelerate export: fp32 is mixed_precision 'no' quoted as YAML 1.1 ne
   // PyYAML (accelerate's config loader) reads a bare no as False; accelerate launch then fails.
   const TrainingSpec fp32 = {.seq_len = 8192, .global_batch = 64, .precision = Precision::fp32};
   for (const Plan& plan : {plan_of("llama-3-8b", fp32, {.dp = 8}), plan_of("llama-3-8b", fp32, {.dp = 8, .zero_stage = 3})}) {
-    const std::string& yaml = file(exported(plan, Engine::accelerate), "accelerate.yaml").content;
+    const std::string yaml = file(exported(plan, Engine::accelerate), "accelerate.yaml").content;
     CAPTURE(yaml);
     CHECK(keyed_lines(yaml, ": ").at("mixed_precision") == "'no'");
     CHECK(yaml.find("mixed_precision: no") == std::string::npos);
@@ -641,7 +642,7 @@ TEST_CASE("torchrun and slurm exports: a copy of the plan and the launch of dpla
   CHECK_THAT(sb, Contains("srun \"${DPLAN_WORKER:-dplan-worker}\" \"$here/plan.json\" -o \"${RUN_JSON:-run.json}\""));
   // CPU ranks: no GPUs asked for; one node of as many ranks as the plan has.
   const Plan cpu = plan_of("gpt-tiny", {.seq_len = 128, .global_batch = 8}, {.dp = 2}, "local-cpu");
-  const std::string& cb = file(export_plan(cpu, Engine::slurm, "{}", "plan.json"), "dplan.sbatch").content;
+  const std::string cb = file(export_plan(cpu, Engine::slurm, "{}", "plan.json"), "dplan.sbatch").content;
   CHECK_THAT(cb, Contains("#SBATCH --ntasks-per-node=2\n"));
   CHECK(cb.find("--gpus-per-node") == std::string::npos);
   CHECK_THAT(file(export_plan(cpu, Engine::torchrun, "{}", "plan.json"), "launch-torchrun.sh").content,

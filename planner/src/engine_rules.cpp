@@ -489,7 +489,7 @@ std::string engine_version(Engine engine) {
   switch (engine) {
     case Engine::megatron: return "Megatron-LM core_v0.15.0 (megatron/training/arguments.py)";
     case Engine::torchtitan:
-      return "torchtitan v0.2.2 (torchtitan/config/job_config.py; HEAD CLI overrides in torchtitan.overrides)";
+      return "torchtitan v0.2.2 (torchtitan/config/job_config.py; torchtitan 0.3.0 (HEAD) CLI overrides in torchtitan.overrides)";
     case Engine::deepspeed: return "DeepSpeed config JSON as of DeepSpeed 38327e07f6 (docs/_pages/config-json.md)";
     case Engine::accelerate: return "Accelerate config YAML as of accelerate 16cb6eb80d (accelerate launch --config_file)";
     case Engine::torchrun: return "torchrun of PyTorch 1.13 and 2.x (torch/distributed/run.py; underscore spellings, accepted by both)";

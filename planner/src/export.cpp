@@ -55,7 +55,7 @@ std::string script_preamble(const ExportInput& in) {
 
 std::string torchrun_command(const LaunchShape& shape) {
   const std::string address = shape.nodes == 1 ? "${MASTER_ADDR:-127.0.0.1}"
-                                                : "${MASTER_ADDR:?set MASTER_ADDR to the first node's address}";
+                                                : "${MASTER_ADDR:?set MASTER_ADDR to the address of the first node}";
   return "torchrun --nnodes " + std::to_string(shape.nodes) + " --nproc_per_node " + std::to_string(shape.per_node) +
          " --rdzv_backend c10d --rdzv_endpoint \"" + address + ":${MASTER_PORT:-29400}\" --rdzv_id \"${RUN_ID:-dplan}\"" +
          " --redirects 1 --tee 1";

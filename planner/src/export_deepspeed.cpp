@@ -10,7 +10,7 @@
 namespace dplan::planner::detail {
 using namespace costmodel;
 
-nlohmann::ordered_json deepspeed_config(const Plan& plan, bool precision_auto) {
+nlohmann::ordered_json deepspeed_config(const Plan& plan) {
   const TrainingSpec& t = plan.training;
   const ParallelConfig& p = plan.parallel;
   nlohmann::ordered_json c;
@@ -22,10 +22,8 @@ nlohmann::ordered_json deepspeed_config(const Plan& plan, bool precision_auto) {
   c["gradient_accumulation_steps"] = plan.num_microbatches;
   // Code default 0 (no clipping), docs 1.0: written (dplan-worker clips at 1.0 too).
   c["gradient_clipping"] = 1.0;
-  const nlohmann::ordered_json enabled = precision_auto ? nlohmann::ordered_json("auto") : nlohmann::ordered_json(true);
-  if (t.precision == Precision::bf16) c["bf16"] = {{"enabled", enabled}};
-  if (t.precision == Precision::fp16)
-    c["fp16"] = {{"enabled", enabled}, {"loss_scale", 0}, {"initial_scale_power", 16}};
+  if (t.precision == Precision::bf16) c["bf16"] = {{"enabled", true}};
+  if (t.precision == Precision::fp16) c["fp16"] = {{"enabled", true}, {"loss_scale", 0}, {"initial_scale_power", 16}};
   const int stage = std::max(p.zero_stage, p.distributed_optimizer ? 1 : 0);
   nlohmann::ordered_json zero = {{"stage", stage}};
   if (stage > 0) {
@@ -81,7 +79,7 @@ Exported export_deepspeed(const ExportInput& in) {
   sh << "exec deepspeed \"${launcher[@]}\" \"$TRAIN_SCRIPT\" --deepspeed --deepspeed_config \"$here/ds_config.json\" \"$@\"\n";
 
   Exported e;
-  e.files.push_back({"ds_config.json", deepspeed_config(in.plan, false).dump(2) + "\n", false});
+  e.files.push_back({"ds_config.json", deepspeed_config(in.plan).dump(2) + "\n", false});
   e.files.push_back({"launch-deepspeed.sh", sh.str(), true});
   e.launch_line = std::string(s.nodes > 1 ? "HOSTFILE=<hostfile> " : "") + "TRAIN_SCRIPT=train.py ./launch-deepspeed.sh [script args]";
   e.files.push_back(readme(in, e.files, e.launch_line, deepspeed_notes(in.plan)));
@@ -96,7 +94,10 @@ Exported export_accelerate(const ExportInput& in) {
   // and for optimizer offload (FSDP2 offloads parameters too), FSDP2 for ZeRO-2/3, DDP otherwise.
   const bool deepspeed = p.offload_optimizer || p.zero_stage == 1 || p.distributed_optimizer;
   const bool fsdp = !deepspeed && p.zero_stage >= 2;
-  std::string precision = "no";
+  // Quoted: YAML 1.1 (PyYAML, which accelerate's config loader uses) reads a bare no as False,
+  // and accelerate launch then fails on False.lower() (accelerate/utils/launch.py
+  // prepare_multi_gpu_env); accelerate's own templates and `accelerate config` write 'no'.
+  std::string precision = "'no'";
   if (plan.training.precision == Precision::bf16) precision = "bf16";
   if (plan.training.precision == Precision::fp16) precision = "fp16";
 
@@ -107,7 +108,11 @@ Exported export_accelerate(const ExportInput& in) {
   if (deepspeed) type = "DEEPSPEED";
   if (fsdp) type = "FSDP";
   y << "distributed_type: " << type << "\n";
-  y << "mixed_precision: " << precision << "\n";
+  // With DeepSpeed the precision is ds_config.json's alone: accelerate refuses mixed_precision
+  // from the config file beside a deepspeed_config_file (accelerate 1.15.0
+  // accelerate/utils/dataclasses.py DeepSpeedPlugin._deepspeed_config_checks; launch_command adds it
+  // to the DeepSpeed fields whenever the YAML sets it).
+  if (!deepspeed) y << "mixed_precision: " << precision << "\n";
   y << "num_machines: " << s.nodes << "\n";
   y << "num_processes: " << s.world << "\n";
   y << "machine_rank: 0\n";
@@ -150,13 +155,13 @@ Exported export_accelerate(const ExportInput& in) {
   if (deepspeed) sh << " --deepspeed_config_file \"$here/ds_config.json\"";
   sh << ")\n";
   if (s.nodes > 1)
-    sh << "launch+=(--machine_rank \"${NODE_RANK:?set NODE_RANK to this node's index}\" --main_process_ip "
-          "\"${MASTER_ADDR:?set MASTER_ADDR to the first node's address}\" --main_process_port \"${MASTER_PORT:-29500}\")\n";
+    sh << "launch+=(--machine_rank \"${NODE_RANK:?set NODE_RANK to the index of this node}\" --main_process_ip "
+          "\"${MASTER_ADDR:?set MASTER_ADDR to the address of the first node}\" --main_process_port \"${MASTER_PORT:-29500}\")\n";
   sh << "exec accelerate launch \"${launch[@]}\" \"$TRAIN_SCRIPT\" \"$@\"\n";
 
   Exported e;
   e.files.push_back({"accelerate.yaml", y.str(), false});
-  if (deepspeed) e.files.push_back({"ds_config.json", deepspeed_config(plan, true).dump(2) + "\n", false});
+  if (deepspeed) e.files.push_back({"ds_config.json", deepspeed_config(plan).dump(2) + "\n", false});
   e.files.push_back({"launch-accelerate.sh", sh.str(), true});
   e.launch_line = std::string(s.nodes > 1 ? "NODE_RANK=<i> MASTER_ADDR=<first node> " : "") +
                   "TRAIN_SCRIPT=train.py ./launch-accelerate.sh [script args]";

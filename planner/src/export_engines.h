@@ -36,9 +36,9 @@ std::string torchrun_command(const LaunchShape& shape);
 // "%g" of a value, the way the files write numbers.
 std::string number(double x);
 
-// The DeepSpeed config JSON (also Accelerate's when it runs DeepSpeed). With `precision_auto`
-// bf16/fp16 "enabled" is "auto", as Accelerate requires when its YAML sets mixed_precision.
-nlohmann::ordered_json deepspeed_config(const costmodel::Plan& plan, bool precision_auto);
+// The DeepSpeed config JSON (also Accelerate's when it runs DeepSpeed, whose YAML then has no
+// mixed_precision: the JSON's bf16 / fp16 section, or neither for fp32, is the precision).
+nlohmann::ordered_json deepspeed_config(const costmodel::Plan& plan);
 
 // The README.export of an export: the engine and version, the files, the launch line, and what the
 // plan does not say that the engine needs (data, tokenizer, training length).

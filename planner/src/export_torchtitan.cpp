@@ -42,6 +42,17 @@ std::string llama3_flavor(const ModelSpec& m) {
   return "";
 }
 
+// torchtitan 0.3.0's config function (torchtitan/models/llama3/config_registry.py) for a v0.2.2
+// flavor, "" when it ships none (fp8: only the debug model has a Float8 one).
+std::string llama3_config_function(const std::string& flavor, bool fp8) {
+  if (flavor == "debugmodel") return fp8 ? "llama3_debugmodel_float8" : "llama3_debugmodel";
+  if (fp8) return "";
+  if (flavor == "8B") return "llama3_8b";
+  if (flavor == "70B") return "llama3_70b";
+  if (flavor == "405B") return "llama3_405b";
+  return "";
+}
+
 // The llama3 TransformerModelArgs that give this shape, for a flavor the user registers:
 // torchtitan's FeedForward takes hidden = int(2 * 4 * dim / 3), int(multiplier * hidden), rounded
 // up to multiple_of; multiple_of = the FFN width and a multiplier at most 1 land on it exactly.
@@ -143,14 +154,40 @@ Exported export_torchtitan(const ExportInput& in) {
     toml << s.key << " = " << (s.quoted ? "\"" + s.value + "\"" : s.value) << "\n";
   }
 
+  // torchtitan.overrides: torchtitan 0.3.0 (HEAD) spellings. torchtitan/config/manager.py
+  // ConfigManager.parse_args: --module and --config pick a config function of the model's
+  // config_registry.py (the model and its converters are in it: Trainer.Config.model_spec is not a
+  // command-line option); tyro then reads `--section.key value` overrides. The activation
+  // checkpointing kind is a tyro subcommand (distributed/activation_checkpoint.py), which must
+  // come last: tyro refuses options after it. No --model.* and no selective_ac_option (0.3.0 has
+  // neither); mixed_precision_reduce is float32 (the one choice, config/configs.py).
+  const std::string config_function = llama3_config_function(known, plan.training.precision == Precision::fp8);
   std::ostringstream overrides;
   overrides << header(in, "# ");
-  overrides << "# The same settings as command-line overrides for torchtitan HEAD (Python configs; --section.key value).\n";
-  if (plan.training.precision == Precision::fp8) overrides << "--model.converters " << kFloat8 << "\n";
+  overrides << "# spellings of this file: torchtitan 0.3.0 (HEAD; torchtitan/config/manager.py), command-line overrides:\n"
+               "#   torchrun ... -m torchtitan.train $(grep -v '^#' torchtitan.overrides)\n"
+               "# The last line (the activation-checkpoint subcommand) must stay last: put other overrides before it.\n";
+  if (config_function.empty()) {
+    overrides << "# No config function torchtitan 0.3.0 ships gives this model"
+              << (plan.training.precision == Precision::fp8 ? " with the Float8 converter" : "")
+              << ": register one in torchtitan/models/llama3/config_registry.py\n"
+                 "# (a llama3 flavor of this shape; v0.2.2 spelling: "
+              << llama3_model_args(plan.model) << ")\n"
+              << "# and give it here as --module llama3 --config <its name>.\n";
+  } else {
+    overrides << "--module llama3\n--config " << config_function << "\n";
+  }
   for (const Setting& s : settings) {
-    if (s.section == "job") continue;  // free text, no value to check
+    if (s.section == "job" || s.section == "model" || s.section == "activation_checkpoint") continue;
+    // 0.3.0 has no expert tensor parallel degree (ParallelismConfig); the model rules refuse MoE
+    // models for torchtitan altogether, so no plan reaches here with experts.
+    if (s.key == "expert_tensor_parallel_degree") continue;
     overrides << "--" << s.section << "." << s.key << " " << s.value << "\n";
   }
+  // trainer.py _validate_cuda_graphs: "CUDA graphs do not support pipeline parallelism yet. Set
+  // --training.disable_cuda_graphs." (a bare flag, config/configs.py).
+  if (plan.parallel.pp > 1) overrides << "--training.disable_cuda_graphs\n";
+  overrides << "activation-checkpoint:" << to_string(plan.parallel.recompute) << "\n";
 
   std::ostringstream sh;
   sh << script_preamble(in);
@@ -165,8 +202,8 @@ Exported export_torchtitan(const ExportInput& in) {
                   "./launch-torchtitan.sh [--training.steps N --training.dataset ... --model.hf_assets_path ...]";
   std::vector<std::string> notes = {
       "dataset, tokenizer (model.hf_assets_path) and steps are not in the plan: pass them as overrides",
-      "torchtitan HEAD: torchrun ... -m torchtitan.train --module llama3 --config <config> $(grep -v '^#' "
-      "torchtitan.overrides)",
+      "torchtitan 0.3.0 (HEAD): torchrun ... -m torchtitan.train $(grep -v '^#' torchtitan.overrides), its "
+      "--module/--config lines picking the model" + std::string(config_function.empty() ? " (register one: see its header)" : ""),
       "torchtitan's llama3 has no rotary-base key in the TOML: the flavor's rope_theta applies"};
   if (plan.training.precision != Precision::fp32 && !plan.training.fp32_grads)
     notes.push_back("gradients: torchtitan v0.2.2 reduces them in float32 (mixed_precision_reduce accepts only "

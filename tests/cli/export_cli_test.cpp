@@ -182,3 +182,80 @@ TEST_CASE("dplan check: one line per failed rule and exit 1 / one ok line and ex
   CHECK_THAT(ok.out, StartsWith("megatron: ok: "));
   CHECK_THAT(ok.out, Contains("16 ranks = 2 nodes x 8"));
 }
+
+namespace {
+
+// The `${NAME:?word}` words of a script: bash reads a quote inside one (within double quotes) as
+// the start of a quoted string, so an apostrophe breaks the script or garbles the message.
+std::vector<std::string> required_words(const std::string& script) {
+  std::vector<std::string> out;
+  for (size_t at = script.find(":?"); at != std::string::npos; at = script.find(":?", at + 2)) {
+    const size_t end = script.find('}', at);
+    if (end != std::string::npos) out.push_back(script.substr(at + 2, end - at - 2));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("every exported launch script of a 1-node and a 2-node plan parses with bash -n", "[cli][export][scripts]") {
+  TempDir dir;
+  const std::vector<std::string> engines = {"megatron", "torchtitan", "deepspeed", "accelerate", "torchrun", "slurm"};
+  std::map<std::string, int> checked;  // engine and node count -> scripts checked
+  for (const std::string gpus : {"8", "16"}) {
+    // ZeRO-1 (Accelerate runs DeepSpeed) and ZeRO-2 (Accelerate runs FSDP2, torchtitan shards).
+    for (const std::string zero : {"1", "2"}) {
+      const std::string plan = make_plan(dir, "plan-" + gpus + "-" + zero + ".json",
+                                         {"--gpus", gpus, "--zero", zero, "--global-batch", "64"});
+      for (const std::string& engine : engines) {
+        CAPTURE(gpus, zero, engine);
+        const fs::path out = dir.path() / ("out-" + gpus + "-" + zero + "-" + engine);
+        const Result r = run_dplan({"export", plan, "--to", engine, "-o", out.string()});
+        INFO(r.err);
+        if (zero == "2") REQUIRE(r.status == 0);  // every engine expresses this plan
+        if (r.status != 0) continue;
+        for (const auto& entry : fs::directory_iterator(out)) {
+          if ((entry.status().permissions() & fs::perms::owner_exec) == fs::perms::none) continue;
+          const std::string script = entry.path().string();
+          CAPTURE(script);
+          const Result parsed = run_program("/bin/bash", {"-n", script});
+          INFO(parsed.err);
+          CHECK(parsed.status == 0);
+          CHECK(parsed.err.empty());
+          for (const std::string& word : required_words(read_file(script))) {
+            CAPTURE(word);
+            CHECK(word.find('\'') == std::string::npos);
+            CHECK(word.find('"') == std::string::npos);
+          }
+          ++checked[engine + (gpus == "8" ? " 1 node" : " 2 nodes")];
+        }
+      }
+    }
+  }
+  for (const std::string& engine : engines)
+    for (const std::string nodes : {" 1 node", " 2 nodes"}) {
+      CAPTURE(engine + nodes);
+      CHECK(checked[engine + nodes] >= 1);
+    }
+}
+
+TEST_CASE("a 2-node launch script without MASTER_ADDR or NODE_RANK stops with its own message intact", "[cli][export][scripts]") {
+  TempDir dir;
+  const std::string plan = make_plan(dir, "plan.json", {"--gpus", "16", "--zero", "2", "--global-batch", "64"});
+  for (const std::string engine : {"torchrun", "megatron", "torchtitan", "accelerate"}) {
+    CAPTURE(engine);
+    const fs::path out = dir.path() / engine;
+    const Result r = run_dplan({"export", plan, "--to", engine, "-o", out.string()});
+    INFO(r.err);
+    REQUIRE(r.status == 0);
+    // The variables a launch script reads first are set; the node's own are not (env -u).
+    const Result run = run_program("/usr/bin/env", {"-u", "MASTER_ADDR", "-u", "NODE_RANK", "/bin/bash",
+                                                    (out / ("launch-" + engine + ".sh")).string()},
+                                   {{"MEGATRON_LM", "/nonexistent"}, {"TRAIN_SCRIPT", "train.py"}});
+    INFO(run.err);
+    CHECK(run.status != 0);
+    const std::string expected = engine == "accelerate" ? "NODE_RANK: set NODE_RANK to the index of this node\n"
+                                                        : "MASTER_ADDR: set MASTER_ADDR to the address of the first node\n";
+    CHECK_THAT(run.err, Contains(expected));
+  }
+}

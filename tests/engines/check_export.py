@@ -836,6 +836,11 @@ def check_accelerate(plan, export_dir):
                 dsv = deepspeed_view(deepspeed_config(dict(plugin.deepspeed_config), plan.dp))
                 deepspeed_expect("ds_config.json (through Accelerate's DeepSpeedPlugin)", dsv, plan)
                 view["zero"] = dsv["zero"]
+                # AcceleratorState.mixed_precision under DeepSpeed is the config's (state.py): fp16,
+                # else bf16 when enabled, else no.
+                config = plugin.deepspeed_config
+                enabled = lambda key: str(config.get(key, {}).get("enabled", False)).lower() == "true"
+                view["mixed_precision"] = "fp16" if enabled("fp16") else "bf16" if enabled("bf16") else "no"
             elif kind != DistributedType.MULTI_GPU:
                 raise Rejected(file, f"distributed_type {kind}: the checks know MULTI_GPU, FSDP and DEEPSPEED")
     except (ValueError, TypeError, KeyError, AssertionError) as e:
@@ -843,10 +848,11 @@ def check_accelerate(plan, export_dir):
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    mixed = {"no": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}.get(str(args.mixed_precision))
+    mixed = {"no": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}.get(view.get("mixed_precision", str(args.mixed_precision)))
     for key, want in (("tp", plan.tp), ("cp", plan.cp), ("dp", plan.dp), ("zero", plan.sharding())):
         expect(file, key, view[key], want)
-    # bf16 "auto" in ds_config.json follows the YAML's mixed_precision (accelerate/utils/dataclasses.py).
+    # The YAML's mixed_precision, or with DeepSpeed ds_config.json's (accelerate refuses the YAML's
+    # beside a deepspeed_config_file: accelerate/utils/dataclasses.py _deepspeed_config_checks).
     expect(file, "mixed_precision", mixed, "bf16" if plan.precision == "fp8" else plan.precision)
     if kind == DistributedType.FSDP:
         expect(file, "fsdp_offload_params", view["offload"], False if not plan.offload else True)
@@ -859,7 +865,7 @@ def check_accelerate(plan, export_dir):
         expect("launch-accelerate.sh", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS", int(accumulation), plan.microbatches)
     print(f"accelerate {version} accepted {file} (as launch-accelerate.sh passes it): {kind.value} processes "
           f"{args.num_processes} machines {args.num_machines} tp {view['tp']} cp {view['cp']} dp {view['dp']} "
-          f"zero {view['zero']} mixed_precision {args.mixed_precision} gradient accumulation {accumulation}")
+          f"zero {view['zero']} mixed_precision {view.get('mixed_precision', args.mixed_precision)} gradient accumulation {accumulation}")
 
 
 CHECKS = {"megatron": check_megatron, "torchtitan": check_torchtitan, "deepspeed": check_deepspeed,

@@ -21,6 +21,7 @@ using namespace dplan::costmodel;
 using namespace dplan::planner;
 using dplan::testing::store;
 using Catch::Matchers::Contains;
+using Catch::Matchers::EndsWith;
 
 namespace {
 
@@ -484,6 +485,19 @@ TEST_CASE("torchtitan export: degrees and schedule and batch and checkpointing i
   CHECK(o.at("--parallelism.tensor_parallel_degree") == "2");
   CHECK(o.at("--parallelism.pipeline_parallel_schedule") == "Interleaved1F1B");
   CHECK(o.at("--training.local_batch_size") == "8");
+  // torchtitan 0.3.0 spellings: the model from --module/--config, no --model.* keys, the AC kind
+  // as the last word, CUDA graphs off with pp, no selective_ac_option / expert tp, reduce float32.
+  const std::string& ov = file(e, "torchtitan.overrides").content;
+  CHECK_THAT(ov, Contains("torchtitan 0.3.0"));
+  CHECK(o.at("--module") == "llama3");
+  CHECK(o.at("--config") == "llama3_8b");
+  CHECK(ov.find("--model.") == std::string::npos);
+  CHECK(ov.find("--activation_checkpoint") == std::string::npos);
+  CHECK(ov.find("selective_ac_option") == std::string::npos);
+  CHECK(ov.find("expert_tensor_parallel_degree") == std::string::npos);
+  CHECK(o.at("--training.mixed_precision_reduce") == "float32");
+  CHECK_THAT(ov, Contains("\n--training.disable_cuda_graphs\n"));
+  CHECK_THAT(ov, EndsWith("\nactivation-checkpoint:full\n"));
   CHECK_THAT(file(e, "torchtitan.toml").content, Contains("v0.2.2"));
   CHECK_THAT(file(e, "launch-torchtitan.sh").content, Contains("-m torchtitan.train --job.config_file \"$here/torchtitan.toml\""));
 
@@ -497,6 +511,22 @@ TEST_CASE("torchtitan export: degrees and schedule and batch and checkpointing i
   CHECK(c.at("activation_checkpoint.mode") == "\"selective\"");
   CHECK(c.at("activation_checkpoint.selective_ac_option") == "\"op\"");
   CHECK(c.count("parallelism.pipeline_parallel_schedule") == 0);
+  const Exported ce = exported(cp, Engine::torchtitan);
+  const std::string& cov = file(ce, "torchtitan.overrides").content;
+  CHECK(cov.find("disable_cuda_graphs") == std::string::npos);  // no pp
+  CHECK_THAT(cov, EndsWith("\nactivation-checkpoint:selective\n"));
+  CHECK(cov.find("selective_ac_option") == std::string::npos);
+
+  // A shape torchtitan ships no config function for: the --module/--config line is the user's.
+  const Plan tiny = plan_of("llama-3-8b", k8k64, {.dp = 8, .zero_stage = 3});
+  Plan odd = tiny;
+  odd.model.num_layers = 30;
+  odd.model.name = "llama-30-layers";
+  const auto oo = keyed_lines(file(exported(odd, Engine::torchtitan), "torchtitan.overrides").content, " ");
+  CHECK(oo.count("--config") == 0);
+  CHECK_THAT(file(exported(odd, Engine::torchtitan), "torchtitan.overrides").content,
+             Contains("# and give it here as --module llama3 --config <its name>."));
+  CHECK_THAT(file(exported(tiny, Engine::torchtitan), "torchtitan.overrides").content, EndsWith("\nactivation-checkpoint:none\n"));
 }
 
 TEST_CASE("deepspeed export: batch keys and ZeRO stage and offload and AutoTP", "[export][files]") {
@@ -554,17 +584,42 @@ TEST_CASE("accelerate export: FSDP2 for ZeRO-3 and ZeRO-2 / DeepSpeed for ZeRO-1
 
   const Plan z1 = plan_of("llama-3-8b", k8k64, {.dp = 8, .zero_stage = 1, .offload_optimizer = true});
   const Exported e1 = exported(z1, Engine::accelerate);
-  CHECK(keyed_lines(file(e1, "accelerate.yaml").content, ": ").at("distributed_type") == "DEEPSPEED");
+  const auto y1 = keyed_lines(file(e1, "accelerate.yaml").content, ": ");
+  CHECK(y1.at("distributed_type") == "DEEPSPEED");
+  // accelerate refuses mixed_precision from the YAML beside a deepspeed_config_file: the JSON says it.
+  CHECK(y1.count("mixed_precision") == 0);
   const nlohmann::json ds = nlohmann::json::parse(file(e1, "ds_config.json").content);
   CHECK(ds.at("zero_optimization").at("stage") == 1);
   CHECK(ds.at("zero_optimization").at("offload_optimizer").at("device") == "cpu");
-  CHECK(ds.at("bf16").at("enabled") == "auto");  // the YAML sets mixed_precision
+  CHECK(ds.at("bf16").at("enabled") == true);
+  CHECK(ds.count("fp16") == 0);
+  for (const Precision precision : {Precision::fp16, Precision::fp32}) {
+    CAPTURE(to_string(precision));
+    const Plan other = plan_of("llama-3-8b", {.seq_len = 8192, .global_batch = 64, .precision = precision}, {.dp = 8, .zero_stage = 1});
+    const Exported eo = exported(other, Engine::accelerate);
+    CHECK(keyed_lines(file(eo, "accelerate.yaml").content, ": ").count("mixed_precision") == 0);
+    const nlohmann::json dso = nlohmann::json::parse(file(eo, "ds_config.json").content);
+    CHECK(dso.count("bf16") == 0);
+    if (precision == Precision::fp16) CHECK(dso.at("fp16").at("enabled") == true);
+    if (precision == Precision::fp32) CHECK(dso.count("fp16") == 0);
+  }
   CHECK_THAT(file(e1, "launch-accelerate.sh").content, Contains("--deepspeed_config_file \"$here/ds_config.json\""));
 
   const Plan z0 = plan_of("gpt-tiny", {.seq_len = 128, .global_batch = 8}, {.dp = 4}, "local-cpu");
   const auto y0 = keyed_lines(file(exported(z0, Engine::accelerate), "accelerate.yaml").content, ": ");
   CHECK(y0.at("distributed_type") == "MULTI_CPU");
   CHECK(y0.at("use_cpu") == "true");
+}
+
+TEST_CASE("accelerate export: fp32 is mixed_precision 'no' quoted as YAML 1.1 needs", "[export][files]") {
+  // PyYAML (accelerate's config loader) reads a bare no as False; accelerate launch then fails.
+  const TrainingSpec fp32 = {.seq_len = 8192, .global_batch = 64, .precision = Precision::fp32};
+  for (const Plan& plan : {plan_of("llama-3-8b", fp32, {.dp = 8}), plan_of("llama-3-8b", fp32, {.dp = 8, .zero_stage = 3})}) {
+    const std::string yaml = file(exported(plan, Engine::accelerate), "accelerate.yaml").content;
+    CAPTURE(yaml);
+    CHECK(keyed_lines(yaml, ": ").at("mixed_precision") == "'no'");
+    CHECK(yaml.find("mixed_precision: no") == std::string::npos);
+  }
 }
 
 TEST_CASE("torchrun and slurm exports: a copy of the plan and the launch of dplan-worker", "[export][files]") {
@@ -575,7 +630,7 @@ TEST_CASE("torchrun and slurm exports: a copy of the plan and the launch of dpla
   const ExportFile& sh = file(t, "launch-torchrun.sh");
   CHECK(sh.executable);
   CHECK_THAT(sh.content, Contains("torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint "
-                                  "\"${MASTER_ADDR:?set MASTER_ADDR to the first node's address}:${MASTER_PORT:-29400}\" "
+                                  "\"${MASTER_ADDR:?set MASTER_ADDR to the address of the first node}:${MASTER_PORT:-29400}\" "
                                   "--rdzv_id \"${RUN_ID:-dplan}\""));
   CHECK_THAT(sh.content, Contains("--no_python \"${DPLAN_WORKER:-dplan-worker}\" \"$here/plan.json\" -o \"${RUN_JSON:-run.json}\" \"$@\""));
   const Exported s = export_plan(plan, Engine::slurm, text, "plan.json");
@@ -587,7 +642,7 @@ TEST_CASE("torchrun and slurm exports: a copy of the plan and the launch of dpla
   CHECK_THAT(sb, Contains("srun \"${DPLAN_WORKER:-dplan-worker}\" \"$here/plan.json\" -o \"${RUN_JSON:-run.json}\""));
   // CPU ranks: no GPUs asked for; one node of as many ranks as the plan has.
   const Plan cpu = plan_of("gpt-tiny", {.seq_len = 128, .global_batch = 8}, {.dp = 2}, "local-cpu");
-  const std::string& cb = file(export_plan(cpu, Engine::slurm, "{}", "plan.json"), "dplan.sbatch").content;
+  const std::string cb = file(export_plan(cpu, Engine::slurm, "{}", "plan.json"), "dplan.sbatch").content;
   CHECK_THAT(cb, Contains("#SBATCH --ntasks-per-node=2\n"));
   CHECK(cb.find("--gpus-per-node") == std::string::npos);
   CHECK_THAT(file(export_plan(cpu, Engine::torchrun, "{}", "plan.json"), "launch-torchrun.sh").content,

@@ -42,15 +42,6 @@ using namespace dplan::testing::executor;
 
 constexpr int kCheckpointSteps = 6, kSaveAt = 3;
 
-// `dplan run plan --steps steps ... -o out`, expecting exit 0; the run record.
-json run_to(const std::string& plan, const std::string& out, int steps, const std::vector<std::string>& extra) {
-  std::vector<std::string> args = {"run", plan, "--steps", std::to_string(steps), "--quiet", "-o", out};
-  args.insert(args.end(), extra.begin(), extra.end());
-  Result r = run_program(DPLAN_BINARY, args);
-  INFO("dplan run " << plan << "\nstderr: " << r.err);
-  REQUIRE(r.status == 0);
-  return json::parse(read_file(out));
-}
 
 std::string step_folder(const fs::path& dir, int step) {
   char name[32];
@@ -94,13 +85,13 @@ TEST_CASE("resume from a checkpoint is bit-exact for tp pp dp layouts with ZeRO 
     INFO(what);
     const std::string plan = write_plan(dir, model, layout, 8, flags);
     const fs::path ckpt = dir.path() / ("ckpt" + std::to_string(index++));
-    const json full = run_to(plan, (dir.path() / "full.json").string(), kCheckpointSteps,
+    const json full = run_plan_to(plan, (dir.path() / "full.json").string(), kCheckpointSteps,
                              {"--checkpoint-dir", ckpt.string(), "--save-every", std::to_string(kSaveAt)});
     REQUIRE(fs::exists(fs::path(step_folder(ckpt, kSaveAt)) / "manifest.json"));
     // The full run saved at steps 3 and 6; the newest complete checkpoint is 6: take it away, so
     // the resume starts from step 3.
     fs::remove_all(step_folder(ckpt, kCheckpointSteps));
-    const json resumed = run_to(plan, (dir.path() / "resumed.json").string(), kCheckpointSteps, {"--resume", ckpt.string()});
+    const json resumed = run_plan_to(plan, (dir.path() / "resumed.json").string(), kCheckpointSteps, {"--resume", ckpt.string()});
     CHECK(resumed["checkpoints"]["resumed_from"]["step"] == kSaveAt);
     CHECK(resumed["steps"][0]["step"] == kSaveAt);
     const std::vector<double> a = losses(full), b = losses(resumed);
@@ -119,7 +110,7 @@ TEST_CASE("a checkpoint saved under one layout resumes under others within 1e-4 
   TempDir dir;
   const fs::path ckpt = dir.path() / "ckpt";
   const std::string source = write_plan(dir, "gpt-tiny", {2, 2, 1}, 8);
-  const json full = run_to(source, (dir.path() / "full.json").string(), kCheckpointSteps,
+  const json full = run_plan_to(source, (dir.path() / "full.json").string(), kCheckpointSteps,
                            {"--checkpoint-dir", ckpt.string(), "--save-every", std::to_string(kSaveAt)});
   // Each unique element once: P x (4 weight + 8 moment) bytes for the plan's P parameters in fp32.
   const json& save = full["checkpoints"]["saves"][0];
@@ -146,7 +137,7 @@ TEST_CASE("a checkpoint saved under one layout resumes under others within 1e-4 
     for (const auto& f : flags) what += " " + f;
     INFO(what);
     const std::string plan = write_plan(dir, "gpt-tiny", layout, 8, flags);
-    const json resumed = run_to(plan, (dir.path() / "resumed.json").string(), kCheckpointSteps, {"--resume", ckpt.string()});
+    const json resumed = run_plan_to(plan, (dir.path() / "resumed.json").string(), kCheckpointSteps, {"--resume", ckpt.string()});
     const std::vector<double> b = losses(resumed);
     REQUIRE(b.size() == size_t(kCheckpointSteps - kSaveAt));
     print_table(std::string(same ? "resume parity: " : "resharding parity: ") + what + " (saved at step 3)", a, b, kSaveAt);
@@ -236,7 +227,7 @@ TEST_CASE("SIGTERM to dplan run: the ranks finish the step and save and it exits
     CHECK_THAT(err, Contains("; saved checkpoint " + step_folder(ckpt, step) + "\n"));
     REQUIRE(fs::exists(fs::path(step_folder(ckpt, step)) / "manifest.json"));
     // It resumes from there.
-    const json resumed = run_to(plan, (dir.path() / "resumed.json").string(), step + 2, {"--resume", ckpt.string()});
+    const json resumed = run_plan_to(plan, (dir.path() / "resumed.json").string(), step + 2, {"--resume", ckpt.string()});
     CHECK(resumed["checkpoints"]["resumed_from"]["step"] == step);
     CHECK(resumed["steps"].size() == 2);
   }
@@ -278,7 +269,7 @@ TEST_CASE("a flipped byte in a shard is caught by its checksum and named in one 
   // plan's parameter count x 12 bytes here too.
   const std::string model = std::string(DPLAN_VALIDATION_DIR) + "/executor/gpt-tiny-odd-vocab/config.json";
   const std::string plan = write_plan(dir, model, {2, 1, 1}, 8);
-  const json run = run_to(plan, (dir.path() / "run.json").string(), 4,
+  const json run = run_plan_to(plan, (dir.path() / "run.json").string(), 4,
                           {"--checkpoint-dir", ckpt.string(), "--save-every", "2", "--keep", "1"});
   CHECK(run["checkpoints"]["saves"][1]["state_bytes"].get<double>() ==
         json::parse(read_file(plan))["model"]["num_params"].get<double>() * 12);
@@ -340,7 +331,7 @@ TEST_CASE("a rank killed during a save leaves the previous checkpoint which the 
   CHECK(WEXITSTATUS(wstatus) == 1);
   CHECK_FALSE(manifest4);
   REQUIRE(fs::exists(fs::path(step_folder(ckpt, 2)) / "manifest.json"));
-  const json resumed = run_to(plan, (dir.path() / "resumed.json").string(), 4, {"--resume", ckpt.string()});
+  const json resumed = run_plan_to(plan, (dir.path() / "resumed.json").string(), 4, {"--resume", ckpt.string()});
   CHECK(resumed["checkpoints"]["resumed_from"]["step"] == 2);
 }
 
@@ -355,7 +346,7 @@ TEST_CASE("torchrun --max-restarts 1 with a rank killed mid-run restarts and res
   const fs::path ckpt = dir.path() / "ckpt";
   const std::string plan = write_plan(dir, "gpt-tiny", {1, 1, 2}, 8);
   constexpr int steps = 10;
-  const std::vector<double> uninterrupted = losses(run_to(plan, (dir.path() / "full.json").string(), steps, {}));
+  const std::vector<double> uninterrupted = losses(run_plan_to(plan, (dir.path() / "full.json").string(), steps, {}));
   const std::string out = (dir.path() / "torchrun.run.json").string(), err_path = (dir.path() / "torchrun.err").string();
   std::vector<std::string> args = {torchrun, "--standalone", "--nproc_per_node", "2", "--max_restarts", "1",
                                    "--redirects", "1", "--tee", "1", "--log_dir", (dir.path() / "logs").string(),

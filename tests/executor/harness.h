@@ -65,14 +65,18 @@ inline std::string write_plan(const TempDir& dir, const std::string& model, cons
   return path;
 }
 
-inline json run_plan(const std::string& plan, const std::vector<std::string>& extra = {}, int steps = kSteps) {
-  std::string out = (fs::path(plan).replace_extension(".run.json")).string();
+// `dplan run plan --steps steps --quiet -o out extra...`, expecting exit 0; the run record.
+inline json run_plan_to(const std::string& plan, const std::string& out, int steps, const std::vector<std::string>& extra) {
   std::vector<std::string> args = {"run", plan, "--steps", std::to_string(steps), "--quiet", "-o", out};
   args.insert(args.end(), extra.begin(), extra.end());
   Result r = run_program(DPLAN_BINARY, args);
   INFO("dplan run " << plan << "\nstderr: " << r.err);
   REQUIRE(r.status == 0);
   return json::parse(read_file(out));
+}
+
+inline json run_plan(const std::string& plan, const std::vector<std::string>& extra = {}, int steps = kSteps) {
+  return run_plan_to(plan, (fs::path(plan).replace_extension(".run.json")).string(), steps, extra);
 }
 
 inline std::vector<double> losses(const json& run) {

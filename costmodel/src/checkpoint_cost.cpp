@@ -77,8 +77,11 @@ CheckpointCost checkpoint_cost(const ModelSpec& m, const ClusterSpec& cluster, c
           const double dense_unique = s.dense - s.tied_head_copy - (tp == 0 ? 0.0 : s.dense_tp_replicated);
           const double expert_unique = s.expert - (etp_first ? 0.0 : s.expert_etp_replicated);
           const bool dense_first = dp == 0 && cp == 0;
-          const double weight_params = written(dense_unique, zero3, dense_shards, dense_first) +
-                                       written(expert_unique, zero3, expert_shards, edp_first);
+          // A sharded optimizer's owners write the weights of their elements beside the master and
+          // the moments (the executor's GradSync::state_pieces), so the replicated weights of
+          // ZeRO 1 and 2 are spread over the shards too, as ZeRO-3's are.
+          const double weight_params = written(dense_unique, shard_optimizer, dense_shards, dense_first) +
+                                       written(expert_unique, shard_optimizer, expert_shards, edp_first);
           const double optimizer_params = written(dense_unique, shard_optimizer, dense_shards, dense_first) +
                                           written(expert_unique, shard_optimizer, expert_shards, edp_first);
           RankCheckpoint r;

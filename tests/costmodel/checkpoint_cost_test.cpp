@@ -77,11 +77,12 @@ TEST_CASE("gpt-tiny fp32 on 4 ranks: shard sizes worked out by hand", "[checkpoi
     const double quarter = kTinyParams * per_param / 4;
     CHECK(rank_bytes(c) == std::vector<double>{quarter, quarter, quarter, quarter});
   }
-  SECTION("tp 2 x dp 2 ZeRO-1: weights by dp 0, moments halved over dp, tp-replicated by tp 0") {
+  SECTION("tp 2 x dp 2 ZeRO-1: each optimizer shard's owner writes its weights and moments, tp-replicated by tp 0") {
     // Ranks in Megatron's order, tp fastest: (tp 0, dp 0), (tp 1, dp 0), (tp 0, dp 1), (tp 1, dp 1).
+    // The executor writes a sharded optimizer's weights with its shard (GradSync::state_pieces).
     const CheckpointCost c = tiny(ParallelConfig{.tp = 2, .dp = 2, .zero_stage = 1});
-    const std::vector<double> expected = {kTinyTp0 * (4 + 8.0 / 2), kTinyTp1 * (4 + 8.0 / 2), kTinyTp0 * 8 / 2,
-                                          kTinyTp1 * 8 / 2};  // 535,040, 462,336, 267,520, 231,168
+    const std::vector<double> expected = {kTinyTp0 * 12 / 2, kTinyTp1 * 12 / 2, kTinyTp0 * 12 / 2,
+                                          kTinyTp1 * 12 / 2};  // 401,280, 346,752, 401,280, 346,752
     CHECK(rank_bytes(c) == expected);
   }
   SECTION("pp 2 x dp 2: the tied head on the last stage is written by the first stage only") {
@@ -97,11 +98,12 @@ TEST_CASE("gpt-tiny fp32 on 4 ranks: shard sizes worked out by hand", "[checkpoi
   }
 }
 
-TEST_CASE("16-bit training writes 16-bit weights by replica 0 and the fp32 master with the moments", "[checkpoint]") {
-  // bf16, dp 2, ZeRO-1: rank 0 writes the weights (2P) and half the master and moments (12P / 2),
-  // rank 1 the other half of the master and moments.
+TEST_CASE("16-bit training writes 16-bit weights and the fp32 master with the moments, by shard", "[checkpoint]") {
+  // bf16, dp 2, ZeRO-1: each rank writes its half of the weights, master and moments (14P / 2);
+  // ZeRO-0: rank 0 writes all of it.
   const CheckpointCost c = tiny(ParallelConfig{.dp = 2, .zero_stage = 1}, Precision::bf16);
-  CHECK(rank_bytes(c) == std::vector<double>{kTinyParams * (2 + 6), kTinyParams * 6});
+  CHECK(rank_bytes(c) == std::vector<double>{kTinyParams * 7, kTinyParams * 7});
+  CHECK(rank_bytes(tiny(ParallelConfig{.dp = 2}, Precision::bf16)) == std::vector<double>{kTinyParams * 14, 0});
   CHECK(c.weights_bytes == 2 * kTinyParams);
   CHECK(c.master_bytes == 4 * kTinyParams);
   CHECK(c.moments_bytes == 8 * kTinyParams);

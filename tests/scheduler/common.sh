@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Shared by the scheduler tests (sourced, not run): the plan they launch and the checks of the
-# run.json it leaves. Expects NAME (the test's name, for error lines), DPLAN, PYTHON and TMP set.
+# run.json it leaves. Expects NAME (the test's name, for error lines), DPLAN, PYTHON and TMP set;
+# sets WORKER after checking both binaries.
 #
 # The plan: gpt-tiny, tp 2 x dp 2 (4 ranks), fp32, 8 sequences of 64 tokens a step, on a copy of
 # the local-cpu cluster profile with 2 ranks per node, so the plan spans 2 nodes (tp inside a node,
@@ -11,6 +12,11 @@ RANKS=4
 NODES=2  # the plan's nodes: RANKS / 2 ranks per node
 
 fail() { echo "$NAME: error: $*" >&2; exit 1; }
+
+# The dplan-worker beside $DPLAN, both checked executable; sets WORKER.
+WORKER=$(dirname "$DPLAN")/dplan-worker
+[[ -x $DPLAN ]] || fail "$DPLAN is not an executable dplan"
+[[ -x $WORKER ]] || fail "no dplan-worker beside $DPLAN (build the executor)"
 
 # make_plan DIR: writes DIR/cluster.json and DIR/plan.json.
 make_plan() {

@@ -23,9 +23,6 @@ PYTHON=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=common.sh
 source "$HERE/common.sh"
-WORKER=$(dirname "$DPLAN")/dplan-worker
-[[ -x $DPLAN ]] || fail "$DPLAN is not an executable dplan"
-[[ -x $WORKER ]] || fail "no dplan-worker beside $DPLAN (build the executor)"
 for tool in sbatch slurmd slurmctld munged; do
   command -v $tool >/dev/null || fail "$tool not found: Slurm is not installed; run ./setup.sh --slurm (Debian's slurm-wlm and munge)"
 done

@@ -25,9 +25,6 @@ TORCHRUN=$3
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=common.sh
 source "$HERE/common.sh"
-WORKER=$(dirname "$DPLAN")/dplan-worker
-[[ -x $DPLAN ]] || fail "$DPLAN is not an executable dplan"
-[[ -x $WORKER ]] || fail "no dplan-worker beside $DPLAN (build the executor)"
 [[ -x $TORCHRUN && $(basename "$TORCHRUN") == torchrun ]] || fail "$TORCHRUN is not an executable torchrun"
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/dplan-torchrun-test-XXXXXX")

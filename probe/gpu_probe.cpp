@@ -29,8 +29,21 @@
 //     all-reduce alone on a communication stream per device, a GEMM loop of
 //     about its length alone on a compute stream per device, then both at once;
 //     slowest device, median of 5 rounds.
+//   - FP8 GEMMs (compute capability 8.9 or later, JSON rows of precision "fp8"): the
+//     layers' forward, dgrad and wgrad shapes and the squares through cuBLASLt, E4M3 operands,
+//     bf16 output, fp32 accumulation and scale, each role as a "TN" GEMM of its own (m, n, k)
+//     (Transformer Engine cast-transposes every FP8 operand so that Hopper runs each as TN);
+//     skipped with one line where the GPU or cuBLASLt has none.
+//   - Launch overhead (JSON "launch"): back-to-back 4-byte cudaMemsetAsync calls on one stream,
+//     the GPU's time per launch (CUDA events) and the host's enqueue time per call (wall clock).
+//   - The device as the driver reports it (JSON "device"): compute capability, SM and memory
+//     clocks, bus width, L2, driver, runtime, cuBLAS(Lt) and NCCL versions.
+// The output is written (atomically) after the GEMMs, after the FP8 GEMMs and at the end, with
+// "incomplete" naming what is still to come until the last write; a failure part-way leaves what
+// was measured, with "error".
 // Usage: dplan-gpu-probe [-o probe.json] [--nccl-prefix DIR/name] [--iters N]
-// [--max-mib M]
+// [--max-mib M] [--quick]
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -38,6 +51,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -68,6 +82,7 @@ struct Options {
   std::string nccl_prefix = "gpu-probe";  // writes <prefix>-all_reduce.txt etc.
   int iters = 20;
   double max_mib = 4096;
+  bool quick = false;  // a subset of the shapes: seconds, not minutes
 };
 
 // Seconds per call of `launch`, from CUDA events around `iters` calls after 3 warm-up calls.
@@ -95,26 +110,38 @@ struct Precision {
   size_t bytes;
 };
 
-json probe_gemms(const Options& o) {
+// The shapes every precision is timed over. layers: (m tokens, n outputs, k inputs), a layer's
+// GEMMs for hidden h, gated MLP f = 3.5h rounded to 256, at 2k and 8k tokens, each timed as
+// forward, dgrad and wgrad. squares: forward only. attention: the core (seq s, head dim d), one
+// batch entry per head; causal, so s/2 keys per query. --quick: h 2048 and 4096, squares
+// 1024..8192, the same attention.
+struct Shapes {
+  std::vector<std::array<long, 3>> layers, squares;
+  std::vector<std::array<long, 2>> attention;
+};
+
+Shapes probe_shapes(bool quick) {
+  Shapes s;
+  const std::vector<long> hidden = quick ? std::vector<long>{2048, 4096} : std::vector<long>{1024, 2048, 4096, 8192};
+  for (long h : hidden) {
+    const long f = (h * 7 / 2 + 255) / 256 * 256;
+    for (long t : {2048L, 8192L})
+      for (auto x : {std::array<long, 3>{t, 3 * h, h}, {t, h, h}, {t, 2 * f, h}, {t, h, f}}) s.layers.push_back(x);
+  }
+  for (long n = quick ? 1024 : 256; n <= (quick ? 8192 : 16384); n *= 2) s.squares.push_back({n, n, n});
+  for (long seq : {1024L, 2048L, 4096L, 8192L})
+    for (long d : {64L, 128L}) s.attention.push_back({seq, d});
+  return s;
+}
+
+json probe_gemms(const Options& o, const Shapes& shapes) {
   const Precision precisions[] = {{"bf16", CUDA_R_16BF, CUBLAS_COMPUTE_32F, 2},
                                   {"fp16", CUDA_R_16F, CUBLAS_COMPUTE_32F, 2},
                                   {"fp32", CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, 4}};
-  // (m tokens, n outputs, k inputs): a layer's GEMMs for hidden h, gated MLP f
-  // = 3.5h rounded to 256, at 2k and 8k tokens; each timed as forward, dgrad
-  // and wgrad. Squares: forward only.
-  std::vector<std::array<long, 3>> layers, squares;
-  for (long h : {1024L, 2048L, 4096L, 8192L}) {
-    const long f = (h * 7 / 2 + 255) / 256 * 256;
-    for (long t : {2048L, 8192L})
-      for (auto s : {std::array<long, 3>{t, 3 * h, h}, {t, h, h}, {t, 2 * f, h}, {t, h, f}}) layers.push_back(s);
-  }
-  for (long n = 256; n <= 16384; n *= 2) squares.push_back({n, n, n});
-  // Attention core (seq s, head dim d), one batch entry per head; causal, so
-  // s/2 keys per query.
+  const auto& layers = shapes.layers;
+  const auto& squares = shapes.squares;
+  const auto& attention = shapes.attention;
   const long heads = 32;
-  std::vector<std::array<long, 2>> attention;
-  for (long s : {1024L, 2048L, 4096L, 8192L})
-    for (long d : {64L, 128L}) attention.push_back({s, d});
   auto batched_precision = [](const Precision& p) { return p.data != CUDA_R_32F; };  // bf16, fp16 only
   // Each of the three buffers holds the largest operand of any GEMM below.
   size_t max_bytes = 0;
@@ -208,6 +235,183 @@ json probe_gemms(const Options& o) {
   cudaFree(b);
   cudaFree(c);
   return rows;
+}
+
+// Runs `f` on every path out of a scope: the FP8 part may stop part-way and the probe goes on.
+template <typename F>
+struct Finally {
+  F f;
+  ~Finally() { f(); }
+};
+template <typename F>
+Finally(F) -> Finally<F>;
+
+// FP8 GEMMs through cuBLASLt, for GPUs of compute capability 8.9 or later. Hopper's FP8 kernels
+// take one operand layout: "A must be transposed and B non-transposed (The "TN" format)", with
+// 16-byte aligned pointers and leading dimensions (cuBLAS documentation, cublasLtMatmul(), the
+// FP8 requirements: https://docs.nvidia.com/cuda/cublas/#cublasltmatmul). Transformer Engine
+// meets it by cast-transposing each FP8 operand, so that every training GEMM (forward, dgrad,
+// wgrad) runs as TN; here each role's (m, n, k) is timed as one: row-major out[m, n] = X[m, k]
+// Y[n, k]^T, both operands contiguous along k, is column-major out^T = Y X^T: cuBLASLt (n, m, k),
+// op(A) = T on Y (stored k x n, ld k), op(B) = N on X (stored k x m, ld k), D bf16 n x m (ld n).
+// Every dimension here is a multiple of 16 (checked), so every leading dimension is 16-byte
+// aligned in E4M3 and bf16 alike. Operands E4M3 with the default scale 1, output bf16, FP32
+// accumulation and scale type; CUBLASLT_MATMUL_DESC_FAST_ACCUM at its default (off). The
+// algorithm is cublasLtMatmulAlgoGetHeuristic's first with up to 32 MiB of workspace. Rows go
+// into `rows` as they are measured, so a failure part-way keeps the ones before it.
+void probe_fp8_gemms(const Options& o, const Shapes& shapes, json& rows) {
+  std::vector<std::pair<const char*, std::array<long, 3>>> roles;  // op, (m, n, k) as recorded
+  for (auto [m, n, k] : shapes.layers) {
+    roles.push_back({"forward", {m, n, k}});
+    roles.push_back({"dgrad", {m, k, n}});
+    roles.push_back({"wgrad", {n, k, m}});
+  }
+  for (const auto& x : shapes.squares) roles.push_back({"forward", x});
+  size_t operand_bytes = 0, output_bytes = 0;
+  for (const auto& [op, x] : roles) {
+    const auto [m, n, k] = x;
+    if (m % 16 || n % 16 || k % 16)
+      throw std::runtime_error("fp8 " + std::string(op) + " " + std::to_string(m) + " x " + std::to_string(n) +
+                               " x " + std::to_string(k) + " is not a multiple of 16 (cuBLASLt's FP8 alignment)");
+    operand_bytes = std::max(operand_bytes, size_t(std::max(m, n)) * size_t(k));  // 1 byte per element
+    output_bytes = std::max(output_bytes, size_t(m) * size_t(n) * 2);              // bf16
+  }
+  const uint64_t workspace_bytes = uint64_t(32) << 20;
+  void *x = nullptr, *y = nullptr, *d = nullptr, *workspace = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  Finally release{[&] {
+    if (lt) cublasLtDestroy(lt);
+    for (void* p : {x, y, d, workspace}) cudaFree(p);
+  }};
+  check(cudaMalloc(&x, operand_bytes), "cudaMalloc");
+  check(cudaMalloc(&y, operand_bytes), "cudaMalloc");
+  check(cudaMalloc(&d, output_bytes), "cudaMalloc");
+  check(cudaMalloc(&workspace, workspace_bytes), "cudaMalloc");
+  check(cudaMemset(x, 0, operand_bytes), "cudaMemset");
+  check(cudaMemset(y, 0, operand_bytes), "cudaMemset");
+  check(cublasLtCreate(&lt), "cublasLtCreate");
+  const float alpha = 1, beta = 0;
+  const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
+  for (const auto& [op, shape] : roles) {
+    const auto [m, n, k] = shape;
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a_layout = nullptr, b_layout = nullptr, d_layout = nullptr;
+    cublasLtMatmulPreference_t preference = nullptr;
+    Finally destroy{[&] {
+      if (preference) cublasLtMatmulPreferenceDestroy(preference);
+      for (cublasLtMatrixLayout_t l : {a_layout, b_layout, d_layout})
+        if (l) cublasLtMatrixLayoutDestroy(l);
+      if (desc) cublasLtMatmulDescDestroy(desc);
+    }};
+    check(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa),
+          "cublasLtMatmulDescSetAttribute(TRANSA)");
+    check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb),
+          "cublasLtMatmulDescSetAttribute(TRANSB)");
+    check(cublasLtMatrixLayoutCreate(&a_layout, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(n), int64_t(k)),
+          "cublasLtMatrixLayoutCreate(A)");
+    check(cublasLtMatrixLayoutCreate(&b_layout, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(m), int64_t(k)),
+          "cublasLtMatrixLayoutCreate(B)");
+    check(cublasLtMatrixLayoutCreate(&d_layout, CUDA_R_16BF, uint64_t(n), uint64_t(m), int64_t(n)),
+          "cublasLtMatrixLayoutCreate(D)");
+    check(cublasLtMatmulPreferenceCreate(&preference), "cublasLtMatmulPreferenceCreate");
+    check(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                               &workspace_bytes, sizeof workspace_bytes),
+          "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)");
+    cublasLtMatmulHeuristicResult_t best{};
+    int found = 0;
+    check(cublasLtMatmulAlgoGetHeuristic(lt, desc, a_layout, b_layout, d_layout, d_layout, preference, 1, &best,
+                                         &found),
+          "cublasLtMatmulAlgoGetHeuristic");
+    if (found < 1 || best.state != CUBLAS_STATUS_SUCCESS)
+      throw std::runtime_error("cublasLtMatmulAlgoGetHeuristic found no algorithm for fp8 " + std::string(op) + " " +
+                               std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k));
+    // C is D (beta 0): bf16 like D, as cuBLASLt's FP8 type table requires for a bf16 output.
+    const double t = time_per_call_s(
+        [&] {
+          check(cublasLtMatmul(lt, desc, &alpha, y, a_layout, x, b_layout, &beta, d, d_layout, d, d_layout, &best.algo,
+                               workspace, workspace_bytes, nullptr),
+                "cublasLtMatmul");
+        },
+        o.iters, nullptr);
+    rows.push_back(dplan::probe::gemm_row("fp8", op, m, n, k, 1, t));
+    std::fprintf(stderr, "gemm fp8 %s 1 x %ld x %ld x %ld: %.1f TFLOP/s\n", op, m, n, k, 2.0 * m * n * k / t / 1e12);
+  }
+}
+
+// The smallest kernel's launch cost: `launches` back-to-back 4-byte cudaMemsetAsync calls on one
+// stream after a warm-up; the GPU's time per launch from CUDA events around them (the larger of
+// the GPU's per-launch cost and the host's enqueue rate, as a training step's chains of small
+// kernels see it), and the host's enqueue time per call from the wall clock around the loop.
+json probe_launch() {
+  const int launches = 1000;
+  cudaStream_t stream = nullptr;
+  void* p = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  Finally release{[&] {
+    for (cudaEvent_t e : {start, stop})
+      if (e) cudaEventDestroy(e);
+    cudaFree(p);
+    if (stream) cudaStreamDestroy(stream);
+  }};
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cudaMalloc(&p, 4), "cudaMalloc");
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  auto launch = [&] { check(cudaMemsetAsync(p, 0, 4, stream), "cudaMemsetAsync"); };
+  for (int i = 0; i < 100; ++i) launch();
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  check(cudaEventRecord(start, stream), "cudaEventRecord");
+  const auto wall_start = std::chrono::steady_clock::now();
+  for (int i = 0; i < launches; ++i) launch();
+  const auto wall_stop = std::chrono::steady_clock::now();
+  check(cudaEventRecord(stop, stream), "cudaEventRecord");
+  check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+  const double time_per_launch_s = ms * 1e-3 / launches;
+  const double enqueue_per_launch_s = std::chrono::duration<double>(wall_stop - wall_start).count() / launches;
+  std::fprintf(stderr, "launch: %d back-to-back 4-byte cudaMemsetAsync: %.2f us each on the GPU, %.2f us to enqueue\n",
+               launches, time_per_launch_s * 1e6, enqueue_per_launch_s * 1e6);
+  return dplan::probe::launch_json("cudaMemsetAsync 4 B", launches, time_per_launch_s, enqueue_per_launch_s);
+}
+
+// Device 0 as the driver reports it, and the libraries' versions.
+json probe_device(const cudaDeviceProp& prop, int ndev) {
+  auto attribute = [](cudaDeviceAttr a, const char* what) {
+    int v = 0;
+    check(cudaDeviceGetAttribute(&v, a, 0), what);
+    return v;
+  };
+  // cuBLAS and cuBLASLt: the loaded library's major, minor and patch level.
+  auto library_version = [](auto get_property, const char* what) {
+    int major = 0, minor = 0, patch = 0;
+    check(get_property(MAJOR_VERSION, &major), what);
+    check(get_property(MINOR_VERSION, &minor), what);
+    check(get_property(PATCH_LEVEL, &patch), what);
+    return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+  };
+  int driver = 0, runtime = 0, nccl = 0;
+  check(cudaDriverGetVersion(&driver), "cudaDriverGetVersion");
+  check(cudaRuntimeGetVersion(&runtime), "cudaRuntimeGetVersion");
+  check(ncclGetVersion(&nccl), "ncclGetVersion");
+  dplan::probe::DeviceReport d;
+  d.name = prop.name;
+  d.sm_count = prop.multiProcessorCount;
+  d.memory_bytes = prop.totalGlobalMem;
+  d.count = ndev;
+  d.compute_capability = std::to_string(prop.major) + "." + std::to_string(prop.minor);
+  // Peak clocks in kHz (the runtime API's cudaDevAttrClockRate and cudaDevAttrMemoryClockRate).
+  d.sm_clock_hz = 1e3 * attribute(cudaDevAttrClockRate, "cudaDeviceGetAttribute(ClockRate)");
+  d.memory_clock_hz = 1e3 * attribute(cudaDevAttrMemoryClockRate, "cudaDeviceGetAttribute(MemoryClockRate)");
+  d.memory_bus_width_bits = attribute(cudaDevAttrGlobalMemoryBusWidth, "cudaDeviceGetAttribute(GlobalMemoryBusWidth)");
+  d.l2_bytes = attribute(cudaDevAttrL2CacheSize, "cudaDeviceGetAttribute(L2CacheSize)");
+  d.driver_version = dplan::probe::cuda_version_text(driver);
+  d.runtime_version = dplan::probe::cuda_version_text(runtime);
+  d.cublas_version = library_version(cublasGetProperty, "cublasGetProperty");
+  d.cublaslt_version = library_version(cublasLtGetProperty, "cublasLtGetProperty");
+  d.nccl_version = dplan::probe::nccl_version_text(nccl);
+  return dplan::probe::device_json(d);
 }
 
 json probe_memory(const Options& o) {
@@ -412,6 +616,18 @@ json probe_overlap(const Options& o, int ndev, const std::vector<ncclComm_t>& co
           {"collective_s", collective_s}, {"both_s", both_s}, {"fraction", fraction}};
 }
 
+// Writes `result` to `path` atomically: a temporary file beside it, then a rename.
+void write_result(const json& result, const std::string& path) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << result.dump(1) << "\n";
+    out.close();
+    if (!out) throw std::runtime_error("cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error("cannot write " + path);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -427,7 +643,10 @@ int main(int argc, char** argv) {
       else if (a == "--nccl-prefix") o.nccl_prefix = value();
       else if (a == "--iters") o.iters = std::stoi(value());
       else if (a == "--max-mib") o.max_mib = std::stod(value());
-      else throw std::invalid_argument("unknown option " + a + "; valid: -o FILE, --nccl-prefix P, --iters N, --max-mib M");
+      else if (a == "--quick") o.quick = true;
+      else
+        throw std::invalid_argument("unknown option " + a +
+                                    "; valid: -o FILE, --nccl-prefix P, --iters N, --max-mib M, --quick");
       if (o.iters < 1 || !(o.max_mib >= 1)) throw std::invalid_argument("--iters and --max-mib must be at least 1");
     } catch (const std::exception& e) {
       std::fprintf(stderr, "dplan-gpu-probe: error: %s\n", e.what());
@@ -439,17 +658,43 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dplan-gpu-probe: error: no CUDA device is visible\n");
     return 2;
   }
+  json result;
+  bool measured = false;  // result holds the device and the GEMMs: worth writing on a failure
   try {
+    check(cudaSetDevice(0), "cudaSetDevice");
     cudaDeviceProp prop;
     check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-    json result = {{"format_version", 1},
-                   {"generator", "dplan-gpu-probe"},
-                   {"device", {{"name", prop.name}, {"sm_count", prop.multiProcessorCount},
-                               {"memory_bytes", prop.totalGlobalMem}, {"count", ndev}}}};
-    check(cudaSetDevice(0), "cudaSetDevice");
-    result["gemm"] = probe_gemms(o);
+    result = {{"format_version", 1}, {"generator", "dplan-gpu-probe"}, {"device", probe_device(prop, ndev)}};
+    if (o.quick) result["quick"] = true;
+    const Shapes shapes = probe_shapes(o.quick);
+    result["gemm"] = probe_gemms(o, shapes);
+    measured = true;
     result["memory"] = probe_memory(o);
+    result["launch"] = probe_launch();
+    result["incomplete"] = "still measuring: fp8 GEMMs, NCCL collectives";
+    write_result(result, o.output);
+    // FP8: where the GPU has it; a failure here (no algorithm, a status) ends the FP8 part alone,
+    // keeping the rows measured so far.
+    if (prop.major * 10 + prop.minor < 89) {
+      std::fprintf(stderr, "dplan-gpu-probe: fp8 GEMMs skipped: compute capability %d.%d has no FP8 tensor cores "
+                           "(8.9 or later)\n", prop.major, prop.minor);
+    } else {
+      const size_t before = result["gemm"].size();
+      try {
+        probe_fp8_gemms(o, shapes, result["gemm"]);
+      } catch (const std::exception& e) {
+        const size_t kept = result["gemm"].size() - before;
+        if (kept == 0) std::fprintf(stderr, "dplan-gpu-probe: fp8 GEMMs skipped: %s\n", e.what());
+        else std::fprintf(stderr, "dplan-gpu-probe: fp8 GEMMs stopped after %zu (kept): %s\n", kept, e.what());
+        // A failed call may leave an error behind; one the context cannot recover from fails the
+        // rest of the probe (and the file keeps what was measured).
+        cudaGetLastError();
+        check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the fp8 GEMMs");
+      }
+    }
     if (ndev > 1) {
+      result["incomplete"] = "still measuring: NCCL collectives";
+      write_result(result, o.output);
       std::vector<ncclComm_t> comms(ndev);
       std::vector<int> devs(ndev);
       for (int d = 0; d < ndev; ++d) devs[d] = d;
@@ -459,6 +704,7 @@ int main(int argc, char** argv) {
         check(cudaSetDevice(d), "cudaSetDevice");
         check(cudaStreamCreate(&streams[d]), "cudaStreamCreate");
       }
+      check(cudaSetDevice(0), "cudaSetDevice");
       json files = json::array();
       for (const char* test : {"all_reduce_perf", "all_gather_perf", "reduce_scatter_perf"}) {
         probe_collective(o, test, ndev, comms, streams);
@@ -468,13 +714,21 @@ int main(int argc, char** argv) {
       result["overlap"] = probe_overlap(o, ndev, comms);
       for (auto& c : comms) ncclCommDestroy(c);
     }
-    const std::string tmp = o.output + ".tmp";
-    std::ofstream(tmp) << result.dump(1) << "\n";
-    if (std::rename(tmp.c_str(), o.output.c_str()) != 0) throw std::runtime_error("cannot write " + o.output);
+    result.erase("incomplete");
+    write_result(result, o.output);
     std::fprintf(stderr, "wrote %s\n", o.output.c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dplan-gpu-probe: error: %s\n", e.what());
+    if (measured) {
+      result["error"] = e.what();
+      try {
+        write_result(result, o.output);
+        std::fprintf(stderr, "dplan-gpu-probe: wrote what was measured before the error to %s\n", o.output.c_str());
+      } catch (const std::exception& w) {
+        std::fprintf(stderr, "dplan-gpu-probe: error: %s\n", w.what());
+      }
+    }
     return 1;
   }
 }

@@ -1,5 +1,7 @@
 #include "comm.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <sstream>
 #include <string>
@@ -11,6 +13,10 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/version.h>
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/cuda.h>
+
+#include "dplan/costmodel/errors.h"
 #include "memory_meter.h"
 #ifdef DPLAN_WITH_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -138,7 +144,7 @@ Group Group::create(const c10::intrusive_ptr<c10d::Store>& store, const std::str
   g.impl_ = std::make_shared<Impl>();
   g.impl_->backend = options.backend;
   g.impl_->one_tensor = options.backend == Backend::nccl || (TORCH_VERSION_MAJOR >= 2 && !options.legacy_gloo_collectives);
-  if (g.size() == 1) return g;  // nothing to connect
+  if (g.size() == 1 && !options.connect_single) return g;  // nothing to connect: collectives are the identity
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("dplan/group/" + name, store);
   if (options.backend == Backend::gloo) {
     auto o = c10d::ProcessGroupGloo::Options::create(options.timeout);
@@ -165,7 +171,7 @@ Group Group::create(const c10::intrusive_ptr<c10d::Store>& store, const std::str
 void Group::all_reduce(at::Tensor& tensor) { all_reduce_async(tensor).wait(); }
 
 Work Group::all_reduce_async(at::Tensor& tensor) {
-  if (size() == 1) return Work();
+  if (local()) return Work();
   if (impl_->lacks(tensor)) {
     std::vector<at::Tensor> wide{tensor.to(at::kFloat)};
     return Work(impl_->pg->allreduce(wide), [tensor, wide]() mutable { tensor.copy_(wide[0]); });
@@ -175,7 +181,7 @@ Work Group::all_reduce_async(at::Tensor& tensor) {
 }
 
 at::Tensor Group::all_gather(const at::Tensor& tensor, int64_t dim) {
-  if (size() == 1) return tensor;
+  if (local()) return tensor;
   // Member i's tensor at [i] of a [size, ...] buffer (either form of all_gather_async fills it, bf16
   // included), then laid side by side along dim.
   at::Tensor input = tensor.contiguous();
@@ -188,7 +194,7 @@ at::Tensor Group::all_gather(const at::Tensor& tensor, int64_t dim) {
 }
 
 at::Tensor Group::reduce_scatter(const at::Tensor& tensor, int64_t dim) {
-  if (size() == 1) return tensor;
+  if (local()) return tensor;
   if (tensor.size(dim) % size() != 0)
     throw std::logic_error("reduce_scatter: dimension " + std::to_string(dim) + " of size " +
                            std::to_string(tensor.size(dim)) + " does not split over " + std::to_string(size()));
@@ -213,7 +219,7 @@ at::Tensor Group::reduce_scatter(const at::Tensor& tensor, int64_t dim) {
 }
 
 Work Group::all_gather_async(at::Tensor& flat, const at::Tensor& shard) {
-  if (size() == 1) {
+  if (local()) {
     if (flat.data_ptr() != shard.data_ptr()) flat.copy_(shard);
     return Work();
   }
@@ -231,7 +237,7 @@ Work Group::all_gather_async(at::Tensor& flat, const at::Tensor& shard) {
 }
 
 Work Group::reduce_scatter_async(at::Tensor& flat, at::Tensor& shard) {
-  if (size() == 1) {
+  if (local()) {
     shard.copy_(flat);
     return Work();
   }
@@ -243,7 +249,7 @@ Work Group::reduce_scatter_async(at::Tensor& flat, at::Tensor& shard) {
 
 at::Tensor Group::all_to_all(const at::Tensor& input, const std::vector<int64_t>& send_rows,
                              const std::vector<int64_t>& recv_rows) {
-  if (size() == 1) return input;
+  if (local()) return input;
   std::vector<int64_t> shape = input.sizes().vec();
   shape[0] = 0;
   for (int64_t n : recv_rows) shape[0] += n;
@@ -263,7 +269,7 @@ at::Tensor Group::all_to_all(const at::Tensor& input, const std::vector<int64_t>
 }
 
 void Group::broadcast(at::Tensor& tensor, int root) {
-  if (size() == 1) return;
+  if (local()) return;
   std::vector<at::Tensor> t{tensor};
   c10d::BroadcastOptions o;
   o.rootRank = root;
@@ -282,9 +288,75 @@ Work Group::recv(at::Tensor& tensor, int peer, int tag) {
 
 bool Group::one_tensor_collectives() const { return impl_->one_tensor; }
 
+bool Group::local() const { return !impl_ || !impl_->pg; }
+
 void Group::barrier() {
-  if (size() == 1) return;
+  if (local()) return;
   impl_->pg->barrier()->wait();
+}
+
+std::vector<CollectiveCheck> check_collectives(Backend backend, const at::Device& device,
+                                               std::chrono::milliseconds timeout) {
+  const std::string which = std::string("--check-backend ") + to_string(backend);
+  if (backend == Backend::nccl) {
+    if (!nccl_available()) throw costmodel::InputError(which + ": this dplan-worker was built without NCCL (LibTorch without CUDA)");
+    if (!device.is_cuda() || !torch::cuda::is_available())
+      throw costmodel::InputError(which + ": no CUDA device is visible to this LibTorch");
+  }
+  GroupOptions options;
+  options.backend = backend;
+  options.timeout = timeout;
+  options.gloo_address = "127.0.0.1";
+  options.connect_single = true;
+  Group g = Group::create(c10::make_intrusive<c10d::HashStore>(), "check", {0}, 0, options);
+  const auto sync = [&] {
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+  };
+  // 4 Mi fp32 elements (16 MiB): large enough to run the backend's bulk kernels, small enough for
+  // any device; each collective run 5 times, the median kept.
+  const int64_t n = int64_t(1) << 22;
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+  const at::Tensor expected = at::arange(n, f32).remainder_(977).mul_(0.5);
+  std::vector<CollectiveCheck> checks;
+  auto run = [&](const std::string& name, const std::function<at::Tensor()>& collective) {
+    std::vector<double> times_s;
+    at::Tensor result;
+    for (int i = 0; i < 5; ++i) {
+      sync();
+      const auto start = std::chrono::steady_clock::now();
+      result = collective();
+      sync();
+      times_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::sort(times_s.begin(), times_s.end());
+    CollectiveCheck c;
+    c.collective = name;
+    c.bytes = n * 4;
+    c.time_s = times_s[times_s.size() / 2];
+    c.ok = result.defined() && result.sizes() == expected.sizes();
+    if (c.ok) c.max_abs_error = (result - expected).abs().max().item<double>();
+    c.ok = c.ok && c.max_abs_error == 0;
+    checks.push_back(c);
+  };
+  // A group of one: the sum, the gathered and the scattered tensors are the input itself.
+  run("all_reduce", [&] {
+    at::Tensor t = expected.clone();
+    g.all_reduce(t);
+    return t;
+  });
+  run("all_gather", [&] { return g.all_gather(expected, 0); });
+  run("reduce_scatter", [&] { return g.reduce_scatter(expected, 0); });
+  run("all_to_all", [&] { return g.all_to_all(expected, {n}, {n}); });
+  run("broadcast", [&] {
+    at::Tensor t = expected.clone();
+    g.broadcast(t, 0);
+    return t;
+  });
+  run("barrier", [&] {
+    g.barrier();
+    return expected;
+  });
+  return checks;
 }
 
 }  // namespace dplan::executor

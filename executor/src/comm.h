@@ -8,7 +8,8 @@
 //     _reduce_scatter_base / _allgather_base names every 2.x has); a 2.x whose Gloo still refuses
 //     them falls back to the 1.13 forms at the first call. NCCL always has them.
 //   - Gloo has no bf16: sums go through an fp32 copy, gathers move the bits as fp16.
-// Groups of size 1 never touch the network: every collective is the identity on them.
+// Groups of size 1 never touch the network: every collective is the identity on them (unless
+// GroupOptions::connect_single asks for the backend, as check_collectives does).
 #pragma once
 
 #include <chrono>
@@ -66,6 +67,9 @@ struct GroupOptions {
   // Use the 1.13 forms of reduce-scatter and all-gather (above) on Gloo even where the LibTorch has
   // the one-tensor collectives: the tests check that both give the same values.
   bool legacy_gloo_collectives = false;
+  // Connect a group of one too, so that its collectives run through the backend (the identity
+  // otherwise): check_collectives below, which shows that the backend initialises and runs.
+  bool connect_single = false;
 };
 
 // A process group over `ranks` (global ranks, in group order) that this rank belongs to.
@@ -112,11 +116,29 @@ class Group {
   bool one_tensor_collectives() const;
 
  private:
+  // No backend behind the group (one member, not connected): every collective is the identity.
+  bool local() const;
   struct Impl;
   std::shared_ptr<Impl> impl_;
   std::vector<int> ranks_;
   std::string name_;
   int rank_ = 0;
 };
+
+// One collective of check_collectives: whether the backend's result equals the expected values.
+struct CollectiveCheck {
+  std::string collective;
+  int64_t bytes = 0;
+  double max_abs_error = 0;
+  double time_s = 0;  // the collective's wall time, its device synchronised (median of 5)
+  bool ok = false;
+};
+
+// The backend's own collectives (all-reduce, all-gather, reduce-scatter, all-to-all, broadcast,
+// barrier) on a group of this process alone, connected through an in-memory store, on `device`
+// (NCCL: a CUDA device): that the backend initialises and its kernels run. Throws InputError when
+// this build or machine cannot run the backend on that device.
+std::vector<CollectiveCheck> check_collectives(Backend backend, const at::Device& device,
+                                               std::chrono::milliseconds timeout);
 
 }  // namespace dplan::executor

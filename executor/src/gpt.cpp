@@ -291,7 +291,16 @@ at::Tensor GptStage::attention(const Block& blk, const at::Tensor& x_in) const {
 
 // Flash attention: [b, s, heads * d] out of q [b, heads, s, d] and k, v [b, kv_heads, s, d].
 at::Tensor GptStage::flash_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const {
-#if TORCH_VERSION_MAJOR >= 2
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+  // The fused kernel (FlashAttention-2 where it applies); grouped K/V through enable_gqa (PyTorch
+  // 2.5+, torch.nn.functional.scaled_dot_product_attention's docs), whose flash kernel reads them
+  // at kv-head width as the cost model prices it.
+  if (q.is_cuda()) {
+    at::Tensor out = at::scaled_dot_product_attention(q, k, v, {}, model_.attention_dropout, /*is_causal=*/true,
+                                                      /*scale=*/std::nullopt, /*enable_gqa=*/k.size(1) != q.size(1));
+    return out.transpose(1, 2).reshape({q.size(0), q.size(2), q.size(1) * q.size(3)});
+  }
+#elif TORCH_VERSION_MAJOR >= 2
   if (q.is_cuda() && k.size(1) == q.size(1)) {  // the fused kernel (FlashAttention-2 where it applies)
     at::Tensor out = at::scaled_dot_product_attention(q, k, v, {}, model_.attention_dropout, /*is_causal=*/true);
     return out.transpose(1, 2).reshape({q.size(0), q.size(2), q.size(1) * q.size(3)});

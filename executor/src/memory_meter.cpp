@@ -195,6 +195,13 @@ void MemoryMeter::reset_peak() {
 
 int64_t MemoryMeter::host_peak_bytes() const { return cpu_ ? cpu_->host_peak() : -1; }
 
+int64_t MemoryMeter::reserved_peak_bytes() const {
+#ifdef DPLAN_WITH_CUDA
+  if (cuda_device_ >= 0) return c10::cuda::CUDACachingAllocator::getDeviceStats(cuda_device_).reserved_bytes[0].peak;
+#endif
+  return -1;
+}
+
 std::string MemoryMeter::source() const {
   return cuda_device_ >= 0 ? "CUDA caching allocator statistics (allocated bytes)"
                            : "counting CPU allocator (exact tensor bytes)";

@@ -73,6 +73,9 @@ class MemoryMeter {
   // offload). Exact on CPU (the counting allocator); on CUDA -1 (not metered: run.json then
   // reports the host tensors' own bytes).
   int64_t host_peak_bytes() const;
+  // CUDA: the caching allocator's reserved bytes at their peak since the last reset_peak(); -1 on
+  // the CPU (the counting allocator reserves nothing beyond what tensors hold).
+  int64_t reserved_peak_bytes() const;
 
  private:
   friend class detail::CountingCpuAllocator;

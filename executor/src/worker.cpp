@@ -20,6 +20,7 @@
 
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include "checkpoint.h"
 #include "comm.h"
@@ -372,6 +373,7 @@ TrainLog train_steps(const RunOptions& args, const Place& place, const ExecPlan&
     for (double x : step.phases_s) step.time_s += x;
     log.peaks.peak_bytes = std::max(log.peaks.peak_bytes, meter.peak_bytes());
     log.peaks.host_peak_bytes = meter.host_peak_bytes();  // over the run
+    log.peaks.reserved_peak_bytes = std::max(log.peaks.reserved_peak_bytes, meter.reserved_peak_bytes());
     // Activations: the high-water mark of what a step allocates above what it started with,
     // communication buffers (counted apart) excluded; the first step also creates the
     // optimizer states, so it is left out.
@@ -415,6 +417,7 @@ json run_config(const RunOptions& args, const Place& place, const ExecPlan& plan
                  {"precision", device.bf16 ? "bf16" : "fp32"},
                  {"planned_precision", costmodel::to_string(plan.training.precision)},
                  {"grad_dtype", device.grad_dtype == at::kFloat ? "fp32" : "bf16"},
+                 {"deterministic", args.deterministic},
                  {"threads_per_rank", torch::get_num_threads()}, {"timeout_s", args.timeout_s},
                  {"launcher", place.launcher}, {"lr", args.lr}, {"max_grad_norm", args.max_grad_norm},
                  {"bucket_bytes", plan.training.bucket_bytes}, {"num_buckets", grads.num_buckets()}};
@@ -489,6 +492,13 @@ std::string write_run_record(const RunOptions& args, const Place& place, const E
 int train(const RunOptions& args, const Place& place) {
   const ExecPlan plan = read_plan(args.plan_path);
   check_run_options(args, plan, place);
+  if (args.deterministic) {
+    // Before the first cuBLAS handle: a fixed workspace makes its GEMMs reproducible (cuBLAS
+    // documentation, "Results reproducibility"); ATen then picks deterministic kernels (flash
+    // attention's backward among them), warning where an operator has none.
+    ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  }
   const DeviceChoice device = choose_device(args, plan);
   MemoryMeter meter(device.cuda ? place.local_rank : -1);  // before the first tensor
   PhaseClock clock(device.cuda ? std::function<void()>([dev = place.local_rank] { torch::cuda::synchronize(dev); })
@@ -603,6 +613,32 @@ int probe_machine(const RunOptions& args, const Place& place) {
   return 0;
 }
 
+// --check-backend NAME: the backend's collectives on a group of this process alone (comm.h,
+// check_collectives), one line each, and with -o the same as JSON.
+int check_backend(const RunOptions& args, const std::string& name) {
+  if (name != "gloo" && name != "nccl") throw InputError("--check-backend " + name + " is not one of: gloo, nccl");
+  const Backend backend = name == "nccl" ? Backend::nccl : Backend::gloo;
+  static const OutputKind check_kind = costmodel::json_output_kind("backend check", [](const json& file) {
+    if (file.value("generator", "") != "dplan-worker --check-backend") throw std::invalid_argument("not a backend check");
+  });
+  if (!args.output.empty()) check_output_path(args.output, check_kind, args.force);
+  const at::Device device = backend == Backend::nccl ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  const std::vector<CollectiveCheck> checks = check_collectives(backend, device, collective_timeout(args));
+  json out = {{"generator", "dplan-worker --check-backend"}, {"backend", name}, {"device", device.str()},
+              {"world_size", 1}, {"torch_version", TORCH_VERSION}};
+  bool all_ok = true;
+  for (const CollectiveCheck& c : checks) {
+    all_ok = all_ok && c.ok;
+    std::printf("%s %-14s %10lld bytes %9.3f ms  max |error| %g  %s\n", name.c_str(), c.collective.c_str(),
+                static_cast<long long>(c.bytes), c.time_s * 1e3, c.max_abs_error, c.ok ? "ok" : "WRONG");
+    out["collectives"].push_back({{"collective", c.collective}, {"bytes", c.bytes}, {"time_s", c.time_s},
+                                  {"max_abs_error", c.max_abs_error}, {"ok", c.ok}});
+  }
+  out["ok"] = all_ok;
+  if (!args.output.empty()) costmodel::write_file_atomically(args.output, out.dump(1) + "\n");
+  return all_ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -612,12 +648,17 @@ int main(int argc, char** argv) {
   app.add_option("plan", args.plan_path, "plan.json written by dplan -o (not with --probe)");
   app.add_flag("--probe", probe,
                "measure this machine instead (GEMMs, memory bandwidth, Gloo collectives over the ranks) into -o FILE");
+  std::string backend_to_check;
+  app.add_option("--check-backend", backend_to_check,
+                 "check a c10d backend instead (gloo on the CPU, nccl on CUDA device 0): its collectives on a group of "
+                 "this process alone, against the expected values (-o FILE: also as JSON)");
   add_run_flags(app, args);
   Place place;
   try {
     app.parse(argc, argv);
     place = read_place();
     if (probe) return probe_machine(args, place) == 0 ? (exit_now(0), 0) : 1;
+    if (!backend_to_check.empty()) return check_backend(args, backend_to_check) == 0 ? (exit_now(0), 0) : 1;
     if (args.plan_path.empty()) throw InputError("give plan.json (written by dplan -o), or --probe -o FILE");
     if (!args.checkpoint_dir.empty()) install_stop_signals();
     return train(args, place) == 0 ? (exit_now(0), 0) : 1;

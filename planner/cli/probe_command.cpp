@@ -1,5 +1,6 @@
 #include "probe_command.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -43,9 +44,14 @@ std::string size_text(double bytes) {
   return buf;
 }
 
+// Figure by figure; a figure the base does not give shows as "-".
 void print_changes(const json& before, const json& after) {
-  for (const auto& [key, value] : after.items())
-    std::printf("  %-24s %12.4g -> %.4g\n", key.c_str(), before[key].get<double>(), value.get<double>());
+  for (const auto& [key, value] : after.items()) {
+    if (before.contains(key))
+      std::printf("  %-24s %12.4g -> %.4g\n", key.c_str(), before.at(key).get<double>(), value.get<double>());
+    else
+      std::printf("  %-24s %12s -> %.4g\n", key.c_str(), "-", value.get<double>());
+  }
 }
 
 // The fitted figures as they appear in a cluster file, by tier (in the file's units: to_json's).
@@ -55,10 +61,47 @@ json tier_figures(const ClusterSpec& c, const std::string& tier) {
   return costmodel::pick_figures(costmodel::to_json(c).at(tier == "inter_node" ? "inter_node" : "intra_node"), keys);
 }
 
-// The fitted figures as they appear in a GPU file.
+// The fitted figures as they appear in a GPU file (fp8_max_efficiency where the GPU gives one).
 json gpu_figures(const GpuSpec& g) {
-  return costmodel::pick_figures(
-      costmodel::to_json(g), {"matmul.max_efficiency", "matmul.sm_count", "matmul.kernel_overhead_us", "memory_efficiency"});
+  std::vector<std::string> keys = {"matmul.max_efficiency", "matmul.sm_count", "matmul.kernel_overhead_us",
+                                   "memory_efficiency"};
+  if (g.fp8_matmul_max_efficiency > 0) keys.push_back("matmul.fp8_max_efficiency");
+  return costmodel::pick_figures(costmodel::to_json(g), keys);
+}
+
+// Per precision the probe measured: the median achieved rate of its GEMMs (not the whole
+// attention kernels) beside the profile's peak, and the matmul efficiency before and after the fit
+// (fp8: its own, where the GPU gives one).
+void print_rates(const planner::GpuProbe& probe, const GpuSpec& base, const GpuSpec& fitted) {
+  std::map<int, std::vector<double>> rates;  // by precision, FLOP/s
+  for (const planner::GemmSample& s : probe.gemms)
+    if (!costmodel::is_whole_attention(s.op))
+      rates[static_cast<int>(s.precision)].push_back(2 * s.m * s.n * s.k * s.batch / s.time_s);
+  if (rates.empty()) return;
+  std::printf("measured rates against %s's peaks:\n", base.name.c_str());
+  auto efficiency = [](const GpuSpec& g, costmodel::Precision p) {
+    return p == costmodel::Precision::fp8 && g.fp8_matmul_max_efficiency > 0 ? g.fp8_matmul_max_efficiency
+                                                                             : g.matmul_max_efficiency;
+  };
+  for (auto& [p, r] : rates) {
+    const auto precision = static_cast<costmodel::Precision>(p);
+    std::sort(r.begin(), r.end());
+    const double median = r.size() % 2 ? r[r.size() / 2] : (r[r.size() / 2 - 1] + r[r.size() / 2]) / 2;
+    std::printf("  %-5s median %.4g TFLOP/s measured (best %.4g, %zu GEMMs)", costmodel::to_string(precision),
+                median / 1e12, r.back() / 1e12, r.size());
+    double peak = 0;
+    try {
+      peak = costmodel::peak_flops_per_s(base, precision);
+    } catch (const InputError&) {
+      std::printf(", no %s peak in the profile: not fitted, not kept\n", costmodel::to_string(precision));
+      continue;
+    }
+    const char* name = precision == costmodel::Precision::fp8 && fitted.fp8_matmul_max_efficiency > 0
+                           ? "fp8_max_efficiency"
+                           : "max_efficiency";
+    std::printf(", profile peak %.4g (median / peak %.3f), %s %.3g -> %.3g\n", peak / 1e12, median / peak, name,
+                efficiency(base, precision), efficiency(fitted, precision));
+  }
 }
 
 // Puts a one-node run's timings, every size, into `cluster`'s intra-node tier,
@@ -137,11 +180,29 @@ json import_gpu_probe(const planner::GpuProbe& probe, const GpuSpec& base, const
   if (probe.elementwise_bytes_per_s > 0)
     std::printf(", element-wise kernels %.1f GB/s", probe.elementwise_bytes_per_s / 1e9);
   std::printf("\n");
+  if (!probe.compute_capability.empty())
+    std::printf("compute capability %s, SM clock %.0f MHz, memory clock %.0f MHz, %d-bit bus, L2 %.0f MiB; driver %s, "
+                "runtime %s, cuBLAS %s, cuBLASLt %s, NCCL %s\n",
+                probe.compute_capability.c_str(), probe.sm_clock_hz / 1e6, probe.memory_clock_hz / 1e6,
+                probe.memory_bus_width_bits, probe.l2_bytes / kMiB, probe.driver_version.c_str(),
+                probe.runtime_version.c_str(), probe.cublas_version.c_str(), probe.cublaslt_version.c_str(),
+                probe.nccl_version.c_str());
+  if (!probe.incomplete.empty())
+    std::printf("note: the probe did not finish (%s): importing what it measured\n", probe.incomplete.c_str());
+  if (fit.fp8_gemms_ignored > 0)
+    std::printf("note: %zu fp8 GEMMs left out (neither fitted nor kept): %s has no fp8 peak\n", fit.fp8_gemms_ignored,
+                base.name.c_str());
   std::printf(
       "fitted GPU %s by least squares on log time (isolated GEMMs: "
       "sustained_fraction held at 1):\n",
       base.name.c_str());
   print_changes(gpu_figures(base), gpu_figures(fit.gpu));
+  if (probe.launch_overhead_s > 0)
+    std::printf("  measured launch overhead: %.2f us per back-to-back %s (%d launches; host enqueue %.2f us), beside "
+                "the fitted kernel_overhead_us %.3g (per GEMM: launch and tail)\n",
+                probe.launch_overhead_s * 1e6, probe.launch_kernel.c_str(), probe.launch_count,
+                probe.launch_enqueue_s * 1e6, fit.gpu.kernel_overhead_s * 1e6);
+  print_rates(probe, base, fit.gpu);
   // Per precision: how far the model's GEMM times were and are from the measured ones.
   std::map<int, std::array<double, 3>> by_precision;  // count, sum sq before, sum sq after
   for (const auto& r : fit.rows) {
@@ -159,20 +220,20 @@ json import_gpu_probe(const planner::GpuProbe& probe, const GpuSpec& base, const
       "the profile keeps the %zu measured GEMMs: the cost model "
       "interpolates their rates, the fitted curve "
       "serves precisions they do not cover\n",
-      probe.gemms.size());
+      fit.gpu.matmul_measured.size());
 
   json file = read_json_file(base_gpu_file);
   json& gpu = file.at("gpu");
   gpu["name"] = name;
-  costmodel::put_figures(gpu, costmodel::pick_figures(costmodel::to_json(fit.gpu),
-                                                     {"matmul.max_efficiency", "matmul.sm_count",
-                                                      "matmul.kernel_overhead_us", "matmul.measured",
-                                                      "memory_efficiency", "sustained_fraction"}));
+  std::vector<std::string> figures = {"matmul.max_efficiency", "matmul.sm_count", "matmul.kernel_overhead_us",
+                                      "matmul.measured", "memory_efficiency", "sustained_fraction"};
+  if (fit.gpu.fp8_matmul_max_efficiency > 0) figures.push_back("matmul.fp8_max_efficiency");
+  costmodel::put_figures(gpu, costmodel::pick_figures(costmodel::to_json(fit.gpu), figures));
   char source[512];
   std::snprintf(source, sizeof source,
                 "fitted by dplan probe to %s (%s, %zu GEMMs; rms log error of the time %.3f before, %.3f after); the "
                 "rest: ",
-                probe.file.c_str(), probe.device_name.c_str(), probe.gemms.size(), fit.rms_log_error_before,
+                probe.file.c_str(), probe.device_name.c_str(), fit.gpu.matmul_measured.size(), fit.rms_log_error_before,
                 fit.rms_log_error_after);
   json& sources = gpu["sources"];
   sources["matmul"] = std::string(source) + sources.value("matmul", std::string());
@@ -180,7 +241,7 @@ json import_gpu_probe(const planner::GpuProbe& probe, const GpuSpec& base, const
                 "1: the GEMM rates are the %zu measured in %s "
                 "(matmul.measured), taken with every rank of the node "
                 "busy; `dplan calibrate` fits it to measured runs",
-                probe.gemms.size(), probe.file.c_str());
+                fit.gpu.matmul_measured.size(), probe.file.c_str());
   sources["sustained_fraction"] = source;
   if (probe.elementwise_bytes_per_s > 0)
     std::snprintf(source, sizeof source,

@@ -1,6 +1,7 @@
 #include "dplan/planner/gpu_probe.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 
 #include "dplan/costmodel/compute.h"
@@ -34,6 +35,23 @@ std::vector<GemmSample> curve_gemms(const GpuProbe& probe) {
   return out;
 }
 
+// "major.minor", digits only: a compute capability as the probe writes it.
+bool is_compute_capability(const std::string& s) {
+  const size_t dot = s.find('.');
+  if (dot == std::string::npos || dot == 0 || dot + 1 == s.size() || s.size() > 8) return false;
+  for (size_t i = 0; i < s.size(); ++i)
+    if (i != dot && !std::isdigit(static_cast<unsigned char>(s[i]))) return false;
+  return true;
+}
+
+// A note the probe leaves in a file it did not finish ("incomplete", "error"): any string,
+// escaped for printing (an error text is no figure, so it is not held to the strict reader).
+std::string probe_note(ObjectReader& r, const std::string& key) {
+  const json& v = r.raw(key);
+  if (!v.is_string()) r.fail(key, "a string");
+  return quote_for_message(v.get<std::string>(), 300);
+}
+
 }  // namespace
 
 // The probe writers add metadata (rounds, per-kernel rows, sample counts) that no fit reads: only
@@ -53,6 +71,23 @@ GpuProbe parse_gpu_probe(const json& j, const std::string& file) {
   p.sm_count = static_cast<int>(device.int_in("sm_count", 1, 100000));
   p.device_count = static_cast<int>(device.int_in("count", 1, costmodel::kMaxGpus));
   p.cores = device.has("cores") ? static_cast<int>(device.int_in("cores", 1, 100000)) : 0;
+  // What the driver reports (dplan-gpu-probe from the FP8 release on; older files lack them).
+  if (device.has("compute_capability")) {
+    p.compute_capability = device.string("compute_capability");
+    if (!is_compute_capability(p.compute_capability))
+      device.fail("compute_capability", "\"major.minor\", such as \"9.0\"");
+  }
+  if (device.has("sm_clock_hz")) p.sm_clock_hz = device.number_in("sm_clock_hz", 0, 1e11);
+  if (device.has("memory_clock_hz")) p.memory_clock_hz = device.number_in("memory_clock_hz", 0, 1e11);
+  if (device.has("memory_bus_width_bits"))
+    p.memory_bus_width_bits = static_cast<int>(device.int_in("memory_bus_width_bits", 0, 1 << 20));
+  if (device.has("l2_bytes")) p.l2_bytes = device.number_in("l2_bytes", 0, 1e12);
+  for (auto [key, field] : {std::pair{"driver_version", &p.driver_version},
+                            {"runtime_version", &p.runtime_version},
+                            {"cublas_version", &p.cublas_version},
+                            {"cublaslt_version", &p.cublaslt_version},
+                            {"nccl_version", &p.nccl_version}})
+    if (device.has(key)) *field = device.string(key);
   ObjectReader memory = r.object("memory");
   p.copy_bytes_per_s = memory.number_in("bytes_per_s", 1e3, 1e16);
   p.elementwise_bytes_per_s = memory.has("elementwise_bytes_per_s")
@@ -82,6 +117,15 @@ GpuProbe parse_gpu_probe(const json& j, const std::string& file) {
     p.overlap_collective_s = o.number_in("collective_s", 0, 1e4);
     p.overlap_both_s = o.number_in("both_s", 0, 1e4);
   }
+  if (r.has("launch")) {
+    ObjectReader l = r.object("launch");
+    p.launch_kernel = l.string("kernel");
+    p.launch_count = static_cast<int>(l.int_in("launches", 1, 1000000000));
+    p.launch_overhead_s = l.number_in("time_per_launch_s", 1e-9, 1);
+    p.launch_enqueue_s = l.number_in("enqueue_per_launch_s", 1e-9, 1);
+  }
+  if (r.has("incomplete")) p.incomplete = probe_note(r, "incomplete");
+  if (r.has("error")) p.incomplete = "it failed: " + probe_note(r, "error");
   if (r.has("lone_rank")) {
     ObjectReader l = r.object("lone_rank");
     p.lone_rank_speedup = l.number_in("speedup", 0.01, 100);
@@ -101,14 +145,29 @@ GpuProbe parse_gpu_probe(const json& j, const std::string& file) {
   return p;
 }
 
-GpuFit fit_gpu(const GpuSpec& base, const GpuProbe& probe) {
+GpuFit fit_gpu(const GpuSpec& base, const GpuProbe& measured_probe) {
+  // FP8 GEMMs need an fp8 peak to be priced against, and a profile keeps measured GEMMs only in
+  // precisions it has a peak for (hardware.cpp): without one they are left out, not fatal.
+  GpuProbe probe = measured_probe;
+  const size_t fp8_ignored =
+      base.peak_flops_per_s.count("fp8")
+          ? 0
+          : std::erase_if(probe.gemms, [](const GemmSample& s) { return s.precision == Precision::fp8; });
   const std::vector<GemmSample> gemms = curve_gemms(probe);
   if (gemms.size() < 2)
     throw InputError(probe.file + ": " + std::to_string(gemms.size()) +
                      " GEMMs cannot determine 2 parameters (max_efficiency, "
-                     "kernel_overhead)");
+                     "kernel_overhead)" +
+                     (fp8_ignored ? " (" + std::to_string(fp8_ignored) + " fp8 GEMMs left out: " + base.name +
+                                        " has no fp8 peak)"
+                                  : std::string()));
   for (const auto& s : probe.gemms) costmodel::peak_flops_per_s(base, s.precision);  // throws for a missing unit
+  // FP8 GEMMs reach their own fraction of their peak (GpuSpec::fp8_matmul_max_efficiency): fitted
+  // beside the 16-bit one when measured, from the base's (or, without one, the 16-bit) value.
+  const bool fit_fp8 = std::any_of(gemms.begin(), gemms.end(),
+                                   [](const GemmSample& s) { return s.precision == Precision::fp8; });
   GpuFit fit;
+  fit.fp8_gemms_ignored = fp8_ignored;
   const std::vector<double> measured = measured_times(gemms);
   GpuSpec isolated = base;
   isolated.sustained_fraction = 1;   // isolated GEMMs: the maximum achievable rate
@@ -119,16 +178,25 @@ GpuFit fit_gpu(const GpuSpec& base, const GpuProbe& probe) {
   const double memory_bytes_per_s =
       probe.elementwise_bytes_per_s > 0 ? probe.elementwise_bytes_per_s : probe.copy_bytes_per_s;
   g.memory_efficiency = std::min(1.0, memory_bytes_per_s / base.hbm_bandwidth_bytes_per_s);
+  std::vector<double> start = {base.matmul_max_efficiency, std::max(base.kernel_overhead_s, 1e-7)};
+  std::vector<detail::Bounds> bounds = {{0.02, 1.0}, {1e-7, 1e-3}};
+  if (fit_fp8) {
+    start.push_back(base.fp8_matmul_max_efficiency > 0 ? base.fp8_matmul_max_efficiency : base.matmul_max_efficiency);
+    bounds.push_back({0.02, 1.0});
+  }
+  auto apply = [&](GpuSpec& trial, const std::vector<double>& v) {
+    trial.matmul_max_efficiency = v[0];
+    trial.kernel_overhead_s = v[1];
+    if (fit_fp8) trial.fp8_matmul_max_efficiency = v[2];
+  };
   const std::vector<double> x = detail::minimize_in_box(
       [&](const std::vector<double>& v) {
         GpuSpec trial = g;
-        trial.matmul_max_efficiency = v[0];
-        trial.kernel_overhead_s = v[1];
+        apply(trial, v);
         return detail::rms_log_error(gemm_times(trial, gemms), measured);
       },
-      {base.matmul_max_efficiency, std::max(base.kernel_overhead_s, 1e-7)}, {{0.02, 1.0}, {1e-7, 1e-3}});
-  g.matmul_max_efficiency = x[0];
-  g.kernel_overhead_s = x[1];
+      start, bounds);
+  apply(g, x);
   const std::vector<double> after = gemm_times(g, gemms);
   for (const GemmSample& s : probe.gemms)
     g.matmul_measured.push_back({s.precision, s.op, s.m, s.n, s.k, s.batch, s.time_s});

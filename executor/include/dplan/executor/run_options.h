@@ -35,6 +35,9 @@ struct RunOptions {
   int save_every = 0, keep = 2;
   bool sync_save = false;  // write within the step loop instead of a background thread
   bool quiet = false;
+  // Deterministic kernels (ATen's deterministic algorithms, cuBLAS's fixed workspace): two runs of
+  // the same plan and seed give bit-identical losses on CUDA too, at some speed.
+  bool deterministic = false;
   bool force = false;  // -o may replace a file dplan did not write
   // The first steps left out of the statistics: --warmup, or by default 2 (fewer when --steps is).
   int warmup_steps() const {
@@ -62,6 +65,8 @@ void for_each_run_flag(Options& o, Visit&& visit) {
         "auto (the plan's 16-bit precision as bf16 on CUDA, fp32 on CPU), fp32, or bf16 (on CPU: slow, "
         "to check the mixed-precision path)",
         show_default);
+  visit("--deterministic", o.deterministic,
+        "deterministic kernels: the same plan and seed give bit-identical losses on CUDA too (slower)", !show_default);
   visit("--lr", o.lr, "AdamW learning rate", show_default);
   visit("--max-grad-norm", o.max_grad_norm, "clip the global gradient norm to this; 0: no clipping", show_default);
   visit("--save-reference", o.save_reference,

@@ -46,6 +46,19 @@ struct GpuProbe {
   // A CPU probe: one rank computing alone against every rank at once ("lone_rank"; 0: not measured).
   double lone_rank_speedup = 0, lone_rank_alone_s = 0, lone_rank_busy_s = 0;
   double overlap_bytes = 0, overlap_gemm_s = 0, overlap_collective_s = 0, overlap_both_s = 0;
+  // The smallest kernel's launch cost ("launch"; 0: not measured, as in files before it): the GPU's
+  // time per back-to-back launch and the host's enqueue time per call.
+  std::string launch_kernel;
+  int launch_count = 0;
+  double launch_overhead_s = 0, launch_enqueue_s = 0;
+  // The device as the driver reports it ("device"; empty or 0 where the file does not say).
+  std::string compute_capability;  // "major.minor"
+  double sm_clock_hz = 0, memory_clock_hz = 0, l2_bytes = 0;
+  int memory_bus_width_bits = 0;
+  std::string driver_version, runtime_version, cublas_version, cublaslt_version, nccl_version;
+  // A probe that stopped part-way ("incomplete" while it still ran, "error" when it failed): what
+  // it says, empty for a finished probe.
+  std::string incomplete;
 };
 
 // Throws InputError naming the file and key for anything malformed.
@@ -60,17 +73,22 @@ struct GpuFit {
   costmodel::GpuSpec gpu;  // the base with the measured SM count, memory efficiency and fitted matmul figures
   std::vector<GemmFitRow> rows;
   double rms_log_error_before = 0, rms_log_error_after = 0;
+  // FP8 GEMMs left out (neither fitted nor kept) because the base GPU has no fp8 peak.
+  size_t fp8_gemms_ignored = 0;
 };
 
 // Least squares on log time over every GEMM (all precisions together, each
-// against its own peak): matmul max_efficiency and kernel_overhead; sm_count is
+// against its own peak): matmul max_efficiency and kernel_overhead, and with FP8
+// GEMMs fp8_max_efficiency (FP8 reaches its own fraction of its peak); sm_count is
 // the measured one and memory_efficiency is element-wise (else copy) bandwidth
 // / datasheet HBM bandwidth (at most 1). The isolated GEMMs measure the maximum
 // achievable matmul rate (MAMF), so the fit holds sustained_fraction at 1. The
 // returned GPU also keeps every GEMM as matmul_measured (the cost model
 // interpolates their rates) with sustained_fraction 1: the probe measured them
-// with every rank of the node busy. Throws InputError with fewer than 2 GEMMs,
-// or a GEMM in a precision the base GPU has no peak for.
+// with every rank of the node busy. FP8 GEMMs on a base GPU without an fp8 peak
+// are left out (counted in fp8_gemms_ignored): the profile could not hold them.
+// Throws InputError with fewer than 2 GEMMs, or a GEMM in another precision the
+// base GPU has no peak for.
 GpuFit fit_gpu(const costmodel::GpuSpec& base, const GpuProbe& probe);
 
 }  // namespace dplan::planner

@@ -56,15 +56,10 @@ fi
 build_dir=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
 # torch_of PYTHON: "VERSION CUDA_VERSION_OR_none TORCH_DIR" of the PyTorch that PYTHON imports,
-# when it is 2.x; nothing (and status 1) otherwise. Debian's python3-torch is 1.13: not taken.
+# when it is 2.x; nothing (and status 1) otherwise (scripts/torch_info.py). Debian's python3-torch
+# is 1.13: not taken.
 torch_of() {
-  "$1" -c '
-import os, sys
-import torch
-if int(torch.__version__.split(".")[0]) < 2:
-    sys.exit(1)
-print(torch.__version__, torch.version.cuda or "none", os.path.dirname(os.path.dirname(torch.utils.cmake_prefix_path)))
-' 2>/dev/null
+  "$1" scripts/torch_info.py 2>/dev/null
 }
 
 if ((all)); then

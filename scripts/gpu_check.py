@@ -64,7 +64,7 @@ class Workload:
 # Steps per training run (the first 2 are warm-up): the dense run 20 measured, the others fewer to
 # stay inside the budget (the offloaded optimizer's step runs on the host).
 GPU_WORKLOAD = Workload("cuda", "llama-3.2-1b", os.path.join(DATA, "mixtral-style-1b.json"),
-                        os.path.join(DATA, "gpt-dropout-60m.json"), seq=4096, global_batch=8,
+                        os.path.join(DATA, "gpt-dropout-43m.json"), seq=4096, global_batch=8,
                         steps={"dense": 22, "recompute": 12, "offload": 10, "moe": 12}, ckpt_seq=2048, ckpt_mbs=4,
                         backend="nccl")
 TINY = os.path.join(ROOT, "tests", "data", "executor")
@@ -100,10 +100,12 @@ def write_atomically(path, text):
     os.replace(tmp, path)
 
 
-def rel_error(predicted, measured):
-    if predicted is None or measured is None or predicted == 0:
+def prediction_error(predicted, measured):
+    """How far a prediction is from the measurement, as dplan compare reports it: predicted /
+    measured - 1 (+0.10: predicted 10 % too high)."""
+    if predicted is None or measured is None or measured == 0:
         return None
-    return measured / predicted - 1
+    return predicted / measured - 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,11 +130,10 @@ def toolchain_headers():
 def torch_prefix(python):
     """The torch install folder of `python`'s PyTorch 2.x (what CMAKE_PREFIX_PATH takes), its
     version, its CUDA version (or None), and its site-packages."""
-    code = ("import os, torch, json; print(json.dumps({'dir': os.path.dirname(os.path.dirname("
-            "torch.utils.cmake_prefix_path)), 'version': torch.__version__, 'cuda': torch.version.cuda}))")
-    r = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    r = subprocess.run([python, os.path.join(ROOT, "scripts", "torch_info.py"), "--json"], capture_output=True,
+                       text=True)
     if r.returncode != 0:
-        raise Failed(f"{python} does not import torch: {last_line(r.stderr)}")
+        raise Failed(f"{python} does not import PyTorch 2.x: {last_line(r.stderr) or 'torch_info.py exit ' + str(r.returncode)}")
     info = json.loads(r.stdout.strip().splitlines()[-1])
     info["site_packages"] = os.path.dirname(info["dir"])
     return info
@@ -173,6 +174,9 @@ def libz():
 def build_env():
     env = dict(os.environ)
     env["CCACHE_BASEDIR"] = ROOT  # as setup.sh: paths in the clone are relative in ccache's keys
+    # CMake's FindCUDAToolkit (the probe's, and PyTorch's CUDA config) starts from nvcc on the PATH.
+    if not shutil.which("nvcc") and os.path.exists("/usr/local/cuda/bin/nvcc"):
+        env["PATH"] = "/usr/local/cuda/bin:" + env.get("PATH", "")
     return env
 
 
@@ -381,6 +385,8 @@ class Check:
             entry.update(status="skipped", why=f"out of time ({self.elapsed_s():.0f} s of {BUDGET_S} s spent)")
         else:
             self.log(f"\n== {name} ({self.elapsed_s():.0f} s in)")
+            if not self.dry_run:  # a step ends before the call's limit, so that the summary is written
+                timeout_s = max(10.0, min(timeout_s, CALL_LIMIT_S - 15 - self.elapsed_s()))
             try:
                 result = fn(timeout_s)
                 self.results[name] = result
@@ -621,7 +627,7 @@ print(json.dumps(d))
                 raise Failed(f"dplan calibrate ({label}): {last_line(output)}")
             predicted = self.predict_with(profile, f"dense-{label}-plan.json")
             out[label] = {"fitted_to": fitted, "dense_predicted_s": predicted, "dense_measured_s": dense_s,
-                          "error": rel_error(dense_s, predicted)}
+                          "error": prediction_error(predicted, dense_s)}
         return out
 
     def predicted_vs_measured(self, timeout_s):
@@ -637,14 +643,14 @@ print(json.dumps(d))
             if label in cal:
                 rows[f"calibrated_{label}"] = cal[label]["dense_predicted_s"]
         return {"measured_s": measured,
-                "predicted_s": {k: {"step_s": v, "error": rel_error(measured, v)} for k, v in rows.items()}}
+                "predicted_s": {k: {"step_s": v, "error": prediction_error(v, measured)} for k, v in rows.items()}}
 
     def run_training_steps(self):
+        self.step(self.w.backend, self.backend, needs=("build",), timeout_s=60)
         self.step("plan", self.plan, needs=("build",), timeout_s=60)
         for name in ("dense", "recompute", "offload", "moe"):
             self.step(f"train-{name}", lambda t, n=name: self.train(n, t), needs=("plan",), timeout_s=120)
         self.step("checkpoint", self.checkpoint, needs=("plan",), timeout_s=120)
-        self.step(self.w.backend, self.backend, needs=("build",), timeout_s=60)
         self.step("calibrate", self.calibrate, needs=("train-dense",), timeout_s=60)
         self.step("predicted-vs-measured", self.predicted_vs_measured, needs=("train-dense",), timeout_s=60)
 
@@ -756,7 +762,7 @@ def training_result(plan, run, comparison):
                          "steps": run["step_time_s"]["count"], "first_loss": run["steps"][0]["loss"],
                          "last_loss": run["steps"][-1]["loss"], "phases_s": run.get("phases_s")},
             "predicted": {"step_s": pred["step_time_s"], "mfu": pred.get("mfu"),
-                          "step_error": rel_error(pred["step_time_s"], measured_s)},
+                          "step_error": prediction_error(pred["step_time_s"], measured_s)},
             "memory": memory, "peak_allocated_bytes": rank0.get("peak"),
             "reserved_peak_bytes": rank0.get("reserved_peak"), "phases": comparison.get("phases")}
 

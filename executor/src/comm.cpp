@@ -299,9 +299,9 @@ std::vector<CollectiveCheck> check_collectives(Backend backend, const at::Device
                                                std::chrono::milliseconds timeout) {
   const std::string which = std::string("--check-backend ") + to_string(backend);
   if (backend == Backend::nccl) {
-    if (!nccl_available()) throw costmodel::InputError(which + ": this dplan-worker was built without NCCL (LibTorch without CUDA)");
+    if (!nccl_available()) throw InputError(which + ": this dplan-worker was built without NCCL (LibTorch without CUDA)");
     if (!device.is_cuda() || !torch::cuda::is_available())
-      throw costmodel::InputError(which + ": no CUDA device is visible to this LibTorch");
+      throw InputError(which + ": no CUDA device is visible to this LibTorch");
   }
   GroupOptions options;
   options.backend = backend;
@@ -318,7 +318,7 @@ std::vector<CollectiveCheck> check_collectives(Backend backend, const at::Device
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
   const at::Tensor expected = at::arange(n, f32).remainder_(977).mul_(0.5);
   std::vector<CollectiveCheck> checks;
-  auto run = [&](const std::string& name, const std::function<at::Tensor()>& collective) {
+  auto run = [&](const std::string& name, const std::function<at::Tensor()>& collective, int64_t bytes = n * 4) {
     std::vector<double> times_s;
     at::Tensor result;
     for (int i = 0; i < 5; ++i) {
@@ -331,7 +331,7 @@ std::vector<CollectiveCheck> check_collectives(Backend backend, const at::Device
     std::sort(times_s.begin(), times_s.end());
     CollectiveCheck c;
     c.collective = name;
-    c.bytes = n * 4;
+    c.bytes = bytes;
     c.time_s = times_s[times_s.size() / 2];
     c.ok = result.defined() && result.sizes() == expected.sizes();
     if (c.ok) c.max_abs_error = (result - expected).abs().max().item<double>();
@@ -352,10 +352,13 @@ std::vector<CollectiveCheck> check_collectives(Backend backend, const at::Device
     g.broadcast(t, 0);
     return t;
   });
-  run("barrier", [&] {
-    g.barrier();
-    return expected;
-  });
+  run(
+      "barrier",
+      [&] {
+        g.barrier();
+        return expected;
+      },
+      0);
   return checks;
 }
 

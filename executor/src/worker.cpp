@@ -618,7 +618,7 @@ int probe_machine(const RunOptions& args, const Place& place) {
 int check_backend(const RunOptions& args, const std::string& name) {
   if (name != "gloo" && name != "nccl") throw InputError("--check-backend " + name + " is not one of: gloo, nccl");
   const Backend backend = name == "nccl" ? Backend::nccl : Backend::gloo;
-  static const OutputKind check_kind = costmodel::json_output_kind("backend check", [](const json& file) {
+  static const OutputKind check_kind = json_output_kind("backend check", [](const json& file) {
     if (file.value("generator", "") != "dplan-worker --check-backend") throw std::invalid_argument("not a backend check");
   });
   if (!args.output.empty()) check_output_path(args.output, check_kind, args.force);
@@ -635,7 +635,7 @@ int check_backend(const RunOptions& args, const std::string& name) {
                                   {"max_abs_error", c.max_abs_error}, {"ok", c.ok}});
   }
   out["ok"] = all_ok;
-  if (!args.output.empty()) costmodel::write_file_atomically(args.output, out.dump(1) + "\n");
+  if (!args.output.empty()) write_file_atomically(args.output, out.dump(1) + "\n");
   return all_ok ? 0 : 1;
 }
 

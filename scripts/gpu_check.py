@@ -160,7 +160,11 @@ def cmake_configure_args(torch, bundle):
 
 def libz():
     """The machine's zlib runtime (libz.so.1): the GPU machine has no zlib1g-dev."""
-    out = subprocess.run(["/sbin/ldconfig", "-p"], capture_output=True, text=True).stdout
+    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
+    try:
+        out = subprocess.run([ldconfig, "-p"], capture_output=True, text=True).stdout
+    except OSError:
+        out = ""
     for line in out.splitlines():
         name, _, path = line.strip().partition(" => ")
         if name.startswith("libz.so.1 ") and "x86-64" in name and os.path.exists(path):
@@ -238,7 +242,10 @@ def make_bundle(python, log=print):
         for line in out.splitlines():
             pkg = line.split(": ")[0].split(":")[0]
             packages[pkg] = packages.get(pkg, 0) + 1
-    manifest = {"generator": "scripts/gpu-check.sh --bundle", "files": len(wanted), "bytes": total,
+    commit = subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty"], capture_output=True,
+                            text=True).stdout.strip()
+    manifest = {"generator": "scripts/gpu-check.sh --bundle", "commit": commit or None, "files": len(wanted),
+                "bytes": total,
                 "packages": dict(sorted(packages.items())), "scanned_sources": len(commands),
                 "torch": {k: torch[k] for k in ("version", "cuda")}}
     write_atomically(os.path.join(ROOT, BUNDLE, "manifest.json"), json.dumps(manifest, indent=1) + "\n")
@@ -287,23 +294,35 @@ def bundle_command(args):
 
 
 class Check:
-    def __init__(self, out, dry_run, python):
+    def __init__(self, out, mode, python, bin_dir=None):
+        """mode: "gpu", "dry-run", or "rehearsal" (the dry run's CPU rehearsal alone, with the
+        binaries of bin_dir and its files under out)."""
         self.out = os.path.abspath(out)
-        self.dry_run = dry_run
+        self.mode = mode
+        self.dry_run = mode != "gpu"
         self.python = python
         self.start = time.monotonic()
-        self.gpu_work = os.path.join(ROOT, BUILD, "check")
-        self.cpu_work = os.path.join(ROOT, BUILD, "check-cpu")
+        work_root = os.path.join(self.out, "work") if mode == "rehearsal" else os.path.join(ROOT, BUILD)
+        self.gpu_work = os.path.join(work_root, "check")
+        self.cpu_work = os.path.join(work_root, "check-cpu")
         self.work = self.gpu_work
-        self.bin = os.path.join(ROOT, BUILD)
+        self.bin = os.path.abspath(bin_dir) if bin_dir else os.path.join(ROOT, BUILD)
         for work in (self.gpu_work, self.cpu_work):
             shutil.rmtree(work, ignore_errors=True)
         os.makedirs(self.gpu_work)
         os.makedirs(self.out, exist_ok=True)
         self.log_path = os.path.join(self.out, LOG)
         open(self.log_path, "w").close()
-        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-        self.summary = {"format_version": 1, "generator": "scripts/gpu-check.sh", "mode": "dry-run" if dry_run else "gpu",
+        try:  # the GPU machine may have no git
+            commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        except OSError:
+            commit = ""
+        if not commit:  # the tree travels without .git: the commit the bundle was made at
+            try:
+                commit = json.load(open(os.path.join(ROOT, BUNDLE, "manifest.json"))).get("commit") or ""
+            except (OSError, ValueError):
+                commit = ""
+        self.summary = {"format_version": 1, "generator": "scripts/gpu-check.sh", "mode": mode,
                         "started": now_iso(), "commit": commit or None, "host": platform.node(),
                         "budget_s": BUDGET_S, "steps": []}
         self.results = {}
@@ -320,24 +339,25 @@ class Check:
         with open(self.log_path, "a") as f:
             f.write(text if text.endswith("\n") else text + "\n")
 
-    def run(self, argv, timeout_s, cwd=None, env=None):
-        """Runs argv, its output into the log; returns (exit status, output). A run past its time
-        is killed and reads as status 124."""
+    def run(self, argv, timeout_s, cwd=None, env=None, errors_apart=False):
+        """Runs argv, its output into the log; returns (exit status, output), or with errors_apart
+        (exit status, standard output, standard error). A run past its time is killed and reads as
+        status 124."""
         self.log(f"$ {' '.join(shlex.quote(a) for a in argv)}")
         t0 = time.monotonic()
+        text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
         try:
             r = subprocess.run(argv, cwd=cwd or self.work, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, timeout=timeout_s)
-            status, output = r.returncode, r.stdout
+                               stderr=subprocess.PIPE if errors_apart else subprocess.STDOUT, text=True,
+                               timeout=timeout_s)
+            status, output, errors = r.returncode, r.stdout, r.stderr or ""
         except subprocess.TimeoutExpired as e:
-            output = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-            status = 124
-            output += f"\n(killed after {timeout_s:.0f} s)"
-        except FileNotFoundError as e:
-            status, output = 127, str(e)
-        self.log(output)
+            status, output, errors = 124, text(e.stdout), text(e.stderr) + f"\n(killed after {timeout_s:.0f} s)"
+        except OSError as e:
+            status, output, errors = 127, "", str(e)
+        self.log(output + errors)
         self.log(f"(exit {status}, {time.monotonic() - t0:.1f} s)")
-        return status, output
+        return (status, output, errors) if errors_apart else (status, output + errors)
 
     def result(self, name):
         return self.results.get(self.prefix + name)
@@ -348,10 +368,10 @@ class Check:
     def gpu_tool(self, argv, timeout_s):
         """A tool that needs the GPU: on a machine without one its refusal is expected, and must be
         one line with exit status 2 (bad input), not a crash."""
-        status, output = self.run(argv, timeout_s)
+        status, output, errors = self.run(argv, timeout_s, errors_apart=True)
         if status == 0:
             return output
-        lines = [l for l in output.strip().splitlines() if l.strip()]
+        lines = [l for l in errors.strip().splitlines() if l.strip()] or [last_line(output)]
         if self.dry_run:
             if status == 2 and len(lines) == 1:
                 raise Refused(lines[0])
@@ -463,7 +483,7 @@ print(json.dumps(d))
         status, output = self.run(["cmake", "--build", build, "-j", jobs, "--target", "dplan", "dplan-worker",
                                    "dplan-gpu-probe"], max(30, timeout_s - (time.monotonic() - t0)), env=build_env())
         if status != 0:
-            errors = [l for l in output.splitlines() if "error" in l.lower()]
+            errors = [l for l in output.splitlines() if ": error:" in l or "Error:" in l or "FAILED:" in l]
             raise Failed(f"build: {(errors or [last_line(output)])[0][:400]}")
         return {"torch": torch["version"], "cuda": torch["cuda"], "configure": dplan_lines, "jobs": int(jobs),
                 "build_s": round(time.monotonic() - t0, 1)}
@@ -655,19 +675,22 @@ print(json.dumps(d))
         self.step("predicted-vs-measured", self.predicted_vs_measured, needs=("train-dense",), timeout_s=60)
 
     def run_all(self):
-        gpu = "a GPU" if not self.dry_run else "no GPU (dry run)"
-        print(f"gpu-check: {self.summary['mode']} on {platform.node()} with {gpu}; results in {self.out}", flush=True)
-        self.step("machine", self.machine, timeout_s=120)
-        self.step("build", self.build, timeout_s=3000 if self.dry_run else 300)
-        if self.dry_run:
-            self.step("bundle-complete", self.bundle_complete, needs=("build",), timeout_s=120)
-        self.step("probe", self.probe, needs=("build",), timeout_s=90)
-        self.run_training_steps()
+        gpu = "a GPU" if not self.dry_run else "no GPU"
+        print(f"gpu-check: {self.mode} on {platform.node()} with {gpu}; results in {self.out}", flush=True)
+        if self.mode != "rehearsal":
+            self.step("machine", self.machine, timeout_s=120)
+            self.step("build", self.build, timeout_s=3000 if self.dry_run else 300)
+            if self.dry_run:
+                self.step("bundle-complete", self.bundle_complete, needs=("build",), timeout_s=120)
+            self.step("probe", self.probe, needs=("build",), timeout_s=90)
+            self.run_training_steps()
+        else:
+            self.results["build"] = {"binaries": self.bin}
         if self.dry_run:
             # The rehearsal: the same steps on the CPU with tiny models (cluster local-cpu, Gloo),
             # so that every step's reading of plans, runs and profiles has run once here.
             self.prefix, self.w, self.cluster, self.work = "cpu/", CPU_WORKLOAD, "local-cpu", self.cpu_work
-            os.makedirs(self.cpu_work)
+            os.makedirs(self.cpu_work, exist_ok=True)
             self.results["cpu/build"] = self.results.get("build")
             self.run_training_steps()
         statuses = {s["name"]: s["status"] for s in self.summary["steps"]}
@@ -676,8 +699,10 @@ print(json.dumps(d))
             # (steps that only read GPU results are skipped).
             bad = {n: s for n, s in statuses.items() if s == "failed"}
             gpu_steps = ["probe", "train-dense", "train-recompute", "train-offload", "train-moe", "checkpoint", "nccl"]
-            bad.update({n: statuses[n] for n in gpu_steps if statuses.get(n) != "refused"})
-            bad.update({n: statuses[n] for n in ("machine", "build", "bundle-complete", "plan") if statuses[n] != "ok"})
+            if self.mode == "dry-run":
+                bad.update({n: statuses[n] for n in gpu_steps if statuses.get(n) != "refused"})
+                bad.update({n: statuses[n] for n in ("machine", "build", "bundle-complete", "plan")
+                            if statuses[n] != "ok"})
             bad.update({n: s for n, s in statuses.items() if n.startswith("cpu/") and s != "ok"})
         else:
             bad = {n: s for n, s in statuses.items() if s != "ok"}
@@ -772,6 +797,8 @@ def main():
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--bundle", action="store_true", help="gather the headers into .gpu-bundle/ and print the call")
     mode.add_argument("--dry-run", action="store_true", help="everything without a GPU (builds against --python)")
+    mode.add_argument("--rehearse", metavar="BUILD_DIR",
+                      help="the dry run's CPU rehearsal alone, with the dplan and dplan-worker of BUILD_DIR")
     parser.add_argument("--out", default=os.environ.get("OUT"), help="output folder (default: $OUT)")
     parser.add_argument("--python", help="the python whose PyTorch 2.x with CUDA to build against "
                         "(default: python3; the dry run: scripts/torch-venv.sh's)")
@@ -797,7 +824,13 @@ def main():
             print(f"gpu-check: the bundle step took {time.monotonic() - t0:.0f} s", flush=True)
             if bundle_status != 0:
                 return bundle_status
-        check = Check(args.out, args.dry_run, python or "python3")
+        if args.rehearse:
+            if not os.path.exists(os.path.join(args.rehearse, "dplan-worker")):
+                print(f"gpu-check: error: --rehearse {args.rehearse}: no dplan-worker there (./setup.sh --all builds it)",
+                      file=sys.stderr)
+                return 2
+            return Check(args.out, "rehearsal", python or "python3", bin_dir=args.rehearse).run_all()
+        check = Check(args.out, "dry-run" if args.dry_run else "gpu", python or "python3")
         return check.run_all()
     except Failed as e:
         print(f"gpu-check: error: {e}", file=sys.stderr)

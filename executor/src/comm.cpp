@@ -318,7 +318,7 @@ std::vector<CollectiveCheck> check_collectives(Backend backend, const at::Device
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
   const at::Tensor expected = at::arange(n, f32).remainder_(977).mul_(0.5);
   std::vector<CollectiveCheck> checks;
-  auto run = [&](const std::string& name, const std::function<at::Tensor()>& collective, int64_t bytes = n * 4) {
+  auto run = [&](const std::string& name, int64_t bytes, const std::function<at::Tensor()>& collective) {
     std::vector<double> times_s;
     at::Tensor result;
     for (int i = 0; i < 5; ++i) {
@@ -339,26 +339,23 @@ std::vector<CollectiveCheck> check_collectives(Backend backend, const at::Device
     checks.push_back(c);
   };
   // A group of one: the sum, the gathered and the scattered tensors are the input itself.
-  run("all_reduce", [&] {
+  run("all_reduce", n * 4, [&] {
     at::Tensor t = expected.clone();
     g.all_reduce(t);
     return t;
   });
-  run("all_gather", [&] { return g.all_gather(expected, 0); });
-  run("reduce_scatter", [&] { return g.reduce_scatter(expected, 0); });
-  run("all_to_all", [&] { return g.all_to_all(expected, {n}, {n}); });
-  run("broadcast", [&] {
+  run("all_gather", n * 4, [&] { return g.all_gather(expected, 0); });
+  run("reduce_scatter", n * 4, [&] { return g.reduce_scatter(expected, 0); });
+  run("all_to_all", n * 4, [&] { return g.all_to_all(expected, {n}, {n}); });
+  run("broadcast", n * 4, [&] {
     at::Tensor t = expected.clone();
     g.broadcast(t, 0);
     return t;
   });
-  run(
-      "barrier",
-      [&] {
-        g.barrier();
-        return expected;
-      },
-      0);
+  run("barrier", 0, [&] {
+    g.barrier();
+    return expected;
+  });
   return checks;
 }
 

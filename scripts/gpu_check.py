@@ -77,6 +77,8 @@ CKPT_STEPS, CKPT_SAVE_AT = 6, 3
 
 # The output folder: at most FILES_BACK_LIMIT files.
 SUMMARY = "summary.json"
+LOG_TAIL_BYTES = 256 << 10
+LOG_LIMIT_BYTES = 8 << 20
 LOG = "gpu-check.log"
 RECORDS = "records.tar.gz"
 
@@ -336,10 +338,18 @@ class Check:
         return time.monotonic() - self.start
 
     def log(self, text):
+        # The log comes back whole or not at all (16 MiB a file): a command's output is kept to its
+        # last LOG_TAIL_BYTES, the log to LOG_LIMIT_BYTES.
+        if len(text) > LOG_TAIL_BYTES:
+            text = f"(... {len(text) - LOG_TAIL_BYTES} bytes left out)\n" + text[-LOG_TAIL_BYTES:]
+        size = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
+        if size + len(text) > LOG_LIMIT_BYTES:
+            text = "(log full: the rest left out)\n" if size < LOG_LIMIT_BYTES else ""
+            size = LOG_LIMIT_BYTES
         with open(self.log_path, "a") as f:
-            f.write(text if text.endswith("\n") else text + "\n")
+            f.write(text if text.endswith("\n") or not text else text + "\n")
 
-    def run(self, argv, timeout_s, cwd=None, env=None, errors_apart=False):
+    def run(self, argv, timeout_s, cwd=None, env=None, errors_apart=False, log_output=True):
         """Runs argv, its output into the log; returns (exit status, output), or with errors_apart
         (exit status, standard output, standard error). A run past its time is killed and reads as
         status 124."""
@@ -355,7 +365,7 @@ class Check:
             status, output, errors = 124, text(e.stdout), text(e.stderr) + f"\n(killed after {timeout_s:.0f} s)"
         except OSError as e:
             status, output, errors = 127, "", str(e)
-        self.log(output + errors)
+        self.log(output + errors if log_output else f"({len(output)} bytes of output, not logged)")
         self.log(f"(exit {status}, {time.monotonic() - t0:.1f} s)")
         return (status, output, errors) if errors_apart else (status, output + errors)
 
@@ -491,7 +501,7 @@ print(json.dumps(d))
     def bundle_complete(self, timeout_s):
         """The dry run's proof that the bundle is enough: no header the build read comes from a
         -dev package outside the toolchain."""
-        status, output = self.run(["ninja", "-C", os.path.join(ROOT, BUILD), "-t", "deps"], timeout_s)
+        status, output = self.run(["ninja", "-C", os.path.join(ROOT, BUILD), "-t", "deps"], timeout_s, log_output=False)
         if status != 0:
             raise Failed("ninja -t deps failed")
         toolchain = toolchain_headers()

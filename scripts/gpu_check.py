@@ -771,8 +771,8 @@ def summary_of_plan(plan):
             "step_s": pred["step_time_s"], "mfu": pred.get("mfu"), "peak_bytes": pred["memory"]["peak_bytes"]}
 
 
-# Each component's tolerance (the issue that set them: weights, gradients and optimizer states are
-# exact tensor bytes, activations a model of the allocator's peak).
+# Each component's tolerance: weights, gradients and optimizer states are exact tensor bytes, so
+# 1 %; activations a model of the allocator's peak, 15 %.
 MEMORY_TOLERANCE = {"weights": 0.01, "gradients": 0.01, "optimizer": 0.01, "activations": 0.15}
 
 

@@ -27,7 +27,9 @@ inline constexpr int kSteps = 6;
 // The later features' parity runs (context and expert parallel, interleaving, offload): fewer
 // steps, so the suite stays short; a wrong gradient shows in the second step's loss already.
 inline constexpr int kFeatureSteps = 5;
-inline constexpr double kParityTolerance = 1e-4;  // relative, per step (the bound)
+// Relative, per step: fp32 runs of the same model under two layouts differ only in the order of
+// their sums (tensor-parallel partial products, data-parallel reductions).
+inline constexpr double kParityTolerance = 1e-4;
 inline const std::string kLlamaTiny = std::string(DPLAN_VALIDATION_DIR) + "/executor/llama-tiny/config.json";
 
 struct Layout {

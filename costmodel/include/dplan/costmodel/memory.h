@@ -106,10 +106,10 @@ LargestPart largest_part(const StageMemory& stage);
 // No training framework publishes a margin. The one engine that ships a default fraction of HBM
 // to plan into is vLLM: --gpu-memory-utilization defaults to 0.9 ("the fraction of GPU memory to
 // be used for the model executor", vllm EngineArgs; vllm-project/vllm#2162), leaving 10 % for the
-// same allocator, CUDA-context and NCCL costs. We take its 10 %: also the margin under which dplan
-// already warned, and below the bigscience rule of thumb (model states under 75 % of the GPU,
-// USERS.md ask 12) because activations and buffers are counted here, not guessed. A plan with
-// less than this free is reported as not fitting. --headroom sets it per command.
+// same allocator, CUDA-context and NCCL costs. We take its 10 %, also the margin under which dplan
+// already warned: activations and buffers are counted here, not guessed, so no wider margin is
+// taken. A plan with less than this free is reported as not fitting. --headroom sets it per
+// command.
 inline constexpr double kDefaultHeadroomFraction = 0.10;
 // The largest --headroom accepted: beyond it no layout of any model fits.
 inline constexpr double kMaxHeadroomFraction = 0.9;

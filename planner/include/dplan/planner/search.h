@@ -44,12 +44,11 @@ struct SearchSpace {
   bool allow_recompute = true;                 // selective and full
   bool allow_expert_parallel = true;
 
-  // Only what `dplan run` executes (costmodel::executor_refusal, the one definition): tp, pp
-  // (1F1B), dp, sequence parallel, recompute, ZeRO 0-3 and the distributed optimizer; no offload,
-  // cp, ep or interleaving; no recompute for a model with dropout. Throws InputError with the
-  // executor's reason when it runs no layout of this model and training spec (a mixture of
-  // experts; flash attention with attention dropout). The one-argument form knows no model: a
-  // dense model without dropout.
+  // Only what `dplan run` executes (costmodel::executor_refusal, the one definition): each
+  // dimension the executor refuses for this model is closed (today only context parallel, for a
+  // model with attention dropout: the ring has no dropout). Throws InputError with the executor's
+  // reason when it runs no layout of this model (latent attention, q/k norms, sliding windows,
+  // shared experts, ...). The one-argument form knows no model: a dense model without dropout.
   static SearchSpace runnable_by_executor(int gpus, const costmodel::ModelSpec& model,
                                           const costmodel::TrainingSpec& training);
   static SearchSpace runnable_by_executor(int gpus);

@@ -58,7 +58,7 @@ CheckpointCost checkpoint_cost(const ModelSpec& m, const ClusterSpec& cluster, c
   std::vector<double> node_write((world + gpus_per_node - 1) / gpus_per_node), node_read(node_write.size());
   double total_read = 0, max_device = 0, max_device_read = 0;
   if (per_rank) c.ranks.reserve(world);
-  // Ranks in Megatron's order (plan_file.h rank_coordinates): tp fastest, then cp, dp, pp; the
+  // Ranks in Megatron's order (mesh.h): tp fastest, then cp, dp, pp; the
   // experts' etp, ep and edp folded over each stage's tp*cp*dp ranks, etp fastest.
   int rank = 0;
   for (int pp = 0; pp < p.pp; ++pp) {

@@ -96,19 +96,6 @@ double transfer_s(const PathBandwidth& bw, const ClusterSpec& c, double bytes, d
 
 }  // namespace
 
-GroupShape group_shape(const ParallelConfig& p, Dim dim) {
-  switch (dim) {
-    case Dim::tp: return {p.tp, 1};
-    case Dim::cp: return {p.cp, p.tp};
-    case Dim::ep: return {p.ep, p.expert_tp()};
-    case Dim::dp: return {p.dp, p.tp * p.cp};
-    case Dim::pp: return {p.pp, p.tp * p.cp * p.dp};
-    case Dim::etp: return {p.expert_tp(), 1};
-    case Dim::edp: return {p.expert_dp(), p.expert_tp() * p.ep};
-  }
-  return {};
-}
-
 PathBandwidth Network::path_bandwidth(Collective op, GroupShape shape) const {
   return impl_->cached_route(pattern_of(op), shape).bandwidth;
 }

@@ -19,29 +19,6 @@ const json& array(ObjectReader& r, const std::string& key, size_t size, const st
 
 }  // namespace
 
-RankCoordinates rank_coordinates(const ParallelConfig& p, int gpus_per_node, int rank) {
-  RankCoordinates c;
-  c.rank = rank;
-  c.node = rank / gpus_per_node;
-  c.local_rank = rank % gpus_per_node;
-  int r = rank;
-  c.tp = r % p.tp;
-  r /= p.tp;
-  c.cp = r % p.cp;
-  r /= p.cp;
-  c.dp = r % p.dp;
-  r /= p.dp;
-  c.pp = r;
-  // MoE parallel folding: within the stage's tp*cp*dp ranks, etp fastest, then ep, then expert dp
-  // (Megatron-Core parallel_state.py; network.h group_shape).
-  int local = rank % (p.tp * p.cp * p.dp);
-  c.etp = local % p.expert_tp();
-  local /= p.expert_tp();
-  c.ep = local % p.ep;
-  c.edp = local / p.ep;
-  return c;
-}
-
 Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const TrainingSpec& training,
                const ParallelConfig& p, const OverlapOptions& overlap, const MemoryEstimate& memory,
                const TimeBreakdown& time) {
@@ -52,7 +29,8 @@ Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Trainin
   plan.parallel = p;
   plan.overlap = overlap;
   plan.num_microbatches = num_microbatches(training, p);
-  for (int r = 0; r < p.world_size(); ++r) plan.ranks.push_back(rank_coordinates(p, cluster.gpus_per_node, r));
+  const Mesh mesh(p, cluster.gpus_per_node);
+  for (int r = 0; r < p.world_size(); ++r) plan.ranks.push_back(mesh.coordinates(r));
   // Layers per stage and model chunk, as assign_chunks (training.h) owns them.
   for (const std::vector<ModelChunk>& chunks : assign_chunks(model.num_layers, p)) {
     PlanStage stage;
@@ -146,7 +124,9 @@ Plan plan_from_json(const json& j, const std::string& file) {
   layout.one_of("order", {"tp-cp-dp-pp"});
   // "dp": a dense model's plan (no expert groups), or one written before MoE parallel folding.
   layout.one_of("ep_within", {"tp-cp-dp", "dp"});
-  if (layout.has("expert_order")) layout.one_of("expert_order", {"etp-ep-edp"});
+  const bool folded_experts = layout.has("expert_order");
+  if (folded_experts) layout.one_of("expert_order", {"etp-ep-edp"});
+  const Mesh mesh(p);
   const json& ranks = array(layout, "ranks", world, "ranks (tp*cp*dp*pp)");
   plan.ranks.resize(world);
   std::vector<bool> seen(world, false);
@@ -161,12 +141,25 @@ Plan plan_from_json(const json& j, const std::string& file) {
     c.dp = index_below(rank, "dp", p.dp);
     c.pp = index_below(rank, "pp", p.pp);
     c.ep = index_below(rank, "ep", p.ep);
-    // Absent in a dense model's plan and in plans written before MoE folding: derived from the
-    // rank, as make_plan does.
-    const RankCoordinates folded = rank_coordinates(p, 1, c.rank);
-    c.etp = rank.has("etp") ? index_below(rank, "etp", p.expert_tp()) : folded.etp;
-    c.edp = rank.has("edp") ? index_below(rank, "edp", p.expert_dp()) : folded.edp;
+    // The layout is the mesh's (mesh.h): a rank at other coordinates is refused, since every
+    // reader of the plan takes its groups from the mesh. etp and edp are absent in a dense model's
+    // plan and in plans written before MoE folding: derived from the rank, as make_plan does; the
+    // ep of such a plan ("ep_within": "dp") followed another order and is not compared.
+    const RankCoordinates expected = mesh.coordinates(c.rank);
+    c.etp = rank.has("etp") ? index_below(rank, "etp", p.expert_tp()) : expected.etp;
+    c.edp = rank.has("edp") ? index_below(rank, "edp", p.expert_dp()) : expected.edp;
     rank.finish();
+    auto at = [](const RankCoordinates& x) {
+      return "tp " + std::to_string(x.tp) + ", cp " + std::to_string(x.cp) + ", dp " + std::to_string(x.dp) + ", pp " +
+             std::to_string(x.pp);
+    };
+    if (c.tp != expected.tp || c.cp != expected.cp || c.dp != expected.dp || c.pp != expected.pp)
+      rank.fail("tp", "rank " + std::to_string(c.rank) + " at " + at(expected) + " (the order tp-cp-dp-pp; it is at " +
+                          at(c) + ")");
+    if (folded_experts && (c.etp != expected.etp || c.ep != expected.ep || c.edp != expected.edp))
+      rank.fail("ep", "rank " + std::to_string(c.rank) + " at etp " + std::to_string(expected.etp) + ", ep " +
+                          std::to_string(expected.ep) + ", edp " + std::to_string(expected.edp) +
+                          " (the expert order etp-ep-edp)");
     if (seen[c.rank]) rank.fail("rank", "a rank not listed before");
     seen[c.rank] = true;
     plan.ranks[c.rank] = c;

@@ -10,7 +10,7 @@ GroupShape embedding_group_shape(const ParallelConfig& p) {
   // The network prices groups that tile the world; two ranks half a pipeline apart do when pp is
   // even, and with stages placed in order they cross the same tier as the first and last stage
   // (both inside one node, or in different ones). Odd pp: the pipeline group's ring.
-  const GroupShape pipeline = group_shape(p, Dim::pp);
+  const GroupShape pipeline = Mesh(p).shape(Dim::pp);
   return p.pp % 2 == 0 ? GroupShape{2, pipeline.stride * p.pp / 2} : pipeline;
 }
 

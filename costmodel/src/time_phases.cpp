@@ -26,7 +26,6 @@ double tokens_per_microbatch(const TrainingSpec& t, const ParallelConfig& p) {
   return double(p.micro_batch) * t.seq_len / p.cp;
 }
 
-GroupShape data_parallel_shape(const ParallelConfig& p) { return GroupShape{p.dp * p.cp, p.tp}; }
 
 // Tensor parallel: per layer two collectives forward and two backward on T*h activations —
 // all-reduces, or with sequence parallel all-gather + reduce-scatter of the same volume
@@ -35,7 +34,7 @@ TensorParallelComm tensor_parallel_comm(const ModelSpec& m, const Network& net, 
                                         const ParallelConfig& p) {
   TensorParallelComm c;
   if (p.tp > 1) {
-    GroupShape tp_shape = group_shape(p, Dim::tp);
+    GroupShape tp_shape = Mesh(p).shape(Dim::tp);
     double bytes = tokens_per_microbatch(t, p) * m.hidden_size * activation_bytes(t.precision);
     double one = p.sequence_parallel ? 0.5 * (net.cost(Collective::all_gather, bytes, tp_shape).time_s +
                                               net.cost(Collective::reduce_scatter, bytes, tp_shape).time_s)
@@ -60,7 +59,7 @@ ContextParallelComm context_parallel_comm(const ModelSpec& m, const Network& net
   ContextParallelComm c;
   if (p.cp > 1) {
     double chunk = 2 * tokens_per_microbatch(t, p) * m.kv_dim() / p.tp * activation_bytes(t.precision);
-    double step = net.cost(Collective::send_recv, chunk, group_shape(p, Dim::cp)).time_s;
+    double step = net.cost(Collective::send_recv, chunk, Mesh(p).shape(Dim::cp)).time_s;
     double fwd = (p.cp - 1) * step, bwd = fwd + p.cp * step;
     double fwd_exposed = exposed_s(fwd, lt.attention_core_s, 0, hide);
     double bwd_exposed = exposed_s(bwd, 2.5 * lt.attention_core_s, 0, hide);
@@ -88,10 +87,10 @@ double expert_parallel_comm_s(const ModelSpec& m, const Network& net, const Trai
   if (!m.is_moe() || (p.ep <= 1 && etp <= 1)) return 0;
   const double bytes = tokens_per_microbatch(t, p) / p.tp * m.experts_per_token * m.hidden_size *
                        activation_bytes(t.precision);
-  double forward_s = 2 * net.cost(Collective::all_to_all, bytes, group_shape(p, Dim::ep)).time_s;
+  double forward_s = 2 * net.cost(Collective::all_to_all, bytes, Mesh(p).shape(Dim::ep)).time_s;
   if (etp > 1)
-    forward_s += net.cost(Collective::all_gather, etp * bytes, group_shape(p, Dim::etp)).time_s +
-                 net.cost(Collective::reduce_scatter, etp * bytes, group_shape(p, Dim::etp)).time_s;
+    forward_s += net.cost(Collective::all_gather, etp * bytes, Mesh(p).shape(Dim::etp)).time_s +
+                 net.cost(Collective::reduce_scatter, etp * bytes, Mesh(p).shape(Dim::etp)).time_s;
   // Per mean layer (ModelSpec): the dense layers of an MoE model dispatch nothing.
   return m.moe_layer_fraction() * forward_s * (2 + (p.recompute == Recompute::full ? 1 : 0));
 }
@@ -111,7 +110,7 @@ double dense_and_expert_cost(const Network& net, Collective op, const ParallelCo
     const double n = std::max(1.0, std::round(buckets * bytes / total));
     return n * net.cost(op, bytes / n, shape).time_s;
   };
-  return bucketed(dense_bytes, data_parallel_shape(p)) + bucketed(expert_bytes, group_shape(p, Dim::edp));
+  return bucketed(dense_bytes, Mesh(p).data_parallel_shape()) + bucketed(expert_bytes, Mesh(p).shape(Dim::edp));
 }
 
 // Parameters one rank's optimizer steps over, on its largest stage: all of them, or with ZeRO >= 1
@@ -136,7 +135,7 @@ Zero3Comm zero3_comm(const Network& net, const TrainingSpec& t, const ParallelCo
   Zero3Comm c;
   // MoE: a layer's experts gather and reduce-scatter over their expert data-parallel group, beside
   // the dense part's over dp*cp (dense_and_expert_cost).
-  if (p.zero_stage >= 3 && (data_parallel_shape(p).size > 1 || group_shape(p, Dim::edp).size > 1)) {
+  if (p.zero_stage >= 3 && (Mesh(p).data_parallel_shape().size > 1 || Mesh(p).shape(Dim::edp).size > 1)) {
     const BytesPerParam bpp = bytes_per_param(t);
     const StageMemory& s0 = mem.stages[0];
     const double layers = std::max(1, s0.num_layers);
@@ -272,7 +271,7 @@ PipelineTime pipeline_time(const ModelSpec& m, const Network& net, const Trainin
   // Send/recv of one activation per micro-batch each way, per model chunk; with tp > 1 each
   // rank sends its 1/tp slice (Megatron's scatter/gather optimisation, Sec. 4.1).
   double message = tokens_per_microbatch(t, p) * m.hidden_size * activation_bytes(t.precision) / p.tp;
-  double hop = net.cost(Collective::send_recv, message, group_shape(p, Dim::pp)).time_s;
+  double hop = net.cost(Collective::send_recv, message, Mesh(p).shape(Dim::pp)).time_s;
   const double hops = v * microbatches + p.pp - 1;
   if (p.schedule == Schedule::interleaved) {
     // Megatron-LM's interleaved schedule overlaps each send/recv with the next model chunk's
@@ -307,7 +306,7 @@ DataParallelComm data_parallel_comm(const ModelSpec& m, const Network& net, cons
   DataParallelComm r;
   const double hide = net.cluster().comm_overlap_fraction;
   const BytesPerParam bpp = bytes_per_param(t);
-  const GroupShape dp_shape = data_parallel_shape(p);
+  const GroupShape dp_shape = Mesh(p).data_parallel_shape();
   const StageMemory& s0 = mem.stages[0];
   double grad_bytes = s0.num_params * bpp.grads;
   // MoE: the experts' gradients reduce over their expert data-parallel group, the rest over dp*cp
@@ -317,7 +316,7 @@ DataParallelComm data_parallel_comm(const ModelSpec& m, const Network& net, cons
     return dense_and_expert_cost(net, op, p, dense_params * bytes_per_param, s0.expert_params * bytes_per_param,
                                  buckets);
   };
-  if ((dp_shape.size > 1 || group_shape(p, Dim::edp).size > 1) && p.zero_stage < 3) {
+  if ((dp_shape.size > 1 || Mesh(p).shape(Dim::edp).size > 1) && p.zero_stage < 3) {
     bool sharded = p.zero_stage >= 1 || p.distributed_optimizer;
     // One collective per bucket, each paying its latency: at hundreds of ranks a ring's latency
     // ((n-1) hops) rivals its transfer, so the bucket count matters as much as the bytes.
@@ -381,7 +380,7 @@ double step_overhead_s(const Network& net, const GpuSpec& gpu, const TrainingSpe
                    4 * gpu.kernel_overhead_s;
   const int world = p.world_size();
   if (world > 1) seconds += net.cost(Collective::all_reduce, 4, GroupShape{world, 1}).time_s;
-  const GroupShape dp_shape = data_parallel_shape(p);
+  const GroupShape dp_shape = Mesh(p).data_parallel_shape();
   if (dp_shape.size > 1) seconds += net.cost(Collective::all_reduce, 4, dp_shape).time_s;
   return seconds;
 }

@@ -42,7 +42,7 @@ struct ParallelContext {
   Group cp, dp_cp;
   // MoE parallel folding (Megatron-Core): within a stage's tp x cp x dp ranks, expert tensor
   // parallel etp fastest, then expert parallel ep, then expert data parallel edp, over which the
-  // experts' gradients are summed (costmodel/plan_file.h rank_coordinates).
+  // experts' gradients are summed (costmodel/mesh.h).
   Group etp, ep, edp;
   Group embedding;                // first and last stage (same tp, dp): tied embedding gradients
   bool has_embedding_group = false;

@@ -7,13 +7,6 @@
 namespace dplan::executor {
 using namespace costmodel;
 
-int ExecPlan::rank_at(int tp, int cp, int dp, int pp) const {
-  for (const auto& r : ranks)
-    if (r.tp == tp && r.cp == cp && r.dp == dp && r.pp == pp) return r.rank;
-  throw InputError(path + ": rank_layout has no rank at tp " + std::to_string(tp) + ", cp " + std::to_string(cp) +
-                   ", dp " + std::to_string(dp) + ", pp " + std::to_string(pp));
-}
-
 ExecPlan read_plan(const std::string& path) {
   const Plan file = costmodel::read_plan(path);  // strict: the format's own reader
   ExecPlan plan;

@@ -23,8 +23,8 @@ struct ExecPlan {
   std::vector<StageSpec> stages;  // indexed by pipeline stage
 
   int world_size() const { return static_cast<int>(ranks.size()); }
-  // The global rank at these coordinates.
-  int rank_at(int tp, int cp, int dp, int pp) const;
+  // The layout's groups (the plan's rank_layout is this mesh's: costmodel::read_plan checks it).
+  costmodel::Mesh mesh() const { return costmodel::Mesh(parallel); }
 };
 
 // Throws InputError naming the file and key on anything malformed, and on what the executor does

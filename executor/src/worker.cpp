@@ -190,22 +190,15 @@ ParallelContext build_parallel_context(const ExecPlan& plan, const Place& place,
                                        const StorePtr& store, const GroupOptions& go, PhaseClock& clock,
                                        MemoryMeter& meter) {
   const auto& p = plan.parallel;
-  const costmodel::RankCoordinates& me = plan.ranks[place.rank];
-  // The ranks that share my other coordinates, in order along one axis: the plan's rank layout
-  // decides who they are (Megatron's order, tp fastest).
-  auto along = [](int size, auto rank_of) {
-    std::vector<int> members;
-    for (int i = 0; i < size; ++i) members.push_back(rank_of(i));
-    return members;
+  const costmodel::Mesh mesh = plan.mesh();
+  const costmodel::RankCoordinates me = mesh.coordinates(place.rank);
+  // Every member names its group the same: the axis and the group's first rank (the groups of one
+  // axis are disjoint). Every rank creates its groups in the same order of axes.
+  auto group = [&](const std::string& axis, std::vector<int> members) {
+    const std::string name = axis + "-" + std::to_string(members.front());
+    return Group::create(store, name, std::move(members), place.rank, go);
   };
-  auto coords = [](std::initializer_list<int> c) {
-    std::string s;
-    for (int x : c) {
-      s += '-';
-      s += std::to_string(x);
-    }
-    return s;
-  };
+  using costmodel::Dim;
   ParallelContext ctx(clock, meter);
   ctx.device = device.cuda ? at::Device(at::kCUDA, place.local_rank) : at::Device(at::kCPU);
   ctx.stage = me.pp;
@@ -215,42 +208,19 @@ ParallelContext build_parallel_context(const ExecPlan& plan, const Place& place,
   ctx.attention = plan.training.attention;
   ctx.dtype = device.bf16 ? at::kBFloat16 : at::kFloat;
   ctx.world = world_group(store, place, go);
-  ctx.tp = Group::create(store, "tp" + coords({me.cp, me.dp, me.pp}),
-                         along(p.tp, [&](int i) { return plan.rank_at(i, me.cp, me.dp, me.pp); }), place.rank, go);
-  ctx.dp = Group::create(store, "dp" + coords({me.tp, me.cp, me.pp}),
-                         along(p.dp, [&](int i) { return plan.rank_at(me.tp, me.cp, i, me.pp); }), place.rank, go);
-  ctx.pp = Group::create(store, "pp" + coords({me.tp, me.cp, me.dp}),
-                         along(p.pp, [&](int i) { return plan.rank_at(me.tp, me.cp, me.dp, i); }), place.rank, go);
-  ctx.cp = Group::create(store, "cp" + coords({me.tp, me.dp, me.pp}),
-                         along(p.cp, [&](int i) { return plan.rank_at(me.tp, i, me.dp, me.pp); }), place.rank, go);
-  ctx.dp_cp = p.cp == 1 ? ctx.dp
-                        : Group::create(store, "dpcp" + coords({me.tp, me.pp}),
-                                        along(p.dp * p.cp, [&](int i) { return plan.rank_at(me.tp, i % p.cp, i / p.cp, me.pp); }),
-                                        place.rank, go);
-  // The expert groups: this stage's ranks that share every expert coordinate but one, in the order
-  // of that one (rank_coordinates gives each rank its etp, ep and edp). `shared`: the name's
-  // coordinates, the same for every member.
-  using Coordinate = int costmodel::RankCoordinates::*;
-  auto expert_group = [&](const std::string& axis, int size, Coordinate varying, std::string shared) {
-    std::vector<int> members(size, -1);
-    for (const costmodel::RankCoordinates& r : plan.ranks) {
-      bool same = r.pp == me.pp;
-      for (Coordinate c : {&costmodel::RankCoordinates::etp, &costmodel::RankCoordinates::ep,
-                           &costmodel::RankCoordinates::edp})
-        same = same && (c == varying || r.*c == me.*c);
-      if (same) members.at(r.*varying) = r.rank;
-    }
-    return Group::create(store, axis + shared, members, place.rank, go);
-  };
+  ctx.tp = group("tp", mesh.group(Dim::tp, place.rank));
+  ctx.dp = group("dp", mesh.group(Dim::dp, place.rank));
+  ctx.pp = group("pp", mesh.group(Dim::pp, place.rank));
+  ctx.cp = group("cp", mesh.group(Dim::cp, place.rank));
+  ctx.dp_cp = p.cp == 1 ? ctx.dp : group("dpcp", mesh.data_parallel_group(place.rank));
+  // The expert groups, folded over each stage's tp * cp * dp ranks (mesh.h).
   if (plan.model.is_moe()) {
-    ctx.etp = expert_group("etp", p.expert_tp(), &costmodel::RankCoordinates::etp, coords({me.pp, me.ep, me.edp}));
-    ctx.ep = expert_group("ep", p.ep, &costmodel::RankCoordinates::ep, coords({me.pp, me.etp, me.edp}));
-    ctx.edp = expert_group("edp", p.expert_dp(), &costmodel::RankCoordinates::edp, coords({me.pp, me.etp, me.ep}));
+    ctx.etp = group("etp", mesh.group(Dim::etp, place.rank));
+    ctx.ep = group("ep", mesh.group(Dim::ep, place.rank));
+    ctx.edp = group("edp", mesh.group(Dim::edp, place.rank));
   }
   if (plan.model.tied_embeddings && p.pp > 1 && (me.pp == 0 || me.pp == p.pp - 1)) {
-    ctx.embedding = Group::create(store, "embedding" + coords({me.tp, me.cp, me.dp}),
-                                  {plan.rank_at(me.tp, me.cp, me.dp, 0), plan.rank_at(me.tp, me.cp, me.dp, p.pp - 1)},
-                                  place.rank, go);
+    ctx.embedding = group("embedding", mesh.embedding_group(place.rank));
     ctx.has_embedding_group = true;
   }
   return ctx;

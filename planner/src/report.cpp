@@ -200,7 +200,7 @@ std::vector<std::string> layout_warnings(const ParallelConfig& p, const Training
   if (p.pp > 1 && m < 4 * p.pp)
     w.push_back("only " + std::to_string(m) + " micro-batches for pp " + std::to_string(p.pp) +
                 " (fewer than 4*pp = " + std::to_string(4 * p.pp) + ")");
-  if (p.tp > 1 && net.crosses_nodes(group_shape(p, Dim::tp)))
+  if (p.tp > 1 && net.crosses_nodes(Mesh(p).shape(Dim::tp)))
     w.push_back("tensor parallel group of " + std::to_string(p.tp) + " spans nodes (" +
                 std::to_string(net.cluster().gpus_per_node) + " GPUs per node): its all-reduces leave NVLink");
   double headroom = (mem.capacity_bytes - mem.peak_bytes) / mem.capacity_bytes;

@@ -57,16 +57,16 @@ TEST_CASE("MoE folding: ep may exceed dp*cp when ep*etp divides tp*cp*dp", "[moe
 
 TEST_CASE("MoE folding: the expert groups tile each stage's tp*cp*dp ranks, etp fastest", "[moe][network]") {
   ParallelConfig p{.tp = 2, .pp = 2, .dp = 4, .cp = 1, .ep = 4, .etp = 1};
-  CHECK(group_shape(p, Dim::etp) == GroupShape{1, 1});
-  CHECK(group_shape(p, Dim::ep) == GroupShape{4, 1});
-  CHECK(group_shape(p, Dim::edp) == GroupShape{2, 4});
+  CHECK(Mesh(p).shape(Dim::etp) == GroupShape{1, 1});
+  CHECK(Mesh(p).shape(Dim::ep) == GroupShape{4, 1});
+  CHECK(Mesh(p).shape(Dim::edp) == GroupShape{2, 4});
   CHECK(p.expert_dp() == 2);
   p.etp = 0;  // as tp: 2 x 4 ranks, one expert-dp rank
-  CHECK(group_shape(p, Dim::etp) == GroupShape{2, 1});
-  CHECK(group_shape(p, Dim::ep) == GroupShape{4, 2});
-  CHECK(group_shape(p, Dim::edp) == GroupShape{1, 8});
+  CHECK(Mesh(p).shape(Dim::etp) == GroupShape{2, 1});
+  CHECK(Mesh(p).shape(Dim::ep) == GroupShape{4, 2});
+  CHECK(Mesh(p).shape(Dim::edp) == GroupShape{1, 8});
   // Rank 13 = stage 1, local rank 5: etp 1 (5 % 2), ep 2 (5 / 2), edp 0.
-  RankCoordinates r = rank_coordinates(p, 8, 13);
+  RankCoordinates r = Mesh(p, 8).coordinates(13);
   CHECK(r.etp == 1);
   CHECK(r.ep == 2);
   CHECK(r.edp == 0);
@@ -79,8 +79,8 @@ TEST_CASE("the token all-to-all costs more when the ep group leaves the node", "
   TrainingSpec t{.seq_len = 4096, .global_batch = 256};
   Network net(c, 64);
   ParallelConfig ep8{.tp = 1, .dp = 64, .ep = 8}, ep16{.tp = 1, .dp = 64, .ep = 16};
-  CHECK_FALSE(net.crosses_nodes(group_shape(ep8, Dim::ep)));
-  CHECK(net.crosses_nodes(group_shape(ep16, Dim::ep)));
+  CHECK_FALSE(net.crosses_nodes(Mesh(ep8).shape(Dim::ep)));
+  CHECK(net.crosses_nodes(Mesh(ep16).shape(Dim::ep)));
   const double within = expert_parallel_comm_s(m, net, t, ep8), across = expert_parallel_comm_s(m, net, t, ep16);
   CHECK(within > 0);
   CHECK(across > 1.5 * within);

@@ -50,7 +50,7 @@ TEST_CASE("group_shape places each dimension in Megatron's rank order", "[networ
   // groups fold over each stage's 64 ranks, etp (= tp 4) fastest, then ep 2, then edp 8.
   ParallelConfig p{.tp = 4, .pp = 3, .dp = 8, .cp = 2, .ep = 2};
   std::vector<GroupShape> result;
-  for (Dim d : {Dim::tp, Dim::cp, Dim::ep, Dim::dp, Dim::pp, Dim::etp, Dim::edp}) result.push_back(group_shape(p, d));
+  for (Dim d : {Dim::tp, Dim::cp, Dim::ep, Dim::dp, Dim::pp, Dim::etp, Dim::edp}) result.push_back(Mesh(p).shape(d));
   std::vector<GroupShape> expected = {{4, 1}, {2, 4}, {2, 4}, {8, 8}, {3, 64}, {4, 1}, {8, 8}};
   CHECK(result == expected);
 }
@@ -355,7 +355,7 @@ TEST_CASE("a 16384-GPU network costs shapes quickly (timing printed, not asserte
       for (int pp : {1, 4, 16, 64}) {
         ParallelConfig p{.tp = tp, .pp = pp, .dp = 16384 / (tp * cp * pp), .cp = cp, .ep = 8};
         for (Dim d : {Dim::tp, Dim::cp, Dim::ep, Dim::dp, Dim::pp}) {
-          GroupShape s = group_shape(p, d);
+          GroupShape s = Mesh(p).shape(d);
           if (distinct.size() < 50 && std::find(distinct.begin(), distinct.end(), s) == distinct.end())
             distinct.push_back(s);
         }

@@ -365,7 +365,7 @@ TEST_CASE("context-parallel phase: cp - 1 ring steps forward; backward cp - 1 of
   Network net(s.cluster, 64);
   // Each step passes K and V of T = 8192 / 2 tokens, kv_dim / tp wide (8 kv heads x 128 over tp 8).
   const double chunk = 2 * 4096.0 * 1024 / 8 * 2;
-  const double step = net.cost(Collective::send_recv, chunk, group_shape(s.parallel, Dim::cp)).time_s;
+  const double step = net.cost(Collective::send_recv, chunk, Mesh(s.parallel).shape(Dim::cp)).time_s;
   REQUIRE(step > 0);
   // No attention core to hide under: forward step, backward 3 (K,V once, dK,dV twice: the second
   // brings them home), all exposed.
@@ -396,7 +396,7 @@ TEST_CASE("expert-parallel phase: four all-to-alls of the routed tokens per laye
   REQUIRE(m.experts_per_token == 2);
   const double bytes = 4096.0 * 2 * 4096 * 2;
   CHECK(expert_parallel_comm_s(m, net, t, p) ==
-        4 * net.cost(Collective::all_to_all, bytes, group_shape(p, Dim::ep)).time_s);
+        4 * net.cost(Collective::all_to_all, bytes, Mesh(p).shape(Dim::ep)).time_s);
   p.ep = 1;
   CHECK(expert_parallel_comm_s(m, net, t, p) == 0);
 }
@@ -469,7 +469,7 @@ TEST_CASE("pipeline phase: (p - 1) / v slots of bubble, two hops per micro-batch
   const std::vector<StageTime> st(4, StageTime{.forward_s = 1, .backward_s = 2});
   const CoreSharing dedicated(s.cluster, s.parallel);
   // 512 / 2 = 256 micro-batches; a hop carries T h B / tp = 8192 x 8192 x 2 / 8 bytes.
-  const double hop = net.cost(Collective::send_recv, 8192.0 * 8192 * 2 / 8, group_shape(s.parallel, Dim::pp)).time_s;
+  const double hop = net.cost(Collective::send_recv, 8192.0 * 8192 * 2 / 8, Mesh(s.parallel).shape(Dim::pp)).time_s;
   PipelineTime r = pipeline_time(s.model, net, s.training, s.parallel, st, 0, dedicated);
   CHECK(r.bubble_s == 3 * 3.0);
   CHECK(r.p2p_s == 2 * hop * (256 + 3));

@@ -8,27 +8,13 @@
 #include <memory>
 
 #include "dplan/costmodel/hardware.h"
+#include "dplan/costmodel/mesh.h"
 #include "dplan/costmodel/training.h"
 
 namespace dplan::costmodel {
 
-// etp, ep and edp are the MoE layers' groups: expert tensor, expert and expert data parallel.
-enum class Dim { tp, cp, ep, dp, pp, etp, edp };
-
-// `size` ranks spaced `stride` apart in the global rank order (group 0 starts at rank 0; the other
-// groups of the shape are its translates that tile the world).
-struct GroupShape {
-  int size = 1;
-  int stride = 1;
-  bool operator==(const GroupShape&) const = default;
-};
-
-// Megatron's rank order, tp fastest: rank = tp_rank + tp*(cp_rank + cp*(dp_rank + dp*pp_rank)).
-// tp:{tp,1} cp:{cp,tp} dp:{dp,tp*cp} pp:{pp,tp*cp*dp}. The MoE layers fold their groups over the
-// same tp*cp*dp consecutive ranks of a stage, etp fastest (Megatron-Core parallel_state.py, the
-// expert RankGenerator with order tp-ep-dp-pp over etp, ep, edp): etp:{etp,1} ep:{ep,etp}
-// edp:{edp,etp*ep}, with etp = parallel.expert_tp() and edp = parallel.expert_dp().
-GroupShape group_shape(const ParallelConfig& parallel, Dim dim);
+// Groups are Mesh's (mesh.h): Dim names a dimension, GroupShape one dimension's groups in the
+// rank order.
 
 // A tier's measured time for `op` over `ranks` ranks at `bytes`: log-log
 // interpolation between the measured sizes, the smallest's time below them and

@@ -13,20 +13,13 @@
 #include <vector>
 
 #include "dplan/costmodel/memory.h"
+#include "dplan/costmodel/mesh.h"
 #include "dplan/costmodel/time.h"
 
 namespace dplan::costmodel {
 
 constexpr int kPlanFormatVersion = 1;
 
-struct RankCoordinates {
-  int rank = 0, node = 0, local_rank = 0;
-  int tp = 0, cp = 0, dp = 0, pp = 0, ep = 0;
-  int etp = 0, edp = 0;  // expert tensor and expert data parallel coordinates (MoE folding)
-  bool operator==(const RankCoordinates&) const = default;
-};
-// REQUIRES: 0 <= rank < parallel.world_size().
-RankCoordinates rank_coordinates(const ParallelConfig& parallel, int gpus_per_node, int rank);
 
 // Consecutive layers [first_layer, first_layer + num_layers) of one model chunk.
 struct PlanChunk {

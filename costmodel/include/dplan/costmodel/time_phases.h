@@ -26,9 +26,6 @@ double exposed_s(double comm_s, double window_s, double floor_s, double overlap_
 // Tokens of one micro-batch on one GPU: micro_batch * seq_len / cp.
 double tokens_per_microbatch(const TrainingSpec& training, const ParallelConfig& parallel);
 
-// The data-parallel group ZeRO and the gradient reduction run over: dp * cp ranks, tp apart.
-GroupShape data_parallel_shape(const ParallelConfig& parallel);
-
 // Tensor-parallel collectives, per micro-batch.
 struct TensorParallelComm {
   double layer_forward_s = 0;  // one layer's forward pair

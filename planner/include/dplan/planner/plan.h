@@ -11,7 +11,7 @@ namespace dplan::planner {
 
 constexpr int kPlanFormatVersion = costmodel::kPlanFormatVersion;
 using costmodel::RankCoordinates;
-using costmodel::rank_coordinates;
+using costmodel::Mesh;
 
 struct PlanInputs {
   costmodel::ModelSpec model;

@@ -9,37 +9,27 @@
 #include "dplan/costmodel/errors.h"
 
 namespace dplan::costmodel {
-namespace {
 
-struct Op {
-  bool backward;
-  int chunk;  // model chunk (virtual stage) of the stage; 0 unless interleaved
-  int microbatch;
-};
-
-// The order a stage runs its forwards and backwards in.
-std::vector<Op> stage_order(int stage, int stages, int microbatches, int chunks, Schedule schedule) {
-  std::vector<Op> ops;
+std::vector<PipelineOp> pipeline_order(Schedule schedule, int stage, int stages, int microbatches, int chunks) {
+  if (schedule != Schedule::interleaved) chunks = 1;
+  std::vector<PipelineOp> ops;
   if (schedule == Schedule::gpipe) {
-    for (int j = 0; j < microbatches; ++j) ops.push_back({false, 0, j});
     for (int j = 0; j < microbatches; ++j) ops.push_back({true, 0, j});
+    for (int j = 0; j < microbatches; ++j) ops.push_back({false, 0, j});
     return ops;
   }
   // Forwards run micro-batches in groups of `stages` through chunk 0, 1, ..., v-1 in turn;
-  // backwards the same groups through the chunks in reverse (Megatron-LM's interleaved 1F1B,
-  // Narayanan et al. 2021 Sec. 2.2; with one chunk, plain 1F1B).
-  std::vector<Op> forwards, backwards;
+  // backwards the same groups through the chunks in reverse (with one chunk, plain 1F1B).
+  std::vector<PipelineOp> forwards, backwards;
   for (int group = 0; group * stages < microbatches; ++group) {
     const int first = group * stages, size = std::min(stages, microbatches - first);
     for (int c = 0; c < chunks; ++c)
       for (int j = 0; j < size; ++j) {
-        forwards.push_back({false, c, first + j});
-        backwards.push_back({true, chunks - 1 - c, first + j});
+        forwards.push_back({true, c, first + j});
+        backwards.push_back({false, chunks - 1 - c, first + j});
       }
   }
   const int total = microbatches * chunks;
-  // Warm-up forwards: pp - i - 1 for 1F1B; 2 (pp - i - 1) + (v - 1) pp interleaved, and all of
-  // them when there are only pp micro-batches (Megatron-LM's schedules.py).
   int warmup = chunks == 1 ? stages - stage - 1 : 2 * (stages - stage - 1) + (chunks - 1) * stages;
   if (chunks > 1 && microbatches == stages) warmup = total;
   warmup = std::min(warmup, total);
@@ -52,12 +42,14 @@ std::vector<Op> stage_order(int stage, int stages, int microbatches, int chunks,
   return ops;
 }
 
+namespace {
+
 // Every operation of the step, in order.
 PipelineTimeline play_all(const std::vector<PipelineStage>& stages, int microbatches, Schedule schedule, int chunks,
                           const std::function<double(int)>& speed) {
   const int p = static_cast<int>(stages.size());
-  std::vector<std::vector<Op>> order(p);
-  for (int i = 0; i < p; ++i) order[i] = stage_order(i, p, microbatches, chunks, schedule);
+  std::vector<std::vector<PipelineOp>> order(p);
+  for (int i = 0; i < p; ++i) order[i] = pipeline_order(schedule, i, p, microbatches, chunks);
   // done[i][index(op)]: stage i finished that operation.
   auto index = [&](bool backward, int chunk, int microbatch) {
     return (2 * chunk + (backward ? 1 : 0)) * microbatches + microbatch;
@@ -66,9 +58,9 @@ PipelineTimeline play_all(const std::vector<PipelineStage>& stages, int microbat
   // Its input: a forward takes the activation of the chunk before it in the model (the previous
   // stage's, or the last stage's previous chunk), a backward the gradient of the chunk after it
   // (the next stage's, or stage 0's next chunk), and its own forward.
-  auto ready = [&](int i, const Op& op) {
+  auto ready = [&](int i, const PipelineOp& op) {
     const int j = op.microbatch, c = op.chunk;
-    if (!op.backward) {
+    if (op.forward) {
       if (i > 0) return done[i - 1][index(false, c, j)] != 0;
       return c == 0 || done[p - 1][index(false, c - 1, j)] != 0;
     }
@@ -89,13 +81,13 @@ PipelineTimeline play_all(const std::vector<PipelineStage>& stages, int microbat
     running.clear();
     for (int i = 0; i < p; ++i) {
       if (next[i] == order[i].size()) continue;
-      const Op op = order[i][next[i]];
+      const PipelineOp op = order[i][next[i]];
       if (left[i] < 0) {
         if (!ready(i, op)) continue;
         const PipelineStage& s = stages[i];
-        const std::vector<double>& per_chunk = op.backward ? s.chunk_backward_s : s.chunk_forward_s;
+        const std::vector<double>& per_chunk = op.forward ? s.chunk_forward_s : s.chunk_backward_s;
         left[i] = int(per_chunk.size()) == chunks ? per_chunk[op.chunk]
-                                                  : (op.backward ? s.backward_s : s.forward_s) / chunks;
+                                                  : (op.forward ? s.forward_s : s.backward_s) / chunks;
       }
       running.push_back(i);
     }
@@ -110,8 +102,8 @@ PipelineTimeline play_all(const std::vector<PipelineStage>& stages, int microbat
       out.busy_s[i] += dt;
       left[i] -= first;
       if (left[i] <= 1e-12 * (stages[i].forward_s + stages[i].backward_s)) {
-        const Op op = order[i][next[i]++];
-        done[i][index(op.backward, op.chunk, op.microbatch)] = 1;
+        const PipelineOp op = order[i][next[i]++];
+        done[i][index(!op.forward, op.chunk, op.microbatch)] = 1;
         left[i] = -1;
       }
     }

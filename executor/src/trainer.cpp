@@ -5,54 +5,11 @@
 
 #include <torch/csrc/autograd/engine.h>
 
+#include "dplan/costmodel/pipeline.h"
 #include "memory_meter.h"
 #include "phase_clock.h"
 
 namespace dplan::executor {
-std::vector<PipelineOp> pipeline_schedule(PipelineSchedule schedule, int m, int chunks, int pp, int stage) {
-  std::vector<PipelineOp> ops;
-  if (schedule == PipelineSchedule::gpipe) {
-    for (int j = 0; j < m; ++j) ops.push_back({true, 0, j});
-    for (int j = 0; j < m; ++j) ops.push_back({false, 0, j});
-    return ops;
-  }
-  if (schedule == PipelineSchedule::one_f_one_b) {
-    // Stage i runs pp - i - 1 warm-up forwards, then alternates one forward and one backward,
-    // then drains the remaining backwards; at most pp - i micro-batches are in flight.
-    const int warmup = std::min(pp - stage - 1, m);
-    for (int j = 0; j < warmup; ++j) ops.push_back({true, 0, j});
-    for (int j = 0; j < m - warmup; ++j) {
-      ops.push_back({true, 0, warmup + j});
-      ops.push_back({false, 0, j});
-    }
-    for (int j = m - warmup; j < m; ++j) ops.push_back({false, 0, j});
-    return ops;
-  }
-  // Interleaved 1F1B as Megatron-Core runs it (pipeline_parallel/schedules.py,
-  // forward_backward_pipelining_with_interleaving and get_schedule_table, with
-  // microbatch_group_size_per_vp_stage = pp): the forwards go through the micro-batches in groups of
-  // pp, every chunk in turn per group; backwards take the same order with the chunks reversed.
-  // Warm-up: 2 (pp - stage - 1) + (chunks - 1) pp forwards (at most all), then one forward and one
-  // backward at a time, then the remaining backwards. m is a multiple of pp (check_schedule: a
-  // smaller last group stalls the pipeline, and Megatron refuses it).
-  if (m % pp != 0) throw std::invalid_argument("the interleaved schedule needs a multiple of pp micro-batches");
-  std::vector<std::pair<int, int>> table;  // (micro-batch, chunk) in forward order
-  for (int lo = 0; lo < m; lo += pp)
-    for (int c = 0; c < chunks; ++c)
-      for (int j = lo; j < lo + pp; ++j) table.emplace_back(j, c);
-  const int total = m * chunks;
-  const int warmup = std::min(2 * (pp - stage - 1) + (chunks - 1) * pp, total);
-  auto fwd = [&](int k) { return PipelineOp{true, table[k].second, table[k].first}; };
-  auto bwd = [&](int k) { return PipelineOp{false, chunks - 1 - table[k].second, table[k].first}; };
-  for (int k = 0; k < warmup; ++k) ops.push_back(fwd(k));
-  for (int k = 0; k < total - warmup; ++k) {
-    ops.push_back(fwd(warmup + k));
-    ops.push_back(bwd(k));
-  }
-  for (int k = total - warmup; k < total; ++k) ops.push_back(bwd(k));
-  return ops;
-}
-
 Trainer::Trainer(GptStage& stage, ParallelContext& ctx, GradSync& grads, torch::optim::Optimizer& optimizer,
                  StepOptions options)
     : stage_(stage), ctx_(ctx), grads_(grads), optimizer_(optimizer), options_(options) {}
@@ -162,7 +119,8 @@ StepResult Trainer::step(const std::vector<Batch>& batches) {
     retire_sends(false);
   };
 
-  for (const PipelineOp& op : pipeline_schedule(options_.schedule, m, v, pp, ctx_.stage)) {
+  // The one pipeline order (costmodel/pipeline.h), the one the cost model plays out.
+  for (const costmodel::PipelineOp& op : costmodel::pipeline_order(options_.schedule, ctx_.stage, pp, m, v)) {
     if (op.forward)
       forward(op.chunk, op.microbatch);
     else

@@ -1,34 +1,20 @@
-// One training step of one rank: the pipeline schedule over the step's micro-batches (GPipe, 1F1B
-// or interleaved 1F1B over model chunks, Narayanan et al. 2021 §2.2, over send/recv with the
-// neighbouring stages), the gradient
-// synchronisation, and the optimizer step. Time goes to the phases of the context's PhaseClock.
+// One training step of one rank: the pipeline order of costmodel/pipeline.h over the step's
+// micro-batches (GPipe, 1F1B or interleaved 1F1B over model chunks, Narayanan et al. 2021 §2.2,
+// over send/recv with the neighbouring stages), the gradient synchronisation, and the optimizer
+// step. Time goes to the phases of the context's PhaseClock.
 #pragma once
 
 #include <torch/torch.h>
 
 #include "data.h"
+#include "dplan/costmodel/training.h"
 #include "gpt.h"
 #include "grad_sync.h"
 
 namespace dplan::executor {
 
-enum class PipelineSchedule { gpipe, one_f_one_b, interleaved };
-
-// One step of a rank's pipeline schedule: the forward or the backward of a micro-batch through one
-// of its model chunks.
-struct PipelineOp {
-  bool forward = true;
-  int chunk = 0, microbatch = 0;
-  bool operator==(const PipelineOp&) const = default;
-};
-
-// The order in which stage `stage` of `pp` runs `m` micro-batches through its `chunks` model chunks
-// (chunks > 1 only interleaved). Every (chunk, micro-batch) appears once forward and once backward,
-// each chunk's micro-batches in increasing order.
-std::vector<PipelineOp> pipeline_schedule(PipelineSchedule schedule, int m, int chunks, int pp, int stage);
-
 struct StepOptions {
-  PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
+  costmodel::Schedule schedule = costmodel::Schedule::one_f_one_b;  // the order: costmodel::pipeline_order
   int micro_batch = 1;
   double loss_scale = 1.0;  // 1 / tokens per global batch: the loss is the mean over the global batch
   double max_grad_norm = 1.0;  // clip the global gradient norm to this; 0: no clipping

@@ -255,9 +255,7 @@ std::unique_ptr<torch::optim::AdamW> build_optimizer(GradSync& grads, double lr,
 StepOptions step_options(const ExecPlan& plan, double max_grad_norm) {
   const auto& p = plan.parallel;
   StepOptions so;
-  so.schedule = p.schedule == costmodel::Schedule::gpipe        ? PipelineSchedule::gpipe
-                : p.schedule == costmodel::Schedule::interleaved ? PipelineSchedule::interleaved
-                                                                 : PipelineSchedule::one_f_one_b;
+  so.schedule = p.schedule;
   so.micro_batch = p.micro_batch;
   so.loss_scale = 1.0 / (double(plan.training.global_batch) * plan.training.seq_len);
   so.max_grad_norm = max_grad_norm;

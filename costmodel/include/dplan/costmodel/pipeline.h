@@ -15,6 +15,30 @@
 
 namespace dplan::costmodel {
 
+// One step of a stage's pipeline order: the forward or the backward of a micro-batch through one
+// of its model chunks.
+struct PipelineOp {
+  bool forward = true;
+  int chunk = 0;  // model chunk (virtual stage chunk * stages + stage); 0 unless interleaved
+  int microbatch = 0;
+  bool operator==(const PipelineOp&) const = default;
+};
+
+// The order in which `stage` of `stages` runs `microbatches` micro-batches through its `chunks`
+// model chunks: the one schedule the cost model plays out (play_pipeline) and the executor runs
+// (executor/src/trainer.cpp). As Megatron-Core runs them (pipeline_parallel/schedules.py):
+//   - GPipe: every forward, then every backward;
+//   - 1F1B: stages - stage - 1 warm-up forwards, then one forward and one backward at a time, then
+//     the remaining backwards (at most stages - stage micro-batches in flight);
+//   - interleaved 1F1B (chunks > 1; forward_backward_pipelining_with_interleaving and
+//     get_schedule_table with microbatch_group_size_per_vp_stage = stages): the forwards take the
+//     micro-batches in groups of `stages`, every chunk in turn per group, the backwards the same
+//     groups with the chunks reversed; warm-up 2 (stages - stage - 1) + (chunks - 1) stages
+//     forwards, and all of them when there are only `stages` micro-batches.
+// Every (chunk, micro-batch) appears once forward and once backward, each chunk's micro-batches in
+// increasing order. `chunks` counts only for the interleaved schedule.
+std::vector<PipelineOp> pipeline_order(Schedule schedule, int stage, int stages, int microbatches, int chunks);
+
 struct PipelineStage {
   double forward_s = 0;   // one micro-batch's forward, at the pace of every stage running
   double backward_s = 0;  // and its backward (with recompute)

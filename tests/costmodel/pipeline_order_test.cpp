@@ -1,4 +1,5 @@
-// The pipeline schedules' orders (trainer.h pipeline_schedule), checked without processes: every
+// The pipeline orders (costmodel/pipeline.h pipeline_order: the one order the cost model plays out
+// and the executor's trainer runs), checked without processes: every
 // (chunk, micro-batch) runs forward once and backward once after it, each chunk's micro-batches in
 // order (interleaved: m a multiple of pp, as the planner requires), the warm-up as Megatron-LM counts it, and the ranks' orders together never deadlock when a
 // receive waits for its sender's forward (or backward) and sends do not wait.
@@ -8,28 +9,29 @@
 #include <tuple>
 #include <vector>
 
-#include <torch/torch.h>
-#undef CHECK
 #include <catch2/catch.hpp>
 
-#include "trainer.h"
+#include "dplan/costmodel/pipeline.h"
 
-namespace dplan::executor {
+namespace dplan::costmodel {
 // How Catch prints an op in a failed check.
 std::ostream& operator<<(std::ostream& out, const PipelineOp& op) {
   return out << (op.forward ? "F" : "B") << "(chunk " << op.chunk << ", mb " << op.microbatch << ")";
 }
-}  // namespace dplan::executor
+}  // namespace dplan::costmodel
 
 namespace {
-using dplan::executor::PipelineOp;
-using dplan::executor::PipelineSchedule;
-using dplan::executor::pipeline_schedule;
+using dplan::costmodel::PipelineOp;
+using dplan::costmodel::Schedule;
+
+std::vector<PipelineOp> pipeline_schedule(Schedule schedule, int m, int chunks, int pp, int stage) {
+  return dplan::costmodel::pipeline_order(schedule, stage, pp, m, chunks);
+}
 
 // Plays the ranks' orders out together: an op runs once what it receives has been produced (a
 // forward of virtual stage s > 0 needs the forward of s - 1 for that micro-batch; a backward of s <
 // last needs the backward of s + 1; and a backward needs its own forward). Returns false on a deadlock.
-bool plays_out(PipelineSchedule schedule, int m, int chunks, int pp) {
+bool plays_out(Schedule schedule, int m, int chunks, int pp) {
   std::vector<std::vector<PipelineOp>> orders;
   for (int r = 0; r < pp; ++r) orders.push_back(pipeline_schedule(schedule, m, chunks, pp, r));
   const int stages = pp * chunks;
@@ -58,11 +60,11 @@ bool plays_out(PipelineSchedule schedule, int m, int chunks, int pp) {
 
 }  // namespace
 
-TEST_CASE("pipeline schedules: each op once, in order, and the ranks never deadlock", "[executor][schedule]") {
-  for (auto schedule : {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b, PipelineSchedule::interleaved}) {
+TEST_CASE("pipeline schedules: each op once, in order, and the ranks never deadlock", "[pipeline][schedule]") {
+  for (auto schedule : {Schedule::gpipe, Schedule::one_f_one_b, Schedule::interleaved}) {
     for (int pp : {1, 2, 3, 4, 8}) {
       for (int chunks : {1, 2, 3, 4}) {
-        if ((schedule == PipelineSchedule::interleaved) != (chunks > 1) || (chunks > 1 && pp < 2)) continue;
+        if ((schedule == Schedule::interleaved) != (chunks > 1) || (chunks > 1 && pp < 2)) continue;
         for (int m = (chunks > 1 ? pp : 1); m <= 3 * pp + 2; m += (chunks > 1 ? pp : 1)) {
           INFO("schedule " << int(schedule) << " pp " << pp << " chunks " << chunks << " m " << m);
           for (int r = 0; r < pp; ++r) {
@@ -88,16 +90,24 @@ TEST_CASE("pipeline schedules: each op once, in order, and the ranks never deadl
   }
 }
 
-TEST_CASE("interleaved schedule: Megatron's warm-up and order", "[executor][schedule]") {
+TEST_CASE("interleaved schedule: Megatron's warm-up and order", "[pipeline][schedule]") {
   // pp 2, 2 chunks, 4 micro-batches, stage 0: warm-up 2 (2 - 0 - 1) + (2 - 1) 2 = 4 forwards, in
   // groups of pp micro-batches per chunk: (0,c0) (1,c0) (0,c1) (1,c1); then forward (2,c0) and the
   // first backward, which runs the last chunk first: (0,c1).
-  const auto ops = pipeline_schedule(PipelineSchedule::interleaved, 4, 2, 2, 0);
+  const auto ops = pipeline_schedule(Schedule::interleaved, 4, 2, 2, 0);
   const std::vector<PipelineOp> head = {{true, 0, 0},  {true, 0, 1}, {true, 1, 0},
                                         {true, 1, 1},  {true, 0, 2}, {false, 1, 0}};
   CHECK(std::vector<PipelineOp>(ops.begin(), ops.begin() + 6) == head);
   // The last stage warms up with (chunks - 1) pp = 2 forwards.
-  const auto last = pipeline_schedule(PipelineSchedule::interleaved, 4, 2, 2, 1);
+  const auto last = pipeline_schedule(Schedule::interleaved, 4, 2, 2, 1);
   CHECK(last[2] == PipelineOp{true, 1, 0});
   CHECK(last[3] == PipelineOp{false, 1, 0});
+  // With only pp micro-batches every stage runs every forward first (Megatron-Core's
+  // schedules.py: all warm-up when num_microbatches == pipeline size); the cost model and the
+  // executor disagreed here before they shared this order.
+  for (int stage = 0; stage < 2; ++stage) {
+    const auto few = pipeline_schedule(Schedule::interleaved, 2, 2, 2, stage);
+    for (int k = 0; k < 4; ++k) CHECK(few[k].forward);
+    for (int k = 4; k < 8; ++k) CHECK_FALSE(few[k].forward);
+  }
 }

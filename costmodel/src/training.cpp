@@ -212,8 +212,11 @@ double microbatches_in_flight(const ParallelConfig& p, int stage, int m) {
     case Schedule::one_f_one_b:
       return std::min(p.pp - stage, m);
     case Schedule::interleaved: {
+      // The warm-up forwards of pipeline_order (pipeline.h) and the one more that runs before the
+      // first backward; with only pp micro-batches every forward is warm-up (Megatron-Core's
+      // schedules.py). A test checks this against the order itself.
       int v = p.vpp;
-      int chunks = std::min(2 * (p.pp - stage - 1) + (v - 1) * p.pp + 1, m * v);
+      int chunks = m == p.pp ? m * v : std::min(2 * (p.pp - stage - 1) + (v - 1) * p.pp + 1, m * v);
       return double(chunks) / v;
     }
   }

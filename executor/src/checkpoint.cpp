@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -18,6 +19,7 @@
 
 #include "comm.h"
 #include "dplan/costmodel/errors.h"
+#include "dplan/costmodel/json_io.h"
 #include "safetensors.h"
 
 namespace dplan::executor {
@@ -218,6 +220,109 @@ json checkpoint_plan_info(const std::string& plan_path) {
   return info;
 }
 
+json to_json(const ManifestShard& s) {
+  return {{"rank", s.rank},           {"file", s.file},     {"bytes", s.bytes}, {"crc32", s.crc32},
+          {"state_bytes", s.state_bytes}, {"params", s.params}};
+}
+
+json to_json(const CheckpointManifest& m) {
+  json shards = json::array();
+  for (const ManifestShard& s : m.shards) shards.push_back(to_json(s));
+  return {{"format_version", kCheckpointFormatVersion},
+          {"step", m.step},
+          {"world_size", m.world_size},
+          {"plan", m.plan},
+          {"data", {{"epoch", m.epoch}, {"samples", m.samples}}},
+          {"checksum", "crc32 (zlib)"},
+          {"state_bytes", m.state_bytes},
+          {"file_bytes", m.file_bytes},
+          {"shards", shards}};
+}
+
+namespace {
+constexpr long long kMaxBytes = std::numeric_limits<int64_t>::max();
+
+// A JSON list at `key`, each element read by `item(element, its pointer)`.
+template <typename Item>
+auto read_list(ObjectReader& r, const std::string& pointer, const std::string& key, Item item) {
+  const json& list = r.raw(key);
+  if (!list.is_array()) r.fail(key, "a list");
+  std::vector<decltype(item(list[0], std::string()))> out;
+  for (size_t i = 0; i < list.size(); ++i) out.push_back(item(list[i], pointer + "/" + key + "/" + std::to_string(i)));
+  return out;
+}
+}  // namespace
+
+ManifestShard manifest_shard_from_json(const json& j, const std::string& file, const std::string& pointer) {
+  if (!j.is_object()) throw InputError(file + ": " + pointer + ": expected an object, got " + describe_json_value(j));
+  ObjectReader r(j, file, pointer);
+  ManifestShard s;
+  s.rank = r.non_negative_int("rank");
+  s.file = r.string("file");
+  if (s.file != shard_file_name(s.rank)) r.fail("file", "\"" + shard_file_name(s.rank) + "\" (rank " + std::to_string(s.rank) + "'s shard)");
+  s.bytes = r.int_in("bytes", 0, kMaxBytes);
+  s.crc32 = r.string("crc32");
+  if (s.crc32.size() != 8 || s.crc32.find_first_not_of("0123456789abcdef") != std::string::npos)
+    r.fail("crc32", "8 lowercase hex digits");
+  s.state_bytes = r.int_in("state_bytes", 0, kMaxBytes);
+  s.params = read_list(r, pointer, "params", [&](const json& name, const std::string& at) {
+    if (!name.is_string() || !is_printable_text(name.get<std::string>()))
+      throw InputError(file + ": " + at + ": expected a parameter name, got " + describe_json_value(name));
+    return name.get<std::string>();
+  });
+  r.finish();
+  return s;
+}
+
+CheckpointManifest manifest_from_json(const json& j, const std::string& file) {
+  if (!j.is_object()) throw InputError(file + ": /: expected an object, got " + describe_json_value(j));
+  ObjectReader r(j, file);
+  const long long version = r.int_in("format_version", 1, std::numeric_limits<int>::max());
+  if (version > kCheckpointFormatVersion)
+    r.fail("format_version", std::to_string(kCheckpointFormatVersion) + " (a newer dplan wrote this checkpoint)");
+  CheckpointManifest m;
+  m.step = r.non_negative_int("step");
+  m.world_size = r.positive_int("world_size");
+  m.plan = r.raw("plan");
+  {
+    ObjectReader plan = r.object("plan");
+    plan.string("path");
+    if (!plan.raw("model").is_object()) plan.fail("model", "an object");
+    if (!plan.raw("parallel").is_object()) plan.fail("parallel", "an object");
+    plan.positive_int("global_batch");
+    plan.positive_int("seq_len");
+    if (plan.has("rank_layout") && !plan.raw("rank_layout").is_object()) plan.fail("rank_layout", "an object");
+    plan.finish();
+  }
+  {
+    ObjectReader data = r.object("data");
+    m.epoch = data.non_negative_int("epoch");
+    m.samples = data.int_in("samples", 0, kMaxBytes);
+    data.finish();
+  }
+  r.one_of("checksum", {"crc32 (zlib)"});
+  m.state_bytes = r.int_in("state_bytes", 0, kMaxBytes);
+  m.file_bytes = r.int_in("file_bytes", 0, kMaxBytes);
+  m.shards = read_list(r, "", "shards", [&](const json& shard, const std::string& at) {
+    return manifest_shard_from_json(shard, file, at);
+  });
+  r.finish();
+  if (static_cast<int>(m.shards.size()) != m.world_size)
+    throw InputError(file + ": /shards: expected " + std::to_string(m.world_size) + " shards (world_size), got " +
+                     std::to_string(m.shards.size()));
+  int64_t state = 0, bytes = 0;
+  for (size_t i = 0; i < m.shards.size(); ++i) {
+    if (m.shards[i].rank != static_cast<int>(i))
+      throw InputError(file + ": /shards/" + std::to_string(i) + "/rank: expected " + std::to_string(i) + " (rank order), got " +
+                       std::to_string(m.shards[i].rank));
+    state += m.shards[i].state_bytes;
+    bytes += m.shards[i].bytes;
+  }
+  if (state != m.state_bytes) r.fail("state_bytes", std::to_string(state) + " (the shards' sum)");
+  if (bytes != m.file_bytes) r.fail("file_bytes", std::to_string(bytes) + " (the shards' sum)");
+  return m;
+}
+
 at::Tensor local_from_global(const at::Tensor& global, const GlobalSlice& s) {
   if (s.parts == 1 && s.sections.empty()) return global;
   std::vector<at::Tensor> parts;
@@ -270,14 +375,11 @@ struct Checkpointer::Impl {
     shard.tensors.clear();  // the host copy goes as soon as it is serialised
     const std::string file = shard_file_name(rank);
     write_file_atomically((fs::path(folder) / file).string(), bytes);
-    const json report = {{"rank", rank}, {"file", file}, {"bytes", static_cast<int64_t>(bytes.size())},
-                         {"crc32", hex32(crc32_of(bytes))}, {"state_bytes", shard.state_bytes},
-                         {"params", [&] {
-                            std::set<std::string> names;
-                            for (const json& p : shard.metadata["pieces"]) names.insert(p["name"].get<std::string>());
-                            return json(names);
-                          }()}};
-    const std::string text = report.dump();
+    ManifestShard report{rank, file, hex32(crc32_of(bytes)), static_cast<int64_t>(bytes.size()), shard.state_bytes, {}};
+    std::set<std::string> names;
+    for (const json& p : shard.metadata["pieces"]) names.insert(p["name"].get<std::string>());
+    report.params.assign(names.begin(), names.end());
+    const std::string text = to_json(report).dump();
     store->set(report_key(shard.step, rank), std::vector<uint8_t>(text.begin(), text.end()));
     if (rank == 0) write_manifest(shard, folder);
     SaveRecord rec;
@@ -294,25 +396,20 @@ struct Checkpointer::Impl {
   // Rank 0: every rank's report (store.get waits for it, up to the store's timeout), then the
   // manifest, atomically and last; then the checkpoints beyond the newest `keep` go.
   void write_manifest(const HostShard& shard, const std::string& folder) {
-    json shards = json::array();
-    int64_t total_state = 0, total_file = 0;
+    CheckpointManifest manifest;
+    manifest.step = shard.step;
+    manifest.world_size = world;
+    manifest.plan = plan_info;
+    manifest.epoch = shard.metadata["data"]["epoch"].get<int>();
+    manifest.samples = shard.metadata["data"]["samples"].get<int64_t>();
     for (int r = 0; r < world; ++r) {
       const auto bytes = store->get(report_key(shard.step, r));
-      json report = json::parse(std::string(bytes.begin(), bytes.end()));
-      total_state += report["state_bytes"].get<int64_t>();
-      total_file += report["bytes"].get<int64_t>();
-      shards.push_back(report);
+      const std::string key = "rank " + std::to_string(r) + "'s checkpoint report";
+      manifest.shards.push_back(manifest_shard_from_json(json::parse(std::string(bytes.begin(), bytes.end())), key, ""));
+      manifest.state_bytes += manifest.shards.back().state_bytes;
+      manifest.file_bytes += manifest.shards.back().bytes;
     }
-    const json manifest = {{"format_version", kCheckpointFormatVersion},
-                           {"step", shard.step},
-                           {"world_size", world},
-                           {"plan", plan_info},
-                           {"data", shard.metadata["data"]},
-                           {"checksum", "crc32 (zlib)"},
-                           {"state_bytes", total_state},
-                           {"file_bytes", total_file},
-                           {"shards", shards}};
-    write_file_atomically((fs::path(folder) / kManifest).string(), manifest.dump(1) + "\n");
+    write_file_atomically((fs::path(folder) / kManifest).string(), to_json(manifest).dump(1) + "\n");
     // Keep the newest `keep` complete checkpoints; older folders (complete or not) go, only now
     // that the new manifest exists.
     int complete = 0;
@@ -388,34 +485,33 @@ std::optional<FoundCheckpoint> find_checkpoint(const std::string& dir, bool veri
   for (const auto& [step, path] : step_folders(dir)) {
     const fs::path manifest_path = path / kManifest;
     if (!fs::exists(manifest_path)) continue;  // incomplete: does not exist for resume
-    json manifest;
+    json text;
     try {
-      manifest = json::parse(read_bytes(manifest_path.string()));
-      if (manifest.at("format_version").get<int>() != kCheckpointFormatVersion)
-        throw InputError(manifest_path.string() + ": format_version " + manifest["format_version"].dump() +
-                         " is not " + std::to_string(kCheckpointFormatVersion));
-      if (manifest.at("step").get<int>() != step || manifest.at("shards").size() != manifest.at("world_size").get<size_t>())
-        throw InputError(manifest_path.string() + ": its step or shards do not match its folder");
+      text = json::parse(read_bytes(manifest_path.string()));
     } catch (const json::exception& e) {
       throw InputError(manifest_path.string() + ": malformed manifest (" + e.what() + ")");
     }
-    for (const json& shard : manifest["shards"]) {
-      const std::string file = shard.at("file").get<std::string>();
+    const CheckpointManifest manifest = manifest_from_json(text, manifest_path.string());
+    if (manifest.step != step)
+      throw InputError(manifest_path.string() + ": /step: expected " + std::to_string(step) + " (its folder's), got " +
+                       std::to_string(manifest.step));
+    for (const ManifestShard& shard : manifest.shards) {
+      const std::string& file = shard.file;
       const fs::path shard_path = path / file;
       std::error_code ec;
       const auto size = fs::file_size(shard_path, ec);
       if (ec)
         throw InputError("checkpoint " + path.string() + ": shard " + file + " is missing; remove " + path.string() +
                          " to resume from an earlier checkpoint");
-      if (static_cast<int64_t>(size) != shard.at("bytes").get<int64_t>())
+      if (static_cast<int64_t>(size) != shard.bytes)
         throw InputError("checkpoint " + path.string() + ": shard " + file + " has " + std::to_string(size) +
-                         " bytes, the manifest says " + shard["bytes"].dump() + "; remove " + path.string() +
+                         " bytes, the manifest says " + std::to_string(shard.bytes) + "; remove " + path.string() +
                          " to resume from an earlier checkpoint");
       if (verify_checksums) {
         const std::string crc = hex32(crc32_of(read_bytes(shard_path.string())));
-        if (crc != shard.at("crc32").get<std::string>())
+        if (crc != shard.crc32)
           throw InputError("checkpoint " + path.string() + ": shard " + file + " is damaged: its CRC-32 is " + crc +
-                           ", the manifest says " + shard["crc32"].get<std::string>() + "; remove " + path.string() +
+                           ", the manifest says " + shard.crc32 + "; remove " + path.string() +
                            " to resume from an earlier checkpoint");
       }
     }
@@ -426,17 +522,17 @@ std::optional<FoundCheckpoint> find_checkpoint(const std::string& dir, bool veri
 
 void load_checkpoint(const FoundCheckpoint& found, const TrainingState& state, int rank, int world,
                      const json& plan_info) {
-  const json& m = found.manifest;
-  if (m.at("plan").at("model") != plan_info.at("model"))
+  const CheckpointManifest& m = found.manifest;
+  if (m.plan.at("model") != plan_info.at("model"))
     throw InputError("checkpoint " + found.folder + " holds another model (" +
-                     m["plan"]["model"].value("name", std::string("?")) + ") than the plan's (" +
+                     quote_for_message(m.plan["model"].value("name", std::string("?"))) + ") than the plan's (" +
                      plan_info["model"].value("name", std::string("?")) + ")");
-  if (m["plan"].at("global_batch") != plan_info.at("global_batch") || m["plan"].at("seq_len") != plan_info.at("seq_len"))
-    throw InputError("checkpoint " + found.folder + " was saved with global batch " + m["plan"]["global_batch"].dump() +
-                     " and seq_len " + m["plan"]["seq_len"].dump() + "; the plan has " +
+  if (m.plan.at("global_batch") != plan_info.at("global_batch") || m.plan.at("seq_len") != plan_info.at("seq_len"))
+    throw InputError("checkpoint " + found.folder + " was saved with global batch " + m.plan["global_batch"].dump() +
+                     " and seq_len " + m.plan["seq_len"].dump() + "; the plan has " +
                      plan_info["global_batch"].dump() + " and " + plan_info["seq_len"].dump());
-  const bool same_layout = m.at("world_size").get<int>() == world && m["plan"].at("parallel") == plan_info.at("parallel") &&
-                           m["plan"].value("rank_layout", json()) == plan_info.value("rank_layout", json());
+  const bool same_layout = m.world_size == world && m.plan.at("parallel") == plan_info.at("parallel") &&
+                           m.plan.value("rank_layout", json()) == plan_info.value("rank_layout", json());
 
   std::vector<Parameter>& params = state.stage.parameters();
   std::set<std::string> needed;
@@ -451,15 +547,15 @@ void load_checkpoint(const FoundCheckpoint& found, const TrainingState& state, i
   };
   std::map<std::tuple<std::string, int, int>, Local> locals;
   int64_t optimizer_step = -1;
-  for (const json& shard : m.at("shards")) {
-    const std::string file = shard.at("file").get<std::string>();
-    const bool mine = same_layout && shard.at("rank").get<int>() == rank;  // its RNG states are this rank's
+  for (const ManifestShard& shard : m.shards) {
+    const std::string& file = shard.file;
+    const bool mine = same_layout && shard.rank == rank;  // its RNG states are this rank's
     bool wanted = mine;
-    for (const json& name : shard.at("params")) wanted = wanted || needed.count(name.get<std::string>()) > 0;
+    for (const std::string& name : shard.params) wanted = wanted || needed.count(name) > 0;
     if (!wanted) continue;
     const std::string path = (fs::path(found.folder) / file).string();
     const std::string bytes = read_bytes(path);
-    if (hex32(crc32_of(bytes)) != shard.at("crc32").get<std::string>())
+    if (hex32(crc32_of(bytes)) != shard.crc32)
       throw InputError("checkpoint " + found.folder + ": shard " + file + " is damaged: its CRC-32 does not match the manifest's");
     std::map<std::string, std::string> metadata;
     NamedTensors tensors;
@@ -554,8 +650,7 @@ void load_checkpoint(const FoundCheckpoint& found, const TrainingState& state, i
     adam->exp_avg_sq(local_of(p, "exp_avg_sq").narrow(0, piece.lo, piece.n).to(options).clone());
     set_optimizer_state(state.optimizer, it->second, std::move(adam));
   }
-  const json& data = m.at("data");
-  state.data.seek({data.at("epoch").get<int>(), data.at("samples").get<int64_t>()});
+  state.data.seek({m.epoch, m.samples});
 }
 
 }  // namespace dplan::executor

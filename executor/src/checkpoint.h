@@ -88,10 +88,37 @@ class Checkpointer {
   std::unique_ptr<Impl> impl_;
 };
 
+// manifest.json, written by rank 0 last (a checkpoint without it is incomplete): the step, the
+// plan that saved it, the data position, and every rank's shard with its size and CRC-32.
+struct ManifestShard {
+  int rank = 0;
+  std::string file, crc32;  // crc32: 8 lowercase hex digits of zlib's CRC-32 of the file
+  int64_t bytes = 0, state_bytes = 0;
+  std::vector<std::string> params;  // the parameters it holds pieces of
+  bool operator==(const ManifestShard&) const = default;
+};
+struct CheckpointManifest {
+  int step = 0, world_size = 1;
+  json plan;  // checkpoint_plan_info of the plan that saved it: path, model, parallel, global_batch,
+              // seq_len and (plans with one) rank_layout, compared as written
+  int epoch = 0;
+  int64_t samples = 0;  // the data position after the step
+  int64_t state_bytes = 0, file_bytes = 0;  // the shards' sums
+  std::vector<ManifestShard> shards;        // one per rank, in rank order
+  bool operator==(const CheckpointManifest&) const = default;
+};
+json to_json(const ManifestShard& shard);
+json to_json(const CheckpointManifest& manifest);
+// The strict readers (costmodel's ObjectReader): a newer format_version, a missing or unknown key,
+// a wrong type, sums or ranks that do not add up are one InputError line naming the file and the
+// JSON pointer.
+ManifestShard manifest_shard_from_json(const json& j, const std::string& file, const std::string& pointer);
+CheckpointManifest manifest_from_json(const json& j, const std::string& file);
+
 struct FoundCheckpoint {
   std::string folder;
   int step = 0;
-  json manifest;
+  CheckpointManifest manifest;
 };
 
 // The newest complete checkpoint under `dir` (manifest present and readable, every shard present

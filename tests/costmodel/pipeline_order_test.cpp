@@ -3,6 +3,7 @@
 // (chunk, micro-batch) runs forward once and backward once after it, each chunk's micro-batches in
 // order (interleaved: m a multiple of pp, as the planner requires), the warm-up as Megatron-LM counts it, and the ranks' orders together never deadlock when a
 // receive waits for its sender's forward (or backward) and sends do not wait.
+#include <algorithm>
 #include <map>
 #include <ostream>
 #include <set>
@@ -12,6 +13,7 @@
 #include <catch2/catch.hpp>
 
 #include "dplan/costmodel/pipeline.h"
+#include "dplan/costmodel/training.h"
 
 namespace dplan::costmodel {
 // How Catch prints an op in a failed check.
@@ -109,5 +111,35 @@ TEST_CASE("interleaved schedule: Megatron's warm-up and order", "[pipeline][sche
     const auto few = pipeline_schedule(Schedule::interleaved, 2, 2, 2, stage);
     for (int k = 0; k < 4; ++k) CHECK(few[k].forward);
     for (int k = 4; k < 8; ++k) CHECK_FALSE(few[k].forward);
+  }
+}
+
+TEST_CASE("memory's micro-batches in flight are the pipeline order's peak of forwards awaiting their backward",
+          "[pipeline][schedule]") {
+  // The memory model counts in flight with a closed form (training.h microbatches_in_flight); the
+  // order the executor runs and the cost model plays out holds, at its peak, exactly that many
+  // (chunk, micro-batch) forwards whose backward has not run.
+  using dplan::costmodel::ParallelConfig;
+  for (auto schedule : {Schedule::gpipe, Schedule::one_f_one_b, Schedule::interleaved}) {
+    for (int pp : {2, 3, 4, 8}) {
+      for (int v : {1, 2, 3}) {
+        if ((schedule == Schedule::interleaved) != (v > 1)) continue;
+        for (int m = (v > 1 ? pp : 1); m <= 4 * pp; m += (v > 1 ? pp : 1)) {
+          ParallelConfig p;
+          p.pp = pp;
+          p.vpp = v;
+          p.schedule = schedule;
+          for (int stage = 0; stage < pp; ++stage) {
+            INFO("schedule " << int(schedule) << " pp " << pp << " v " << v << " m " << m << " stage " << stage);
+            int open = 0, peak = 0;
+            for (const PipelineOp& op : pipeline_schedule(schedule, m, v, pp, stage)) {
+              open += op.forward ? 1 : -1;
+              peak = std::max(peak, open);
+            }
+            CHECK(dplan::costmodel::microbatches_in_flight(p, stage, m) * v == Approx(peak));
+          }
+        }
+      }
+    }
   }
 }

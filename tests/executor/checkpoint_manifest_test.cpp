@@ -1,0 +1,101 @@
+// The checkpoint manifest through the strict reader (checkpoint.h manifest_from_json): it
+// round-trips, and a tampered one (a newer format, a missing or unknown key, a wrong type, sums
+// or ranks that do not add up, a shard named for another rank) is one line naming the file and
+// the JSON pointer.
+#include <string>
+
+#include <torch/torch.h>
+#undef CHECK
+#include <catch2/catch.hpp>
+
+#include "checkpoint.h"
+#include "dplan/costmodel/errors.h"
+
+using dplan::InputError;
+using dplan::executor::CheckpointManifest;
+using dplan::executor::manifest_from_json;
+using dplan::executor::ManifestShard;
+using nlohmann::json;
+
+namespace {
+
+CheckpointManifest two_ranks() {
+  CheckpointManifest m;
+  m.step = 6;
+  m.world_size = 2;
+  m.plan = {{"path", "plan.json"}, {"model", {{"name", "gpt-tiny"}}}, {"parallel", {{"tp", 2}}},
+            {"global_batch", 8}, {"seq_len", 128}};
+  m.epoch = 0;
+  m.samples = 48;
+  m.shards = {{0, "rank-00000.safetensors", "0a1b2c3d", 1000, 900, {"blocks.0.qkv_w", "wte"}},
+              {1, "rank-00001.safetensors", "deadbeef", 1100, 950, {"blocks.0.qkv_w"}}};
+  m.state_bytes = 1850;
+  m.file_bytes = 2100;
+  return m;
+}
+
+std::string error_of(const json& j) {
+  try {
+    manifest_from_json(j, "ck/step-00000006/manifest.json");
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    CHECK(what.find('\n') == std::string::npos);
+    return what;
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint manifest: written and read back by its one owner", "[checkpoint][formats]") {
+  const CheckpointManifest m = two_ranks();
+  const json j = to_json(m);
+  CHECK(j["format_version"] == dplan::executor::kCheckpointFormatVersion);
+  CHECK(j["checksum"] == "crc32 (zlib)");
+  CHECK(manifest_from_json(j, "manifest.json") == m);
+  CHECK(manifest_from_json(json::parse(j.dump(1)), "manifest.json") == m);
+}
+
+TEST_CASE("checkpoint manifest: a tampered one is one line naming the file and the JSON pointer", "[checkpoint][formats]") {
+  const json good = to_json(two_ranks());
+  const std::string file = "ck/step-00000006/manifest.json: ";
+  json j = good;
+  j["format_version"] = 2;
+  CHECK(error_of(j) == file + "/format_version: expected 1 (a newer dplan wrote this checkpoint), got 2");
+  j = good;
+  j.erase("shards");
+  CHECK(error_of(j) == file + "/: missing key \"shards\"");
+  j = good;
+  j["step"] = "six";
+  CHECK_THAT(error_of(j), Catch::StartsWith(file + "/step: expected an integer"));
+  j = good;
+  j["extra"] = 1;
+  CHECK_THAT(error_of(j), Catch::StartsWith(file + "/: unknown key \"extra\""));
+  j = good;
+  j["shards"][1]["bytes"] = -5;
+  CHECK_THAT(error_of(j), Catch::StartsWith(file + "/shards/1/bytes: expected an integer"));
+  j = good;
+  j["shards"][1]["crc32"] = "DEADBEEF";
+  CHECK(error_of(j) == file + "/shards/1/crc32: expected 8 lowercase hex digits, got \"DEADBEEF\"");
+  j = good;
+  j["shards"][1]["file"] = "../../etc/passwd";
+  CHECK(error_of(j) == file + "/shards/1/file: expected \"rank-00001.safetensors\" (rank 1's shard), got \"../../etc/passwd\"");
+  j = good;
+  j["shards"][1]["params"][0] = 7;
+  CHECK(error_of(j) == file + "/shards/1/params/0: expected a parameter name, got 7");
+  j = good;
+  std::swap(j["shards"][0], j["shards"][1]);
+  CHECK(error_of(j) == file + "/shards/0/rank: expected 0 (rank order), got 1");
+  j = good;
+  j["file_bytes"] = 2101;
+  CHECK(error_of(j) == file + "/file_bytes: expected 2100 (the shards' sum), got 2101");
+  j = good;
+  j["world_size"] = 3;
+  CHECK(error_of(j) == file + "/shards: expected 3 shards (world_size), got 2");
+  j = good;
+  j["plan"].erase("seq_len");
+  CHECK(error_of(j) == file + "/plan: missing key \"seq_len\"");
+  j = good;
+  j["data"]["samples"] = 1.5;
+  CHECK_THAT(error_of(j), Catch::StartsWith(file + "/data/samples: expected an integer"));
+}

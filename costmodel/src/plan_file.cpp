@@ -17,6 +17,57 @@ const json& array(ObjectReader& r, const std::string& key, size_t size, const st
   return list;
 }
 
+// The rank_layout's ranks, each at the mesh's coordinates (mesh.h): a rank at other coordinates is
+// refused, since every reader of the plan takes its groups from the mesh.
+std::vector<RankCoordinates> read_rank_layout(ObjectReader& layout, const ParallelConfig& p) {
+  const std::string& file = layout.file();
+  const int world = p.world_size();
+  layout.one_of("order", {"tp-cp-dp-pp"});
+  // "dp": a dense model's plan (no expert groups), or one written before MoE parallel folding.
+  layout.one_of("ep_within", {"tp-cp-dp", "dp"});
+  const bool folded_experts = layout.has("expert_order");
+  if (folded_experts) layout.one_of("expert_order", {"etp-ep-edp"});
+  const Mesh mesh(p);
+  const json& ranks = array(layout, "ranks", world, "ranks (tp*cp*dp*pp)");
+  std::vector<RankCoordinates> out(world);
+  std::vector<bool> seen(world, false);
+  auto at = [](const RankCoordinates& x) {
+    return "tp " + std::to_string(x.tp) + ", cp " + std::to_string(x.cp) + ", dp " + std::to_string(x.dp) + ", pp " +
+           std::to_string(x.pp);
+  };
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    ObjectReader rank(ranks[i], file, "/rank_layout/ranks/" + std::to_string(i));
+    RankCoordinates c;
+    c.rank = index_below(rank, "rank", world);
+    c.node = index_below(rank, "node", world);
+    c.local_rank = index_below(rank, "local_rank", world);
+    c.tp = index_below(rank, "tp", p.tp);
+    c.cp = index_below(rank, "cp", p.cp);
+    c.dp = index_below(rank, "dp", p.dp);
+    c.pp = index_below(rank, "pp", p.pp);
+    c.ep = index_below(rank, "ep", p.ep);
+    // etp and edp are absent in a dense model's plan and in plans written before MoE folding:
+    // derived from the rank, as make_plan does; the ep of such a plan ("ep_within": "dp") followed
+    // another order and is not compared.
+    const RankCoordinates expected = mesh.coordinates(c.rank);
+    c.etp = rank.has("etp") ? index_below(rank, "etp", p.expert_tp()) : expected.etp;
+    c.edp = rank.has("edp") ? index_below(rank, "edp", p.expert_dp()) : expected.edp;
+    rank.finish();
+    if (c.tp != expected.tp || c.cp != expected.cp || c.dp != expected.dp || c.pp != expected.pp)
+      rank.fail("tp", "rank " + std::to_string(c.rank) + " at " + at(expected) + " (the order tp-cp-dp-pp; it is at " +
+                          at(c) + ")");
+    if (folded_experts && (c.etp != expected.etp || c.ep != expected.ep || c.edp != expected.edp))
+      rank.fail("ep", "rank " + std::to_string(c.rank) + " at etp " + std::to_string(expected.etp) + ", ep " +
+                          std::to_string(expected.ep) + ", edp " + std::to_string(expected.edp) +
+                          " (the expert order etp-ep-edp)");
+    if (seen[c.rank]) rank.fail("rank", "a rank not listed before");
+    seen[c.rank] = true;
+    out[c.rank] = c;
+  }
+  layout.finish();
+  return out;
+}
+
 }  // namespace
 
 Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const TrainingSpec& training,
@@ -121,50 +172,7 @@ Plan plan_from_json(const json& j, const std::string& file) {
            std::to_string(num_microbatches(plan.training, p)) + " (global_batch / (micro_batch * dp))");
 
   ObjectReader layout = r.object("rank_layout");
-  layout.one_of("order", {"tp-cp-dp-pp"});
-  // "dp": a dense model's plan (no expert groups), or one written before MoE parallel folding.
-  layout.one_of("ep_within", {"tp-cp-dp", "dp"});
-  const bool folded_experts = layout.has("expert_order");
-  if (folded_experts) layout.one_of("expert_order", {"etp-ep-edp"});
-  const Mesh mesh(p);
-  const json& ranks = array(layout, "ranks", world, "ranks (tp*cp*dp*pp)");
-  plan.ranks.resize(world);
-  std::vector<bool> seen(world, false);
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    ObjectReader rank(ranks[i], file, "/rank_layout/ranks/" + std::to_string(i));
-    RankCoordinates c;
-    c.rank = index_below(rank, "rank", world);
-    c.node = index_below(rank, "node", world);
-    c.local_rank = index_below(rank, "local_rank", world);
-    c.tp = index_below(rank, "tp", p.tp);
-    c.cp = index_below(rank, "cp", p.cp);
-    c.dp = index_below(rank, "dp", p.dp);
-    c.pp = index_below(rank, "pp", p.pp);
-    c.ep = index_below(rank, "ep", p.ep);
-    // The layout is the mesh's (mesh.h): a rank at other coordinates is refused, since every
-    // reader of the plan takes its groups from the mesh. etp and edp are absent in a dense model's
-    // plan and in plans written before MoE folding: derived from the rank, as make_plan does; the
-    // ep of such a plan ("ep_within": "dp") followed another order and is not compared.
-    const RankCoordinates expected = mesh.coordinates(c.rank);
-    c.etp = rank.has("etp") ? index_below(rank, "etp", p.expert_tp()) : expected.etp;
-    c.edp = rank.has("edp") ? index_below(rank, "edp", p.expert_dp()) : expected.edp;
-    rank.finish();
-    auto at = [](const RankCoordinates& x) {
-      return "tp " + std::to_string(x.tp) + ", cp " + std::to_string(x.cp) + ", dp " + std::to_string(x.dp) + ", pp " +
-             std::to_string(x.pp);
-    };
-    if (c.tp != expected.tp || c.cp != expected.cp || c.dp != expected.dp || c.pp != expected.pp)
-      rank.fail("tp", "rank " + std::to_string(c.rank) + " at " + at(expected) + " (the order tp-cp-dp-pp; it is at " +
-                          at(c) + ")");
-    if (folded_experts && (c.etp != expected.etp || c.ep != expected.ep || c.edp != expected.edp))
-      rank.fail("ep", "rank " + std::to_string(c.rank) + " at etp " + std::to_string(expected.etp) + ", ep " +
-                          std::to_string(expected.ep) + ", edp " + std::to_string(expected.edp) +
-                          " (the expert order etp-ep-edp)");
-    if (seen[c.rank]) rank.fail("rank", "a rank not listed before");
-    seen[c.rank] = true;
-    plan.ranks[c.rank] = c;
-  }
-  layout.finish();
+  plan.ranks = read_rank_layout(layout, p);
 
   const json& stages = array(r, "stages", p.pp, "pipeline stages (pp)");
   int layers = 0;

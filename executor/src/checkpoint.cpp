@@ -14,6 +14,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -520,8 +521,20 @@ std::optional<FoundCheckpoint> find_checkpoint(const std::string& dir, bool veri
   return std::nullopt;
 }
 
-void load_checkpoint(const FoundCheckpoint& found, const TrainingState& state, int rank, int world,
-                     const json& plan_info) {
+namespace {
+// The local slices of the needed tensors, from the shards that hold them: (name, parts, index)
+// -> kind -> flat buffer, and how many of its elements the pieces covered.
+struct Local {
+  GlobalSlice slice;
+  std::map<std::string, at::Tensor> flat;
+  int64_t covered = 0, numel = 0, real = 0;  // real: the elements that are not padding
+};
+using Locals = std::map<std::tuple<std::string, int, int>, Local>;
+using Globals = std::map<std::string, std::map<std::string, at::Tensor>>;  // name -> kind -> tensor
+
+// The checkpoint's model and batch against the plan's (InputError when they differ); whether it
+// was saved under the plan's own layout.
+bool same_layout_as_saved(const FoundCheckpoint& found, int world, const json& plan_info) {
   const CheckpointManifest& m = found.manifest;
   if (m.plan.at("model") != plan_info.at("model"))
     throw InputError("checkpoint " + found.folder + " holds another model (" +
@@ -531,23 +544,17 @@ void load_checkpoint(const FoundCheckpoint& found, const TrainingState& state, i
     throw InputError("checkpoint " + found.folder + " was saved with global batch " + m.plan["global_batch"].dump() +
                      " and seq_len " + m.plan["seq_len"].dump() + "; the plan has " +
                      plan_info["global_batch"].dump() + " and " + plan_info["seq_len"].dump());
-  const bool same_layout = m.world_size == world && m.plan.at("parallel") == plan_info.at("parallel") &&
-                           m.plan.value("rank_layout", json()) == plan_info.value("rank_layout", json());
+  return m.world_size == world && m.plan.at("parallel") == plan_info.at("parallel") &&
+         m.plan.value("rank_layout", json()) == plan_info.value("rank_layout", json());
+}
 
-  std::vector<Parameter>& params = state.stage.parameters();
-  std::set<std::string> needed;
-  for (const Parameter& p : params) needed.insert(p.name);
-
-  // The local slices of the needed tensors, from the shards that hold them: (name, parts, index)
-  // -> kind -> flat buffer, and how many of its elements the pieces covered.
-  struct Local {
-    GlobalSlice slice;
-    std::map<std::string, at::Tensor> flat;
-    int64_t covered = 0, numel = 0, real = 0;  // real: the elements that are not padding
-  };
-  std::map<std::tuple<std::string, int, int>, Local> locals;
+// Every piece of the needed parameters from the shards that hold them (their checksums checked);
+// restores this rank's RNG states from its own shard when the layout is the saved one. Returns the
+// optimizer's step count.
+int64_t read_pieces(const FoundCheckpoint& found, const std::set<std::string>& needed, bool same_layout, int rank,
+                    const TrainingState& state, Locals& locals) {
   int64_t optimizer_step = -1;
-  for (const ManifestShard& shard : m.shards) {
+  for (const ManifestShard& shard : found.manifest.shards) {
     const std::string& file = shard.file;
     const bool mine = same_layout && shard.rank == rank;  // its RNG states are this rank's
     bool wanted = mine;
@@ -590,8 +597,13 @@ void load_checkpoint(const FoundCheckpoint& found, const TrainingState& state, i
       optimizer_step = piece.at("optimizer_step").get<int64_t>();
     }
   }
-  // The global tensors, kind by kind.
-  std::map<std::string, std::map<std::string, at::Tensor>> global;  // name -> kind -> tensor
+  return optimizer_step;
+}
+
+// The global tensors, kind by kind, out of the local slices; InputError when a slice is incomplete,
+// saved under two layouts, or missing.
+Globals assemble_globals(const FoundCheckpoint& found, const std::set<std::string>& needed, Locals& locals) {
+  Globals global;
   std::map<std::string, std::set<int>> indices;                      // name -> the tp (etp) slices seen
   for (auto& [key, local] : locals) {
     const std::string& name = std::get<0>(key);
@@ -617,7 +629,12 @@ void load_checkpoint(const FoundCheckpoint& found, const TrainingState& state, i
                        std::to_string(parts) + " slices of " + name);
   }
 
-  // Into this rank's tensors.
+  return global;
+}
+
+// This rank's weights, master weights and AdamW moments out of the global tensors.
+void restore_rank_state(const TrainingState& state, Globals& global, int64_t optimizer_step) {
+  std::vector<Parameter>& params = state.stage.parameters();
   at::NoGradGuard no_grad;
   std::map<std::string, std::map<std::string, at::Tensor>> mine;  // name -> kind -> this rank's local tensor, flat
   auto local_of = [&](const Parameter& p, const std::string& kind) -> at::Tensor {
@@ -650,7 +667,19 @@ void load_checkpoint(const FoundCheckpoint& found, const TrainingState& state, i
     adam->exp_avg_sq(local_of(p, "exp_avg_sq").narrow(0, piece.lo, piece.n).to(options).clone());
     set_optimizer_state(state.optimizer, it->second, std::move(adam));
   }
-  state.data.seek({m.epoch, m.samples});
+}
+}  // namespace
+
+void load_checkpoint(const FoundCheckpoint& found, const TrainingState& state, int rank, int world,
+                     const json& plan_info) {
+  const bool same_layout = same_layout_as_saved(found, world, plan_info);
+  std::set<std::string> needed;
+  for (const Parameter& p : state.stage.parameters()) needed.insert(p.name);
+  Locals locals;
+  const int64_t optimizer_step = read_pieces(found, needed, same_layout, rank, state, locals);
+  Globals global = assemble_globals(found, needed, locals);
+  restore_rank_state(state, global, optimizer_step);
+  state.data.seek({found.manifest.epoch, found.manifest.samples});
 }
 
 }  // namespace dplan::executor

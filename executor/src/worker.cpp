@@ -457,16 +457,19 @@ std::string write_run_record(const RunOptions& args, const Place& place, const E
   exit_now(1);
 }
 
+// --deterministic, before the first cuBLAS handle: a fixed workspace makes cuBLAS's GEMMs
+// reproducible (cuBLAS documentation, "Results reproducibility"); ATen then picks deterministic
+// kernels (flash attention's backward and the scatter-adds among them), warning where an operator
+// has none.
+void use_deterministic_kernels() {
+  ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+}
+
 int train(const RunOptions& args, const Place& place) {
   const ExecPlan plan = read_plan(args.plan_path);
   check_run_options(args, plan, place);
-  if (args.deterministic) {
-    // Before the first cuBLAS handle: a fixed workspace makes its GEMMs reproducible (cuBLAS
-    // documentation, "Results reproducibility"); ATen then picks deterministic kernels (flash
-    // attention's backward among them), warning where an operator has none.
-    ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
-    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
-  }
+  if (args.deterministic) use_deterministic_kernels();
   const DeviceChoice device = choose_device(args, plan);
   MemoryMeter meter(device.cuda ? place.local_rank : -1);  // before the first tensor
   PhaseClock clock(device.cuda ? std::function<void()>([dev = place.local_rank] { torch::cuda::synchronize(dev); })

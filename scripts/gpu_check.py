@@ -802,8 +802,15 @@ def training_result(plan, run, comparison):
             "reserved_peak_bytes": rank0.get("reserved_peak"), "phases": comparison.get("phases")}
 
 
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line naming the problem and the valid choices, exit 2
+        print(f"gpu-check: error: {message}; valid: --bundle, --dry-run, --rehearse BUILD_DIR, --out DIR, "
+              "--python PY, --help", file=sys.stderr)
+        sys.exit(2)
+
+
 def main():
-    parser = argparse.ArgumentParser(prog="scripts/gpu-check.sh", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="scripts/gpu-check.sh", description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--bundle", action="store_true", help="gather the headers into .gpu-bundle/ and print the call")
     mode.add_argument("--dry-run", action="store_true", help="everything without a GPU (builds against --python)")

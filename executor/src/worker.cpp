@@ -457,6 +457,32 @@ std::string write_run_record(const RunOptions& args, const Place& place, const E
   exit_now(1);
 }
 
+// Where to resume from: --resume, or under a torchrun restart the --checkpoint-dir (empty: none).
+std::string resume_folder(const RunOptions& args) {
+  const bool restarted = std::atoi(env_or("TORCHELASTIC_RESTART_COUNT", "0").c_str()) > 0;
+  if (args.resume.empty() && restarted && !args.checkpoint_dir.empty() && std::filesystem::is_directory(args.checkpoint_dir))
+    return args.checkpoint_dir;
+  return args.resume;
+}
+
+// The newest complete checkpoint in `dir` loaded into `state` (none there: an error with --resume,
+// a fresh start after a restart); the step it was saved after, also noted in `record`.
+int resume_from(const std::string& dir, const RunOptions& args, const Place& place, const TrainingState& state,
+                const json& plan_info, costmodel::RunCheckpoints& record) {
+  const std::optional<FoundCheckpoint> found = find_checkpoint(dir, place.rank == 0);
+  if (!found && !args.resume.empty())
+    throw InputError("--resume " + dir + ": no complete checkpoint there (a folder step-N with its manifest.json)");
+  if (!found) return 0;
+  if (found->step >= args.steps)
+    throw InputError(found->folder + " is at step " + std::to_string(found->step) + ", not before --steps " +
+                     std::to_string(args.steps) + "; give more steps");
+  load_checkpoint(*found, state, place.rank, place.world, plan_info);
+  record.resumed_from_step = found->step;
+  record.resumed_from = found->folder;
+  if (place.rank == 0 && !args.quiet) std::fprintf(stderr, "resuming from %s (step %d)\n", found->folder.c_str(), found->step);
+  return found->step;
+}
+
 // --deterministic, before the first cuBLAS handle: a fixed workspace makes cuBLAS's GEMMs
 // reproducible (cuBLAS documentation, "Results reproducibility"); ATen then picks deterministic
 // kernels (flash attention's backward and the scatter-adds among them), warning where an operator
@@ -497,33 +523,15 @@ int train(const RunOptions& args, const Place& place) {
     const TrainingState state{stage, grads, *optimizer, data, ctx.device};
     std::optional<costmodel::RunCheckpoints> checkpoint_record;
     json plan_info;
-    int first_step = 0;
-    std::string resume_dir = args.resume;
-    const bool restarted = std::atoi(env_or("TORCHELASTIC_RESTART_COUNT", "0").c_str()) > 0;
-    if (resume_dir.empty() && restarted && !args.checkpoint_dir.empty() && std::filesystem::is_directory(args.checkpoint_dir))
-      resume_dir = args.checkpoint_dir;
+    const std::string resume_dir = resume_folder(args);
     if (!resume_dir.empty() || !args.checkpoint_dir.empty()) {
       plan_info = checkpoint_plan_info(args.plan_path);
       checkpoint_record.emplace();
       checkpoint_record->dir = args.checkpoint_dir;
       checkpoint_record->async = !args.sync_save;
     }
-    if (!resume_dir.empty()) {
-      const std::optional<FoundCheckpoint> found = find_checkpoint(resume_dir, place.rank == 0);
-      if (!found && !args.resume.empty())
-        throw InputError("--resume " + resume_dir + ": no complete checkpoint there (a folder step-N with its manifest.json)");
-      if (found) {
-        if (found->step >= args.steps)
-          throw InputError(found->folder + " is at step " + std::to_string(found->step) + ", not before --steps " +
-                           std::to_string(args.steps) + "; give more steps");
-        load_checkpoint(*found, state, place.rank, place.world, plan_info);
-        first_step = found->step;
-        checkpoint_record->resumed_from_step = found->step;
-        checkpoint_record->resumed_from = found->folder;
-        if (place.rank == 0 && !args.quiet)
-          std::fprintf(stderr, "resuming from %s (step %d)\n", found->folder.c_str(), found->step);
-      }
-    }
+    const int first_step =
+        resume_dir.empty() ? 0 : resume_from(resume_dir, args, place, state, plan_info, *checkpoint_record);
     std::unique_ptr<Checkpointer> checkpointer;
     CheckpointPlan checkpoints;
     if (!args.checkpoint_dir.empty()) {

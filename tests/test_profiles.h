@@ -2,6 +2,9 @@
 // a CMake-defined absolute path).
 #pragma once
 
+#include <string>
+
+#include "dplan/costmodel/plan_file.h"
 #include "dplan/planner/profiles.h"
 
 namespace dplan::testing {
@@ -9,6 +12,16 @@ namespace dplan::testing {
 inline const planner::ProfileStore& store() {
   static const planner::ProfileStore s(DPLAN_PROFILES_DIR);
   return s;
+}
+
+// The plan of a shipped model preset on local-cpu with this layout, without a prediction.
+inline costmodel::Plan local_plan(const std::string& model, const costmodel::ParallelConfig& p, int seq_len,
+                                  int global_batch) {
+  costmodel::TrainingSpec training;
+  training.seq_len = seq_len;
+  training.global_batch = global_batch;
+  return costmodel::make_plan(store().load_model(model), store().load_cluster("local-cpu"), training, p, {},
+                              costmodel::MemoryEstimate{}, costmodel::TimeBreakdown{});
 }
 
 }  // namespace dplan::testing

@@ -59,12 +59,8 @@ TEST_CASE("plan.json: every plan dplan wrote reads strictly and writes back the 
 
 TEST_CASE("plan.json: the written plan of an interleaved layout round-trips with its model chunks", "[formats]") {
   const ModelSpec model = dplan::testing::store().load_model("gpt-small");
-  const ClusterSpec cluster = dplan::testing::store().load_cluster("local-cpu");
-  TrainingSpec training;
-  training.seq_len = 128;
-  training.global_batch = 8;
-  ParallelConfig p{.tp = 1, .pp = 2, .dp = 2, .vpp = 2, .schedule = Schedule::interleaved, .layers_per_stage = {}};
-  const Plan plan = make_plan(model, cluster, training, p, {}, MemoryEstimate{}, TimeBreakdown{});
+  const Plan plan = dplan::testing::local_plan(
+      "gpt-small", {.tp = 1, .pp = 2, .dp = 2, .vpp = 2, .schedule = Schedule::interleaved, .layers_per_stage = {}}, 128, 8);
   REQUIRE(plan.stages.size() == 2);
   const int per_chunk = model.num_layers / 4;  // Megatron's interleaving: chunk j of stage i is block j*pp + i
   CHECK(plan.stages[1].chunks == std::vector<PlanChunk>{{per_chunk, per_chunk}, {3 * per_chunk, per_chunk}});

@@ -151,13 +151,7 @@ TEST_CASE("mesh: Megatron-Core's fold of the expert groups over a stage", "[mesh
 }
 
 TEST_CASE("mesh: a plan whose rank layout is not the mesh's is refused in one line naming the rank", "[mesh]") {
-  const ModelSpec model = dplan::testing::store().load_model("gpt-tiny");
-  const ClusterSpec cluster = dplan::testing::store().load_cluster("local-cpu");
-  TrainingSpec training;
-  training.seq_len = 64;
-  training.global_batch = 8;
-  ParallelConfig p{.tp = 2, .pp = 2, .dp = 2, .layers_per_stage = {}};
-  const Plan plan = make_plan(model, cluster, training, p, {}, MemoryEstimate{}, TimeBreakdown{});
+  const Plan plan = dplan::testing::local_plan("gpt-tiny", {.tp = 2, .pp = 2, .dp = 2, .layers_per_stage = {}}, 64, 8);
   json j = to_json(plan);
   CHECK_NOTHROW(plan_from_json(j, "plan.json"));
   // Ranks 1 and 2 swapped (tp and cp, dp would say another order): both still valid coordinates.

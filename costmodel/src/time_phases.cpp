@@ -87,10 +87,11 @@ double expert_parallel_comm_s(const ModelSpec& m, const Network& net, const Trai
   if (!m.is_moe() || (p.ep <= 1 && etp <= 1)) return 0;
   const double bytes = tokens_per_microbatch(t, p) / p.tp * m.experts_per_token * m.hidden_size *
                        activation_bytes(t.precision);
-  double forward_s = 2 * net.cost(Collective::all_to_all, bytes, Mesh(p).shape(Dim::ep)).time_s;
+  const Mesh mesh(p);
+  double forward_s = 2 * net.cost(Collective::all_to_all, bytes, mesh.shape(Dim::ep)).time_s;
   if (etp > 1)
-    forward_s += net.cost(Collective::all_gather, etp * bytes, Mesh(p).shape(Dim::etp)).time_s +
-                 net.cost(Collective::reduce_scatter, etp * bytes, Mesh(p).shape(Dim::etp)).time_s;
+    forward_s += net.cost(Collective::all_gather, etp * bytes, mesh.shape(Dim::etp)).time_s +
+                 net.cost(Collective::reduce_scatter, etp * bytes, mesh.shape(Dim::etp)).time_s;
   // Per mean layer (ModelSpec): the dense layers of an MoE model dispatch nothing.
   return m.moe_layer_fraction() * forward_s * (2 + (p.recompute == Recompute::full ? 1 : 0));
 }
@@ -110,7 +111,8 @@ double dense_and_expert_cost(const Network& net, Collective op, const ParallelCo
     const double n = std::max(1.0, std::round(buckets * bytes / total));
     return n * net.cost(op, bytes / n, shape).time_s;
   };
-  return bucketed(dense_bytes, Mesh(p).data_parallel_shape()) + bucketed(expert_bytes, Mesh(p).shape(Dim::edp));
+  const Mesh mesh(p);
+  return bucketed(dense_bytes, mesh.data_parallel_shape()) + bucketed(expert_bytes, mesh.shape(Dim::edp));
 }
 
 // Parameters one rank's optimizer steps over, on its largest stage: all of them, or with ZeRO >= 1
@@ -135,7 +137,8 @@ Zero3Comm zero3_comm(const Network& net, const TrainingSpec& t, const ParallelCo
   Zero3Comm c;
   // MoE: a layer's experts gather and reduce-scatter over their expert data-parallel group, beside
   // the dense part's over dp*cp (dense_and_expert_cost).
-  if (p.zero_stage >= 3 && (Mesh(p).data_parallel_shape().size > 1 || Mesh(p).shape(Dim::edp).size > 1)) {
+  const Mesh mesh(p);
+  if (p.zero_stage >= 3 && (mesh.data_parallel_shape().size > 1 || mesh.shape(Dim::edp).size > 1)) {
     const BytesPerParam bpp = bytes_per_param(t);
     const StageMemory& s0 = mem.stages[0];
     const double layers = std::max(1, s0.num_layers);
@@ -306,7 +309,8 @@ DataParallelComm data_parallel_comm(const ModelSpec& m, const Network& net, cons
   DataParallelComm r;
   const double hide = net.cluster().comm_overlap_fraction;
   const BytesPerParam bpp = bytes_per_param(t);
-  const GroupShape dp_shape = Mesh(p).data_parallel_shape();
+  const Mesh mesh(p);
+  const GroupShape dp_shape = mesh.data_parallel_shape();
   const StageMemory& s0 = mem.stages[0];
   double grad_bytes = s0.num_params * bpp.grads;
   // MoE: the experts' gradients reduce over their expert data-parallel group, the rest over dp*cp
@@ -316,7 +320,7 @@ DataParallelComm data_parallel_comm(const ModelSpec& m, const Network& net, cons
     return dense_and_expert_cost(net, op, p, dense_params * bytes_per_param, s0.expert_params * bytes_per_param,
                                  buckets);
   };
-  if ((dp_shape.size > 1 || Mesh(p).shape(Dim::edp).size > 1) && p.zero_stage < 3) {
+  if ((dp_shape.size > 1 || mesh.shape(Dim::edp).size > 1) && p.zero_stage < 3) {
     bool sharded = p.zero_stage >= 1 || p.distributed_optimizer;
     // One collective per bucket, each paying its latency: at hundreds of ranks a ring's latency
     // ((n-1) hops) rivals its transfer, so the bucket count matters as much as the bytes.

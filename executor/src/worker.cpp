@@ -502,7 +502,7 @@ int train(const RunOptions& args, const Place& place) {
                                : std::function<void()>());
   if (!device.cuda) set_rank_threads(place);
   DataSource data(args.data_path, plan.training.seq_len, plan.model.vocab_size, plan.training.global_batch,
-                  plan.parallel.dp, plan.ranks[place.rank].dp, args.seed);
+                  plan.parallel.dp, plan.mesh().coordinates(place.rank).dp, args.seed);
 
   // Rendezvous and heartbeats.
   const auto timeout = collective_timeout(args);

@@ -79,7 +79,7 @@ for (( round = 1; round <= rounds; round++ )); do
 done
 
 printf '%-16s %9s %9s %7s %7s   %s\n' layout "pred ms" "meas ms" "err %" "spread" \
-    "phases pred/meas ms (fwd bwd tp pp dp opt)"
+    "phases pred/meas ms (fwd bwd rec tp cp ep p2p bubble dp gather opt)"
 for name in "${selected[@]}"; do
     "$PYTHON" - "$name" "$out" "$rounds" <<'PY'
 import glob, json, statistics, sys
@@ -97,7 +97,8 @@ def q(p):
     return steps[i] + (x - i) * (steps[min(i + 1, len(steps) - 1)] - steps[i])
 measured, spread = q(0.5), (q(0.9) - q(0.1)) / q(0.5)
 predicted = compares[0]["step_time_s"]["predicted"]
-keys = ("forward", "backward", "tp_comm", "pp_wait", "dp_comm", "optimizer")
+keys = ("forward", "backward", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_p2p", "pp_bubble", "dp_comm",
+        "param_gather", "optimizer")
 ph = [c["phases"] for c in compares]
 parts = " ".join(f"{1e3 * ph[0][k]['predicted']:.0f}/{1e3 * statistics.mean(p[k]['measured'] for p in ph):.0f}"
                  for k in keys if k in ph[0])

@@ -154,7 +154,7 @@ echo "GPT $config, global batch $global_batch x seq $seq, fp32, CPU, $(nproc) co
 import json, os, statistics, sys
 tmp, rounds, pairings = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 print(f"{'pairing':<9} {'torch step (ms)':>16} {'dplan step (ms)':>16} {'dplan/torch':>12} {'min-max':>13}  "
-      f"dplan phases, last round (ms): fwd bwd tp dp opt other")
+      f"dplan phases, last round (ms): fwd bwd tp dp opt overhead")
 worst = None
 for p in pairings:
     ratios, t_ms, d_ms, phases = [], [], [], None
@@ -174,7 +174,7 @@ for p in pairings:
         continue
     med = statistics.median(ratios)
     worst = med if worst is None else max(worst, med)
-    ph = " ".join(f"{phases.get(k, 0) * 1e3:.0f}" for k in ("forward", "backward", "tp_comm", "dp_comm", "optimizer", "other"))
+    ph = " ".join(f"{phases.get(k, 0) * 1e3:.0f}" for k in ("forward", "backward", "tp_comm", "dp_comm", "optimizer", "overhead"))
     print(f"{p:<9} {statistics.median(t_ms):>16.1f} {statistics.median(d_ms):>16.1f} {med:>12.3f} "
           f"{min(ratios):>6.3f}-{max(ratios):.3f}  {ph}")
 if worst is not None:

@@ -8,18 +8,24 @@
 
 namespace dplan::costmodel {
 
-// Throws InputError unless the object's format_version is `supported`: for a newer one
-// "<file>: /format_version: format 2 is newer than this dplan reads (format 1); use a newer dplan",
-// for an older one "<file>: /format_version: expected 1 (this dplan reads format 1), got 0".
-inline void check_format_version(ObjectReader& r, int supported) {
+// The object's format_version, when it is one this dplan reads (`oldest` to `supported`); else
+// throws InputError: for a newer one "<file>: /format_version: format 2 is newer than this dplan
+// reads (format 1); use a newer dplan", for an older one "<file>: /format_version: expected 1
+// (this dplan reads format 1), got 0".
+inline int check_format_version(ObjectReader& r, int supported, int oldest = -1) {
+  if (oldest < 0) oldest = supported;
   const long long version = r.positive_int("format_version");
   if (version > supported)
     throw InputError(r.where("format_version") + ": format " + std::to_string(version) +
                      " is newer than this dplan reads (format " + std::to_string(supported) +
                      "); use a newer dplan, or write the file again with this one");
-  if (version != supported)
-    throw InputError(r.where("format_version") + ": expected " + std::to_string(supported) + " (this dplan reads format " +
-                     std::to_string(supported) + "), got " + std::to_string(version));
+  if (version < oldest) {
+    const std::string reads = oldest == supported ? std::to_string(supported)
+                                                  : std::to_string(oldest) + " to " + std::to_string(supported);
+    throw InputError(r.where("format_version") + ": expected " + reads + " (this dplan reads format " + reads +
+                     "), got " + std::to_string(version));
+  }
+  return static_cast<int>(version);
 }
 
 }  // namespace dplan::costmodel

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <tuple>
 
 #include "dplan/costmodel/errors.h"
 #include "format_version.h"
@@ -64,7 +65,7 @@ json to_json(const RunRecord& run) {
   }
   const StepTimeStats& t = run.step_time;
   json out{
-      {"format_version", kRunFormatVersion},
+      {"format_version", run.format_version},
       {"generator", "dplan"},
       {"plan", run.plan},
       {"layout",
@@ -104,14 +105,11 @@ json to_json(const RunRecord& run) {
   return out;
 }
 
-RunRecord run_record_from_json(const json& j, const std::string& file) {
-  ObjectReader r(j, file);
-  check_format_version(r, kRunFormatVersion);
-  r.string("generator");
-  RunRecord run;
-  // The layout first: what compare needs first (and what tells a run.json from a plan).
+namespace {
+
+RunLayout read_layout(ObjectReader& r) {
   ObjectReader layout = r.object("layout");
-  RunLayout& l = run.layout;
+  RunLayout l;
   l.tp = positive(layout, "tp", kMaxGpus);
   l.pp = positive(layout, "pp", kMaxGpus);
   l.dp = positive(layout, "dp", kMaxGpus);
@@ -127,17 +125,15 @@ RunRecord run_record_from_json(const json& j, const std::string& file) {
   l.recompute = recompute_from_string(layout.one_of("recompute", {"none", "selective", "full"}));
   l.sequence_parallel = layout.boolean("sequence_parallel");
   layout.finish();
-  run.plan = r.string("plan");
+  return l;
+}
 
-  r.object("config");
-  run.config = r.raw("config");
-  r.object("environment");
-  run.environment = r.raw("environment");
-
+std::vector<RunStep> read_steps(ObjectReader& r) {
   const json& steps = r.raw("steps");
   if (!steps.is_array()) r.fail("steps", "a list of steps");
+  std::vector<RunStep> out;
   for (size_t i = 0; i < steps.size(); ++i) {
-    ObjectReader step(steps[i], file, "/steps/" + std::to_string(i));
+    ObjectReader step(steps[i], r.file(), "/steps/" + std::to_string(i));
     RunStep s;
     s.step = static_cast<int>(step.non_negative_int("step"));
     s.loss = step.number("loss");
@@ -146,11 +142,14 @@ RunRecord run_record_from_json(const json& j, const std::string& file) {
     s.warmup = step.boolean("warmup");
     s.tokens_per_s = step.non_negative_number("tokens_per_s");
     step.finish();
-    run.steps.push_back(s);
+    out.push_back(s);
   }
+  return out;
+}
 
+StepTimeStats read_step_time(ObjectReader& r) {
   ObjectReader stats = r.object("step_time_s");
-  StepTimeStats& t = run.step_time;
+  StepTimeStats t;
   t.median_s = stats.non_negative_number("median");
   t.mean_s = stats.non_negative_number("mean");
   t.min_s = stats.non_negative_number("min");
@@ -160,40 +159,58 @@ RunRecord run_record_from_json(const json& j, const std::string& file) {
   t.stdev_s = stats.non_negative_number("stdev");
   t.count = stats.non_negative_int("count");
   stats.finish();
-  run.tokens_per_s = r.non_negative_number("tokens_per_s");
+  return t;
+}
 
-  ObjectReader phases = r.object("phases_s");
-  for (const auto& [name, value] : r.raw("phases_s").items()) {
-    check_name(r, "/phases_s", name);
-    run.phases_s[name] = phases.non_negative_number(name);
+// One object of phase -> seconds (phases_s, or a row of phases_by_rank_s less its rank and
+// stage). Format 2: the names of phases.h, in phases_s every one of them or none (a run that
+// timed no phases); format 1: any names (its own vocabulary, measured_phases below).
+std::map<std::string, double> read_phase_seconds(ObjectReader& reader, const json& object, const std::string& pointer,
+                                                 int format, bool all) {
+  std::map<std::string, double> out;
+  for (const auto& [name, value] : object.items()) {
+    if (name == "rank" || name == "stage") continue;
+    if (format >= 2 && !phase_from_name(name))
+      throw InputError(reader.file() + ": " + pointer + ": \"" + quote_for_message(name) +
+                       "\" is not a phase; valid: " + phase_names());
+    check_name(reader, pointer, name);
+    out[name] = reader.non_negative_number(name);
   }
+  if (format >= 2 && all && !out.empty())
+    for (const PhaseInfo& info : phase_table())
+      if (!out.count(info.name)) reader.non_negative_number(info.name);  // missing: the reader's one-line error
+  return out;
+}
+
+void read_phases(ObjectReader& r, RunRecord& run) {
+  ObjectReader phases = r.object("phases_s");
+  run.phases_s = read_phase_seconds(phases, r.raw("phases_s"), "/phases_s", run.format_version, true);
   phases.finish();
   run.phases_by_rank_s = r.raw("phases_by_rank_s");
   if (!run.phases_by_rank_s.is_array()) r.fail("phases_by_rank_s", "a list of per-rank phases");
-  const long long world = static_cast<long long>(l.tp) * l.pp * l.dp * l.cp;  // each checked above
+  const RunLayout& l = run.layout;
+  const long long world = static_cast<long long>(l.tp) * l.pp * l.dp * l.cp;  // each checked by read_layout
   for (size_t i = 0; i < run.phases_by_rank_s.size(); ++i) {
     const std::string pointer = "/phases_by_rank_s/" + std::to_string(i);
-    ObjectReader rank(run.phases_by_rank_s[i], file, pointer);
+    ObjectReader rank(run.phases_by_rank_s[i], r.file(), pointer);
     rank.int_in("rank", 0, world - 1);
     rank.int_in("stage", 0, l.pp - 1);
-    for (const auto& [name, value] : run.phases_by_rank_s[i].items()) {
-      if (name == "rank" || name == "stage") continue;
-      check_name(r, pointer, name);
-      rank.non_negative_number(name);
-    }
+    read_phase_seconds(rank, run.phases_by_rank_s[i], pointer, run.format_version, false);
     rank.finish();
   }
+}
 
-  run.stage_of_rank = read_stage_of_rank(r, l);
+std::map<int, std::map<std::string, long long>> read_memory(ObjectReader& r, const std::vector<int>& stage_of_rank) {
+  std::map<int, std::map<std::string, long long>> out;
   ObjectReader memory = r.object("memory");
   // Looked up by hand: the reader's "a misspelling?" hint would point at another rank's number.
-  for (size_t rank = 0; rank < run.stage_of_rank.size(); ++rank) {
+  for (size_t rank = 0; rank < stage_of_rank.size(); ++rank) {
     const std::string key = std::to_string(rank);
     if (!memory.has(key))
-      throw InputError(file + ": /memory: missing key \"" + key + "\" (rank " + key + ", which runs stage " +
-                       std::to_string(run.stage_of_rank[rank]) + ")");
+      throw InputError(r.file() + ": /memory: missing key \"" + key + "\" (rank " + key + ", which runs stage " +
+                       std::to_string(stage_of_rank[rank]) + ")");
     ObjectReader components = memory.object(key);
-    auto& rank_bytes = run.memory_bytes[static_cast<int>(rank)];  // kept when empty, so it is written back
+    auto& rank_bytes = out[static_cast<int>(rank)];  // kept when empty, so it is written back
     for (const auto& [name, value] : memory.raw(key).items()) {
       check_name(r, "/memory/" + key, name);
       rank_bytes[name] = components.int_in(name, 0, 1LL << 53);  // bytes
@@ -201,66 +218,126 @@ RunRecord run_record_from_json(const json& j, const std::string& file) {
     components.finish();
   }
   memory.finish();
-  run.memory_source = r.string("memory_source");
+  return out;
+}
 
+std::vector<std::string> read_weight_hashes(ObjectReader& r, size_t ranks, bool& identical) {
   ObjectReader replicas = r.object("replicas");
-  run.replicas_identical = replicas.boolean("identical");
+  identical = replicas.boolean("identical");
   const json& hashes = replicas.raw("weights_hash_by_rank");
-  if (!hashes.is_array() || hashes.size() != run.stage_of_rank.size())
-    replicas.fail("weights_hash_by_rank", "a list of " + std::to_string(run.stage_of_rank.size()) + " hashes");
+  if (!hashes.is_array() || hashes.size() != ranks)
+    replicas.fail("weights_hash_by_rank", "a list of " + std::to_string(ranks) + " hashes");
+  std::vector<std::string> out;
   for (size_t i = 0; i < hashes.size(); ++i) {
     if (!hashes[i].is_string())
       throw InputError(replicas.where("weights_hash_by_rank") + "/" + std::to_string(i) + ": expected a string, got " +
                        describe_json_value(hashes[i]));
-    run.weights_hash_by_rank.push_back(hashes[i].get<std::string>());
+    out.push_back(hashes[i].get<std::string>());
   }
   replicas.finish();
-  if (r.has("checkpoints")) {  // written since checkpoints exist; older files lack it
-    ObjectReader c = r.object("checkpoints");
-    RunCheckpoints& out = run.checkpoints.emplace();
-    out.dir = c.string("dir");
-    out.async = c.boolean("async");
-    if (c.has("resumed_from")) {
-      ObjectReader from = c.object("resumed_from");
-      out.resumed_from_step = static_cast<int>(from.non_negative_int("step"));
-      out.resumed_from = from.string("folder");
-      from.finish();
+  return out;
+}
+
+CheckpointSave read_save(const json& j, const std::string& file, const std::string& pointer, size_t ranks) {
+  ObjectReader save(j, file, pointer);
+  CheckpointSave s;
+  s.step = static_cast<int>(save.non_negative_int("step"));
+  s.blocking_s = save.non_negative_number("blocking_s");
+  s.wait_s = save.non_negative_number("wait_s");
+  s.write_s = save.non_negative_number("write_s");
+  long long file_total = 0, state_total = 0;
+  for (const auto& [key, list, total] : {std::tuple{"file_bytes_by_rank", &s.file_bytes_by_rank, &file_total},
+                                         std::tuple{"state_bytes_by_rank", &s.state_bytes_by_rank, &state_total}}) {
+    const json& bytes = save.raw(key);
+    if (!bytes.is_array() || bytes.size() != ranks)
+      save.fail(key, "a list of " + std::to_string(ranks) + " byte counts, one per rank");
+    for (const json& b : bytes) {
+      if (!b.is_number_integer() || b.get<long long>() < 0)
+        throw InputError(save.where(key) + ": expected byte counts, got " + describe_json_value(b));
+      list->push_back(b.get<long long>());
+      *total += b.get<long long>();
     }
-    if (c.has("stopped_by_signal")) out.stopped_by_signal = static_cast<int>(c.int_in("stopped_by_signal", 1, 64));
-    const json& saves = c.raw("saves");
-    if (!saves.is_array()) c.fail("saves", "a list of saves");
-    for (size_t i = 0; i < saves.size(); ++i) {
-      const std::string pointer = "/checkpoints/saves/" + std::to_string(i);
-      ObjectReader save(saves[i], file, pointer);
-      CheckpointSave s;
-      s.step = static_cast<int>(save.non_negative_int("step"));
-      s.blocking_s = save.non_negative_number("blocking_s");
-      s.wait_s = save.non_negative_number("wait_s");
-      s.write_s = save.non_negative_number("write_s");
-      long long file_total = 0, state_total = 0;
-      for (const auto& [key, list, total] : {std::tuple{"file_bytes_by_rank", &s.file_bytes_by_rank, &file_total},
-                                             std::tuple{"state_bytes_by_rank", &s.state_bytes_by_rank, &state_total}}) {
-        const json& bytes = save.raw(key);
-        if (!bytes.is_array() || bytes.size() != run.stage_of_rank.size())
-          save.fail(key, "a list of " + std::to_string(run.stage_of_rank.size()) + " byte counts, one per rank");
-        for (const json& b : bytes) {
-          if (!b.is_number_integer() || b.get<long long>() < 0)
-            throw InputError(save.where(key) + ": expected byte counts, got " + describe_json_value(b));
-          list->push_back(b.get<long long>());
-          *total += b.get<long long>();
-        }
-      }
-      if (save.int_in("file_bytes", 0, 1LL << 62) != file_total)
-        save.fail("file_bytes", "the sum of file_bytes_by_rank (" + std::to_string(file_total) + ")");
-      if (save.int_in("state_bytes", 0, 1LL << 62) != state_total)
-        save.fail("state_bytes", "the sum of state_bytes_by_rank (" + std::to_string(state_total) + ")");
-      save.finish();
-      out.saves.push_back(s);
-    }
-    c.finish();
   }
+  if (save.int_in("file_bytes", 0, 1LL << 62) != file_total)
+    save.fail("file_bytes", "the sum of file_bytes_by_rank (" + std::to_string(file_total) + ")");
+  if (save.int_in("state_bytes", 0, 1LL << 62) != state_total)
+    save.fail("state_bytes", "the sum of state_bytes_by_rank (" + std::to_string(state_total) + ")");
+  save.finish();
+  return s;
+}
+
+// Written since checkpoints exist; older files lack it.
+RunCheckpoints read_checkpoints(ObjectReader& r, size_t ranks) {
+  ObjectReader c = r.object("checkpoints");
+  RunCheckpoints out;
+  out.dir = c.string("dir");
+  out.async = c.boolean("async");
+  if (c.has("resumed_from")) {
+    ObjectReader from = c.object("resumed_from");
+    out.resumed_from_step = static_cast<int>(from.non_negative_int("step"));
+    out.resumed_from = from.string("folder");
+    from.finish();
+  }
+  if (c.has("stopped_by_signal")) out.stopped_by_signal = static_cast<int>(c.int_in("stopped_by_signal", 1, 64));
+  const json& saves = c.raw("saves");
+  if (!saves.is_array()) c.fail("saves", "a list of saves");
+  for (size_t i = 0; i < saves.size(); ++i)
+    out.saves.push_back(read_save(saves[i], r.file(), "/checkpoints/saves/" + std::to_string(i), ranks));
+  c.finish();
+  return out;
+}
+
+}  // namespace
+
+RunRecord run_record_from_json(const json& j, const std::string& file) {
+  ObjectReader r(j, file);
+  RunRecord run;
+  run.format_version = check_format_version(r, kRunFormatVersion, kOldestRunFormatVersion);
+  r.string("generator");
+  // The layout first: what compare needs first (and what tells a run.json from a plan).
+  run.layout = read_layout(r);
+  run.plan = r.string("plan");
+  r.object("config");
+  run.config = r.raw("config");
+  r.object("environment");
+  run.environment = r.raw("environment");
+  run.steps = read_steps(r);
+  run.step_time = read_step_time(r);
+  run.tokens_per_s = r.non_negative_number("tokens_per_s");
+  read_phases(r, run);
+  run.stage_of_rank = read_stage_of_rank(r, run.layout);
+  run.memory_bytes = read_memory(r, run.stage_of_rank);
+  run.memory_source = r.string("memory_source");
+  run.weights_hash_by_rank = read_weight_hashes(r, run.stage_of_rank.size(), run.replicas_identical);
+  if (r.has("checkpoints")) run.checkpoints = read_checkpoints(r, run.stage_of_rank.size());
   r.finish();
   return run;
+}
+
+std::vector<MeasuredPhase> measured_phases(const RunRecord& run, const std::string& file) {
+  auto seconds = [&](const char* name) {
+    auto it = run.phases_s.find(name);
+    if (it == run.phases_s.end()) throw InputError(file + ": /phases_s: missing key \"" + std::string(name) + "\"");
+    return it->second;
+  };
+  std::vector<MeasuredPhase> out;
+  if (run.format_version >= 2) {
+    for (const PhaseInfo& info : phase_table()) out.push_back({info.phase, seconds(info.name), {}});
+    return out;
+  }
+  // Format 1 (docs/run-json.md, "format 1"): eight phases, some holding others of phases.h.
+  // Files written before expert parallelism timed the all-to-alls inside tp_comm.
+  const bool ep_apart = run.phases_s.count("ep_comm") > 0;
+  out.push_back({Phase::forward, seconds("forward"), {}});
+  out.push_back({Phase::backward, seconds("backward"), {Phase::recompute}});
+  out.push_back({Phase::tp_comm, seconds("tp_comm"),
+                 ep_apart ? std::vector<Phase>{Phase::cp_comm} : std::vector<Phase>{Phase::cp_comm, Phase::ep_comm}});
+  if (ep_apart) out.push_back({Phase::ep_comm, seconds("ep_comm"), {}});
+  out.push_back({Phase::pp_bubble, seconds("pp_wait"), {Phase::pp_p2p}});
+  out.push_back({Phase::dp_comm, seconds("dp_comm"), {Phase::param_gather}});
+  out.push_back({Phase::optimizer, seconds("optimizer"), {Phase::offload}});
+  out.push_back({Phase::overhead, seconds("other"), {}});
+  return out;
 }
 
 RunRecord read_run_record(const std::string& path) { return run_record_from_json(read_json_file(path), path); }

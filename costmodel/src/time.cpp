@@ -14,12 +14,29 @@ GroupShape embedding_group_shape(const ParallelConfig& p) {
   return p.pp % 2 == 0 ? GroupShape{2, pipeline.stride * p.pp / 2} : pipeline;
 }
 
+double TimeBreakdown::seconds(Phase p) const {
+  switch (p) {
+    case Phase::forward: return forward_s;
+    case Phase::backward: return backward_s;
+    case Phase::recompute: return recompute_s;
+    case Phase::tp_comm: return tp_comm_s;
+    case Phase::cp_comm: return cp_comm_s;
+    case Phase::ep_comm: return ep_comm_s;
+    case Phase::pp_p2p: return pp_p2p_s;
+    case Phase::pp_bubble: return pp_bubble_s;
+    case Phase::dp_comm: return dp_comm_s;
+    case Phase::param_gather: return param_gather_s;
+    case Phase::optimizer: return optimizer_s;
+    case Phase::offload: return offload_s;
+    case Phase::overhead: return overhead_s;
+  }
+  return 0;
+}
+
 std::map<std::string, double> TimeBreakdown::phases() const {
-  return {{"forward", forward_s},       {"backward", backward_s},   {"recompute", recompute_s},
-          {"tp_comm", tp_comm_s},       {"cp_comm", cp_comm_s},     {"ep_comm", ep_comm_s},
-          {"pp_p2p", pp_p2p_s},         {"pp_bubble", pp_bubble_s}, {"dp_comm", dp_comm_s},
-          {"param_gather", param_gather_s}, {"optimizer", optimizer_s}, {"offload", offload_s},
-          {"overhead", overhead_s}};
+  std::map<std::string, double> out;
+  for (const PhaseInfo& info : phase_table()) out[info.name] = seconds(info.phase);
+  return out;
 }
 
 TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const TrainingSpec& t, const ParallelConfig& p,

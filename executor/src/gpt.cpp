@@ -282,7 +282,7 @@ at::Tensor GptStage::attention(const Block& blk, const at::Tensor& x_in) const {
     }
     ctx = ctx_.recompute == costmodel::Recompute::selective
               ? recompute([this](const std::vector<at::Tensor>& in) { return attention_core(in[0], in[1], in[2]); },
-                          {q, k, v})
+                          {q, k, v}, &ctx_.clock)
               : attention_core(q, k, v);
     ctx = ctx.transpose(1, 2).reshape({b, s, heads * d});
   }
@@ -365,7 +365,7 @@ at::Tensor GptStage::forward(int chunk, const at::Tensor& input, const at::Tenso
     const Block& blk = blocks_[i];
     x = segment({unit++}, [&] {
       if (ctx_.recompute == costmodel::Recompute::full)
-        return recompute([this, &blk](const std::vector<at::Tensor>& in) { return layer(blk, in[0]); }, {x});
+        return recompute([this, &blk](const std::vector<at::Tensor>& in) { return layer(blk, in[0]); }, {x}, &ctx_.clock);
       return layer(blk, x);
     });
   }

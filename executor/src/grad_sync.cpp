@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <thread>
 
 #include "memory_meter.h"
@@ -376,6 +377,7 @@ int64_t GradSync::host_gradient_bytes() const {
 }
 
 void GradSync::gradients_to_host() {
+  PhaseScope scope(ctx_.clock, Phase::offload);
 #ifdef DPLAN_WITH_CUDA
   if (ctx_.device.is_cuda()) {
     // Device to pinned host memory on a side stream, ordered after the compute stream's work
@@ -438,6 +440,8 @@ std::vector<GradSync::StatePiece> GradSync::state_pieces() {
 
 void GradSync::finish_step() {
   at::NoGradGuard no_grad;
+  std::optional<PhaseScope> to_device;  // offload: the stepped master weights back to the device
+  if (offload_) to_device.emplace(ctx_.clock, Phase::offload);
   for (auto& b : buckets_) {  // mixed precision or offload: the stepped fp32 master weights into the parameters
     at::Tensor region = optimizer_weights(b);
     // Offload on CUDA: host to device from pinned memory, asynchronous on the compute stream, so
@@ -445,8 +449,9 @@ void GradSync::finish_step() {
     // gradients_to_host(), whose side stream waits for this stream.
     if (region.data_ptr() != b.master.data_ptr()) region.copy_(b.master, /*non_blocking=*/offload_);
   }
+  to_device.reset();
   if (!shard_optimizer_ || zero_stage_ >= 3) return;
-  PhaseScope scope(ctx_.clock, Phase::dp_comm);  // every rank's updated slice to every rank
+  PhaseScope scope(ctx_.clock, Phase::param_gather);  // every rank's updated slice to every rank
   std::vector<Work> works;
   for (auto& b : buckets_)
     if (b.group->size() > 1) works.push_back(b.group->all_gather_async(b.params, b.param_shard));
@@ -470,7 +475,7 @@ void GradSync::gather(int unit, bool wait) {
     u.state = Unit::State::gathering;
   }
   if (wait && u.state == Unit::State::gathering) {
-    PhaseScope scope(ctx_.clock, Phase::dp_comm);
+    PhaseScope scope(ctx_.clock, Phase::param_gather);
     for (auto& w : u.gathers) w.wait();
     u.gathers.clear();
     u.state = Unit::State::gathered;

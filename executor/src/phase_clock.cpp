@@ -4,21 +4,8 @@
 
 namespace dplan::executor {
 
-const char* to_string(Phase p) {
-  switch (p) {
-    case Phase::forward: return "forward";
-    case Phase::backward: return "backward";
-    case Phase::tp_comm: return "tp_comm";
-    case Phase::pp_wait: return "pp_wait";
-    case Phase::dp_comm: return "dp_comm";
-    case Phase::optimizer: return "optimizer";
-    case Phase::ep_comm: return "ep_comm";
-    default: return "other";
-  }
-}
-
 void PhaseClock::charge(Clock::time_point now) {
-  Phase current = stack_.empty() ? Phase::other : stack_.back();
+  Phase current = stack_.empty() ? Phase::overhead : stack_.back();
   totals_[static_cast<int>(current)] += std::chrono::duration<double>(now - last_).count();
   last_ = now;
 }
@@ -40,8 +27,8 @@ std::array<double, kNumPhases> PhaseClock::end_step() {
   double step = std::chrono::duration<double>(now - step_start_).count();
   double named = 0;
   for (int i = 0; i < kNumPhases; ++i)
-    if (i != static_cast<int>(Phase::other)) named += out[i];
-  out[static_cast<int>(Phase::other)] = std::max(0.0, step - named);
+    if (i != static_cast<int>(Phase::overhead)) named += out[i];
+  out[static_cast<int>(Phase::overhead)] = std::max(0.0, step - named);
   return out;
 }
 

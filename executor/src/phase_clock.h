@@ -1,6 +1,7 @@
-// Exclusive wall time per phase of a training step. Phases nest (a tensor-parallel all-reduce
-// inside forward, a pipeline receive inside a schedule): time is charged to the innermost open
-// phase, so per step the phases add up to the step's wall time, with "other" the remainder.
+// Exclusive wall time per phase of a training step, in the phases the cost model predicts
+// (costmodel/phases.h). Phases nest (a tensor-parallel all-reduce inside forward, a recomputed
+// forward inside backward): time is charged to the innermost open phase, so per step the phases
+// add up to the step's wall time, with "overhead" the remainder.
 // One clock per training process, shared by its threads rather than one per thread: on CUDA the
 // autograd engine runs backward on its own thread, and the caller only waits for it, so at any
 // moment one thread is doing the step's work. The worker owns it; the model's pieces reach it
@@ -14,12 +15,12 @@
 #include <string>
 #include <vector>
 
+#include "dplan/costmodel/phases.h"
+
 namespace dplan::executor {
 
-// ep_comm: the MoE layers' token all-to-alls and etp collectives (moe.h).
-enum class Phase { forward, backward, tp_comm, pp_wait, dp_comm, optimizer, other, ep_comm, count };
-constexpr int kNumPhases = static_cast<int>(Phase::count);
-const char* to_string(Phase p);
+using costmodel::kNumPhases;
+using costmodel::Phase;
 
 class PhaseClock {
  public:
@@ -32,8 +33,8 @@ class PhaseClock {
   PhaseClock(const PhaseClock&) = delete;
   PhaseClock& operator=(const PhaseClock&) = delete;
 
-  void start_step();                 // zeroes the totals; time until the first push is "other"
-  std::array<double, kNumPhases> end_step();  // seconds per phase; "other" is the remainder
+  void start_step();                 // zeroes the totals; time until the first push is "overhead"
+  std::array<double, kNumPhases> end_step();  // seconds per phase; "overhead" is the remainder
   void push(Phase p);
   void pop();
 

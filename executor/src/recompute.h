@@ -5,7 +5,8 @@
 // gradient accumulators, as in a normal backward). Collectives inside `fn` run again in backward,
 // in the same order on every rank. The random state `fn` started from in forward is restored
 // for the recomputation (torch.utils.checkpoint's preserve_rng_state), so dropout draws the same
-// masks twice.
+// masks twice. With a clock, the recomputation is timed into the recompute phase (its collectives
+// into their own, nested).
 #pragma once
 
 #include <functional>
@@ -15,8 +16,9 @@
 
 namespace dplan::executor {
 
+class PhaseClock;
 using Recomputable = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
 
-at::Tensor recompute(Recomputable fn, const std::vector<at::Tensor>& inputs);
+at::Tensor recompute(Recomputable fn, const std::vector<at::Tensor>& inputs, PhaseClock* clock = nullptr);
 
 }  // namespace dplan::executor

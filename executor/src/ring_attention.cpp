@@ -27,10 +27,10 @@ int64_t keys_seen(int rank, int src, int chunk, int64_t c) {
   return src > rank ? 2 * c : c;
 }
 
-// Times the enclosed ring communication into tp_comm when there is a clock.
+// Times the enclosed ring communication into cp_comm when there is a clock.
 struct RingScope {
   explicit RingScope(PhaseClock* clock) {
-    if (clock) scope.emplace(*clock, Phase::tp_comm);
+    if (clock) scope.emplace(*clock, Phase::cp_comm);
   }
   std::optional<PhaseScope> scope;
 };

@@ -17,8 +17,7 @@
 // Grouped-query K/V travel and multiply at kv-head width; softmax statistics are fp32; what travels
 // has K/V's dtype. Saved for backward: this rank's q, k, v, the output and the fp32 log-sum-exp,
 // the same as flash_attention (no received K,V outlives its step). Waits on the ring are timed
-// into the tp_comm phase: the run record's intra-layer collectives, which dplan compare sets
-// against the predicted tp_comm + cp_comm + ep_comm (planner/src/compare.cpp).
+// into the cp_comm phase (costmodel/phases.h), beside the cost model's cp_comm.
 #pragma once
 
 #include <cstdint>

@@ -23,11 +23,15 @@ StepResult Trainer::step(const std::vector<Batch>& batches) {
   // Virtual stage c * pp + stage is model chunk c of this rank; its input comes from the virtual
   // stage before (the previous rank, or the last rank's chunk c - 1) and its output goes to the one
   // after. A boundary's messages carry the downstream virtual stage in their tag, so the chunks'
-  // messages between one pair of ranks never meet.
+  // messages between one pair of ranks never meet. Each payload is announced by a one-element
+  // message of its own (tag + 1) sent just before it: the receiver's wait for the announcement is
+  // the pipeline's bubble (its sender had not yet produced the data), its wait for the payload
+  // after it the transfer (pp_p2p), as the cost model prices them apart (pipeline.h).
   auto virtual_stage = [&](int chunk) { return chunk * pp + ctx_.stage; };
   const int prev = (ctx_.stage + pp - 1) % pp, next = (ctx_.stage + 1) % pp;
-  auto forward_tag = [](int downstream) { return 2 * downstream; };
-  auto backward_tag = [](int downstream) { return 2 * downstream + 1; };
+  auto forward_tag = [](int downstream) { return 4 * downstream; };
+  auto backward_tag = [](int downstream) { return 4 * downstream + 2; };
+  auto announce_tag = [](int tag) { return tag + 1; };
 
   std::vector<std::vector<at::Tensor>> inputs(v, std::vector<at::Tensor>(m)), outputs = inputs;
   // Sends in flight. A sent activation's memory goes once its send is done: the output keeps its
@@ -35,8 +39,8 @@ StepResult Trainer::step(const std::vector<Batch>& batches) {
   // backward starts from its graph edge (Megatron's custom_backward). Send and receive buffers
   // are reported to the memory meter as pipeline buffers.
   struct Send {
-    Work work;
-    at::Tensor buffer;
+    Work announce_work, work;
+    at::Tensor announce, buffer;
     int chunk = -1, output = -1;  // the chunk and micro-batch whose output this is (forward sends)
   };
   std::vector<Send> sends;
@@ -45,12 +49,13 @@ StepResult Trainer::step(const std::vector<Batch>& batches) {
   auto retire_sends = [&](bool wait, int chunk = -1, int output = -1) {
     for (auto it = sends.begin(); it != sends.end();) {
       const bool must = wait && (output < 0 || (it->chunk == chunk && it->output == output));
-      if (!must && !it->work.completed()) {
+      if (!must && !(it->announce_work.completed() && it->work.completed())) {
         ++it;
         continue;
       }
+      it->announce_work.wait();
       it->work.wait();
-      const int64_t bytes = it->buffer.nbytes();
+      const int64_t bytes = it->buffer.nbytes() + it->announce.nbytes();
       if (it->output >= 0 && outputs[it->chunk][it->output].defined())
         outputs[it->chunk][it->output].set_data(at::empty({0}, outputs[it->chunk][it->output].options()));
       it = sends.erase(it);  // the buffer goes with the send's own reference to it ...
@@ -58,10 +63,22 @@ StepResult Trainer::step(const std::vector<Batch>& batches) {
     }
   };
   auto send = [&](const at::Tensor& t, int peer, int tag, int chunk, int output) {
-    PhaseScope wait(ctx_.clock, Phase::pp_wait);
+    PhaseScope scope(ctx_.clock, Phase::pp_p2p);
     at::Tensor buf = t.detach().contiguous();
-    ctx_.meter.note_buffer_bytes(buf.nbytes());
-    sends.push_back({ctx_.pp.send(buf, peer, tag), buf, chunk, output});
+    at::Tensor announce = at::zeros({1}, act_options);
+    ctx_.meter.note_buffer_bytes(announce.nbytes() + buf.nbytes());
+    Work announced = ctx_.pp.send(announce, peer, announce_tag(tag));
+    sends.push_back({std::move(announced), ctx_.pp.send(buf, peer, tag), announce, buf, chunk, output});
+  };
+  // Into `buffer`: the announcement's wait is bubble, the payload's transfer.
+  auto receive = [&](at::Tensor& buffer, int peer, int tag) {
+    at::Tensor announce = at::empty({1}, act_options);
+    {
+      PhaseScope scope(ctx_.clock, Phase::pp_bubble);
+      ctx_.pp.recv(announce, peer, announce_tag(tag)).wait();
+    }
+    PhaseScope scope(ctx_.clock, Phase::pp_p2p);
+    ctx_.pp.recv(buffer, peer, tag).wait();
   };
   at::Tensor loss_sum = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(ctx_.device));
 
@@ -71,9 +88,8 @@ StepResult Trainer::step(const std::vector<Batch>& batches) {
     if (first) {
       in = batches[j].inputs;
     } else {
-      PhaseScope wait(ctx_.clock, Phase::pp_wait);
       in = at::empty(shape, act_options);
-      ctx_.pp.recv(in, prev, forward_tag(virtual_stage(c))).wait();
+      receive(in, prev, forward_tag(virtual_stage(c)));
       in.requires_grad_(true);
     }
     at::Tensor out;
@@ -95,10 +111,10 @@ StepResult Trainer::step(const std::vector<Batch>& batches) {
     if (j == m - 1) grads_.arm_last_microbatch(c);
     at::Tensor grad;
     if (!last) {
-      PhaseScope wait(ctx_.clock, Phase::pp_wait);
       ctx_.meter.note_buffer_bytes(at::elementSize(act_options.dtype().toScalarType()) * c10::multiply_integers(shape));
       grad = at::empty(shape, act_options);
-      ctx_.pp.recv(grad, next, backward_tag(virtual_stage(c) + 1)).wait();
+      receive(grad, next, backward_tag(virtual_stage(c) + 1));
+      PhaseScope scope(ctx_.clock, Phase::pp_p2p);
       retire_sends(true, c, j);  // this micro-batch's forward send is done, and its output can go
     }
     {
@@ -127,7 +143,7 @@ StepResult Trainer::step(const std::vector<Batch>& batches) {
       backward(op.chunk, op.microbatch);
   }
   {
-    PhaseScope wait(ctx_.clock, Phase::pp_wait);
+    PhaseScope scope(ctx_.clock, Phase::pp_p2p);
     retire_sends(true);
   }
   grads_.finish();

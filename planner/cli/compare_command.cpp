@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "dplan/costmodel/errors.h"
+#include "dplan/costmodel/phases.h"
 #include "dplan/planner/compare.h"
 #include "dplan/costmodel/units.h"
 
@@ -17,22 +18,23 @@ using planner::ComparedValue;
 using planner::Comparison;
 using planner::StageMemoryComparison;
 
-// Row labels: the measured bucket, with what the prediction adds into it (see compare.cpp).
-const std::map<std::string, std::string> kPhaseLabels = {
-    {"forward", "forward"},
-    {"backward", "backward (+ recompute)"},
-    {"tp_comm", "tp comm (+ cp, ep)"},
-    {"pp_wait", "pp wait (p2p + bubble)"},
-    {"dp_comm", "dp comm (+ param gather)"},
-    {"optimizer", "optimizer (+ offload)"},
-    {"other", "other (step overhead)"},
-};
 const std::map<std::string, std::string> kMemoryLabels = {
     {"weights", "weights"},        {"gradients", "gradients"},
     {"optimizer", "optimizer"},    {"activations", "activations (+ logits)"},
     {"buffers", "buffers"},        {"peak", "peak (- reserve) *"},
     {"host", "host (offloaded optimizer)"},
 };
+
+// A phase's row: its label (costmodel/phases.h), with the phases a format-1 run.json timed inside it.
+std::string phase_label(const planner::NamedComparison& p) {
+  const std::optional<costmodel::Phase> phase = costmodel::phase_from_name(p.name);
+  std::string out = phase ? std::string(costmodel::label(*phase)) : p.name;
+  for (size_t i = 0; i < p.includes.size(); ++i) {
+    const std::optional<costmodel::Phase> inside = costmodel::phase_from_name(p.includes[i]);
+    out += (i == 0 ? " (+ " : ", ") + (inside ? std::string(costmodel::label(*inside)) : p.includes[i]);
+  }
+  return p.includes.empty() ? out : out + ")";
+}
 
 std::string label(const std::map<std::string, std::string>& labels, const std::string& name) {
   auto it = labels.find(name);
@@ -143,9 +145,12 @@ std::string report(const Comparison& c, const CompareArgs& args) {
                                                              " left out as warm-up)");
   o << "\nread as --format " << planner::to_string(c.format) << ": " << c.measured_by;
   o << "\n\n" << row("step time by phase", "predicted (ms)", "measured (ms)", "error %");
+  // Phases neither predicted nor measured (cp comm without cp, offload without offload) are left
+  // out of the table; --json has every one.
   for (const auto& p : c.phases)
-    o << row(label(kPhaseLabels, p.name), fixed(1e3 * p.value.predicted, 2),
-             p.measured ? fixed(1e3 * p.value.measured, 2) : "not measured", p.measured ? percent(p.value) : "");
+    if (p.value.predicted > 0 || (p.measured && p.value.measured > 0))
+      o << row(phase_label(p), fixed(1e3 * p.value.predicted, 2),
+               p.measured ? fixed(1e3 * p.value.measured, 2) : "not measured", p.measured ? percent(p.value) : "");
   o << row(c.step_time_from_rate ? "step (from the rate)" : "step", fixed(1e3 * c.step_time_s.predicted, 2),
            fixed(1e3 * c.step_time_s.measured, 2), percent(c.step_time_s));
   o << row("tokens/s", fixed(c.tokens_per_s.predicted, 0), fixed(c.tokens_per_s.measured, 0), percent(c.tokens_per_s));

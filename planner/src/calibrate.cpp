@@ -71,8 +71,10 @@ CalibrationRun read_calibration_run(const std::string& run_file) {
   r.file = run_file;
   r.measured_step_s = run.step_time.median_s;
   if (!(r.measured_step_s > 0)) throw InputError(run_file + ": /step_time_s/median must be a positive number");
-  for (const char* key : {"forward", "backward", "optimizer"}) {
-    auto phase = run.phases_s.find(key);
+  // Format 1 timed recompute inside backward and had no recompute of its own (measured_phases).
+  using costmodel::Phase;
+  for (Phase p : {Phase::forward, Phase::backward, Phase::recompute, Phase::optimizer}) {
+    auto phase = run.phases_s.find(costmodel::to_string(p));
     r.measured_compute_s += phase == run.phases_s.end() ? 0.0 : phase->second;
   }
   r.plan_file = run.plan;

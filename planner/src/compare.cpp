@@ -11,36 +11,6 @@
 namespace dplan::planner {
 namespace {
 
-// Measured phase <- the predicted phases it covers. The executor's phases are defined in
-// docs/run-json.md ("phases_s"); the predicted ones are the keys of plan.json's prediction.time
-// (costmodel TimeBreakdown):
-//   forward   <- forward
-//   backward  <- backward + recompute         run-json: "backward (compute only)"; the executor
-//                                             times recomputed forwards inside backward
-//   tp_comm   <- tp_comm + cp_comm + ep_comm  run-json: "tensor/sequence-parallel collectives"; the
-//                                             other intra-layer collectives land there too
-//   pp_wait   <- pp_p2p + pp_bubble           run-json: "pipeline send/recv and waiting: transfer
-//                                             plus bubble"
-//   dp_comm   <- dp_comm + param_gather       run-json: "data-parallel gradient reduction not
-//                                             hidden under backward"; ZeRO-3/dist-opt gathers are
-//                                             data-parallel traffic as well
-//   optimizer <- optimizer + offload          the step, including moving offloaded states
-//   other     <- overhead                     run-json: "the rest of the step": the per-step fixed
-//                                             costs outside the kernels (host, data loading)
-struct PhaseMapping {
-  const char* measured;
-  std::vector<const char*> predicted;
-};
-const std::vector<PhaseMapping> kPhaseMappings = {
-    {"forward", {"forward"}},
-    {"backward", {"backward", "recompute"}},
-    {"tp_comm", {"tp_comm", "cp_comm", "ep_comm"}},
-    {"pp_wait", {"pp_p2p", "pp_bubble"}},
-    {"dp_comm", {"dp_comm", "param_gather"}},
-    {"optimizer", {"optimizer", "offload"}},
-    {"other", {"overhead"}},
-};
-
 // Measured memory component <- the predicted stage components it covers. run-json.md ("memory"):
 // weights, gradients, optimizer are exact tensor bytes; activations is the peak of everything
 // else allocated during a step (saved activations, temporaries, received tensors), so the
@@ -61,14 +31,21 @@ const std::vector<MemoryMapping> kMemoryMappings = {
     {"peak", {"total_bytes"}},  // minus reserve_bytes, below
 };
 
-double predicted_phase_s(ObjectReader& predicted_time, const PhaseMapping& m) {
+// The predicted seconds of `phase` and of the phases a measurement holds inside it
+// (costmodel::measured_phases). Plans written before the overhead phase existed predicted none.
+double predicted_phase_s(ObjectReader& predicted_time, costmodel::Phase phase,
+                         const std::vector<costmodel::Phase>& includes) {
   double predicted = 0;
-  for (const char* p : m.predicted) {
-    // Plans written before the overhead phase existed predicted none.
-    if (std::string_view(p) == "overhead" && !predicted_time.has(p)) continue;
-    predicted += predicted_time.non_negative_number(p);
-  }
-  return predicted;
+  for (costmodel::Phase p : includes) predicted += predicted_phase_s(predicted_time, p, {});
+  const char* name = costmodel::to_string(phase);
+  if (phase == costmodel::Phase::overhead && !predicted_time.has(name)) return predicted;
+  return predicted + predicted_time.non_negative_number(name);
+}
+
+std::vector<std::string> names(const std::vector<costmodel::Phase>& phases) {
+  std::vector<std::string> out;
+  for (costmodel::Phase p : phases) out.push_back(costmodel::to_string(p));
+  return out;
 }
 
 struct Layout {
@@ -121,19 +98,11 @@ Comparison compare_plan_and_run(const costmodel::Plan& plan, const std::string& 
   c.measured_steps = run.step_time.count;
   c.tokens_per_s = {prediction.positive_number("tokens_per_s"), run.tokens_per_s};
 
+  // One vocabulary (costmodel/phases.h): each measured phase beside its prediction.
   ObjectReader predicted_time = prediction.object("time");
-  for (const auto& m : kPhaseMappings) {
-    const double predicted = predicted_phase_s(predicted_time, m);
-    auto measured = run.phases_s.find(m.measured);
-    if (measured == run.phases_s.end())
-      throw InputError(run_file + ": /phases_s: missing key \"" + std::string(m.measured) + "\"");
-    double measured_s = measured->second;
-    // The executor times the MoE layers' all-to-alls apart (ep_comm); this row covers them, as it
-    // covers their prediction.
-    if (std::string_view(m.measured) == "tp_comm")
-      if (auto ep = run.phases_s.find("ep_comm"); ep != run.phases_s.end()) measured_s += ep->second;
-    c.phases.push_back({m.measured, {predicted, measured_s}});
-  }
+  for (const costmodel::MeasuredPhase& m : costmodel::measured_phases(run, run_file))
+    c.phases.push_back({costmodel::to_string(m.phase), {predicted_phase_s(predicted_time, m.phase, m.includes), m.seconds},
+                        true, names(m.includes)});
 
   // Memory per stage: run-json.md keys "memory" by rank and maps ranks to stages with
   // "stage_of_rank"; a stage's measurement is its worst rank, as the plan's stage figure is what
@@ -162,7 +131,7 @@ Comparison compare_plan_and_run(const costmodel::Plan& plan, const std::string& 
                            std::string(m.measured) + "\"");
         measured_bytes = std::max(measured_bytes, static_cast<double>(it->second));
       }
-      s.components.push_back({m.measured, {predicted_bytes, measured_bytes}});
+      s.components.push_back({m.measured, {predicted_bytes, measured_bytes}, true, {}});
     }
     // Host memory of an offloaded optimizer (costmodel StageMemory::host_bytes: fp32 weights,
     // moments and gradient copy) <- run-json.md's host_optimizer + host_master + host_gradients;
@@ -181,7 +150,7 @@ Comparison compare_plan_and_run(const costmodel::Plan& plan, const std::string& 
       }
       measured_host = std::max(measured_host, host);
     }
-    if (predicted_host > 0 || ran_offloaded) s.components.push_back({"host", {predicted_host, measured_host}});
+    if (predicted_host > 0 || ran_offloaded) s.components.push_back({"host", {predicted_host, measured_host}, true, {}});
     c.memory.push_back(std::move(s));
   }
   return c;
@@ -206,9 +175,9 @@ Comparison compare_plan_and_log(const costmodel::Plan& plan, const std::string& 
   c.tokens_per_s = {prediction.positive_number("tokens_per_s"), measured.tokens_per_s};
   // Phases: only those the engine timed (DeepSpeed's wall-clock breakdown); the rest not measured.
   ObjectReader predicted_time = prediction.object("time");
-  for (const auto& m : kPhaseMappings) {
-    NamedComparison n{m.measured, {predicted_phase_s(predicted_time, m), 0}, false};
-    if (auto it = measured.phases_s.find(m.measured); it != measured.phases_s.end()) {
+  for (const costmodel::PhaseInfo& info : costmodel::phase_table()) {
+    NamedComparison n{info.name, {predicted_phase_s(predicted_time, info.phase, {}), 0}, false, {}};
+    if (auto it = measured.phases_s.find(info.name); it != measured.phases_s.end()) {
       n.value.measured = it->second;
       n.measured = true;
     }
@@ -265,7 +234,10 @@ json value_json(const ComparedValue& v, bool measured = true) {
 
 json to_json(const Comparison& c) {
   json phases = json::object();
-  for (const auto& p : c.phases) phases[p.name] = value_json(p.value, p.measured);
+  for (const auto& p : c.phases) {
+    phases[p.name] = value_json(p.value, p.measured);
+    if (!p.includes.empty()) phases[p.name]["includes"] = p.includes;
+  }
   json memory = json::array();
   for (const auto& s : c.memory) {
     json stage = {{"stage", s.stage}};

@@ -102,7 +102,8 @@ TEST_CASE("plan.json: a newer format, a missing key and a wrong type are one lin
 TEST_CASE("run.json: every run the executor wrote reads strictly, and the writer gives back its JSON", "[formats]") {
   std::vector<std::string> files = fixtures("run-");
   files.push_back(kData + "/compare/run.json");
-  REQUIRE(files.size() == 28);
+  files.push_back(kData + "/compare/run-format1.json");  // format 1 is written back as format 1
+  REQUIRE(files.size() == 29);
   for (const auto& f : files) {
     INFO(f);
     const json written = read_json_file(f);
@@ -159,9 +160,9 @@ TEST_CASE("run.json: the checkpoints block reads strictly and round-trips and ol
 TEST_CASE("run.json: a newer format, a missing key and a wrong type are one line naming file and pointer", "[formats]") {
   const json good = read_json_file(kData + "/compare/run.json");
   json j = good;
-  j["format_version"] = 2;
+  j["format_version"] = 3;
   CHECK(error_of([&] { run_record_from_json(j, "run.json"); }) ==
-        "run.json: /format_version: format 2 is newer than this dplan reads (format 1); use a newer dplan, or write the file again with this one");
+        "run.json: /format_version: format 3 is newer than this dplan reads (format 2); use a newer dplan, or write the file again with this one");
   j = good;
   j["step_time_s"].erase("median");
   CHECK_THAT(error_of([&] { run_record_from_json(j, "run.json"); }),

@@ -29,6 +29,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "dplan/costmodel/phases.h"
 #include "harness.h"
 #include "process.h"
 
@@ -234,10 +235,13 @@ TEST_CASE("run.json has the documented keys, and weights, gradients and optimize
   CHECK(run["steps"][0]["warmup"] == true);
   CHECK(run["steps"][kSteps - 1]["warmup"] == false);
   CHECK(run["step_time_s"]["count"] == kSteps - 2);
-  for (const char* phase : {"forward", "backward", "tp_comm", "pp_wait", "dp_comm", "optimizer", "other"})
-    CHECK(run["phases_s"].contains(phase));
+  CHECK(run["format_version"] == 2);
+  // Every phase of the prediction (costmodel/phases.h), and no other name.
+  REQUIRE(run["phases_s"].size() == dplan::costmodel::kNumPhases);
+  for (const auto& info : dplan::costmodel::phase_table()) CHECK(run["phases_s"].contains(info.name));
   CHECK(run["phases_s"]["forward"].get<double>() > 0);
-  CHECK(run["phases_s"]["pp_wait"].get<double>() > 0);  // pp 2: the bubble is real
+  CHECK(run["phases_s"]["pp_bubble"].get<double>() > 0);  // pp 2: the bubble is real
+  CHECK(run["phases_s"]["pp_p2p"].get<double>() > 0);     // and so are the transfers
   // Phases of a rank add up to its step time (exclusive accounting). Why ±50 %: phases_s averages the
   // ranks' per-phase medians while the step is the median of the slowest rank's steps, so they differ
   // by the steps' spread (tens of percent on a shared 2-core machine); a phase lost or counted twice
@@ -268,6 +272,48 @@ TEST_CASE("run.json has the documented keys, and weights, gradients and optimize
   REQUIRE(r.status == 0);
   json c = json::parse(r.out);
   CHECK(c["step_time_s"]["measured"].get<double>() == run["step_time_s"]["median"].get<double>());
+}
+
+// The phases the cost model prices apart are timed apart: each layout's own communication and
+// work lands in its own phase, and a phase the layout does not have gets at most the
+// microseconds of opening its scope around a collective of one rank (under 1 % of the step).
+TEST_CASE("each phase a layout has is measured in its own name", "[executor][run-json]") {
+  TempDir dir;
+  json p;
+  double step_s = 0;
+  auto run = [&](const std::string& model, const Layout& l, const std::vector<std::string>& extra) {
+    const json r = run_plan(write_plan(dir, model, l, 8, extra), {}, 3);
+    REQUIRE(r["phases_s"].size() == dplan::costmodel::kNumPhases);
+    p = r["phases_s"];
+    step_s = r["step_time_s"]["median"].get<double>();
+  };
+  auto absent = [&](const char* phase) { return p[phase].get<double>() < 0.01 * step_s; };
+  SECTION("recompute: the recomputed forwards, apart from backward") {
+    run("gpt-tiny", {1, 1, 1, "1f1b", false, 1, "full"}, {});
+    CHECK(p["recompute"].get<double>() > 0.05 * step_s);
+    CHECK(p["backward"].get<double>() > 0.05 * step_s);
+    for (const char* none : {"tp_comm", "cp_comm", "ep_comm", "pp_p2p", "pp_bubble", "dp_comm", "param_gather", "offload"})
+      CHECK(absent(none));
+  }
+  SECTION("context parallel: the ring's transfers in cp_comm, not tp_comm") {
+    Layout cp2;
+    cp2.cp = 2;
+    run("gpt-tiny", cp2, {});
+    CHECK(p["cp_comm"].get<double>() > 0);
+    CHECK(absent("tp_comm"));
+    CHECK(p["recompute"].get<double>() == 0);
+  }
+  SECTION("ZeRO-3: the parameter gathers in param_gather, the reductions in dp_comm") {
+    run("gpt-tiny", {1, 1, 2}, {"--zero", "3"});
+    CHECK(p["param_gather"].get<double>() > 0);
+    CHECK(p["dp_comm"].get<double>() > 0);
+  }
+  SECTION("optimizer offload: the copies between device and host in offload") {
+    run("gpt-tiny", {1, 1, 2}, {"--zero", "1", "--offload"});
+    CHECK(p["offload"].get<double>() > 0);
+    CHECK(p["optimizer"].get<double>() > 0);
+    CHECK(p["param_gather"].get<double>() > 0);  // ZeRO-1: every rank's updated slice to every rank
+  }
 }
 
 TEST_CASE("dplan --runnable picks a layout that dplan run trains", "[executor][search]") {

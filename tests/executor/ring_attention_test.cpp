@@ -62,7 +62,7 @@ std::vector<Result> run_ring(int members, const at::Tensor& q, const at::Tensor&
         res.dq = ql.grad();
         res.dk = kl.grad();
         res.dv = vl.grad();
-        res.ring_comm_s = clock.end_step()[static_cast<int>(dplan::executor::Phase::tp_comm)];
+        res.ring_comm_s = clock.end_step()[static_cast<int>(dplan::executor::Phase::cp_comm)];
       } catch (...) {
         failure[rank] = std::current_exception();
       }

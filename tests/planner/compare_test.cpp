@@ -3,7 +3,8 @@
 // Fixtures in tests/data/compare/: plan.json is the output of
 //   dplan estimate --model gpt-tiny --cluster local-cpu --gpus 8 --tp 2 --pp 2 --dp 2 --mbs 1
 //                  --global-batch 8 --precision fp32 -o plan.json
-// and run.json a hand-written measurement of that layout (ranks 0-3 run stage 0, ranks 4-7 stage 1).
+// and run.json a hand-written measurement of that layout (ranks 0-3 run stage 0, ranks 4-7 stage 1);
+// run-format1.json the same measurement as format 1 wrote it (docs/run-json.md, "Format 1").
 // plan-offload.json and run-offload.json: `dplan estimate --model gpt-tiny --cluster local-cpu
 // --gpus 2 --dp 2 --zero 1 --offload --mbs 1 --global-batch 8 --precision fp32` and its
 // `dplan run --steps 10` (optimizer offload: run.json's host_* components).
@@ -31,9 +32,11 @@ namespace {
 
 const std::string kPlanPath = std::string(DPLAN_VALIDATION_DIR) + "/compare/plan.json";
 const std::string kRunPath = std::string(DPLAN_VALIDATION_DIR) + "/compare/run.json";
+const std::string kRunFormat1Path = std::string(DPLAN_VALIDATION_DIR) + "/compare/run-format1.json";
 
 json plan_fixture() { return read_json_file(kPlanPath); }
 json run_fixture() { return read_json_file(kRunPath); }
+json run_format1_fixture() { return read_json_file(kRunFormat1Path); }
 
 Comparison compare(const json& plan, const json& run) { return compare_plan_and_run(plan, "plan.json", run, "run.json"); }
 
@@ -72,28 +75,62 @@ TEST_CASE("the relative error is (predicted - measured) / measured, and none whe
   CHECK_FALSE(relative_error(0, 0).has_value());
 }
 
-TEST_CASE("the predicted phases are summed into the executor's phases", "[compare]") {
-  // Powers of two as predicted times, so each bucket's sum names exactly the phases in it.
+// Powers of two as predicted times, so each row's sum names exactly the phases in it.
+json powers_of_two_plan() {
   json plan = plan_fixture();
-  json& time = plan["prediction"]["time"];
-  time = {{"forward", 1},   {"backward", 2},   {"recompute", 4},     {"tp_comm", 8},
-          {"cp_comm", 16},  {"ep_comm", 32},   {"pp_p2p", 64},       {"pp_bubble", 128},
-          {"dp_comm", 256}, {"param_gather", 512}, {"optimizer", 1024}, {"offload", 2048}};
-  Comparison c = compare(plan, run_fixture());
+  plan["prediction"]["time"] = {{"forward", 1},   {"backward", 2},   {"recompute", 4},     {"tp_comm", 8},
+                                {"cp_comm", 16},  {"ep_comm", 32},   {"pp_p2p", 64},       {"pp_bubble", 128},
+                                {"dp_comm", 256}, {"param_gather", 512}, {"optimizer", 1024}, {"offload", 2048},
+                                {"overhead", 4096}};
+  return plan;
+}
+
+TEST_CASE("each measured phase is compared with the same phase of the prediction, in one vocabulary", "[compare]") {
+  Comparison c = compare(powers_of_two_plan(), run_fixture());
   std::vector<std::string> names;
-  for (const auto& p : c.phases) names.push_back(p.name);
-  CHECK(names == std::vector<std::string>{"forward", "backward", "tp_comm", "pp_wait", "dp_comm", "optimizer", "other"});
-  CHECK(phase(c, "forward").predicted == 1);
-  CHECK(phase(c, "backward").predicted == 2 + 4);           // backward + recompute
-  CHECK(phase(c, "tp_comm").predicted == 8 + 16 + 32);      // tp + cp + ep collectives
-  CHECK(phase(c, "pp_wait").predicted == 64 + 128);         // send/recv + bubble
-  CHECK(phase(c, "dp_comm").predicted == 256 + 512);        // gradient reduce + param gather
-  CHECK(phase(c, "optimizer").predicted == 1024 + 2048);    // step + offload
-  CHECK(phase(c, "other").predicted == 0);                  // nothing predicted
+  for (const auto& p : c.phases) {
+    names.push_back(p.name);
+    CHECK(p.includes.empty());
+    CHECK(p.measured);
+  }
+  CHECK(names == std::vector<std::string>{"forward", "backward", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_p2p",
+                                          "pp_bubble", "dp_comm", "param_gather", "optimizer", "offload", "overhead"});
+  double power = 1;
+  for (const auto& p : c.phases) {
+    INFO(p.name);
+    CHECK(p.value.predicted == power);  // its own prediction and no other
+    power *= 2;
+  }
   // Measured: run.json phases_s as written.
   CHECK(phase(c, "forward").measured == 0.0034);
-  CHECK(phase(c, "pp_wait").measured == 0.0024);
-  CHECK(phase(c, "other").measured == 0.0007);
+  CHECK(phase(c, "pp_p2p").measured == 0.0004);
+  CHECK(phase(c, "pp_bubble").measured == 0.002);
+  CHECK(phase(c, "overhead").measured == 0.0007);
+}
+
+TEST_CASE("a format-1 run.json still compares: its phases hold several predicted ones", "[compare]") {
+  Comparison c = compare(powers_of_two_plan(), run_format1_fixture());
+  std::vector<std::string> names;
+  for (const auto& p : c.phases) names.push_back(p.name);
+  CHECK(names == std::vector<std::string>{"forward", "backward", "tp_comm", "pp_bubble", "dp_comm", "optimizer", "overhead"});
+  CHECK(phase(c, "forward").predicted == 1);
+  CHECK(phase(c, "backward").predicted == 2 + 4);           // backward + recompute
+  CHECK(phase(c, "tp_comm").predicted == 8 + 16 + 32);      // tp + cp + ep (no ep_comm of its own)
+  CHECK(phase(c, "pp_bubble").predicted == 64 + 128);       // pp_wait: transfer + bubble
+  CHECK(phase(c, "dp_comm").predicted == 256 + 512);        // gradient reduce + param gather
+  CHECK(phase(c, "optimizer").predicted == 1024 + 2048);    // step + offload
+  CHECK(phase(c, "overhead").predicted == 4096);            // "other"
+  CHECK(c.phases[3].includes == std::vector<std::string>{"pp_p2p"});
+  CHECK(phase(c, "pp_bubble").measured == 0.0024);
+  CHECK(phase(c, "overhead").measured == 0.0007);
+  SECTION("with an ep_comm of its own, tp_comm holds cp alone") {
+    json run = run_format1_fixture();
+    run["phases_s"]["ep_comm"] = 0.0001;
+    Comparison e = compare(powers_of_two_plan(), run);
+    CHECK(phase(e, "tp_comm").predicted == 8 + 16);
+    CHECK(phase(e, "ep_comm").predicted == 32);
+    CHECK(phase(e, "ep_comm").measured == 0.0001);
+  }
 }
 
 TEST_CASE("step time, tokens/s and phases of the fixtures, with their errors", "[compare]") {
@@ -111,11 +148,12 @@ TEST_CASE("step time, tokens/s and phases of the fixtures, with their errors", "
   // Tokens/s: 8 sequences x 128 tokens per step; 1024 / 0.0148 = 69189.2 measured.
   CHECK_THAT(c.tokens_per_s.measured, WithinRel(69189.2, 1e-9));
   CHECK_THAT(*c.tokens_per_s.rel_error(), WithinRel((81439.46286602267 - 69189.2) / 69189.2, 1e-9));
-  // pp_wait: p2p 0.316768 ms + bubble 2.4077888 ms = 2.7245568 ms against 2.4 ms: +13.52 %.
-  CHECK_THAT(phase(c, "pp_wait").predicted, WithinRel(0.0027245568, 1e-9));
-  CHECK_THAT(*phase(c, "pp_wait").rel_error(), WithinRel(0.0003245568 / 0.0024, 1e-9));
-  // other: nothing predicted against 0.7 ms measured is -100 %.
-  CHECK_THAT(*phase(c, "other").rel_error(), WithinRel(-1.0));
+  // pp_bubble: 2.4077888 ms predicted against 2.0 ms: +20.39 %; pp_p2p 0.316768 ms against 0.4 ms.
+  CHECK_THAT(phase(c, "pp_bubble").predicted, WithinRel(0.0024077888, 1e-9));
+  CHECK_THAT(*phase(c, "pp_bubble").rel_error(), WithinRel(0.0004077888 / 0.002, 1e-9));
+  CHECK_THAT(phase(c, "pp_p2p").predicted, WithinRel(0.000316768, 1e-9));
+  // overhead: nothing predicted against 0.7 ms measured is -100 %.
+  CHECK_THAT(*phase(c, "overhead").rel_error(), WithinRel(-1.0));
 }
 
 TEST_CASE("memory per stage is the largest of the stage's ranks, component by component", "[compare]") {
@@ -210,8 +248,22 @@ TEST_CASE("a run of another layout is rejected, naming both layouts", "[compare]
 TEST_CASE("a missing or malformed key in run.json is named with the file", "[compare]") {
   json run = run_fixture();
   SECTION("a phase") {
-    run["phases_s"].erase("pp_wait");
-    CHECK(error_of(plan_fixture(), run) == "run.json: /phases_s: missing key \"pp_wait\"");
+    run["phases_s"].erase("pp_bubble");
+    CHECK_THAT(error_of(plan_fixture(), run), StartsWith("run.json: /phases_s: missing key \"pp_bubble\""));
+  }
+  SECTION("a name that is not a phase, in phases_s or a rank's row") {
+    run["phases_s"]["pp_wait"] = 0.001;
+    CHECK(error_of(plan_fixture(), run) ==
+          "run.json: /phases_s: \"pp_wait\" is not a phase; valid: forward, backward, recompute, tp_comm, cp_comm, "
+          "ep_comm, pp_p2p, pp_bubble, dp_comm, param_gather, optimizer, offload, overhead");
+    run = run_fixture();
+    run["phases_by_rank_s"][3]["other"] = 0.001;
+    CHECK_THAT(error_of(plan_fixture(), run), StartsWith("run.json: /phases_by_rank_s/3: \"other\" is not a phase; valid: forward,"));
+  }
+  SECTION("a phase of a format-1 file") {
+    json old = run_format1_fixture();
+    old["phases_s"].erase("pp_wait");
+    CHECK(error_of(plan_fixture(), old) == "run.json: /phases_s: missing key \"pp_wait\"");
   }
   SECTION("the median step time") {
     run["step_time_s"].erase("median");
@@ -247,11 +299,21 @@ TEST_CASE("dplan compare prints the phase table, a memory table per stage and a 
   REQUIRE(r.status == 0);
   CHECK(r.err.empty());
   CHECK_THAT(r.out, Contains("step time by phase"));
-  CHECK_THAT(r.out, Contains("pp wait (p2p + bubble)"));
+  CHECK_THAT(r.out, Contains("pp bubble "));
+  CHECK_THAT(r.out, Contains("pp p2p "));
+  CHECK_THAT(r.out, !Contains("cp comm"));  // neither predicted nor measured: left out of the table
   CHECK_THAT(r.out, Contains("memory per GPU, stage 0 (ranks 0-3"));
   CHECK_THAT(r.out, Contains("memory per GPU, stage 1 (ranks 4-7"));
   CHECK_THAT(r.out, Contains("the reserve is framework overhead the executor's allocator does not see"));
   CHECK_THAT(r.out, Contains("summary: step time -15.0 %"));
+  SECTION("a format-1 run.json: the rows that hold several phases say so") {
+    Result old = run_program(DPLAN_BINARY, {"compare", kPlanPath, kRunFormat1Path});
+    INFO("stderr: " << old.err);
+    REQUIRE(old.status == 0);
+    CHECK_THAT(old.out, Contains("pp bubble (+ pp p2p)"));
+    CHECK_THAT(old.out, Contains("tp comm (+ cp comm, ep comm)"));
+    CHECK_THAT(old.out, Contains("summary: step time -15.0 %"));
+  }
 }
 
 TEST_CASE("dplan compare --json prints predicted, measured and rel_error for every entry", "[compare][cli]") {
@@ -271,7 +333,8 @@ TEST_CASE("dplan compare --json prints predicted, measured and rel_error for eve
   CHECK(keys_of(j["step_time_s"]) == value_keys);
   CHECK(keys_of(j["tokens_per_s"]) == value_keys);
   CHECK(keys_of(j["phases"]) ==
-        std::vector<std::string>{"backward", "dp_comm", "forward", "optimizer", "other", "pp_wait", "tp_comm"});
+        std::vector<std::string>{"backward", "cp_comm", "dp_comm", "ep_comm", "forward", "offload", "optimizer",
+                                 "overhead", "param_gather", "pp_bubble", "pp_p2p", "recompute", "tp_comm"});
   for (const auto& [name, value] : j["phases"].items()) CHECK(keys_of(value) == value_keys);
   REQUIRE(j["memory"].size() == 2);
   for (int stage = 0; stage < 2; ++stage) {

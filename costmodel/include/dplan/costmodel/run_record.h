@@ -8,11 +8,15 @@
 #include <string>
 #include <vector>
 
+#include "dplan/costmodel/phases.h"
 #include "dplan/costmodel/training.h"
 
 namespace dplan::costmodel {
 
-constexpr int kRunFormatVersion = 1;
+// Format 2 names its phases as phases.h does; format 1 (eight phases of its own) is still read,
+// and written back as it was read.
+constexpr int kRunFormatVersion = 2;
+constexpr int kOldestRunFormatVersion = 1;
 
 // The layout that ran, as the plan gave it.
 struct RunLayout {
@@ -64,6 +68,7 @@ struct RunCheckpoints {
 };
 
 struct RunRecord {
+  int format_version = kRunFormatVersion;  // as read; what to_json writes
   std::string plan;  // the plan.json path it ran, as given
   RunLayout layout;
   json config;       // free-form: how it ran (steps, seed, device, precision, ...)
@@ -71,7 +76,7 @@ struct RunRecord {
   std::vector<RunStep> steps;
   StepTimeStats step_time;
   double tokens_per_s = 0;                 // global tokens per step / median step time
-  std::map<std::string, double> phases_s;  // phase -> seconds, averaged over ranks
+  std::map<std::string, double> phases_s;  // phase -> seconds, averaged over ranks (measured_phases)
   json phases_by_rank_s;                   // [{"rank", "stage", phase: seconds, ...}, ...]
   std::map<int, std::map<std::string, long long>> memory_bytes;  // rank -> component -> bytes
   std::string memory_source;
@@ -89,6 +94,17 @@ json to_json(const RunRecord& run);
 // tp*cp*dp*pp stages in 0..pp-1, each stage held by some rank; memory must list every rank.
 RunRecord run_record_from_json(const json& j, const std::string& file);
 RunRecord read_run_record(const std::string& path);
+
+// The run's phases in the vocabulary of phases.h, in its order: each measured phase, with the
+// phases a format-1 file timed inside it (its backward holds recompute, tp_comm holds cp_comm,
+// pp_wait is pp_bubble holding pp_p2p, ...). Format 2: every phase, none inside another. Throws
+// InputError naming `file` when a format-1 file lacks one of its phases.
+struct MeasuredPhase {
+  Phase phase;
+  double seconds = 0;
+  std::vector<Phase> includes;
+};
+std::vector<MeasuredPhase> measured_phases(const RunRecord& run, const std::string& file);
 
 // -o's rules for a run record (json_io.h check_output_path): an earlier run record is replaced
 // without --force.

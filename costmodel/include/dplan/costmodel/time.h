@@ -12,6 +12,7 @@
 #include "dplan/costmodel/compute.h"
 #include "dplan/costmodel/memory.h"
 #include "dplan/costmodel/network.h"
+#include "dplan/costmodel/phases.h"
 
 namespace dplan::costmodel {
 
@@ -25,7 +26,7 @@ struct OverlapOptions {
 };
 
 struct TimeBreakdown {
-  // Critical-path seconds per step, by phase; they add up to step_time_s.
+  // Critical-path seconds per step, by phase (phases.h); they add up to step_time_s.
   double forward_s = 0, backward_s = 0, recompute_s = 0;
   double tp_comm_s = 0, cp_comm_s = 0, ep_comm_s = 0;
   double pp_p2p_s = 0, pp_bubble_s = 0;
@@ -49,7 +50,8 @@ struct TimeBreakdown {
   double exposed_comm_s() const {
     return tp_comm_s + cp_comm_s + ep_comm_s + pp_p2p_s + dp_comm_s + param_gather_s + offload_s;
   }
-  std::map<std::string, double> phases() const;  // name -> seconds, the JSON "time" object
+  double seconds(Phase p) const;                 // the phase's field above
+  std::map<std::string, double> phases() const;  // name -> seconds, the JSON "time" object (phases.h)
 };
 
 // REQUIRES: validate(model, network.cluster(), training, parallel, network.world_size()) passed,

@@ -31,7 +31,7 @@ struct CalibrationRun {
   costmodel::ParallelConfig parallel;
   costmodel::OverlapOptions overlap;
   double measured_step_s = 0;  // the run's median step time
-  // Forward + backward (with recompute) + optimizer, the slowest rank's mean ("phases_s"); 0 when
+  // Forward + backward + recompute + optimizer, the mean over ranks ("phases_s"); 0 when
   // the run.json has no phases. Fitted beside the step time: it tells compute from communication.
   double measured_compute_s = 0;
   // Each checkpoint save the run.json records (docs/run-json.md "checkpoints"): the busiest node's

@@ -28,9 +28,11 @@ struct ComparedValue {
 
 // One measured bucket (a phase or a memory component) and what was predicted for it.
 struct NamedComparison {
-  std::string name;  // the run.json name: "forward", "pp_wait", "activations", "peak", ...
+  std::string name;  // a phase (costmodel/phases.h) or a run.json memory component: "forward", "peak", ...
   ComparedValue value;
   bool measured = true;  // false: the measurement does not have it (value.measured is 0, no error)
+  // Phases a format-1 run.json timed inside this one; their predictions are added to its own.
+  std::vector<std::string> includes;
 };
 
 // Memory of one pipeline stage, bytes. Measured values are the max over the stage's ranks.
@@ -47,7 +49,7 @@ struct Comparison {
   long long measured_steps = 0;               // run.json step_time_s.count; 0 if absent
   ComparedValue step_time_s;                  // measured: the median over timed steps
   ComparedValue tokens_per_s;
-  std::vector<NamedComparison> phases;        // seconds: forward, backward, tp_comm, pp_wait, dp_comm, optimizer, other
+  std::vector<NamedComparison> phases;        // seconds, in the order of costmodel/phases.h
   std::vector<StageMemoryComparison> memory;  // one per pipeline stage, in stage order; empty for engine logs
   // What was read: LogFormat::run for a run.json, else the engine log's format and description.
   LogFormat format = LogFormat::run;

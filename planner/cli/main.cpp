@@ -5,8 +5,8 @@
 //   dplan run plan.json                      train with that layout (executor), write run.json
 //   dplan compare plan.json run.json         predicted vs measured, phase by phase
 //   dplan explain plan.json                  why MFU is low, and the changes that recover the most
-//   dplan export plan.json --to ENGINE       the plan as Megatron / torchtitan / DeepSpeed / Accelerate files, or a
-//                                            torchrun / Slurm launch of dplan-worker
+//   dplan export plan.json --to ENGINE       the plan as an engine's own files, or a launch of dplan-worker
+//                                            (the engines: planner/include/dplan/planner/engines.h)
 //   dplan check plan.json --engine ENGINE    the engine's own rules on the plan, one line per failure
 // Errors in input print "dplan: error: ..." on stderr and exit 2.
 #include <charconv>
@@ -25,6 +25,7 @@
 #include "dplan/costmodel/run_record.h"
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/time.h"
+#include "dplan/planner/engines.h"
 #include "dplan/planner/explain.h"
 #include "dplan/planner/plan.h"
 #include "dplan/planner/profiles.h"
@@ -546,6 +547,17 @@ CLI::Option* add_common(CLI::App& app, Options& o) {
   return gpus;
 }
 
+// The export subcommand's line in --help: the engines whose own files it writes, then the
+// launchers of dplan-worker, as the engine table lists them.
+std::string export_description() {
+  std::string files, launches;
+  for (const EngineDescriptor& d : engines()) {
+    std::string& list = d.runs_dplan_worker ? launches : files;
+    list += (list.empty() ? "" : d.runs_dplan_worker ? " / " : ", ") + std::string(d.name);
+  }
+  return "the plan as an engine's own files (" + files + ") or a " + launches + " launch of dplan-worker";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -616,8 +628,7 @@ int main(int argc, char** argv) {
   add_profiles(*explain, o);
 
   cli::ExportArgs export_args;
-  CLI::App* export_cmd = app.add_subcommand("export", "the plan as an engine's own files (megatron, torchtitan, deepspeed, "
-                                                      "accelerate) or a torchrun / slurm launch of dplan-worker");
+  CLI::App* export_cmd = app.add_subcommand("export", export_description());
   cli::add_export_options(*export_cmd, export_args);
 
   cli::CheckArgs check_args;

@@ -10,6 +10,8 @@
 //   Accelerate (HEAD 16cb6eb80d): commands/config YAML (distributed_type, fsdp_config,
 //     parallelism_config, deepspeed_config)
 //   torchrun / Slurm: dplan-worker, whose rules costmodel/executor_support.h owns.
+// The engine table (engines.cpp) names each engine's function below; the messages that name a
+// version take it from the engine's descriptor.
 #include "dplan/planner/engine_rules.h"
 
 #include <algorithm>
@@ -18,11 +20,24 @@
 
 #include "dplan/costmodel/executor_support.h"
 #include "dplan/planner/report.h"
+#include "engine_parts.h"
 
 namespace dplan::planner {
 using namespace costmodel;
 
+namespace detail {
+
+Rules::Rules(Engine engine, RuleReport& report) : prefix_(std::string(to_string(engine)) + ": "), report_(report) {}
+
+void Rules::rule(bool holds, const std::function<std::string()>& why) {
+  ++report_.rules_checked;
+  if (!holds) report_.failures.push_back(prefix_ + why());
+}
+
+}  // namespace detail
+
 namespace {
+using detail::Rules;
 
 std::string str(long long x) { return std::to_string(x); }
 
@@ -41,20 +56,6 @@ std::string divisors(int n, int limit = 64) {
     if (n % d == 0) out += (out.empty() ? "" : ", ") + str(d);
   return out;
 }
-
-class Rules {
- public:
-  Rules(Engine engine, RuleReport& report) : prefix_(std::string(to_string(engine)) + ": "), report_(report) {}
-  // One rule: `holds`, or the line `why()` gives (without the engine prefix).
-  void rule(bool holds, const std::function<std::string()>& why) {
-    ++report_.rules_checked;
-    if (!holds) report_.failures.push_back(prefix_ + why());
-  }
-
- private:
-  std::string prefix_;
-  RuleReport& report_;
-};
 
 int data_parallel(const ParallelConfig& p) { return p.dp; }
 
@@ -122,14 +123,15 @@ std::vector<int> stage_layers(const Plan& plan) {
 void megatron_model_rules(const Plan& plan, Rules& r) {
   const ModelSpec& m = plan.model;
   const char* v = "cannot express ";
+  const std::string version = descriptor(Engine::megatron).version;
   r.rule(!m.is_mla(), [&] {
     return std::string("dplan export does not write Megatron's multi-head latent attention flags "
                        "(--multi-latent-attention, --q-lora-rank, --kv-lora-rank) yet; the model ") +
            m.name + " uses it";
   });
   r.rule(m.num_sliding_layers == 0 && !m.attention_sinks, [&] {
-    return std::string(v) + "sliding-window attention or attention sinks with the core_v0.15.0 flags dplan writes; "
-                            "the model " + m.name + " uses them";
+    return std::string(v) + "sliding-window attention or attention sinks with the " + version +
+           " flags dplan writes; the model " + m.name + " uses them";
   });
   const bool silu = m.activation == "silu" || m.activation == "swish";
   const bool gelu = m.activation.rfind("gelu", 0) == 0;
@@ -153,8 +155,8 @@ void megatron_model_rules(const Plan& plan, Rules& r) {
              ") but not where, and --moe-layer-freq needs their positions (dplan writes the first-k pattern for DeepSeek only)";
     });
     r.rule(!m.router_bias && !m.shared_expert_gate, [&] {
-      return std::string(v) + "a router bias or a gated shared expert with the core_v0.15.0 flags dplan writes; the model " +
-             m.name + " has one";
+      return std::string(v) + "a router bias or a gated shared expert with the " + version +
+             " flags dplan writes; the model " + m.name + " has one";
     });
   }
 }
@@ -187,7 +189,36 @@ void torchtitan_model_rules(const Plan& plan, Rules& r) {
   });
 }
 
+// The DeepSpeed config's own rules (also Accelerate's when it writes a DeepSpeed config).
+void deepspeed_config_rules(const Plan& plan, Rules& r) {
+  const ParallelConfig& p = plan.parallel;
+  // train_batch_size == train_micro_batch_size_per_gpu x gradient_accumulation_steps x dp.
+  batch_rule(plan, r, "deepspeed/runtime/config.py _batch_assertion");
+  r.rule(p.cp == 1, [&] {
+    return "cannot express context parallel (cp " + str(p.cp) +
+           "): DeepSpeed's sequence_parallel_size is Ulysses all-to-all, not the plan's ring attention; use --cp 1";
+  });
+  r.rule(plan.training.precision != Precision::fp8, [&] {
+    return "cannot express fp8 training in a DeepSpeed config (fp8 lives in the model code); use --precision bf16";
+  });
+  r.rule(!p.offload_optimizer || p.zero_stage >= 1 || p.distributed_optimizer, [&] {
+    return std::string("zero_optimization.offload_optimizer needs ZeRO stage 1, 2 or 3 (config-json.md); use --zero 1");
+  });
+  r.rule(!p.sequence_parallel, [&] {
+    return "cannot express Megatron-style sequence parallel in a DeepSpeed config; drop --sp";
+  });
+  r.rule(p.ep == 1, [&] {
+    return "cannot express expert parallel (ep " + str(p.ep) +
+           ") in a DeepSpeed config (DeepSpeed MoE sets ep_size in the model code); use --ep 1";
+  });
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
+// Each engine's rules (the engine table, engines.cpp, names them).
+
+namespace detail {
 
 void megatron_rules(const Plan& plan, Rules& r) {
   const ParallelConfig& p = plan.parallel;
@@ -245,7 +276,7 @@ void megatron_rules(const Plan& plan, Rules& r) {
   context_parallel_rule(plan, r, "validate_args");
   // Heads and query groups divisible by tp (core_v0.15.0 transformer_config.py L743-762;
   // HEAD relaxes the second to "multiple or divisor").
-  heads_rules(plan, r, "transformer_config.py core_v0.15.0", true);
+  heads_rules(plan, r, std::string("transformer_config.py ") + descriptor(Engine::megatron).version, true);
   // validate_args: experts per ep rank; no expert parallel in fp16.
   if (m.is_moe()) {
     r.rule(m.num_experts % p.ep == 0, [&] {
@@ -364,30 +395,6 @@ void torchtitan_rules(const Plan& plan, Rules& r) {
   batch_rule(plan, r, "torchtitan training.local_batch_size");
 }
 
-// The DeepSpeed config's own rules (also Accelerate's when it writes a DeepSpeed config).
-void deepspeed_config_rules(const Plan& plan, Rules& r) {
-  const ParallelConfig& p = plan.parallel;
-  // train_batch_size == train_micro_batch_size_per_gpu x gradient_accumulation_steps x dp.
-  batch_rule(plan, r, "deepspeed/runtime/config.py _batch_assertion");
-  r.rule(p.cp == 1, [&] {
-    return "cannot express context parallel (cp " + str(p.cp) +
-           "): DeepSpeed's sequence_parallel_size is Ulysses all-to-all, not the plan's ring attention; use --cp 1";
-  });
-  r.rule(plan.training.precision != Precision::fp8, [&] {
-    return "cannot express fp8 training in a DeepSpeed config (fp8 lives in the model code); use --precision bf16";
-  });
-  r.rule(!p.offload_optimizer || p.zero_stage >= 1 || p.distributed_optimizer, [&] {
-    return std::string("zero_optimization.offload_optimizer needs ZeRO stage 1, 2 or 3 (config-json.md); use --zero 1");
-  });
-  r.rule(!p.sequence_parallel, [&] {
-    return "cannot express Megatron-style sequence parallel in a DeepSpeed config; drop --sp";
-  });
-  r.rule(p.ep == 1, [&] {
-    return "cannot express expert parallel (ep " + str(p.ep) +
-           ") in a DeepSpeed config (DeepSpeed MoE sets ep_size in the model code); use --ep 1";
-  });
-}
-
 void deepspeed_rules(const Plan& plan, Rules& r) {
   const ParallelConfig& p = plan.parallel;
   deepspeed_config_rules(plan, r);
@@ -467,36 +474,7 @@ void dplan_worker_rules(const Plan& plan, Rules& r) {
   r.rule(!refusal, [&] { return "dplan-worker: " + *refusal; });
 }
 
-}  // namespace
-
-const std::vector<std::string>& engine_names() {
-  static const std::vector<std::string> names = {"megatron", "torchtitan", "deepspeed", "accelerate", "torchrun", "slurm"};
-  return names;
-}
-
-const char* to_string(Engine engine) {
-  return engine_names()[static_cast<size_t>(engine)].c_str();
-}
-
-std::optional<Engine> engine_from_string(const std::string& name) {
-  const auto& names = engine_names();
-  for (size_t i = 0; i < names.size(); ++i)
-    if (names[i] == name) return static_cast<Engine>(i);
-  return std::nullopt;
-}
-
-std::string engine_version(Engine engine) {
-  switch (engine) {
-    case Engine::megatron: return "Megatron-LM core_v0.15.0 (megatron/training/arguments.py)";
-    case Engine::torchtitan:
-      return "torchtitan v0.2.2 (torchtitan/config/job_config.py; torchtitan 0.3.0 (HEAD) CLI overrides in torchtitan.overrides)";
-    case Engine::deepspeed: return "DeepSpeed config JSON as of DeepSpeed 38327e07f6 (docs/_pages/config-json.md)";
-    case Engine::accelerate: return "Accelerate config YAML as of accelerate 16cb6eb80d (accelerate launch --config_file)";
-    case Engine::torchrun: return "torchrun of PyTorch 1.13 and 2.x (torch/distributed/run.py; underscore spellings, accepted by both)";
-    case Engine::slurm: return "Slurm sbatch/srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID)";
-  }
-  return "";
-}
+}  // namespace detail
 
 LaunchShape launch_shape(const Plan& plan) {
   LaunchShape s;
@@ -548,14 +526,7 @@ RuleReport check_engine_rules(const Plan& plan, Engine engine) {
   RuleReport report;
   Rules r(engine, report);
   launch_rules(plan, r);
-  switch (engine) {
-    case Engine::megatron: megatron_rules(plan, r); break;
-    case Engine::torchtitan: torchtitan_rules(plan, r); break;
-    case Engine::deepspeed: deepspeed_rules(plan, r); break;
-    case Engine::accelerate: accelerate_rules(plan, r); break;
-    case Engine::torchrun:
-    case Engine::slurm: dplan_worker_rules(plan, r); break;
-  }
+  descriptor(engine).rules(plan, r);
   return report;
 }
 

@@ -80,9 +80,12 @@ Exported export_deepspeed(const ExportInput& in) {
 
   Exported e;
   e.files.push_back({"ds_config.json", deepspeed_config(in.plan).dump(2) + "\n", false});
-  e.files.push_back({"launch-deepspeed.sh", sh.str(), true});
-  e.launch_line = std::string(s.nodes > 1 ? "HOSTFILE=<hostfile> " : "") + "TRAIN_SCRIPT=train.py ./launch-deepspeed.sh [script args]";
-  e.files.push_back(readme(in, e.files, e.launch_line, deepspeed_notes(in.plan)));
+  const std::string launch = descriptor(in.engine).launch_file;
+  e.files.push_back({launch, sh.str(), true});
+  e.launch_line = std::string(s.nodes > 1 ? "HOSTFILE=<hostfile> " : "") + "TRAIN_SCRIPT=train.py ./" + launch + " [script args]";
+  e.files.push_back(readme(in, e.files, e.launch_line, deepspeed_notes(in.plan),
+                           s.nodes > 1 ? "run (on the first node; the deepspeed launcher starts the others from the hostfile):"
+                                       : ""));
   return e;
 }
 
@@ -162,9 +165,10 @@ Exported export_accelerate(const ExportInput& in) {
   Exported e;
   e.files.push_back({"accelerate.yaml", y.str(), false});
   if (deepspeed) e.files.push_back({"ds_config.json", deepspeed_config(plan).dump(2) + "\n", false});
-  e.files.push_back({"launch-accelerate.sh", sh.str(), true});
+  const std::string launch = descriptor(in.engine).launch_file;
+  e.files.push_back({launch, sh.str(), true});
   e.launch_line = std::string(s.nodes > 1 ? "NODE_RANK=<i> MASTER_ADDR=<first node> " : "") +
-                  "TRAIN_SCRIPT=train.py ./launch-accelerate.sh [script args]";
+                  "TRAIN_SCRIPT=train.py ./" + launch + " [script args]";
   std::vector<std::string> notes = {
       "the model, data and optimizer are the training script's; its micro-batch is " + std::to_string(p.micro_batch) +
       " sequences of " + std::to_string(plan.training.seq_len) + " tokens per process"};

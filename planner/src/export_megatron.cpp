@@ -213,17 +213,19 @@ Args megatron_arguments(const Plan& plan) {
 Exported export_megatron(const ExportInput& in) {
   const Plan& plan = in.plan;
   const LaunchShape s = launch_shape(plan);
+  const EngineDescriptor& engine = descriptor(in.engine);
+  const std::string launch = engine.launch_file;
   std::ostringstream args;
   args << header(in, "# ");
-  args << "# One argument per line; launch-megatron.sh passes them to pretrain_gpt.py. Data, tokenizer and\n"
-          "# training length (--train-iters, --lr, ...) are the user's: give them to launch-megatron.sh.\n";
+  args << "# One argument per line; " << launch << " passes them to pretrain_gpt.py. Data, tokenizer and\n"
+       << "# training length (--train-iters, --lr, ...) are the user's: give them to " << launch << ".\n";
   if (plan.model.position == PositionKind::rotary)
     args << "# The plan does not record the rotary base: add --rotary-base if the model's is not 10000.\n";
   for (const auto& [f, v] : megatron_arguments(plan)) args << f << (v.empty() ? "" : " " + v) << "\n";
 
   std::ostringstream sh;
   sh << script_preamble(in);
-  sh << ": \"${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout (core_v0.15.0)}\"\n";
+  sh << ": \"${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout (" << engine.version << ")}\"\n";
   // validate_args (core_v0.15.0): Megatron-FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS != 1; without it,
   // tp > 1 or cp > 1 asserts == 1 (before Blackwell).
   if (plan.parallel.zero_stage >= 2)
@@ -240,10 +242,10 @@ Exported export_megatron(const ExportInput& in) {
 
   Exported e;
   e.files.push_back({"megatron.args", args.str(), false});
-  e.files.push_back({"launch-megatron.sh", sh.str(), true});
+  e.files.push_back({launch, sh.str(), true});
   e.launch_line = std::string(s.nodes > 1 ? "MASTER_ADDR=<first node> " : "") +
-                  "MEGATRON_LM=<Megatron-LM checkout> ./launch-megatron.sh --train-iters N --lr X "
-                  "--tokenizer-type ... --data-path ...";
+                  "MEGATRON_LM=<Megatron-LM checkout> ./" + launch +
+                  " --train-iters N --lr X --tokenizer-type ... --data-path ...";
   std::vector<std::string> notes = {
       "data, tokenizer, optimizer hyper-parameters and training length are not in the plan: pass them after the script",
       "the rank order is Megatron's default tp-cp-ep-dp-pp, the plan's own (no --use-tp-pp-dp-mapping)"};

@@ -213,6 +213,111 @@ void deepspeed_config_rules(const Plan& plan, Rules& r) {
   });
 }
 
+// torchtitan's data-parallel split (see export): FSDP (dp_shard) for ZeRO-2/3, DDP (dp_replicate)
+// for ZeRO-0.
+int torchtitan_dp_shard(const ParallelConfig& p) { return p.zero_stage >= 2 ? p.dp : 1; }
+
+// torchtitan's mesh (parallel_dims.py) and the data-parallel shardings FSDP2 and DDP can say.
+void torchtitan_data_parallel_rules(const Plan& plan, Rules& r) {
+  const ParallelConfig& p = plan.parallel;
+  const int dp_shard = torchtitan_dp_shard(p);
+  const int dp_replicate = p.zero_stage >= 2 ? 1 : p.dp;
+  const int world = plan.ranks.empty() ? p.world_size() : static_cast<int>(plan.ranks.size());
+  r.rule(static_cast<long long>(dp_replicate) * dp_shard * p.cp * p.tp * p.pp == world, [&] {
+    return "dp_replicate " + str(dp_replicate) + " x dp_shard " + str(dp_shard) + " x cp " + str(p.cp) + " x tp " +
+           str(p.tp) + " x pp " + str(p.pp) + " != world size " + str(world) + " (parallel_dims.py)";
+  });
+  r.rule(p.dp == 1 || (p.zero_stage != 1 && !p.distributed_optimizer), [&] {
+    return std::string("cannot express ZeRO-1 / the distributed optimizer (FSDP2 shards parameters and "
+                       "gradients too; there is no optimizer-only sharding); use --zero 2 (fsdp_reshard_after_forward "
+                       "never) or --zero 3");
+  });
+  r.rule(!(p.zero_stage == 0 && !p.distributed_optimizer && p.dp > 1 && (p.tp > 1 || p.pp > 1 || p.cp > 1)), [&] {
+    return std::string("cannot express plain data parallel (DDP) beside tp, pp or cp (llama3 "
+                       "parallelize.py: \"DDP has not supported > 1D parallelism\"); use --zero 2 or --zero 3");
+  });
+  r.rule(!(p.cp > 1 && p.zero_stage < 2), [&] {
+    return "torchtitan shards parameters over the context-parallel ranks (FSDP on dp_shard x cp, "
+           "parallel_dims.py fsdp_enabled), which a plan with cp " + str(p.cp) + " and ZeRO-" + str(p.zero_stage) +
+           " does not; use --zero 2 or --zero 3";
+  });
+}
+
+// Offload, sequence parallel, precision, heads and the sequence divisors.
+void torchtitan_tensor_rules(const Plan& plan, Rules& r) {
+  const ParallelConfig& p = plan.parallel;
+  r.rule(!p.offload_optimizer, [&] {
+    return std::string("cannot express optimizer-only offload (training.enable_cpu_offload offloads "
+                       "parameters, gradients and optimizer states: FSDP2 CPUOffloadPolicy); drop --offload");
+  });
+  r.rule(p.tp == 1 || p.sequence_parallel, [&] {
+    return "torchtitan's tensor parallel always shards activations along the sequence (sequence parallel, llama3 "
+           "parallelize.py); the plan has tp " + str(p.tp) + " without it: use --sp";
+  });
+  r.rule(plan.training.precision != Precision::fp16, [&] {
+    return std::string("cannot express fp16 training (training.mixed_precision_param is bfloat16 or "
+                       "float32); use --precision bf16");
+  });
+  heads_rules(plan, r, "torchtitan: tp divides the heads and the key/value heads", true);
+  if (p.tp > 1)
+    r.rule(plan.training.seq_len % p.tp == 0, [&] {
+      return "sequence " + str(plan.training.seq_len) + " is not a multiple of tp " + str(p.tp) +
+             " (parallel_dims.py seq_len_divisor: sequence parallel); use --seq " +
+             nearest_multiples(plan.training.seq_len, p.tp);
+    });
+  if (p.cp > 1)
+    r.rule(plan.training.seq_len % (2 * p.cp * p.tp) == 0, [&] {
+      return "sequence " + str(plan.training.seq_len) + " is not a multiple of tp x 2 x cp = " + str(2 * p.cp * p.tp) +
+             " (parallel_dims.py seq_len_divisor); use --seq " +
+             nearest_multiples(plan.training.seq_len, 2 * p.cp * p.tp);
+    });
+}
+
+// Expert parallel beside etp, tp and cp (parallel_dims.py).
+void torchtitan_expert_rules(const Plan& plan, Rules& r) {
+  const ParallelConfig& p = plan.parallel;
+  const ModelSpec& m = plan.model;
+  const int dp_shard = torchtitan_dp_shard(p);
+  if (m.is_moe() && p.ep > 1) {
+    const int etp = p.expert_tp();
+    r.rule(etp == p.tp || etp == 1, [&] {
+      return "etp " + str(etp) + " is neither 1 nor tp " + str(p.tp) +
+             " (parallel_dims.py: \"Currently we only support ETP=TP or ETP=1\"); use --etp 1 or --etp " + str(p.tp);
+    });
+    if (etp == p.tp)
+      r.rule(p.ep % p.cp == 0 && (dp_shard * p.cp) % p.ep == 0, [&] {
+        return "with etp = tp, ep " + str(p.ep) + " must be a multiple of cp " + str(p.cp) + " and divide dp_shard x cp = " +
+               str(dp_shard * p.cp) + " (parallel_dims.py)";
+      });
+    else if (etp == 1)
+      r.rule(p.ep % (p.cp * p.tp) == 0 && (dp_shard * p.cp * p.tp) % p.ep == 0, [&] {
+        return "with etp 1, ep " + str(p.ep) + " must be a multiple of cp x tp " + str(p.cp * p.tp) +
+               " and divide dp_shard x cp x tp = " + str(dp_shard * p.cp * p.tp) + " (parallel_dims.py)";
+      });
+  }
+}
+
+void torchtitan_pipeline_rules(const Plan& plan, Rules& r) {
+  const ParallelConfig& p = plan.parallel;
+  const ModelSpec& m = plan.model;
+  // torchtitan splits (layers + first_stage_less_layers + last_stage_less_layers) evenly
+  // into ceil(that / pipeline_parallel_layers_per_stage) virtual stages (torchtitan/distributed/
+  // pipeline_parallel.py): an even split, or the embedding and loss accounted as one layer each.
+  if (p.pp > 1) {
+    const std::vector<int> layers = stage_layers(plan);
+    const int slots = m.num_layers + p.account_for_embedding + p.account_for_loss;
+    const bool expressible = p.first_stage_layers == 0 && p.last_stage_layers == 0 &&
+                             (p.layers_per_stage.empty() || uniform(layers, 0, layers.size())) &&
+                             slots % (p.pp * p.vpp) == 0;
+    r.rule(expressible, [&] {
+      return "cannot express this pipeline split (pipeline_parallel_layers_per_stage gives every virtual "
+             "stage the same count, the embedding and loss counted by pipeline_parallel_first/last_stage_less_layers); "
+             "use a pp x vpp dividing " + str(m.num_layers) + " layers (" + divisors(m.num_layers) +
+             ") or --account-for-embedding/--account-for-loss, and no --first-stage-layers/--last-stage-layers";
+    });
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -306,91 +411,11 @@ void megatron_rules(const Plan& plan, Rules& r) {
 }
 
 void torchtitan_rules(const Plan& plan, Rules& r) {
-  const ParallelConfig& p = plan.parallel;
-  const ModelSpec& m = plan.model;
   torchtitan_model_rules(plan, r);
-  // Data parallel as torchtitan splits it (see export): FSDP (dp_shard) for ZeRO-2/3, DDP
-  // (dp_replicate) for ZeRO-0.
-  const bool sharded = p.zero_stage >= 2;
-  const int dp_shard = sharded ? p.dp : 1;
-  const int dp_replicate = sharded ? 1 : p.dp;
-  const int world = plan.ranks.empty() ? p.world_size() : static_cast<int>(plan.ranks.size());
-  r.rule(static_cast<long long>(dp_replicate) * dp_shard * p.cp * p.tp * p.pp == world, [&] {
-    return "dp_replicate " + str(dp_replicate) + " x dp_shard " + str(dp_shard) + " x cp " + str(p.cp) + " x tp " +
-           str(p.tp) + " x pp " + str(p.pp) + " != world size " + str(world) + " (parallel_dims.py)";
-  });
-  r.rule(p.dp == 1 || (p.zero_stage != 1 && !p.distributed_optimizer), [&] {
-    return std::string("cannot express ZeRO-1 / the distributed optimizer (FSDP2 shards parameters and "
-                       "gradients too; there is no optimizer-only sharding); use --zero 2 (fsdp_reshard_after_forward "
-                       "never) or --zero 3");
-  });
-  r.rule(!(p.zero_stage == 0 && !p.distributed_optimizer && p.dp > 1 && (p.tp > 1 || p.pp > 1 || p.cp > 1)), [&] {
-    return std::string("cannot express plain data parallel (DDP) beside tp, pp or cp (llama3 "
-                       "parallelize.py: \"DDP has not supported > 1D parallelism\"); use --zero 2 or --zero 3");
-  });
-  r.rule(!(p.cp > 1 && p.zero_stage < 2), [&] {
-    return "torchtitan shards parameters over the context-parallel ranks (FSDP on dp_shard x cp, "
-           "parallel_dims.py fsdp_enabled), which a plan with cp " + str(p.cp) + " and ZeRO-" + str(p.zero_stage) +
-           " does not; use --zero 2 or --zero 3";
-  });
-  r.rule(!p.offload_optimizer, [&] {
-    return std::string("cannot express optimizer-only offload (training.enable_cpu_offload offloads "
-                       "parameters, gradients and optimizer states: FSDP2 CPUOffloadPolicy); drop --offload");
-  });
-  r.rule(p.tp == 1 || p.sequence_parallel, [&] {
-    return "torchtitan's tensor parallel always shards activations along the sequence (sequence parallel, llama3 "
-           "parallelize.py); the plan has tp " + str(p.tp) + " without it: use --sp";
-  });
-  r.rule(plan.training.precision != Precision::fp16, [&] {
-    return std::string("cannot express fp16 training (training.mixed_precision_param is bfloat16 or "
-                       "float32); use --precision bf16");
-  });
-  heads_rules(plan, r, "torchtitan: tp divides the heads and the key/value heads", true);
-  if (p.tp > 1)
-    r.rule(plan.training.seq_len % p.tp == 0, [&] {
-      return "sequence " + str(plan.training.seq_len) + " is not a multiple of tp " + str(p.tp) +
-             " (parallel_dims.py seq_len_divisor: sequence parallel); use --seq " +
-             nearest_multiples(plan.training.seq_len, p.tp);
-    });
-  if (p.cp > 1)
-    r.rule(plan.training.seq_len % (2 * p.cp * p.tp) == 0, [&] {
-      return "sequence " + str(plan.training.seq_len) + " is not a multiple of tp x 2 x cp = " + str(2 * p.cp * p.tp) +
-             " (parallel_dims.py seq_len_divisor); use --seq " +
-             nearest_multiples(plan.training.seq_len, 2 * p.cp * p.tp);
-    });
-  if (m.is_moe() && p.ep > 1) {
-    const int etp = p.expert_tp();
-    r.rule(etp == p.tp || etp == 1, [&] {
-      return "etp " + str(etp) + " is neither 1 nor tp " + str(p.tp) +
-             " (parallel_dims.py: \"Currently we only support ETP=TP or ETP=1\"); use --etp 1 or --etp " + str(p.tp);
-    });
-    if (etp == p.tp)
-      r.rule(p.ep % p.cp == 0 && (dp_shard * p.cp) % p.ep == 0, [&] {
-        return "with etp = tp, ep " + str(p.ep) + " must be a multiple of cp " + str(p.cp) + " and divide dp_shard x cp = " +
-               str(dp_shard * p.cp) + " (parallel_dims.py)";
-      });
-    else if (etp == 1)
-      r.rule(p.ep % (p.cp * p.tp) == 0 && (dp_shard * p.cp * p.tp) % p.ep == 0, [&] {
-        return "with etp 1, ep " + str(p.ep) + " must be a multiple of cp x tp " + str(p.cp * p.tp) +
-               " and divide dp_shard x cp x tp = " + str(dp_shard * p.cp * p.tp) + " (parallel_dims.py)";
-      });
-  }
-  // Pipeline: torchtitan splits (layers + first_stage_less_layers + last_stage_less_layers) evenly
-  // into ceil(that / pipeline_parallel_layers_per_stage) virtual stages (torchtitan/distributed/
-  // pipeline_parallel.py): an even split, or the embedding and loss accounted as one layer each.
-  if (p.pp > 1) {
-    const std::vector<int> layers = stage_layers(plan);
-    const int slots = m.num_layers + p.account_for_embedding + p.account_for_loss;
-    const bool expressible = p.first_stage_layers == 0 && p.last_stage_layers == 0 &&
-                             (p.layers_per_stage.empty() || uniform(layers, 0, layers.size())) &&
-                             slots % (p.pp * p.vpp) == 0;
-    r.rule(expressible, [&] {
-      return "cannot express this pipeline split (pipeline_parallel_layers_per_stage gives every virtual "
-             "stage the same count, the embedding and loss counted by pipeline_parallel_first/last_stage_less_layers); "
-             "use a pp x vpp dividing " + str(m.num_layers) + " layers (" + divisors(m.num_layers) +
-             ") or --account-for-embedding/--account-for-loss, and no --first-stage-layers/--last-stage-layers";
-    });
-  }
+  torchtitan_data_parallel_rules(plan, r);
+  torchtitan_tensor_rules(plan, r);
+  torchtitan_expert_rules(plan, r);
+  torchtitan_pipeline_rules(plan, r);
   // Local batch integral: per-rank batch = global / data parallel, in micro-batches.
   batch_rule(plan, r, "torchtitan training.local_batch_size");
 }

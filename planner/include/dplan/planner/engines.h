@@ -22,7 +22,7 @@ struct EngineLog;
 struct LogStep;
 namespace detail {
 struct ExportInput;  // planner/src/export_engines.h
-class Rules;         // planner/src/engine_rules_internal.h
+class Rules;         // planner/src/engine_parts.h
 }  // namespace detail
 
 // An engine's id: the index of its descriptor in the table.

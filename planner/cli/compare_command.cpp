@@ -10,6 +10,7 @@
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/phases.h"
 #include "dplan/planner/compare.h"
+#include "dplan/planner/engines.h"
 #include "dplan/costmodel/units.h"
 
 namespace dplan::cli {
@@ -198,12 +199,15 @@ std::string report(const Comparison& c, const CompareArgs& args) {
 
 void add_compare_options(CLI::App& command, CompareArgs& args) {
   command.add_option("plan", args.plan_path, "plan.json written by dplan -o")->required();
+  std::string logs;  // the engines whose logs dplan reads, as the engine table lists them
+  for (const planner::EngineDescriptor& d : planner::engines())
+    if (d.log) logs += (logs.empty() ? "" : ", ") + std::string(d.display_name);
   command.add_option("run", args.run_path,
-                     "run.json written by dplan run -o, or an engine's training log (Megatron-LM, torchtitan, "
-                     "DeepSpeed; docs/compare.md)")
+                     "run.json written by dplan run -o, or an engine's training log (" + logs + "; docs/compare.md)")
       ->required();
   command.add_option("--format", args.format,
-                     "what the measurement file is: megatron, torchtitan, deepspeed or run (default: told by content)");
+                     "what the measurement file is: " + join_choices(planner::log_format_names()) +
+                         " (default: told by content)");
   command.add_flag("--json", args.json, "print JSON");
 }
 

@@ -7,6 +7,7 @@
 #include "dplan/costmodel/json_io.h"
 #include "dplan/costmodel/plan_file.h"
 #include "dplan/planner/engine_rules.h"
+#include "dplan/planner/engines.h"
 #include "dplan/planner/export.h"
 
 namespace dplan::cli {

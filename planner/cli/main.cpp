@@ -5,8 +5,8 @@
 //   dplan run plan.json                      train with that layout (executor), write run.json
 //   dplan compare plan.json run.json         predicted vs measured, phase by phase
 //   dplan explain plan.json                  why MFU is low, and the changes that recover the most
-//   dplan export plan.json --to ENGINE       the plan as Megatron / torchtitan / DeepSpeed / Accelerate files, or a
-//                                            torchrun / Slurm launch of dplan-worker
+//   dplan export plan.json --to ENGINE       the plan as an engine's own files, or a launch of dplan-worker
+//                                            (the engines: planner/include/dplan/planner/engines.h)
 //   dplan check plan.json --engine ENGINE    the engine's own rules on the plan, one line per failure
 // Errors in input print "dplan: error: ..." on stderr and exit 2.
 #include <charconv>
@@ -25,6 +25,7 @@
 #include "dplan/costmodel/run_record.h"
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/time.h"
+#include "dplan/planner/engines.h"
 #include "dplan/planner/explain.h"
 #include "dplan/planner/plan.h"
 #include "dplan/planner/profiles.h"
@@ -546,17 +547,35 @@ CLI::Option* add_common(CLI::App& app, Options& o) {
   return gpus;
 }
 
-}  // namespace
+// The export subcommand's line in --help: the engines whose own files it writes, then the
+// launchers of dplan-worker, as the engine table lists them.
+std::string export_description() {
+  std::string files, launches;
+  for (const EngineDescriptor& d : engines()) {
+    std::string& list = d.runs_dplan_worker ? launches : files;
+    list += (list.empty() ? "" : d.runs_dplan_worker ? " / " : ", ") + std::string(d.name);
+  }
+  return "the plan as an engine's own files (" + files + ") or a " + launches + " launch of dplan-worker";
+}
 
-int main(int argc, char** argv) {
-  Options o;
-  CLI::App app{"dplan: plan, estimate and explain distributed training layouts", "dplan"};
-  add_profiles(app, o);
-  app.require_subcommand(0, 1);
-  app.fallthrough(false);
+// Every subcommand, and what each parses into (bound by reference: a Commands stays in place).
+struct Commands {
+  CLI::Option* top_gpus = nullptr;  // the top level's --gpus
+  CLI::App *estimate = nullptr, *list = nullptr, *run = nullptr, *compare = nullptr, *explain = nullptr,
+           *export_cmd = nullptr, *check = nullptr, *scale = nullptr, *calibrate = nullptr, *probe = nullptr;
+  cli::RunOptions run_args;
+  cli::CompareArgs compare_args;
+  cli::ExplainArgs explain_args;
+  cli::ExportArgs export_args;
+  cli::CheckArgs check_args;
+  ScaleOptions scale_opts;
+  cli::CalibrateArgs calibrate_args;
+  cli::ProbeArgs probe_args;
+};
 
-  // Top level: `dplan --model M --gpus N` searches every layout.
-  CLI::Option* top_gpus = add_common(app, o);
+// Top level: `dplan --model M --gpus N` searches every layout.
+void add_search_options(CLI::App& app, Options& o, Commands& c) {
+  c.top_gpus = add_common(app, o);
   app.add_option("--top", o.top_k, "how many ranked layouts to show")->capture_default_str()->check(integer_in(1, 1000, "a positive integer up to 1000"));
   app.add_flag("--runnable", o.runnable,
                "refuse up front a model dplan run cannot train, and search only what it executes (today every "
@@ -564,7 +583,9 @@ int main(int argc, char** argv) {
   app.add_option("--rank-by", o.rank_by,
                  "rank layouts by step-time (default) or goodput (time to train with failures and checkpoints)")
       ->check(CLI::IsMember({"step-time", "goodput"}));
+}
 
+CLI::App* add_estimate_command(CLI::App& app, Options& o) {
   CLI::App* estimate = app.add_subcommand("estimate", "evaluate one layout: memory per stage, step time by phase");
   add_common(*estimate, o);
   add_profiles(*estimate, o);
@@ -598,33 +619,10 @@ int main(int argc, char** argv) {
   estimate->add_flag("--account-for-embedding", o.account_embedding,
                      "count the embedding as one layer in the pipeline split");
   estimate->add_flag("--account-for-loss", o.account_loss, "count the LM head and loss as one layer in the pipeline split");
+  return estimate;
+}
 
-  CLI::App* list = app.add_subcommand("list", "model presets, size shorthands and clusters");
-  add_profiles(*list, o);
-
-  cli::RunOptions run_args;
-  CLI::App* run = app.add_subcommand("run", "train with a plan's layout on this machine and measure every phase");
-  cli::add_run_options(*run, run_args);
-
-  cli::CompareArgs compare_args;
-  CLI::App* compare = app.add_subcommand("compare", "a plan's prediction next to a run's measurement");
-  cli::add_compare_options(*compare, compare_args);
-
-  cli::ExplainArgs explain_args;
-  CLI::App* explain = app.add_subcommand("explain", "why a plan's MFU is low, and the changes that recover the most");
-  cli::add_explain_options(*explain, explain_args);
-  add_profiles(*explain, o);
-
-  cli::ExportArgs export_args;
-  CLI::App* export_cmd = app.add_subcommand("export", "the plan as an engine's own files (megatron, torchtitan, deepspeed, "
-                                                      "accelerate) or a torchrun / slurm launch of dplan-worker");
-  cli::add_export_options(*export_cmd, export_args);
-
-  cli::CheckArgs check_args;
-  CLI::App* check = app.add_subcommand("check", "an engine's own rules on a plan, one line per failure (exit 1)");
-  cli::add_check_options(*check, check_args);
-
-  ScaleOptions scale_opts;
+CLI::App* add_scale_command(CLI::App& app, Options& o, ScaleOptions& scale_opts) {
   CLI::App* scale = app.add_subcommand("scale", "plan and run each size, predicted against measured scaling, and an SVG");
   scale->add_option("--model", o.model, "preset, size shorthand or path to a config.json")->required();
   scale->add_option("--cluster", o.cluster, "cluster profile name or path")->capture_default_str();
@@ -641,36 +639,79 @@ int main(int argc, char** argv) {
   scale->add_option("-o,--output", scale_opts.dir, "folder for the plans, runs and scaling.svg (default scale-<model>)");
   add_force(*scale, o.force);
   add_profiles(*scale, o);
+  return scale;
+}
 
-  cli::CalibrateArgs calibrate_args;
-  CLI::App* calibrate = app.add_subcommand("calibrate", "a profile's efficiency figures fitted to measured runs");
-  cli::add_calibrate_options(*calibrate, calibrate_args);
-  add_profiles(*calibrate, o);
+// Every subcommand and option, in the order --help lists them.
+void add_commands(CLI::App& app, Options& o, Commands& c) {
+  add_search_options(app, o, c);
+  c.estimate = add_estimate_command(app, o);
 
-  cli::ProbeArgs probe_args;
-  CLI::App* probe = app.add_subcommand("probe", "a cluster profile fitted to measurements (nccl-tests output)");
-  cli::add_probe_options(*probe, probe_args);
-  add_profiles(*probe, o);
+  c.list = app.add_subcommand("list", "model presets, size shorthands and clusters");
+  add_profiles(*c.list, o);
+
+  c.run = app.add_subcommand("run", "train with a plan's layout on this machine and measure every phase");
+  cli::add_run_options(*c.run, c.run_args);
+
+  c.compare = app.add_subcommand("compare", "a plan's prediction next to a run's measurement");
+  cli::add_compare_options(*c.compare, c.compare_args);
+
+  c.explain = app.add_subcommand("explain", "why a plan's MFU is low, and the changes that recover the most");
+  cli::add_explain_options(*c.explain, c.explain_args);
+  add_profiles(*c.explain, o);
+
+  c.export_cmd = app.add_subcommand("export", export_description());
+  cli::add_export_options(*c.export_cmd, c.export_args);
+
+  c.check = app.add_subcommand("check", "an engine's own rules on a plan, one line per failure (exit 1)");
+  cli::add_check_options(*c.check, c.check_args);
+
+  c.scale = add_scale_command(app, o, c.scale_opts);
+
+  c.calibrate = app.add_subcommand("calibrate", "a profile's efficiency figures fitted to measured runs");
+  cli::add_calibrate_options(*c.calibrate, c.calibrate_args);
+  add_profiles(*c.calibrate, o);
+
+  c.probe = app.add_subcommand("probe", "a cluster profile fitted to measurements (nccl-tests output)");
+  cli::add_probe_options(*c.probe, c.probe_args);
+  add_profiles(*c.probe, o);
+}
+
+// The parsed command, run: its exit status.
+int run_command(const Commands& c, const Options& o) {
+  ProfileStore store(find_profiles_dir(o.profiles, "/proc/self/exe", DPLAN_PROFILES_DIR));
+  if (*c.list) return run_list(store);
+  if (*c.run) return cli::run_run(c.run_args);
+  if (*c.compare) return cli::run_compare(c.compare_args);
+  if (*c.explain) return cli::run_explain(c.explain_args, store);
+  if (*c.export_cmd) return cli::run_export(c.export_args);
+  if (*c.check) return cli::run_check(c.check_args);
+  if (*c.probe) return cli::run_probe(c.probe_args, store);
+  if (*c.calibrate) return cli::run_calibrate(c.calibrate_args, store);
+  if (*c.scale) return run_scale(o, c.scale_opts, store);
+  if (*c.estimate) return run_estimate(o, store);
+  if (o.model.empty() || c.top_gpus->count() == 0) {
+    std::cerr << "dplan: error: give --model and --gpus (e.g. dplan --model 70B --gpus 64), or a subcommand: "
+                 "estimate, list, run, compare, explain, export, check, probe, calibrate, scale; see dplan --help\n";
+    return 2;
+  }
+  return run_plan(o, store);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  Commands commands;
+  CLI::App app{"dplan: plan, estimate and explain distributed training layouts", "dplan"};
+  add_profiles(app, o);
+  app.require_subcommand(0, 1);
+  app.fallthrough(false);
+  add_commands(app, o, commands);
 
   try {
     app.parse(argc, argv);
-    ProfileStore store(find_profiles_dir(o.profiles, "/proc/self/exe", DPLAN_PROFILES_DIR));
-    if (*list) return run_list(store);
-    if (*run) return cli::run_run(run_args);
-    if (*compare) return cli::run_compare(compare_args);
-    if (*explain) return cli::run_explain(explain_args, store);
-    if (*export_cmd) return cli::run_export(export_args);
-    if (*check) return cli::run_check(check_args);
-    if (*probe) return cli::run_probe(probe_args, store);
-    if (*calibrate) return cli::run_calibrate(calibrate_args, store);
-    if (*scale) return run_scale(o, scale_opts, store);
-    if (*estimate) return run_estimate(o, store);
-    if (o.model.empty() || top_gpus->count() == 0) {
-      std::cerr << "dplan: error: give --model and --gpus (e.g. dplan --model 70B --gpus 64), or a subcommand: "
-                   "estimate, list, run, compare, explain, export, check, probe, calibrate, scale; see dplan --help\n";
-      return 2;
-    }
-    return run_plan(o, store);
+    return run_command(commands, o);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {

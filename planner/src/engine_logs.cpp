@@ -9,6 +9,8 @@
 
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/json_io.h"
+#include "dplan/planner/engines.h"
+#include "engine_parts.h"
 
 namespace dplan::planner {
 namespace {
@@ -16,32 +18,18 @@ namespace {
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr double kGiB = 1024.0 * kMiB;
 
-struct FormatName {
-  LogFormat format;
-  const char* name;
-  const char* engine;
-  const char* step_lines;  // what a step line is called in messages
-};
-// The one list of formats: --format spellings, engine names, and what their step lines are.
-const FormatName kFormats[] = {
-    {LogFormat::megatron, "megatron", "Megatron-LM", "iteration line (megatron/training/training.py training_log)"},
-    {LogFormat::torchtitan, "torchtitan", "torchtitan", "step line (torchtitan/components/metrics.py)"},
-    {LogFormat::deepspeed, "deepspeed", "DeepSpeed", "ThroughputTimer line (deepspeed/utils/timer.py)"},
-    {LogFormat::run, "run", "dplan run", "run.json"},
-};
+// A run.json: dplan run's and dplan-worker's measurement (docs/run-json.md).
+constexpr const char* kRunName = "run";
+constexpr const char* kRunDisplayName = "dplan run";
 
-const FormatName& info(LogFormat f) {
-  for (const auto& n : kFormats)
-    if (n.format == f) return n;
-  DPLAN_CHECK(false && "every format is listed");
-  return kFormats[0];
+// The engine whose log reader reads `format` (not a run.json).
+const EngineDescriptor& reader_of(LogFormat format) {
+  DPLAN_CHECK(format.engine && descriptor(*format.engine).log);
+  return descriptor(*format.engine);
 }
 
-std::vector<std::string> format_names() {
-  std::vector<std::string> out;
-  for (const auto& n : kFormats) out.push_back(n.name);
-  return out;
-}
+// "iteration line (megatron/training/training.py training_log)": what a step line is, in messages.
+std::string step_lines(const LogReader& r) { return std::string(r.step_line) + " (" + r.step_line_source + ")"; }
 
 // The text with terminal colour sequences (ESC [ ... letter) removed: torchtitan colours its step
 // lines (torchtitan/tools/utils.py Color).
@@ -151,12 +139,126 @@ const std::regex kDeepSpeedThroughput(
     R"(epoch=(\d+)/micro_step=(\d+)/global_step=(\d+), RunningAvgSamplesPerSec=([^,]+), CurrSamplesPerSec=([^,]+), MemAllocated=([0-9.]+)GB, MaxMemAllocated=([0-9.]+)GB)");
 const std::regex kDeepSpeedProgress(R"(\bstep=\d+, skipped=\d+, lr=)");
 
+// JSON for run_record_from_json to read (and refuse if it is no run.json): text opening with '{',
+// or a whole JSON list (log lines open with '[' too: "[titan]", "[2025-...]").
+bool is_json_object_text(const std::string& text) {
+  size_t b = text.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return false;
+  return text[b] == '{' || (text[b] == '[' && json::accept(text));
+}
+
+// The engine whose lines the text shows most (the first in table order among equals), or nullopt.
+std::optional<LogFormat> detect_lines(const std::vector<std::string>& lines) {
+  std::optional<LogFormat> best;
+  long long most = 0;
+  for (const EngineDescriptor& d : engines()) {
+    if (!d.log) continue;
+    long long count = 0;
+    for (const auto& line : lines) count += d.log->signature(line);
+    if (count > most) {
+      most = count;
+      best = LogFormat{d.id};
+    }
+  }
+  return best;
+}
+
+// "Megatron-LM iteration lines, torchtitan step lines, DeepSpeed ThroughputTimer lines".
+std::string log_kinds() {
+  std::string s;
+  for (const EngineDescriptor& d : engines())
+    if (d.log) s += (s.empty() ? "" : ", ") + std::string(d.display_name) + " " + d.log->step_line + "s";
+  return s;
+}
+
+std::string foreign_message(const std::string& file) {
+  std::string formats;
+  for (const std::string& n : log_format_names()) formats += (formats.empty() ? "" : "|") + n;
+  return file + ": neither a run.json nor a training log dplan reads (" + log_kinds() + "); --format " + formats +
+         " forces one";
+}
+
+// "a run.json" or "a DeepSpeed log": what a file reads as, in messages.
+std::string reads_as(LogFormat format) {
+  return format == LogFormat::run ? std::string("a run.json") : std::string("a ") + engine_name(format) + " log";
+}
+
+// One entry per step: several ranks may log the same step; the slowest rank's rate and time,
+// the largest memory. In step order.
+std::vector<LogStep> one_per_step(const std::vector<LogStep>& logged) {
+  std::map<long long, LogStep> by_step;
+  for (const LogStep& s : logged) {
+    auto [it, fresh] = by_step.emplace(s.step, s);
+    if (fresh) continue;
+    LogStep& k = it->second;
+    auto keep = [](std::optional<double>& into, const std::optional<double>& v, bool larger) {
+      if (!v) return;
+      if (!into || (larger ? *v > *into : *v < *into)) into = v;
+    };
+    keep(k.time_s, s.time_s, true);
+    keep(k.tokens_per_s_per_gpu, s.tokens_per_s_per_gpu, false);
+    keep(k.samples_per_s, s.samples_per_s, false);
+    keep(k.tflops_per_gpu, s.tflops_per_gpu, false);
+    keep(k.mfu_percent, s.mfu_percent, false);
+    keep(k.peak_memory_bytes, s.peak_memory_bytes, true);
+  }
+  std::vector<LogStep> steps;
+  for (auto& [step, s] : by_step) steps.push_back(s);
+  return steps;
+}
+
+double median(std::vector<double> v) {
+  DPLAN_CHECK(!v.empty());
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+
+// train_micro_batch_size_per_gpu from DeepSpeedConfig.print. A name of 29 characters or more gets
+// no dots: "  train_micro_batch_size_per_gpu  2".
+std::optional<long long> deepspeed_micro_batch(const std::vector<std::string>& lines) {
+  const std::regex micro(R"(\strain_micro_batch_size_per_gpu \.* ?(\d+)\s*$)");
+  for (const auto& line : lines) {
+    std::smatch m;
+    if (line.find("train_micro_batch_size_per_gpu") != std::string::npos && std::regex_search(line, m, micro))
+      return whole(m[1]);
+  }
+  return std::nullopt;
+}
+
+// DeepSpeed's wall-clock timers (the global ones, ms, in log order): the median over the lines
+// after warm-up, seconds, under run.json's phase names; a timer missing from one of them is none.
+std::map<std::string, double> deepspeed_phases(const std::vector<std::map<std::string, double>>& timer_lines) {
+  std::map<std::string, double> phases;
+  if (static_cast<long long>(timer_lines.size()) <= kWarmupLogLines) return phases;
+  auto median_of = [&](const char* key) -> std::optional<double> {
+    std::vector<double> v;
+    for (size_t i = kWarmupLogLines; i < timer_lines.size(); ++i)
+      if (auto it = timer_lines[i].find(key); it != timer_lines[i].end()) v.push_back(it->second / 1e3);
+    if (v.size() + kWarmupLogLines != timer_lines.size()) return std::nullopt;
+    return median(v);
+  };
+  if (auto v = median_of("fwd")) phases["forward"] = *v;
+  if (auto v = median_of("bwd_inner")) phases["backward"] = *v;
+  else if (auto b = median_of("bwd")) phases["backward"] = *b;
+  if (auto v = median_of("bwd_allreduce")) phases["dp_comm"] = *v;
+  if (auto v = median_of("step")) phases["optimizer"] = *v;
+  return phases;
+}
+
+}  // namespace
+
+// --- each engine's lines (the engine table, engines.cpp, names these) ----------------------------
+
+namespace detail {
+
 bool megatron_signature(const std::string& line) {
   return line.find("iteration") != std::string::npos &&
          (line.find("elapsed time per iteration (ms)") != std::string::npos ||
           line.find("consumed samples:") != std::string::npos);
 }
-bool titan_signature(const std::string& line) {
+bool torchtitan_signature(const std::string& line) {
   return line.find("[titan]") != std::string::npos ||
          (line.find("step:") != std::string::npos && line.find("loss:") != std::string::npos &&
           (line.find("tps:") != std::string::npos || line.find("grad_norm:") != std::string::npos));
@@ -166,52 +268,12 @@ bool deepspeed_signature(const std::string& line) {
          (line.find("skipped=") != std::string::npos && std::regex_search(line, kDeepSpeedProgress));
 }
 
-// JSON for run_record_from_json to read (and refuse if it is no run.json): text opening with '{',
-// or a whole JSON list (log lines open with '[' too: "[titan]", "[2025-...]").
-bool is_json_object_text(const std::string& text) {
-  size_t b = text.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return false;
-  return text[b] == '{' || (text[b] == '[' && json::accept(text));
-}
+// The readers: one LogStep per complete step line.
 
-std::optional<LogFormat> detect_lines(const std::vector<std::string>& lines) {
-  long long megatron = 0, titan = 0, deepspeed = 0;
-  for (const auto& line : lines) {
-    megatron += megatron_signature(line);
-    titan += titan_signature(line);
-    deepspeed += deepspeed_signature(line);
-  }
-  if (megatron == 0 && titan == 0 && deepspeed == 0) return std::nullopt;
-  if (megatron >= titan && megatron >= deepspeed) return LogFormat::megatron;
-  if (titan >= deepspeed) return LogFormat::torchtitan;
-  return LogFormat::deepspeed;
-}
-
-std::string foreign_message(const std::string& file) {
-  return file +
-         ": neither a run.json nor a training log dplan reads (Megatron-LM iteration lines, torchtitan step "
-         "lines, DeepSpeed ThroughputTimer lines); --format " +
-         [] {
-           std::string s;
-           for (const auto& n : format_names()) s += (s.empty() ? "" : "|") + n;
-           return s;
-         }() +
-         " forces one";
-}
-
-// --- the parsers: one LogStep per complete step line ---------------------------------------------
-
-struct Parsed {
-  std::vector<LogStep> steps;  // as logged, possibly several per step (one per rank)
-  long long signature_lines = 0;
-};
-
-Parsed parse_megatron(const std::vector<std::string>& lines, EngineLog& log) {
-  Parsed p;
+void read_megatron_log(const std::vector<std::string>& lines, EngineLog& log, std::vector<LogStep>& steps) {
   std::map<std::string, std::string> dump;
   for (const auto& line : lines) {
     read_dump(line, dump);
-    p.signature_lines += megatron_signature(line);
     std::smatch m;
     if (line.find("memory (MB)") != std::string::npos && std::regex_search(line, m, kMegatronMemory)) {
       if (std::optional<double> max_allocated = number(m[3]))
@@ -244,7 +306,7 @@ Parsed parse_megatron(const std::vector<std::string>& lines, EngineLog& log) {
                          " (batch size ramp-up); compare a log of one layout");
       log.global_batch = b;
     }
-    p.steps.push_back(s);
+    steps.push_back(s);
   }
   if (!log.global_batch) log.global_batch = dumped_int(dump, "global_batch_size");
   log.micro_batch = dumped_int(dump, "micro_batch_size");
@@ -253,16 +315,13 @@ Parsed parse_megatron(const std::vector<std::string>& lines, EngineLog& log) {
   log.tp = dumped_int(dump, "tensor_model_parallel_size");
   log.pp = dumped_int(dump, "pipeline_model_parallel_size");
   log.cp = dumped_int(dump, "context_parallel_size");
-  log.lines_read = "iteration lines (megatron/training/training.py, format as of core_v0.15.0)";
-  return p;
 }
 
-Parsed parse_torchtitan(const std::vector<std::string>& lines, EngineLog& log) {
-  Parsed p;
+
+void read_torchtitan_log(const std::vector<std::string>& lines, EngineLog& log, std::vector<LogStep>& steps) {
   const std::regex global_batch(R"(global batch size (\d+))"), seq(R"(sequence length (\d+))"),
       tokens(R"((\d+) tokens per train step)");
   for (const auto& line : lines) {
-    p.signature_lines += titan_signature(line);
     std::smatch m;
     if (line.find("Trainer is initialized with") != std::string::npos) {
       if (std::regex_search(line, m, global_batch)) log.global_batch = whole(m[1]);
@@ -281,19 +340,16 @@ Parsed parse_torchtitan(const std::vector<std::string>& lines, EngineLog& log) {
     s.tflops_per_gpu = number(m[7]);
     if (m[8] != "N/A") s.mfu_percent = number(std::string(m[8]).substr(0, m[8].length() - 1));
     if (!s.tokens_per_s_per_gpu) continue;
-    p.steps.push_back(s);
+    steps.push_back(s);
   }
-  log.lines_read = "step lines (torchtitan/components/metrics.py, format as of v0.2.2 and HEAD)";
-  return p;
 }
 
-Parsed parse_deepspeed(const std::vector<std::string>& lines, EngineLog& log) {
-  Parsed p;
+
+void read_deepspeed_log(const std::vector<std::string>& lines, EngineLog& log, std::vector<LogStep>& steps) {
   std::map<std::string, std::string> dump;
   std::vector<std::map<std::string, double>> timer_lines;  // global timers, ms, in order
   for (const auto& line : lines) {
     read_dump(line, dump);
-    p.signature_lines += deepspeed_signature(line);
     std::smatch m;
     if (size_t t = line.find("time (ms) |"); t != std::string::npos) {
       std::map<std::string, double> timers;
@@ -311,55 +367,33 @@ Parsed parse_deepspeed(const std::vector<std::string>& lines, EngineLog& log) {
     s.samples_per_s = number(m[5]);
     if (std::optional<double> max_gb = number(m[7])) s.peak_memory_bytes = *max_gb * kGiB;  // "GB" = 1024^3 bytes
     if (!s.samples_per_s) continue;
-    p.steps.push_back(s);
+    steps.push_back(s);
   }
   log.global_batch = dumped_int(dump, "train_batch_size");
   log.dp = dumped_int(dump, "world_size");  // config.py: the data-parallel world
-  // A name of 29 characters or more gets no dots: "  train_micro_batch_size_per_gpu  2".
-  const std::regex micro(R"(\strain_micro_batch_size_per_gpu \.* ?(\d+)\s*$)");
-  for (const auto& line : lines) {
-    std::smatch m;
-    if (line.find("train_micro_batch_size_per_gpu") != std::string::npos && std::regex_search(line, m, micro)) {
-      log.micro_batch = whole(m[1]);
-      break;
-    }
-  }
-  log.lines_read = "ThroughputTimer lines (deepspeed/utils/timer.py, format as of v0.19.5)";
-  // Timers: the median over the lines after warm-up, seconds, under run.json's phase names.
-  if (static_cast<long long>(timer_lines.size()) > kWarmupLogLines) {
-    auto median_of = [&](const char* key) -> std::optional<double> {
-      std::vector<double> v;
-      for (size_t i = kWarmupLogLines; i < timer_lines.size(); ++i)
-        if (auto it = timer_lines[i].find(key); it != timer_lines[i].end()) v.push_back(it->second / 1e3);
-      if (v.size() + kWarmupLogLines != timer_lines.size()) return std::nullopt;
-      std::sort(v.begin(), v.end());
-      return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-    };
-    if (auto v = median_of("fwd")) log.phases_s["forward"] = *v;
-    if (auto v = median_of("bwd_inner")) log.phases_s["backward"] = *v;
-    else if (auto b = median_of("bwd")) log.phases_s["backward"] = *b;
-    if (auto v = median_of("bwd_allreduce")) log.phases_s["dp_comm"] = *v;
-    if (auto v = median_of("step")) log.phases_s["optimizer"] = *v;
-  }
-  return p;
+  log.micro_batch = deepspeed_micro_batch(lines);
+  log.phases_s = deepspeed_phases(timer_lines);
 }
 
-double median(std::vector<double> v) {
-  DPLAN_CHECK(!v.empty());
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}  // namespace detail
+
+const char* to_string(LogFormat format) { return format.engine ? descriptor(*format.engine).name : kRunName; }
+const char* engine_name(LogFormat format) {
+  return format.engine ? descriptor(*format.engine).display_name : kRunDisplayName;
 }
 
-}  // namespace
-
-const char* to_string(LogFormat format) { return info(format).name; }
-const char* engine_name(LogFormat format) { return info(format).engine; }
+std::vector<std::string> log_format_names() {
+  std::vector<std::string> names;
+  for (const EngineDescriptor& d : engines())
+    if (d.log) names.push_back(d.name);
+  names.push_back(kRunName);
+  return names;
+}
 
 LogFormat log_format_from_string(const std::string& name) {
-  for (const auto& n : kFormats)
-    if (name == n.name) return n.format;
-  throw InputError("--format: unknown format " + quote_for_message(name) + "; valid: " + join_choices(format_names()));
+  if (name == kRunName) return LogFormat::run;
+  if (std::optional<Engine> engine = engine_from_string(name); engine && descriptor(*engine).log) return LogFormat{engine};
+  throw InputError("--format: unknown format " + quote_for_message(name) + "; valid: " + join_choices(log_format_names()));
 }
 
 std::optional<LogFormat> detect_log_format(const std::string& text) {
@@ -368,13 +402,15 @@ std::optional<LogFormat> detect_log_format(const std::string& text) {
 }
 
 LogFormat measurement_format(const std::string& text, const std::string& file, std::optional<LogFormat> forced) {
-  if (text.find_first_not_of(" \t\r\n") == std::string::npos)
-    throw InputError(file + ": empty; expected a run.json or a training log (" +
-                     join_choices({"megatron", "torchtitan", "deepspeed"}) + ")");
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
+    std::vector<std::string> logs = log_format_names();
+    logs.pop_back();  // run
+    throw InputError(file + ": empty; expected a run.json or a training log (" + join_choices(logs) + ")");
+  }
   if (forced == LogFormat::run && !is_json_object_text(text))
     if (std::optional<LogFormat> seen = detect_lines(lines_of(text)))
-      throw InputError(file + ": not a run.json (--format run); it reads as a " + info(*seen).engine +
-                       " log: --format " + info(*seen).name);
+      throw InputError(file + ": not a run.json (--format run); it reads as " + reads_as(*seen) + ": --format " +
+                       to_string(*seen));
   if (forced) return *forced;
   std::optional<LogFormat> f = detect_log_format(text);
   if (!f) throw InputError(foreign_message(file));
@@ -385,47 +421,30 @@ EngineLog parse_engine_log(const std::string& text, const std::string& file, std
   const LogFormat format = measurement_format(text, file, forced);
   if (format == LogFormat::run)
     throw InputError(file + ": a run.json is read by read_run_record, not as an engine log");
+  const EngineDescriptor& d = reader_of(format);
+  const LogReader& reader = *d.log;
   const std::vector<std::string> lines = lines_of(text);
   EngineLog log;
   log.format = format;
   log.file = file;
-  Parsed p = format == LogFormat::megatron     ? parse_megatron(lines, log)
-             : format == LogFormat::torchtitan ? parse_torchtitan(lines, log)
-                                               : parse_deepspeed(lines, log);
-  const FormatName& f = info(format);
-  if (p.steps.empty()) {
-    if (p.signature_lines > 0)
-      throw InputError(file + ": a " + f.engine + " log with no complete " + f.step_lines +
+  std::vector<LogStep> logged;  // as logged, possibly several per step (one per rank)
+  reader.read(lines, log, logged);
+  log.lines_read = std::string(reader.step_line) + "s (" + reader.log_file + ", format as of " +
+                   with_versions(reader.format_as_of, d) + ")";
+  if (logged.empty()) {
+    if (std::any_of(lines.begin(), lines.end(), reader.signature))
+      throw InputError(file + ": a " + d.display_name + " log with no complete " + step_lines(reader) +
                        "; is it empty or cut short?");
     std::optional<LogFormat> seen = is_json_object_text(text) ? std::optional(LogFormat::run) : detect_lines(lines);
     if (seen)
-      throw InputError(file + ": no " + f.engine + " " + f.step_lines + " in it (--format " + f.name +
-                       "); it reads as " + (*seen == LogFormat::run ? std::string("a run.json") : std::string("a ") + info(*seen).engine + " log") +
-                       ": --format " + info(*seen).name);
+      throw InputError(file + ": no " + d.display_name + " " + step_lines(reader) + " in it (--format " + d.name +
+                       "); it reads as " + reads_as(*seen) + ": --format " + to_string(*seen));
     throw InputError(foreign_message(file));
   }
-  // One entry per step: several ranks may log the same step; the slowest rank's rate and time,
-  // the largest memory.
-  std::map<long long, LogStep> by_step;
-  for (const LogStep& s : p.steps) {
-    auto [it, fresh] = by_step.emplace(s.step, s);
-    if (fresh) continue;
-    LogStep& k = it->second;
-    auto keep = [](std::optional<double>& into, const std::optional<double>& v, bool larger) {
-      if (!v) return;
-      if (!into || (larger ? *v > *into : *v < *into)) into = v;
-    };
-    keep(k.time_s, s.time_s, true);
-    keep(k.tokens_per_s_per_gpu, s.tokens_per_s_per_gpu, false);
-    keep(k.samples_per_s, s.samples_per_s, false);
-    keep(k.tflops_per_gpu, s.tflops_per_gpu, false);
-    keep(k.mfu_percent, s.mfu_percent, false);
-    keep(k.peak_memory_bytes, s.peak_memory_bytes, true);
-  }
-  for (auto& [step, s] : by_step) log.steps.push_back(s);
+  log.steps = one_per_step(logged);
   for (int i = 0; i < kWarmupLogLines && i < static_cast<int>(log.steps.size()); ++i) log.steps[i].warmup = true;
   if (static_cast<long long>(log.steps.size()) <= kWarmupLogLines)
-    throw InputError(file + ": " + std::to_string(log.steps.size()) + " complete " + f.engine + " step line" +
+    throw InputError(file + ": " + std::to_string(log.steps.size()) + " complete " + d.display_name + " step line" +
                      (log.steps.size() == 1 ? "" : "s") + ", all warm-up (the first " +
                      std::to_string(kWarmupLogLines) + " logged steps are left out); at least " +
                      std::to_string(kWarmupLogLines + 1) + " are needed");
@@ -457,21 +476,26 @@ LogMeasurement measure_log(const EngineLog& log, const costmodel::Plan& plan, co
   m.description = std::string(engine_name(log.format)) + " log, " + log.lines_read;
   const double tokens_per_step = static_cast<double>(global_batch) * static_cast<double>(seq_len);
   std::vector<double> times, tflops, mfu;
+  const LogReader& reader = *reader_of(log.format).log;
   for (const LogStep& s : log.steps) {
     if (s.warmup) continue;
     double t = 0;
-    if (log.format == LogFormat::megatron) {
-      t = s.time_s.value_or(0);
-    } else if (log.format == LogFormat::torchtitan) {
-      // tps = tokens per second per device: the global rate is tps x world size.
-      const double tps = s.tokens_per_s_per_gpu.value_or(0);
-      t = tps > 0 ? tokens_per_step / (tps * static_cast<double>(world)) : 0;
-      m.step_time_from_rate = true;
-    } else {
-      // CurrSamplesPerSec: train_batch_size (the global batch) / the step's seconds.
-      const double sps = s.samples_per_s.value_or(0);
-      t = sps > 0 ? static_cast<double>(global_batch) / sps : 0;
-      m.step_time_from_rate = true;
+    switch (reader.step_time) {
+      case StepTime::logged: t = s.time_s.value_or(0); break;
+      case StepTime::from_tokens_per_s_per_gpu: {
+        // tps = tokens per second per device: the global rate is tps x world size.
+        const double tps = s.tokens_per_s_per_gpu.value_or(0);
+        t = tps > 0 ? tokens_per_step / (tps * static_cast<double>(world)) : 0;
+        m.step_time_from_rate = true;
+        break;
+      }
+      case StepTime::from_global_samples_per_s: {
+        // CurrSamplesPerSec: train_batch_size (the global batch) / the step's seconds.
+        const double sps = s.samples_per_s.value_or(0);
+        t = sps > 0 ? static_cast<double>(global_batch) / sps : 0;
+        m.step_time_from_rate = true;
+        break;
+      }
     }
     if (!(t > 0) || !std::isfinite(t))
       throw InputError(log.file + ": step " + std::to_string(s.step) + " states no positive rate or time");
@@ -484,20 +508,14 @@ LogMeasurement measure_log(const EngineLog& log, const costmodel::Plan& plan, co
   m.tokens_per_s = tokens_per_step / m.step_time_s;
   if (tflops.size() == times.size()) m.tflops_per_gpu = median(tflops);
   if (mfu.size() == times.size()) m.mfu = median(mfu);
-  if (log.peak_memory_bytes) {
-    m.peak_memory_bytes = log.peak_memory_bytes;
-    m.peak_memory_what = "max allocated";
-  }
+  m.peak_memory_bytes = log.peak_memory_bytes;
   for (const LogStep& s : log.steps)
     if (s.peak_memory_bytes) m.peak_memory_bytes = std::max(m.peak_memory_bytes.value_or(0.0), *s.peak_memory_bytes);
-  if (log.format == LogFormat::torchtitan && m.peak_memory_bytes) m.peak_memory_what = "max reserved";
-  if (log.format == LogFormat::deepspeed && m.peak_memory_bytes) m.peak_memory_what = "max allocated";
-  // On a cluster of CPU cores DeepSpeed's MemAllocated / MaxMemAllocated are the process's resident
-  // memory (deepspeed/accelerator/cpu_accelerator.py, psutil), not the tensors the plan predicts.
-  if (log.format == LogFormat::deepspeed && m.peak_memory_bytes && plan.cluster.value("cores_per_node", 0) > 0) {
+  if (m.peak_memory_bytes) m.peak_memory_what = reader.peak_memory_what;
+  // On a cluster of CPU cores some engines' memory figure is not the allocator's (the reader says why).
+  if (reader.cpu_memory_not_comparable && m.peak_memory_bytes && plan.cluster.value("cores_per_node", 0) > 0) {
     m.peak_memory_bytes.reset();
-    m.memory_not_comparable =
-        "DeepSpeed's MaxMemAllocated on CPU is the process's resident memory, not the tensors the plan predicts";
+    m.memory_not_comparable = reader.cpu_memory_not_comparable;
   }
   m.phases_s = log.phases_s;
   return m;

@@ -10,6 +10,8 @@
 //   Accelerate (HEAD 16cb6eb80d): commands/config YAML (distributed_type, fsdp_config,
 //     parallelism_config, deepspeed_config)
 //   torchrun / Slurm: dplan-worker, whose rules costmodel/executor_support.h owns.
+// The engine table (engines.cpp) names each engine's function below; the messages that name a
+// version take it from the engine's descriptor.
 #include "dplan/planner/engine_rules.h"
 
 #include <algorithm>
@@ -18,11 +20,24 @@
 
 #include "dplan/costmodel/executor_support.h"
 #include "dplan/planner/report.h"
+#include "engine_parts.h"
 
 namespace dplan::planner {
 using namespace costmodel;
 
+namespace detail {
+
+Rules::Rules(Engine engine, RuleReport& report) : prefix_(std::string(to_string(engine)) + ": "), report_(report) {}
+
+void Rules::rule(bool holds, const std::function<std::string()>& why) {
+  ++report_.rules_checked;
+  if (!holds) report_.failures.push_back(prefix_ + why());
+}
+
+}  // namespace detail
+
 namespace {
+using detail::Rules;
 
 std::string str(long long x) { return std::to_string(x); }
 
@@ -41,20 +56,6 @@ std::string divisors(int n, int limit = 64) {
     if (n % d == 0) out += (out.empty() ? "" : ", ") + str(d);
   return out;
 }
-
-class Rules {
- public:
-  Rules(Engine engine, RuleReport& report) : prefix_(std::string(to_string(engine)) + ": "), report_(report) {}
-  // One rule: `holds`, or the line `why()` gives (without the engine prefix).
-  void rule(bool holds, const std::function<std::string()>& why) {
-    ++report_.rules_checked;
-    if (!holds) report_.failures.push_back(prefix_ + why());
-  }
-
- private:
-  std::string prefix_;
-  RuleReport& report_;
-};
 
 int data_parallel(const ParallelConfig& p) { return p.dp; }
 
@@ -122,14 +123,15 @@ std::vector<int> stage_layers(const Plan& plan) {
 void megatron_model_rules(const Plan& plan, Rules& r) {
   const ModelSpec& m = plan.model;
   const char* v = "cannot express ";
+  const std::string version = descriptor(Engine::megatron).version;
   r.rule(!m.is_mla(), [&] {
     return std::string("dplan export does not write Megatron's multi-head latent attention flags "
                        "(--multi-latent-attention, --q-lora-rank, --kv-lora-rank) yet; the model ") +
            m.name + " uses it";
   });
   r.rule(m.num_sliding_layers == 0 && !m.attention_sinks, [&] {
-    return std::string(v) + "sliding-window attention or attention sinks with the core_v0.15.0 flags dplan writes; "
-                            "the model " + m.name + " uses them";
+    return std::string(v) + "sliding-window attention or attention sinks with the " + version +
+           " flags dplan writes; the model " + m.name + " uses them";
   });
   const bool silu = m.activation == "silu" || m.activation == "swish";
   const bool gelu = m.activation.rfind("gelu", 0) == 0;
@@ -153,8 +155,8 @@ void megatron_model_rules(const Plan& plan, Rules& r) {
              ") but not where, and --moe-layer-freq needs their positions (dplan writes the first-k pattern for DeepSeek only)";
     });
     r.rule(!m.router_bias && !m.shared_expert_gate, [&] {
-      return std::string(v) + "a router bias or a gated shared expert with the core_v0.15.0 flags dplan writes; the model " +
-             m.name + " has one";
+      return std::string(v) + "a router bias or a gated shared expert with the " + version +
+             " flags dplan writes; the model " + m.name + " has one";
     });
   }
 }
@@ -187,7 +189,141 @@ void torchtitan_model_rules(const Plan& plan, Rules& r) {
   });
 }
 
+// The DeepSpeed config's own rules (also Accelerate's when it writes a DeepSpeed config).
+void deepspeed_config_rules(const Plan& plan, Rules& r) {
+  const ParallelConfig& p = plan.parallel;
+  // train_batch_size == train_micro_batch_size_per_gpu x gradient_accumulation_steps x dp.
+  batch_rule(plan, r, "deepspeed/runtime/config.py _batch_assertion");
+  r.rule(p.cp == 1, [&] {
+    return "cannot express context parallel (cp " + str(p.cp) +
+           "): DeepSpeed's sequence_parallel_size is Ulysses all-to-all, not the plan's ring attention; use --cp 1";
+  });
+  r.rule(plan.training.precision != Precision::fp8, [&] {
+    return "cannot express fp8 training in a DeepSpeed config (fp8 lives in the model code); use --precision bf16";
+  });
+  r.rule(!p.offload_optimizer || p.zero_stage >= 1 || p.distributed_optimizer, [&] {
+    return std::string("zero_optimization.offload_optimizer needs ZeRO stage 1, 2 or 3 (config-json.md); use --zero 1");
+  });
+  r.rule(!p.sequence_parallel, [&] {
+    return "cannot express Megatron-style sequence parallel in a DeepSpeed config; drop --sp";
+  });
+  r.rule(p.ep == 1, [&] {
+    return "cannot express expert parallel (ep " + str(p.ep) +
+           ") in a DeepSpeed config (DeepSpeed MoE sets ep_size in the model code); use --ep 1";
+  });
+}
+
+// torchtitan's data-parallel split (see export): FSDP (dp_shard) for ZeRO-2/3, DDP (dp_replicate)
+// for ZeRO-0.
+int torchtitan_dp_shard(const ParallelConfig& p) { return p.zero_stage >= 2 ? p.dp : 1; }
+
+// torchtitan's mesh (parallel_dims.py) and the data-parallel shardings FSDP2 and DDP can say.
+void torchtitan_data_parallel_rules(const Plan& plan, Rules& r) {
+  const ParallelConfig& p = plan.parallel;
+  const int dp_shard = torchtitan_dp_shard(p);
+  const int dp_replicate = p.zero_stage >= 2 ? 1 : p.dp;
+  const int world = plan.ranks.empty() ? p.world_size() : static_cast<int>(plan.ranks.size());
+  r.rule(static_cast<long long>(dp_replicate) * dp_shard * p.cp * p.tp * p.pp == world, [&] {
+    return "dp_replicate " + str(dp_replicate) + " x dp_shard " + str(dp_shard) + " x cp " + str(p.cp) + " x tp " +
+           str(p.tp) + " x pp " + str(p.pp) + " != world size " + str(world) + " (parallel_dims.py)";
+  });
+  r.rule(p.dp == 1 || (p.zero_stage != 1 && !p.distributed_optimizer), [&] {
+    return std::string("cannot express ZeRO-1 / the distributed optimizer (FSDP2 shards parameters and "
+                       "gradients too; there is no optimizer-only sharding); use --zero 2 (fsdp_reshard_after_forward "
+                       "never) or --zero 3");
+  });
+  r.rule(!(p.zero_stage == 0 && !p.distributed_optimizer && p.dp > 1 && (p.tp > 1 || p.pp > 1 || p.cp > 1)), [&] {
+    return std::string("cannot express plain data parallel (DDP) beside tp, pp or cp (llama3 "
+                       "parallelize.py: \"DDP has not supported > 1D parallelism\"); use --zero 2 or --zero 3");
+  });
+  r.rule(!(p.cp > 1 && p.zero_stage < 2), [&] {
+    return "torchtitan shards parameters over the context-parallel ranks (FSDP on dp_shard x cp, "
+           "parallel_dims.py fsdp_enabled), which a plan with cp " + str(p.cp) + " and ZeRO-" + str(p.zero_stage) +
+           " does not; use --zero 2 or --zero 3";
+  });
+}
+
+// Offload, sequence parallel, precision, heads and the sequence divisors.
+void torchtitan_tensor_rules(const Plan& plan, Rules& r) {
+  const ParallelConfig& p = plan.parallel;
+  r.rule(!p.offload_optimizer, [&] {
+    return std::string("cannot express optimizer-only offload (training.enable_cpu_offload offloads "
+                       "parameters, gradients and optimizer states: FSDP2 CPUOffloadPolicy); drop --offload");
+  });
+  r.rule(p.tp == 1 || p.sequence_parallel, [&] {
+    return "torchtitan's tensor parallel always shards activations along the sequence (sequence parallel, llama3 "
+           "parallelize.py); the plan has tp " + str(p.tp) + " without it: use --sp";
+  });
+  r.rule(plan.training.precision != Precision::fp16, [&] {
+    return std::string("cannot express fp16 training (training.mixed_precision_param is bfloat16 or "
+                       "float32); use --precision bf16");
+  });
+  heads_rules(plan, r, "torchtitan: tp divides the heads and the key/value heads", true);
+  if (p.tp > 1)
+    r.rule(plan.training.seq_len % p.tp == 0, [&] {
+      return "sequence " + str(plan.training.seq_len) + " is not a multiple of tp " + str(p.tp) +
+             " (parallel_dims.py seq_len_divisor: sequence parallel); use --seq " +
+             nearest_multiples(plan.training.seq_len, p.tp);
+    });
+  if (p.cp > 1)
+    r.rule(plan.training.seq_len % (2 * p.cp * p.tp) == 0, [&] {
+      return "sequence " + str(plan.training.seq_len) + " is not a multiple of tp x 2 x cp = " + str(2 * p.cp * p.tp) +
+             " (parallel_dims.py seq_len_divisor); use --seq " +
+             nearest_multiples(plan.training.seq_len, 2 * p.cp * p.tp);
+    });
+}
+
+// Expert parallel beside etp, tp and cp (parallel_dims.py).
+void torchtitan_expert_rules(const Plan& plan, Rules& r) {
+  const ParallelConfig& p = plan.parallel;
+  const ModelSpec& m = plan.model;
+  const int dp_shard = torchtitan_dp_shard(p);
+  if (m.is_moe() && p.ep > 1) {
+    const int etp = p.expert_tp();
+    r.rule(etp == p.tp || etp == 1, [&] {
+      return "etp " + str(etp) + " is neither 1 nor tp " + str(p.tp) +
+             " (parallel_dims.py: \"Currently we only support ETP=TP or ETP=1\"); use --etp 1 or --etp " + str(p.tp);
+    });
+    if (etp == p.tp)
+      r.rule(p.ep % p.cp == 0 && (dp_shard * p.cp) % p.ep == 0, [&] {
+        return "with etp = tp, ep " + str(p.ep) + " must be a multiple of cp " + str(p.cp) + " and divide dp_shard x cp = " +
+               str(dp_shard * p.cp) + " (parallel_dims.py)";
+      });
+    else if (etp == 1)
+      r.rule(p.ep % (p.cp * p.tp) == 0 && (dp_shard * p.cp * p.tp) % p.ep == 0, [&] {
+        return "with etp 1, ep " + str(p.ep) + " must be a multiple of cp x tp " + str(p.cp * p.tp) +
+               " and divide dp_shard x cp x tp = " + str(dp_shard * p.cp * p.tp) + " (parallel_dims.py)";
+      });
+  }
+}
+
+void torchtitan_pipeline_rules(const Plan& plan, Rules& r) {
+  const ParallelConfig& p = plan.parallel;
+  const ModelSpec& m = plan.model;
+  // torchtitan splits (layers + first_stage_less_layers + last_stage_less_layers) evenly
+  // into ceil(that / pipeline_parallel_layers_per_stage) virtual stages (torchtitan/distributed/
+  // pipeline_parallel.py): an even split, or the embedding and loss accounted as one layer each.
+  if (p.pp > 1) {
+    const std::vector<int> layers = stage_layers(plan);
+    const int slots = m.num_layers + p.account_for_embedding + p.account_for_loss;
+    const bool expressible = p.first_stage_layers == 0 && p.last_stage_layers == 0 &&
+                             (p.layers_per_stage.empty() || uniform(layers, 0, layers.size())) &&
+                             slots % (p.pp * p.vpp) == 0;
+    r.rule(expressible, [&] {
+      return "cannot express this pipeline split (pipeline_parallel_layers_per_stage gives every virtual "
+             "stage the same count, the embedding and loss counted by pipeline_parallel_first/last_stage_less_layers); "
+             "use a pp x vpp dividing " + str(m.num_layers) + " layers (" + divisors(m.num_layers) +
+             ") or --account-for-embedding/--account-for-loss, and no --first-stage-layers/--last-stage-layers";
+    });
+  }
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
+// Each engine's rules (the engine table, engines.cpp, names them).
+
+namespace detail {
 
 void megatron_rules(const Plan& plan, Rules& r) {
   const ParallelConfig& p = plan.parallel;
@@ -245,7 +381,7 @@ void megatron_rules(const Plan& plan, Rules& r) {
   context_parallel_rule(plan, r, "validate_args");
   // Heads and query groups divisible by tp (core_v0.15.0 transformer_config.py L743-762;
   // HEAD relaxes the second to "multiple or divisor").
-  heads_rules(plan, r, "transformer_config.py core_v0.15.0", true);
+  heads_rules(plan, r, std::string("transformer_config.py ") + descriptor(Engine::megatron).version, true);
   // validate_args: experts per ep rank; no expert parallel in fp16.
   if (m.is_moe()) {
     r.rule(m.num_experts % p.ep == 0, [&] {
@@ -275,117 +411,13 @@ void megatron_rules(const Plan& plan, Rules& r) {
 }
 
 void torchtitan_rules(const Plan& plan, Rules& r) {
-  const ParallelConfig& p = plan.parallel;
-  const ModelSpec& m = plan.model;
   torchtitan_model_rules(plan, r);
-  // Data parallel as torchtitan splits it (see export): FSDP (dp_shard) for ZeRO-2/3, DDP
-  // (dp_replicate) for ZeRO-0.
-  const bool sharded = p.zero_stage >= 2;
-  const int dp_shard = sharded ? p.dp : 1;
-  const int dp_replicate = sharded ? 1 : p.dp;
-  const int world = plan.ranks.empty() ? p.world_size() : static_cast<int>(plan.ranks.size());
-  r.rule(static_cast<long long>(dp_replicate) * dp_shard * p.cp * p.tp * p.pp == world, [&] {
-    return "dp_replicate " + str(dp_replicate) + " x dp_shard " + str(dp_shard) + " x cp " + str(p.cp) + " x tp " +
-           str(p.tp) + " x pp " + str(p.pp) + " != world size " + str(world) + " (parallel_dims.py)";
-  });
-  r.rule(p.dp == 1 || (p.zero_stage != 1 && !p.distributed_optimizer), [&] {
-    return std::string("cannot express ZeRO-1 / the distributed optimizer (FSDP2 shards parameters and "
-                       "gradients too; there is no optimizer-only sharding); use --zero 2 (fsdp_reshard_after_forward "
-                       "never) or --zero 3");
-  });
-  r.rule(!(p.zero_stage == 0 && !p.distributed_optimizer && p.dp > 1 && (p.tp > 1 || p.pp > 1 || p.cp > 1)), [&] {
-    return std::string("cannot express plain data parallel (DDP) beside tp, pp or cp (llama3 "
-                       "parallelize.py: \"DDP has not supported > 1D parallelism\"); use --zero 2 or --zero 3");
-  });
-  r.rule(!(p.cp > 1 && p.zero_stage < 2), [&] {
-    return "torchtitan shards parameters over the context-parallel ranks (FSDP on dp_shard x cp, "
-           "parallel_dims.py fsdp_enabled), which a plan with cp " + str(p.cp) + " and ZeRO-" + str(p.zero_stage) +
-           " does not; use --zero 2 or --zero 3";
-  });
-  r.rule(!p.offload_optimizer, [&] {
-    return std::string("cannot express optimizer-only offload (training.enable_cpu_offload offloads "
-                       "parameters, gradients and optimizer states: FSDP2 CPUOffloadPolicy); drop --offload");
-  });
-  r.rule(p.tp == 1 || p.sequence_parallel, [&] {
-    return "torchtitan's tensor parallel always shards activations along the sequence (sequence parallel, llama3 "
-           "parallelize.py); the plan has tp " + str(p.tp) + " without it: use --sp";
-  });
-  r.rule(plan.training.precision != Precision::fp16, [&] {
-    return std::string("cannot express fp16 training (training.mixed_precision_param is bfloat16 or "
-                       "float32); use --precision bf16");
-  });
-  heads_rules(plan, r, "torchtitan: tp divides the heads and the key/value heads", true);
-  if (p.tp > 1)
-    r.rule(plan.training.seq_len % p.tp == 0, [&] {
-      return "sequence " + str(plan.training.seq_len) + " is not a multiple of tp " + str(p.tp) +
-             " (parallel_dims.py seq_len_divisor: sequence parallel); use --seq " +
-             nearest_multiples(plan.training.seq_len, p.tp);
-    });
-  if (p.cp > 1)
-    r.rule(plan.training.seq_len % (2 * p.cp * p.tp) == 0, [&] {
-      return "sequence " + str(plan.training.seq_len) + " is not a multiple of tp x 2 x cp = " + str(2 * p.cp * p.tp) +
-             " (parallel_dims.py seq_len_divisor); use --seq " +
-             nearest_multiples(plan.training.seq_len, 2 * p.cp * p.tp);
-    });
-  if (m.is_moe() && p.ep > 1) {
-    const int etp = p.expert_tp();
-    r.rule(etp == p.tp || etp == 1, [&] {
-      return "etp " + str(etp) + " is neither 1 nor tp " + str(p.tp) +
-             " (parallel_dims.py: \"Currently we only support ETP=TP or ETP=1\"); use --etp 1 or --etp " + str(p.tp);
-    });
-    if (etp == p.tp)
-      r.rule(p.ep % p.cp == 0 && (dp_shard * p.cp) % p.ep == 0, [&] {
-        return "with etp = tp, ep " + str(p.ep) + " must be a multiple of cp " + str(p.cp) + " and divide dp_shard x cp = " +
-               str(dp_shard * p.cp) + " (parallel_dims.py)";
-      });
-    else if (etp == 1)
-      r.rule(p.ep % (p.cp * p.tp) == 0 && (dp_shard * p.cp * p.tp) % p.ep == 0, [&] {
-        return "with etp 1, ep " + str(p.ep) + " must be a multiple of cp x tp " + str(p.cp * p.tp) +
-               " and divide dp_shard x cp x tp = " + str(dp_shard * p.cp * p.tp) + " (parallel_dims.py)";
-      });
-  }
-  // Pipeline: torchtitan splits (layers + first_stage_less_layers + last_stage_less_layers) evenly
-  // into ceil(that / pipeline_parallel_layers_per_stage) virtual stages (torchtitan/distributed/
-  // pipeline_parallel.py): an even split, or the embedding and loss accounted as one layer each.
-  if (p.pp > 1) {
-    const std::vector<int> layers = stage_layers(plan);
-    const int slots = m.num_layers + p.account_for_embedding + p.account_for_loss;
-    const bool expressible = p.first_stage_layers == 0 && p.last_stage_layers == 0 &&
-                             (p.layers_per_stage.empty() || uniform(layers, 0, layers.size())) &&
-                             slots % (p.pp * p.vpp) == 0;
-    r.rule(expressible, [&] {
-      return "cannot express this pipeline split (pipeline_parallel_layers_per_stage gives every virtual "
-             "stage the same count, the embedding and loss counted by pipeline_parallel_first/last_stage_less_layers); "
-             "use a pp x vpp dividing " + str(m.num_layers) + " layers (" + divisors(m.num_layers) +
-             ") or --account-for-embedding/--account-for-loss, and no --first-stage-layers/--last-stage-layers";
-    });
-  }
+  torchtitan_data_parallel_rules(plan, r);
+  torchtitan_tensor_rules(plan, r);
+  torchtitan_expert_rules(plan, r);
+  torchtitan_pipeline_rules(plan, r);
   // Local batch integral: per-rank batch = global / data parallel, in micro-batches.
   batch_rule(plan, r, "torchtitan training.local_batch_size");
-}
-
-// The DeepSpeed config's own rules (also Accelerate's when it writes a DeepSpeed config).
-void deepspeed_config_rules(const Plan& plan, Rules& r) {
-  const ParallelConfig& p = plan.parallel;
-  // train_batch_size == train_micro_batch_size_per_gpu x gradient_accumulation_steps x dp.
-  batch_rule(plan, r, "deepspeed/runtime/config.py _batch_assertion");
-  r.rule(p.cp == 1, [&] {
-    return "cannot express context parallel (cp " + str(p.cp) +
-           "): DeepSpeed's sequence_parallel_size is Ulysses all-to-all, not the plan's ring attention; use --cp 1";
-  });
-  r.rule(plan.training.precision != Precision::fp8, [&] {
-    return "cannot express fp8 training in a DeepSpeed config (fp8 lives in the model code); use --precision bf16";
-  });
-  r.rule(!p.offload_optimizer || p.zero_stage >= 1 || p.distributed_optimizer, [&] {
-    return std::string("zero_optimization.offload_optimizer needs ZeRO stage 1, 2 or 3 (config-json.md); use --zero 1");
-  });
-  r.rule(!p.sequence_parallel, [&] {
-    return "cannot express Megatron-style sequence parallel in a DeepSpeed config; drop --sp";
-  });
-  r.rule(p.ep == 1, [&] {
-    return "cannot express expert parallel (ep " + str(p.ep) +
-           ") in a DeepSpeed config (DeepSpeed MoE sets ep_size in the model code); use --ep 1";
-  });
 }
 
 void deepspeed_rules(const Plan& plan, Rules& r) {
@@ -467,36 +499,7 @@ void dplan_worker_rules(const Plan& plan, Rules& r) {
   r.rule(!refusal, [&] { return "dplan-worker: " + *refusal; });
 }
 
-}  // namespace
-
-const std::vector<std::string>& engine_names() {
-  static const std::vector<std::string> names = {"megatron", "torchtitan", "deepspeed", "accelerate", "torchrun", "slurm"};
-  return names;
-}
-
-const char* to_string(Engine engine) {
-  return engine_names()[static_cast<size_t>(engine)].c_str();
-}
-
-std::optional<Engine> engine_from_string(const std::string& name) {
-  const auto& names = engine_names();
-  for (size_t i = 0; i < names.size(); ++i)
-    if (names[i] == name) return static_cast<Engine>(i);
-  return std::nullopt;
-}
-
-std::string engine_version(Engine engine) {
-  switch (engine) {
-    case Engine::megatron: return "Megatron-LM core_v0.15.0 (megatron/training/arguments.py)";
-    case Engine::torchtitan:
-      return "torchtitan v0.2.2 (torchtitan/config/job_config.py; torchtitan 0.3.0 (HEAD) CLI overrides in torchtitan.overrides)";
-    case Engine::deepspeed: return "DeepSpeed config JSON as of DeepSpeed 38327e07f6 (docs/_pages/config-json.md)";
-    case Engine::accelerate: return "Accelerate config YAML as of accelerate 16cb6eb80d (accelerate launch --config_file)";
-    case Engine::torchrun: return "torchrun of PyTorch 1.13 and 2.x (torch/distributed/run.py; underscore spellings, accepted by both)";
-    case Engine::slurm: return "Slurm sbatch/srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID)";
-  }
-  return "";
-}
+}  // namespace detail
 
 LaunchShape launch_shape(const Plan& plan) {
   LaunchShape s;
@@ -548,14 +551,7 @@ RuleReport check_engine_rules(const Plan& plan, Engine engine) {
   RuleReport report;
   Rules r(engine, report);
   launch_rules(plan, r);
-  switch (engine) {
-    case Engine::megatron: megatron_rules(plan, r); break;
-    case Engine::torchtitan: torchtitan_rules(plan, r); break;
-    case Engine::deepspeed: deepspeed_rules(plan, r); break;
-    case Engine::accelerate: accelerate_rules(plan, r); break;
-    case Engine::torchrun:
-    case Engine::slurm: dplan_worker_rules(plan, r); break;
-  }
+  descriptor(engine).rules(plan, r);
   return report;
 }
 

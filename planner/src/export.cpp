@@ -62,18 +62,15 @@ std::string torchrun_command(const LaunchShape& shape) {
 }
 
 ExportFile readme(const ExportInput& in, const std::vector<ExportFile>& files, const std::string& launch_line,
-                  const std::vector<std::string>& notes) {
+                  const std::vector<std::string>& notes, const std::string& where) {
   std::ostringstream o;
   o << header(in, "");
   o << "\nfiles:\n";
   for (const ExportFile& f : files) o << "  " << f.name << "\n";
   o << "  README.export\n";
   const bool one_node = launch_shape(in.plan).nodes == 1;
-  std::string where = one_node ? "run (one node):" : "run (on every node):";
-  if (in.engine == Engine::slurm) where = "submit (once; Slurm starts the tasks on every node):";
-  if (in.engine == Engine::deepspeed && !one_node)
-    where = "run (on the first node; the deepspeed launcher starts the others from the hostfile):";
-  o << "\n" << where << "\n  " << launch_line << "\n";
+  o << "\n" << (!where.empty() ? where : one_node ? "run (one node):" : "run (on every node):") << "\n  " << launch_line
+    << "\n";
   if (!notes.empty()) {
     o << "\nnotes:\n";
     for (const std::string& n : notes) o << "  - " << n << "\n";
@@ -97,9 +94,10 @@ Exported export_torchrun(const ExportInput& in) {
     << " --no_python \"${DPLAN_WORKER:-dplan-worker}\" \"$here/plan.json\" -o \"${RUN_JSON:-run.json}\" \"$@\"\n";
   Exported e;
   e.files.push_back({"plan.json", in.plan_text, false});
-  e.files.push_back({"launch-torchrun.sh", o.str(), true});
-  e.launch_line = "MASTER_ADDR=<first node> ./launch-torchrun.sh [dplan-worker options, e.g. --steps 20]";
-  if (s.nodes == 1) e.launch_line = "./launch-torchrun.sh [dplan-worker options, e.g. --steps 20]";
+  const std::string launch = descriptor(in.engine).launch_file;
+  e.files.push_back({launch, o.str(), true});
+  e.launch_line = std::string(s.nodes == 1 ? "" : "MASTER_ADDR=<first node> ") + "./" + launch +
+                  " [dplan-worker options, e.g. --steps 20]";
   e.files.push_back(readme(in, e.files, e.launch_line,
                            {"dplan-worker is built by this repository (./setup.sh --executor); put it on PATH or set "
                             "DPLAN_WORKER"}));
@@ -137,13 +135,15 @@ Exported export_slurm(const ExportInput& in) {
   o << "srun \"${DPLAN_WORKER:-dplan-worker}\" \"$here/plan.json\" -o \"${RUN_JSON:-run.json}\" \"$@\"\n";
   Exported e;
   e.files.push_back({"plan.json", in.plan_text, false});
-  e.files.push_back({"dplan.sbatch", o.str(), true});
-  e.launch_line = "sbatch dplan.sbatch [dplan-worker options, e.g. --steps 20]";
+  const std::string launch = descriptor(in.engine).launch_file;
+  e.files.push_back({launch, o.str(), true});
+  e.launch_line = "sbatch " + launch + " [dplan-worker options, e.g. --steps 20]";
   e.files.push_back(readme(in, e.files, e.launch_line,
                            {"dplan-worker must be on PATH on every node (or set DPLAN_WORKER, exported to the job)",
                             std::string("the job asks for ") + std::to_string(s.nodes) + " node(s) x " +
                                 std::to_string(s.per_node) + " tasks" +
-                                (s.gpus ? " and as many GPUs per node" : " (CPU ranks: no GPUs requested)")}));
+                                (s.gpus ? " and as many GPUs per node" : " (CPU ranks: no GPUs requested)")},
+                           "submit (once; Slurm starts the tasks on every node):"));
   return e;
 }
 
@@ -156,17 +156,7 @@ Exported export_plan(const Plan& plan, Engine engine, const std::string& plan_te
     for (size_t i = 0; i < report.failures.size(); ++i) lines += (i ? "\n" : "") + report.failures[i];
     throw InputError(lines);
   }
-  const detail::ExportInput in{plan, engine, plan_text, plan_name};
-  switch (engine) {
-    case Engine::megatron: return detail::export_megatron(in);
-    case Engine::torchtitan: return detail::export_torchtitan(in);
-    case Engine::deepspeed: return detail::export_deepspeed(in);
-    case Engine::accelerate: return detail::export_accelerate(in);
-    case Engine::torchrun: return detail::export_torchrun(in);
-    case Engine::slurm: return detail::export_slurm(in);
-  }
-  DPLAN_CHECK(false);
-  return {};
+  return descriptor(engine).export_files(detail::ExportInput{plan, engine, plan_text, plan_name});
 }
 
 std::string default_export_dir(const std::string& plan_path, Engine engine) {

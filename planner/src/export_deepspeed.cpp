@@ -80,27 +80,46 @@ Exported export_deepspeed(const ExportInput& in) {
 
   Exported e;
   e.files.push_back({"ds_config.json", deepspeed_config(in.plan).dump(2) + "\n", false});
-  e.files.push_back({"launch-deepspeed.sh", sh.str(), true});
-  e.launch_line = std::string(s.nodes > 1 ? "HOSTFILE=<hostfile> " : "") + "TRAIN_SCRIPT=train.py ./launch-deepspeed.sh [script args]";
-  e.files.push_back(readme(in, e.files, e.launch_line, deepspeed_notes(in.plan)));
+  const std::string launch = descriptor(in.engine).launch_file;
+  e.files.push_back({launch, sh.str(), true});
+  e.launch_line = std::string(s.nodes > 1 ? "HOSTFILE=<hostfile> " : "") + "TRAIN_SCRIPT=train.py ./" + launch + " [script args]";
+  e.files.push_back(readme(in, e.files, e.launch_line, deepspeed_notes(in.plan),
+                           s.nodes > 1 ? "run (on the first node; the deepspeed launcher starts the others from the hostfile):"
+                                       : ""));
   return e;
 }
 
-Exported export_accelerate(const ExportInput& in) {
-  const Plan& plan = in.plan;
-  const ParallelConfig& p = plan.parallel;
-  const LaunchShape s = launch_shape(plan);
-  // Which backend says the plan (docs/export.md): DeepSpeed for ZeRO-1 / the distributed optimizer
-  // and for optimizer offload (FSDP2 offloads parameters too), FSDP2 for ZeRO-2/3, DDP otherwise.
-  const bool deepspeed = p.offload_optimizer || p.zero_stage == 1 || p.distributed_optimizer;
-  const bool fsdp = !deepspeed && p.zero_stage >= 2;
+namespace {
+
+// Which backend says the plan (docs/export.md): DeepSpeed for ZeRO-1 / the distributed optimizer
+// and for optimizer offload (FSDP2 offloads parameters too), FSDP2 for ZeRO-2/3, DDP otherwise.
+struct AccelerateBackend {
+  bool deepspeed = false;
+  bool fsdp = false;
+};
+
+AccelerateBackend accelerate_backend(const ParallelConfig& p) {
+  AccelerateBackend b;
+  b.deepspeed = p.offload_optimizer || p.zero_stage == 1 || p.distributed_optimizer;
+  b.fsdp = !b.deepspeed && p.zero_stage >= 2;
+  return b;
+}
+
+// accelerate.yaml's mixed_precision.
+std::string accelerate_precision(const TrainingSpec& t) {
   // Quoted: YAML 1.1 (PyYAML, which accelerate's config loader uses) reads a bare no as False,
   // and accelerate launch then fails on False.lower() (accelerate/utils/launch.py
   // prepare_multi_gpu_env); accelerate's own templates and `accelerate config` write 'no'.
   std::string precision = "'no'";
-  if (plan.training.precision == Precision::bf16) precision = "bf16";
-  if (plan.training.precision == Precision::fp16) precision = "fp16";
+  if (t.precision == Precision::bf16) precision = "bf16";
+  if (t.precision == Precision::fp16) precision = "fp16";
+  return precision;
+}
 
+std::string accelerate_yaml(const ExportInput& in, AccelerateBackend backend) {
+  const ParallelConfig& p = in.plan.parallel;
+  const LaunchShape s = launch_shape(in.plan);
+  const bool deepspeed = backend.deepspeed, fsdp = backend.fsdp;
   std::ostringstream y;
   y << header(in, "# ");
   y << "compute_environment: LOCAL_MACHINE\n";
@@ -112,7 +131,7 @@ Exported export_accelerate(const ExportInput& in) {
   // from the config file beside a deepspeed_config_file (accelerate 1.15.0
   // accelerate/utils/dataclasses.py DeepSpeedPlugin._deepspeed_config_checks; launch_command adds it
   // to the DeepSpeed fields whenever the YAML sets it).
-  if (!deepspeed) y << "mixed_precision: " << precision << "\n";
+  if (!deepspeed) y << "mixed_precision: " << accelerate_precision(in.plan.training) << "\n";
   y << "num_machines: " << s.nodes << "\n";
   y << "num_processes: " << s.world << "\n";
   y << "machine_rank: 0\n";
@@ -143,14 +162,19 @@ Exported export_accelerate(const ExportInput& in) {
       << "  parallelism_config_tp_size: " << p.tp << "\n"
       << "  parallelism_config_cp_size: " << p.cp << "\n";
   }
+  return y.str();
+}
 
+std::string accelerate_script(const ExportInput& in, AccelerateBackend backend) {
+  const LaunchShape s = launch_shape(in.plan);
+  const bool deepspeed = backend.deepspeed;
   std::ostringstream sh;
   sh << script_preamble(in);
   sh << ": \"${TRAIN_SCRIPT:?set TRAIN_SCRIPT to the training script (it builds an Accelerator)}\"\n";
   if (!deepspeed)
     sh << "# Accelerator() reads its gradient accumulation from here: global batch / (micro-batch x data parallel).\n"
           "export ACCELERATE_GRADIENT_ACCUMULATION_STEPS="
-       << plan.num_microbatches << "\n";
+       << in.plan.num_microbatches << "\n";
   sh << "launch=(--config_file \"$here/accelerate.yaml\"";
   if (deepspeed) sh << " --deepspeed_config_file \"$here/ds_config.json\"";
   sh << ")\n";
@@ -158,13 +182,12 @@ Exported export_accelerate(const ExportInput& in) {
     sh << "launch+=(--machine_rank \"${NODE_RANK:?set NODE_RANK to the index of this node}\" --main_process_ip "
           "\"${MASTER_ADDR:?set MASTER_ADDR to the address of the first node}\" --main_process_port \"${MASTER_PORT:-29500}\")\n";
   sh << "exec accelerate launch \"${launch[@]}\" \"$TRAIN_SCRIPT\" \"$@\"\n";
+  return sh.str();
+}
 
-  Exported e;
-  e.files.push_back({"accelerate.yaml", y.str(), false});
-  if (deepspeed) e.files.push_back({"ds_config.json", deepspeed_config(plan).dump(2) + "\n", false});
-  e.files.push_back({"launch-accelerate.sh", sh.str(), true});
-  e.launch_line = std::string(s.nodes > 1 ? "NODE_RANK=<i> MASTER_ADDR=<first node> " : "") +
-                  "TRAIN_SCRIPT=train.py ./launch-accelerate.sh [script args]";
+std::vector<std::string> accelerate_notes(const Plan& plan, AccelerateBackend backend) {
+  const ParallelConfig& p = plan.parallel;
+  const bool deepspeed = backend.deepspeed, fsdp = backend.fsdp;
   std::vector<std::string> notes = {
       "the model, data and optimizer are the training script's; its micro-batch is " + std::to_string(p.micro_batch) +
       " sequences of " + std::to_string(plan.training.seq_len) + " tokens per process"};
@@ -172,7 +195,23 @@ Exported export_accelerate(const ExportInput& in) {
     notes.push_back(std::string("recompute ") + to_string(p.recompute) +
                     ": the model code's (e.g. model.gradient_checkpointing_enable() for full)");
   if (p.tp > 1 && !deepspeed) notes.push_back("tensor parallel follows the model's tp_plan (load it with tp_plan=\"auto\")");
-  e.files.push_back(readme(in, e.files, e.launch_line, notes));
+  return notes;
+}
+
+}  // namespace
+
+Exported export_accelerate(const ExportInput& in) {
+  const Plan& plan = in.plan;
+  const LaunchShape s = launch_shape(plan);
+  const AccelerateBackend backend = accelerate_backend(plan.parallel);
+  Exported e;
+  e.files.push_back({"accelerate.yaml", accelerate_yaml(in, backend), false});
+  if (backend.deepspeed) e.files.push_back({"ds_config.json", deepspeed_config(plan).dump(2) + "\n", false});
+  const std::string launch = descriptor(in.engine).launch_file;
+  e.files.push_back({launch, accelerate_script(in, backend), true});
+  e.launch_line = std::string(s.nodes > 1 ? "NODE_RANK=<i> MASTER_ADDR=<first node> " : "") +
+                  "TRAIN_SCRIPT=train.py ./" + launch + " [script args]";
+  e.files.push_back(readme(in, e.files, e.launch_line, accelerate_notes(plan, backend)));
   return e;
 }
 

@@ -41,10 +41,12 @@ std::string number(double x);
 nlohmann::ordered_json deepspeed_config(const costmodel::Plan& plan);
 
 // The README.export of an export: the engine and version, the files, the launch line, and what the
-// plan does not say that the engine needs (data, tokenizer, training length).
+// plan does not say that the engine needs (data, tokenizer, training length). `where` says where
+// to run the launch line; empty: "run (one node):" or "run (on every node):".
 ExportFile readme(const ExportInput& in, const std::vector<ExportFile>& files, const std::string& launch_line,
-                  const std::vector<std::string>& notes);
+                  const std::vector<std::string>& notes, const std::string& where = "");
 
+// Each engine's files (the engine table, engines.cpp, names these).
 Exported export_megatron(const ExportInput& in);
 Exported export_torchtitan(const ExportInput& in);
 Exported export_deepspeed(const ExportInput& in);

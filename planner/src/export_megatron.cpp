@@ -85,126 +85,148 @@ constexpr const char* grad_reduce_in_bf16 = "--grad-reduce-in-bf16";
 
 using Args = std::vector<std::pair<std::string, std::string>>;  // flag, value ("" for a switch)
 
-Args megatron_arguments(const Plan& plan) {
-  const ModelSpec& m = plan.model;
-  const TrainingSpec& t = plan.training;
-  const ParallelConfig& p = plan.parallel;
-  Args a;
-  auto add = [&a](const char* f, const std::string& v = "") { a.emplace_back(f, v); };
-  auto num = [](long long x) { return std::to_string(x); };
+// One argument: a flag and its value ("" for a switch).
+void add(Args& a, const char* flag, const std::string& value = "") { a.emplace_back(flag, value); }
+std::string num(long long x) { return std::to_string(x); }
 
-  // Model shape.
-  add(flag::num_layers, num(m.num_layers));
-  add(flag::hidden_size, num(m.hidden_size));
+// The model's shape.
+void model_arguments(Args& a, const ModelSpec& m, const TrainingSpec& t) {
+  add(a, flag::num_layers, num(m.num_layers));
+  add(a, flag::hidden_size, num(m.hidden_size));
   // --ffn-hidden-size is the dense MLP's; MoE layers take --moe-ffn-hidden-size (Mixtral example:
   // both the expert width).
-  add(flag::ffn_hidden_size, num(m.num_dense_layers > 0 ? m.dense_ffn_hidden_size : m.ffn_hidden_size));
-  add(flag::num_attention_heads, num(m.num_heads));
+  add(a, flag::ffn_hidden_size, num(m.num_dense_layers > 0 ? m.dense_ffn_hidden_size : m.ffn_hidden_size));
+  add(a, flag::num_attention_heads, num(m.num_heads));
   if (m.num_kv_heads != m.num_heads) {
-    add(flag::group_query_attention);
-    add(flag::num_query_groups, num(m.num_kv_heads));
+    add(a, flag::group_query_attention);
+    add(a, flag::num_query_groups, num(m.num_kv_heads));
   }
-  add(flag::kv_channels, num(m.head_dim));
-  add(flag::seq_length, num(t.seq_len));
-  add(flag::max_position_embeddings, num(std::max(m.max_seq_len, t.seq_len)));  // asserted >= seq_length
-  add(flag::position_embedding_type, m.position == PositionKind::rotary ? "rope" : "learned_absolute");
-  add(flag::normalization, m.norm == NormKind::rmsnorm ? "RMSNorm" : "LayerNorm");
-  if (m.family == "nemotron") add(flag::apply_layernorm_1p);
-  if (m.qk_norm) add(flag::qk_layernorm);
-  if (m.mlp == MlpKind::gated) add(flag::swiglu);
-  else if (m.activation == "relu2") add(flag::squared_relu);
-  if (!m.tied_embeddings) add(flag::untie_embeddings);
+  add(a, flag::kv_channels, num(m.head_dim));
+  add(a, flag::seq_length, num(t.seq_len));
+  add(a, flag::max_position_embeddings, num(std::max(m.max_seq_len, t.seq_len)));  // asserted >= seq_length
+  add(a, flag::position_embedding_type, m.position == PositionKind::rotary ? "rope" : "learned_absolute");
+  add(a, flag::normalization, m.norm == NormKind::rmsnorm ? "RMSNorm" : "LayerNorm");
+  if (m.family == "nemotron") add(a, flag::apply_layernorm_1p);
+  if (m.qk_norm) add(a, flag::qk_layernorm);
+  if (m.mlp == MlpKind::gated) add(a, flag::swiglu);
+  else if (m.activation == "relu2") add(a, flag::squared_relu);
+  if (!m.tied_embeddings) add(a, flag::untie_embeddings);
   if (!m.out_bias && !m.mlp_bias) {
-    add(flag::disable_bias_linear);
-    if (m.qkv_bias) add(flag::add_qkv_bias);
+    add(a, flag::disable_bias_linear);
+    if (m.qkv_bias) add(a, flag::add_qkv_bias);
   }
-  add(flag::vocab_size, num(m.vocab_size));
-  add(flag::make_vocab_size_divisible_by, num(t.vocab_pad_multiple));
+  add(a, flag::vocab_size, num(m.vocab_size));
+  add(a, flag::make_vocab_size_divisible_by, num(t.vocab_pad_multiple));
   // Megatron's defaults are 0.1 each: written always.
-  add(flag::attention_dropout, number(m.attention_dropout));
-  add(flag::hidden_dropout, number(m.hidden_dropout));
-  if (m.is_moe()) {
-    add(flag::num_experts, num(m.num_experts));
-    add(flag::moe_router_topk, num(m.experts_per_token));
-    add(flag::moe_ffn_hidden_size, num(m.ffn_hidden_size));
-    if (m.shared_expert_ffn_size > 0) add(flag::moe_shared_expert_intermediate_size, num(m.shared_expert_ffn_size));
-    if (m.num_dense_layers > 0)  // DeepSeek's first_k_dense_replace (engine_rules: other families refused)
-      add(flag::moe_layer_freq, "([0]*" + num(m.num_dense_layers) + "+[1]*" + num(m.num_moe_layers()) + ")");
-    add(flag::moe_token_dispatcher_type, "alltoall");
-    add(flag::moe_grouped_gemm);
-  }
+  add(a, flag::attention_dropout, number(m.attention_dropout));
+  add(a, flag::hidden_dropout, number(m.hidden_dropout));
+}
 
-  // Parallel layout.
-  add(flag::tensor_model_parallel_size, num(p.tp));
-  add(flag::pipeline_model_parallel_size, num(p.pp));
+void moe_arguments(Args& a, const ModelSpec& m) {
+  if (!m.is_moe()) return;
+  add(a, flag::num_experts, num(m.num_experts));
+  add(a, flag::moe_router_topk, num(m.experts_per_token));
+  add(a, flag::moe_ffn_hidden_size, num(m.ffn_hidden_size));
+  if (m.shared_expert_ffn_size > 0) add(a, flag::moe_shared_expert_intermediate_size, num(m.shared_expert_ffn_size));
+  if (m.num_dense_layers > 0)  // DeepSeek's first_k_dense_replace (engine_rules: other families refused)
+    add(a, flag::moe_layer_freq, "([0]*" + num(m.num_dense_layers) + "+[1]*" + num(m.num_moe_layers()) + ")");
+  add(a, flag::moe_token_dispatcher_type, "alltoall");
+  add(a, flag::moe_grouped_gemm);
+}
+
+// The parallel layout.
+void parallel_arguments(Args& a, const Plan& plan) {
+  const ModelSpec& m = plan.model;
+  const ParallelConfig& p = plan.parallel;
+  add(a, flag::tensor_model_parallel_size, num(p.tp));
+  add(a, flag::pipeline_model_parallel_size, num(p.pp));
   const MegatronSplit split = megatron_split_flags(plan);
-  if (split.first_stage_layers > 0) add(flag::decoder_first_pipeline_num_layers, num(split.first_stage_layers));
-  if (split.last_stage_layers > 0) add(flag::decoder_last_pipeline_num_layers, num(split.last_stage_layers));
-  if (split.account_for_embedding) add(flag::account_for_embedding);
-  if (split.account_for_loss) add(flag::account_for_loss);
+  if (split.first_stage_layers > 0) add(a, flag::decoder_first_pipeline_num_layers, num(split.first_stage_layers));
+  if (split.last_stage_layers > 0) add(a, flag::decoder_last_pipeline_num_layers, num(split.last_stage_layers));
+  if (split.account_for_embedding) add(a, flag::account_for_embedding);
+  if (split.account_for_loss) add(a, flag::account_for_loss);
   if (p.vpp > 1) {
     const bool even = split.first_stage_layers == 0 && split.last_stage_layers == 0 && !split.account_for_embedding &&
                       !split.account_for_loss;
     // validate_args: --num-layers-per-virtual-pipeline-stage only with an even split; uneven
     // pipelines give the virtual stages per rank instead.
     if (even)
-      add(flag::num_layers_per_virtual_pipeline_stage, num(m.num_layers / (p.pp * p.vpp)));
+      add(a, flag::num_layers_per_virtual_pipeline_stage, num(m.num_layers / (p.pp * p.vpp)));
     else
-      add(flag::num_virtual_stages_per_pipeline_rank, num(p.vpp));
+      add(a, flag::num_virtual_stages_per_pipeline_rank, num(p.vpp));
   }
-  if (p.cp > 1) add(flag::context_parallel_size, num(p.cp));
-  if (p.tp > 1 && p.sequence_parallel) add(flag::sequence_parallel);
+  if (p.cp > 1) add(a, flag::context_parallel_size, num(p.cp));
+  if (p.tp > 1 && p.sequence_parallel) add(a, flag::sequence_parallel);
   if (m.is_moe()) {
-    add(flag::expert_model_parallel_size, num(p.ep));
-    add(flag::expert_tensor_parallel_size, num(p.expert_tp()));
+    add(a, flag::expert_model_parallel_size, num(p.ep));
+    add(a, flag::expert_tensor_parallel_size, num(p.expert_tp()));
   }
+}
 
-  // Batch.
-  add(flag::micro_batch_size, num(p.micro_batch));
-  add(flag::global_batch_size, num(t.global_batch));
+void batch_and_precision_arguments(Args& a, const Plan& plan) {
+  const TrainingSpec& t = plan.training;
+  const ParallelConfig& p = plan.parallel;
+  add(a, flag::micro_batch_size, num(p.micro_batch));
+  add(a, flag::global_batch_size, num(t.global_batch));
 
   // Precision. Megatron keeps bf16 training's gradients in fp32 unless told otherwise.
   switch (t.precision) {
-    case Precision::bf16: add(flag::bf16); break;
-    case Precision::fp16: add(flag::fp16); break;
+    case Precision::bf16: add(a, flag::bf16); break;
+    case Precision::fp16: add(a, flag::fp16); break;
     case Precision::fp8:
-      add(flag::bf16);
-      add(flag::fp8_format, "hybrid");
+      add(a, flag::bf16);
+      add(a, flag::fp8_format, "hybrid");
       break;
     case Precision::fp32: break;
   }
-  if ((t.precision == Precision::bf16 || t.precision == Precision::fp8) && !t.fp32_grads) add(flag::grad_reduce_in_bf16);
+  if ((t.precision == Precision::bf16 || t.precision == Precision::fp8) && !t.fp32_grads) add(a, flag::grad_reduce_in_bf16);
+}
 
+void sharding_arguments(Args& a, const Plan& plan) {
+  const ParallelConfig& p = plan.parallel;
   // Sharding: ZeRO-1 is the distributed optimizer; ZeRO-2/3 are Megatron-FSDP's optim_grads /
   // optim_grads_params (Megatron-FSDP's ZeRO-like strategies), which v0.15 runs with the distributed optimizer, no
   // gradient-accumulation fusion and the fsdp_dtensor checkpoint format.
   const bool fsdp = p.zero_stage >= 2;
   const bool sharded_optimizer = fsdp || p.zero_stage == 1 || p.distributed_optimizer;
   if (fsdp) {
-    add(flag::use_megatron_fsdp);
-    add(flag::data_parallel_sharding_strategy, p.zero_stage == 3 ? "optim_grads_params" : "optim_grads");
-    add(flag::no_gradient_accumulation_fusion);
-    add(flag::ckpt_format, "fsdp_dtensor");
+    add(a, flag::use_megatron_fsdp);
+    add(a, flag::data_parallel_sharding_strategy, p.zero_stage == 3 ? "optim_grads_params" : "optim_grads");
+    add(a, flag::no_gradient_accumulation_fusion);
+    add(a, flag::ckpt_format, "fsdp_dtensor");
   }
-  if (sharded_optimizer) add(flag::use_distributed_optimizer);
+  if (sharded_optimizer) add(a, flag::use_distributed_optimizer);
   if (p.offload_optimizer) {
-    add(flag::optimizer_cpu_offload);
-    add(flag::use_precision_aware_optimizer);
+    add(a, flag::optimizer_cpu_offload);
+    add(a, flag::use_precision_aware_optimizer);
   }
   // Overlap: --overlap-param-gather needs a sharded optimizer and --overlap-grad-reduce (validate_args).
-  if (plan.overlap.grad_reduce && p.dp * p.cp > 1) add(flag::overlap_grad_reduce);
+  if (plan.overlap.grad_reduce && p.dp * p.cp > 1) add(a, flag::overlap_grad_reduce);
   if (plan.overlap.param_gather && plan.overlap.grad_reduce && sharded_optimizer && p.dp * p.cp > 1)
-    add(flag::overlap_param_gather);
-  if (plan.overlap.tp_comm && p.tp > 1 && p.sequence_parallel) add(flag::tp_comm_overlap);
+    add(a, flag::overlap_param_gather);
+  if (plan.overlap.tp_comm && p.tp > 1 && p.sequence_parallel) add(a, flag::tp_comm_overlap);
+}
 
-  // Recompute (validate_args: no --recompute-method with selective).
+// Recompute (validate_args: no --recompute-method with selective).
+void recompute_arguments(Args& a, const ParallelConfig& p) {
   if (p.recompute == Recompute::selective) {
-    add(flag::recompute_granularity, "selective");
+    add(a, flag::recompute_granularity, "selective");
   } else if (p.recompute == Recompute::full) {
-    add(flag::recompute_granularity, "full");
-    add(flag::recompute_method, "uniform");
-    add(flag::recompute_num_layers, "1");
+    add(a, flag::recompute_granularity, "full");
+    add(a, flag::recompute_method, "uniform");
+    add(a, flag::recompute_num_layers, "1");
   }
+}
+
+// Every argument of megatron.args, in the order written.
+Args megatron_arguments(const Plan& plan) {
+  Args a;
+  model_arguments(a, plan.model, plan.training);
+  moe_arguments(a, plan.model);
+  parallel_arguments(a, plan);
+  batch_and_precision_arguments(a, plan);
+  sharding_arguments(a, plan);
+  recompute_arguments(a, plan.parallel);
   return a;
 }
 
@@ -213,17 +235,19 @@ Args megatron_arguments(const Plan& plan) {
 Exported export_megatron(const ExportInput& in) {
   const Plan& plan = in.plan;
   const LaunchShape s = launch_shape(plan);
+  const EngineDescriptor& engine = descriptor(in.engine);
+  const std::string launch = engine.launch_file;
   std::ostringstream args;
   args << header(in, "# ");
-  args << "# One argument per line; launch-megatron.sh passes them to pretrain_gpt.py. Data, tokenizer and\n"
-          "# training length (--train-iters, --lr, ...) are the user's: give them to launch-megatron.sh.\n";
+  args << "# One argument per line; " << launch << " passes them to pretrain_gpt.py. Data, tokenizer and\n"
+       << "# training length (--train-iters, --lr, ...) are the user's: give them to " << launch << ".\n";
   if (plan.model.position == PositionKind::rotary)
     args << "# The plan does not record the rotary base: add --rotary-base if the model's is not 10000.\n";
   for (const auto& [f, v] : megatron_arguments(plan)) args << f << (v.empty() ? "" : " " + v) << "\n";
 
   std::ostringstream sh;
   sh << script_preamble(in);
-  sh << ": \"${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout (core_v0.15.0)}\"\n";
+  sh << ": \"${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout (" << engine.version << ")}\"\n";
   // validate_args (core_v0.15.0): Megatron-FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS != 1; without it,
   // tp > 1 or cp > 1 asserts == 1 (before Blackwell).
   if (plan.parallel.zero_stage >= 2)
@@ -240,10 +264,10 @@ Exported export_megatron(const ExportInput& in) {
 
   Exported e;
   e.files.push_back({"megatron.args", args.str(), false});
-  e.files.push_back({"launch-megatron.sh", sh.str(), true});
+  e.files.push_back({launch, sh.str(), true});
   e.launch_line = std::string(s.nodes > 1 ? "MASTER_ADDR=<first node> " : "") +
-                  "MEGATRON_LM=<Megatron-LM checkout> ./launch-megatron.sh --train-iters N --lr X "
-                  "--tokenizer-type ... --data-path ...";
+                  "MEGATRON_LM=<Megatron-LM checkout> ./" + launch +
+                  " --train-iters N --lr X --tokenizer-type ... --data-path ...";
   std::vector<std::string> notes = {
       "data, tokenizer, optimizer hyper-parameters and training length are not in the plan: pass them after the script",
       "the rank order is Megatron's default tp-cp-ep-dp-pp, the plan's own (no --use-tp-pp-dp-mapping)"};

@@ -12,6 +12,9 @@ using namespace costmodel;
 
 namespace {
 
+// The PyPI release of a version tag: "v0.2.2" -> "0.2.2".
+std::string release(const std::string& tag) { return tag.rfind('v', 0) == 0 ? tag.substr(1) : tag; }
+
 // The Float8 linear converter's registered name (v0.2.2 torchtitan/components/quantization/float8.py).
 constexpr const char* kFloat8 = "quantize.linear.float8";
 
@@ -131,6 +134,7 @@ std::vector<Setting> torchtitan_settings(const Plan& plan, const std::string& fl
 }  // namespace
 
 Exported export_torchtitan(const ExportInput& in) {
+  const EngineDescriptor& engine = descriptor(in.engine);
   const Plan& plan = in.plan;
   const LaunchShape shape = launch_shape(plan);
   const std::string known = llama3_flavor(plan.model);
@@ -164,14 +168,15 @@ Exported export_torchtitan(const ExportInput& in) {
   const std::string config_function = llama3_config_function(known, plan.training.precision == Precision::fp8);
   std::ostringstream overrides;
   overrides << header(in, "# ");
-  overrides << "# spellings of this file: torchtitan 0.3.0 (HEAD; torchtitan/config/manager.py), command-line overrides:\n"
+  overrides << "# spellings of this file: torchtitan " << engine.head_version
+            << " (HEAD; torchtitan/config/manager.py), command-line overrides:\n"
                "#   torchrun ... -m torchtitan.train $(grep -v '^#' torchtitan.overrides)\n"
                "# The last line (the activation-checkpoint subcommand) must stay last: put other overrides before it.\n";
   if (config_function.empty()) {
-    overrides << "# No config function torchtitan 0.3.0 ships gives this model"
+    overrides << "# No config function torchtitan " << engine.head_version << " ships gives this model"
               << (plan.training.precision == Precision::fp8 ? " with the Float8 converter" : "")
               << ": register one in torchtitan/models/llama3/config_registry.py\n"
-                 "# (a llama3 flavor of this shape; v0.2.2 spelling: "
+              << "# (a llama3 flavor of this shape; " << engine.version << " spelling: "
               << llama3_model_args(plan.model) << ")\n"
               << "# and give it here as --module llama3 --config <its name>.\n";
   } else {
@@ -191,22 +196,24 @@ Exported export_torchtitan(const ExportInput& in) {
 
   std::ostringstream sh;
   sh << script_preamble(in);
-  sh << "# torchtitan installed in this python (pip install torchtitan==0.2.2); its train entry point reads the TOML.\n";
+  sh << "# torchtitan installed in this python (pip install torchtitan==" << release(engine.version)
+     << "); its train entry point reads the TOML.\n";
   sh << "exec " << torchrun_command(shape) << " -m torchtitan.train --job.config_file \"$here/torchtitan.toml\" \"$@\"\n";
 
   Exported e;
   e.files.push_back({"torchtitan.toml", toml.str(), false});
   e.files.push_back({"torchtitan.overrides", overrides.str(), false});
-  e.files.push_back({"launch-torchtitan.sh", sh.str(), true});
-  e.launch_line = std::string(shape.nodes > 1 ? "MASTER_ADDR=<first node> " : "") +
-                  "./launch-torchtitan.sh [--training.steps N --training.dataset ... --model.hf_assets_path ...]";
+  e.files.push_back({engine.launch_file, sh.str(), true});
+  e.launch_line = std::string(shape.nodes > 1 ? "MASTER_ADDR=<first node> " : "") + "./" + engine.launch_file +
+                  " [--training.steps N --training.dataset ... --model.hf_assets_path ...]";
   std::vector<std::string> notes = {
       "dataset, tokenizer (model.hf_assets_path) and steps are not in the plan: pass them as overrides",
-      "torchtitan 0.3.0 (HEAD): torchrun ... -m torchtitan.train $(grep -v '^#' torchtitan.overrides), its "
+      "torchtitan " + std::string(engine.head_version) + " (HEAD): torchrun ... -m torchtitan.train $(grep -v '^#' torchtitan.overrides), its "
       "--module/--config lines picking the model" + std::string(config_function.empty() ? " (register one: see its header)" : ""),
       "torchtitan's llama3 has no rotary-base key in the TOML: the flavor's rope_theta applies"};
   if (plan.training.precision != Precision::fp32 && !plan.training.fp32_grads)
-    notes.push_back("gradients: torchtitan v0.2.2 reduces them in float32 (mixed_precision_reduce accepts only "
+    notes.push_back("gradients: torchtitan " + std::string(engine.version) +
+                    " reduces them in float32 (mixed_precision_reduce accepts only "
                     "\"float32\"), where the plan counted 16-bit gradients");
   if (known.empty()) notes.push_back("register the flavor \"dplan\": " + llama3_model_args(plan.model));
   e.files.push_back(readme(in, e.files, e.launch_line, notes));

@@ -92,15 +92,15 @@ constexpr double kTokensPerStep = 32.0 * 4096;  // both plans: global batch 32 x
 }  // namespace
 
 TEST_CASE("engine logs: each format is told by its content", "[engine_logs]") {
-  CHECK(detect_log_format(read_file(kMegatron)) == LogFormat::megatron);
-  CHECK(detect_log_format(read_file(kTitan)) == LogFormat::torchtitan);
-  CHECK(detect_log_format(read_file(kTitanHead)) == LogFormat::torchtitan);
-  CHECK(detect_log_format(read_file(kDeepSpeed)) == LogFormat::deepspeed);
+  CHECK(detect_log_format(read_file(kMegatron)) == LogFormat{Engine::megatron});
+  CHECK(detect_log_format(read_file(kTitan)) == LogFormat{Engine::torchtitan});
+  CHECK(detect_log_format(read_file(kTitanHead)) == LogFormat{Engine::torchtitan});
+  CHECK(detect_log_format(read_file(kDeepSpeed)) == LogFormat{Engine::deepspeed});
   CHECK(detect_log_format(read_file(kRunJson)) == LogFormat::run);
   CHECK(detect_log_format(read_file(kForeign)) == std::nullopt);
   CHECK(detect_log_format("") == std::nullopt);
   // The names --format takes, and a wrong one refused with the choices.
-  for (LogFormat f : {LogFormat::run, LogFormat::megatron, LogFormat::torchtitan, LogFormat::deepspeed})
+  for (LogFormat f : {LogFormat::run, LogFormat{Engine::megatron}, LogFormat{Engine::torchtitan}, LogFormat{Engine::deepspeed}})
     CHECK(log_format_from_string(to_string(f)) == f);
   CHECK_THROWS_WITH(log_format_from_string("titan"),
                     Contains("--format: unknown format titan; valid: megatron, torchtitan, deepspeed or run"));
@@ -108,7 +108,7 @@ TEST_CASE("engine logs: each format is told by its content", "[engine_logs]") {
 
 TEST_CASE("engine logs: Megatron-LM iteration lines against a plan", "[engine_logs]") {
   const EngineLog log = parse(kMegatron);
-  CHECK(log.format == LogFormat::megatron);
+  CHECK(log.format == LogFormat{Engine::megatron});
   // The iteration lines: every 10 iterations, elapsed time per iteration (ms) as written.
   const std::vector<double> ms = {2950.3, 2260.8, 2180.4, 2195.9, 2170.2, 2188.6, 2201.3};
   REQUIRE(log.steps.size() == ms.size());
@@ -129,7 +129,7 @@ TEST_CASE("engine logs: Megatron-LM iteration lines against a plan", "[engine_lo
   const Comparison c = compare_plan_and_log(plan, kPlan, log);
   const Predicted p = predicted(kPlan);
   const double measured_s = median({2180.4, 2195.9, 2170.2, 2188.6, 2201.3}) / 1e3;  // after the 2 warm-up lines
-  CHECK(c.format == LogFormat::megatron);
+  CHECK(c.format == LogFormat{Engine::megatron});
   CHECK(c.measured_steps == 5);
   CHECK_FALSE(c.step_time_from_rate);
   CHECK(c.step_time_s.measured == Approx(measured_s));
@@ -150,7 +150,7 @@ TEST_CASE("engine logs: Megatron-LM iteration lines against a plan", "[engine_lo
 
 TEST_CASE("engine logs: torchtitan step lines (tps per GPU) against a plan", "[engine_logs]") {
   const EngineLog log = parse(kTitan);
-  CHECK(log.format == LogFormat::torchtitan);
+  CHECK(log.format == LogFormat{Engine::torchtitan});
   REQUIRE(log.steps.size() == 6);
   CHECK(log.steps[0].step == 1);
   CHECK(log.steps[5].step == 50);
@@ -184,7 +184,7 @@ TEST_CASE("engine logs: torchtitan step lines (tps per GPU) against a plan", "[e
 
 TEST_CASE("engine logs: DeepSpeed throughput and wall-clock timers against a plan", "[engine_logs]") {
   const EngineLog log = parse(kDeepSpeed);
-  CHECK(log.format == LogFormat::deepspeed);
+  CHECK(log.format == LogFormat{Engine::deepspeed});
   // ThroughputTimer lines at global steps 4, 6, 8 (twice: two ranks), 10, 12: one entry per step.
   REQUIRE(log.steps.size() == 5);
   CHECK(log.steps[2].step == 8);
@@ -217,7 +217,7 @@ TEST_CASE("engine logs: DeepSpeed throughput and wall-clock timers against a pla
 
 TEST_CASE("engine logs: a log DeepSpeed printed itself against its plan", "[engine_logs]") {
   const std::string text = read_file(kDeepSpeedCpu);
-  CHECK(detect_log_format(text) == LogFormat::deepspeed);
+  CHECK(detect_log_format(text) == LogFormat{Engine::deepspeed});
   // The rates as printed, read here by a plain scan of "CurrSamplesPerSec=" (steps 4, 6, ..., 20).
   std::vector<double> rates;
   for (size_t at = text.find("CurrSamplesPerSec="); at != std::string::npos;
@@ -250,14 +250,14 @@ TEST_CASE("engine logs: a log DeepSpeed printed itself against its plan", "[engi
 }
 
 TEST_CASE("engine logs: --format forces a format and a log of another engine is refused", "[engine_logs]") {
-  CHECK(parse(kMegatron, LogFormat::megatron).steps.size() == 7);
-  CHECK_THAT(parse_error(read_file(kMegatron), LogFormat::torchtitan),
+  CHECK(parse(kMegatron, LogFormat{Engine::megatron}).steps.size() == 7);
+  CHECK_THAT(parse_error(read_file(kMegatron), LogFormat{Engine::torchtitan}),
              Contains("x.log: no torchtitan step line (torchtitan/components/metrics.py) in it (--format torchtitan); "
                       "it reads as a Megatron-LM log: --format megatron"));
-  CHECK_THAT(parse_error(read_file(kTitan), LogFormat::deepspeed), Contains("it reads as a torchtitan log: --format torchtitan"));
-  CHECK_THAT(parse_error(read_file(kDeepSpeed), LogFormat::megatron), Contains("it reads as a DeepSpeed log: --format deepspeed"));
-  CHECK_THAT(parse_error(read_file(kRunJson), LogFormat::megatron), Contains("it reads as a run.json: --format run"));
-  CHECK_THAT(parse_error(read_file(kForeign), LogFormat::megatron), Contains("neither a run.json nor a training log"));
+  CHECK_THAT(parse_error(read_file(kTitan), LogFormat{Engine::deepspeed}), Contains("it reads as a torchtitan log: --format torchtitan"));
+  CHECK_THAT(parse_error(read_file(kDeepSpeed), LogFormat{Engine::megatron}), Contains("it reads as a DeepSpeed log: --format deepspeed"));
+  CHECK_THAT(parse_error(read_file(kRunJson), LogFormat{Engine::megatron}), Contains("it reads as a run.json: --format run"));
+  CHECK_THAT(parse_error(read_file(kForeign), LogFormat{Engine::megatron}), Contains("neither a run.json nor a training log"));
 }
 
 TEST_CASE("engine logs: empty, truncated and foreign logs are refused", "[engine_logs]") {
@@ -431,7 +431,7 @@ TEST_CASE("dplan calibrate fits a profile to engine logs (step time only)", "[en
     const double step_s = predicted_step_s(truth, probe);
     const std::string log = dir.write("titan" + std::to_string(i) + ".log", titan_log(step_s, 4 * 32, layout.world_size()));
     runs.push_back(read_calibration_log(log, plan));
-    CHECK(runs.back().format == LogFormat::torchtitan);
+    CHECK(runs.back().format == LogFormat{Engine::torchtitan});
     CHECK(runs.back().measured_step_s == Approx(step_s).epsilon(0.01));  // tps is rounded to a whole token
     CHECK(runs.back().measured_compute_s == 0);  // no phases from a log
     args.push_back(log);

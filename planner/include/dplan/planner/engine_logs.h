@@ -49,16 +49,26 @@
 #include <vector>
 
 #include "dplan/costmodel/plan_file.h"
+#include "dplan/planner/engines.h"
 
 namespace dplan::planner {
 
-enum class LogFormat { run, megatron, torchtitan, deepspeed };
+// What a measurement file is: a run.json (dplan run, dplan-worker), or the training log of an
+// engine whose descriptor has a log reader (engines.h: Megatron-LM, torchtitan, DeepSpeed).
+struct LogFormat {
+  std::optional<Engine> engine;  // none: a run.json
+  static const LogFormat run;
+  bool operator==(const LogFormat&) const = default;
+};
+inline constexpr LogFormat LogFormat::run{};
 
-// "run", "megatron", "torchtitan", "deepspeed": the --format spellings.
+// The engine's name ("megatron", "torchtitan", "deepspeed") or "run": the --format spellings.
 const char* to_string(LogFormat format);
+// Those names: the engines with a log reader in table order, then "run".
+std::vector<std::string> log_format_names();
 // Throws InputError naming the valid choices.
 LogFormat log_format_from_string(const std::string& name);
-// "Megatron-LM", "torchtitan", "DeepSpeed", "dplan run".
+// The engine's display name ("Megatron-LM", "torchtitan", "DeepSpeed"), or "dplan run".
 const char* engine_name(LogFormat format);
 
 inline constexpr int kWarmupLogLines = 2;
@@ -77,7 +87,7 @@ struct LogStep {
 };
 
 struct EngineLog {
-  LogFormat format = LogFormat::megatron;
+  LogFormat format{Engine::megatron};
   std::string file;
   std::string lines_read;         // which lines gave the steps, e.g. "iteration lines"
   std::vector<LogStep> steps;     // one per logged step, in step order
@@ -106,7 +116,7 @@ EngineLog parse_engine_log(const std::string& text, const std::string& file,
 // states the layout (global batch, micro batch, sequence length, tokens per step, world size,
 // tp, pp, cp, dp), naming both values.
 struct LogMeasurement {
-  LogFormat format = LogFormat::megatron;
+  LogFormat format{Engine::megatron};
   std::string description;       // "Megatron-LM log, iteration lines (megatron/training/training.py, ...)"
   long long measured_steps = 0;  // step lines after warm-up
   double step_time_s = 0;        // median over them

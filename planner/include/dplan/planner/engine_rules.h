@@ -1,28 +1,17 @@
-// The engines a plan is handed to (`dplan export --to`, `dplan check --engine`) and each engine's
-// own invariants, in one place: the rules an engine asserts at start-up (Megatron-LM's
-// validate_args, torchtitan's ParallelDims, DeepSpeed's batch assertion, ...) and the plan
-// features an engine cannot express at all. The rules follow docs/export.md, which cites the
-// engine sources (file and version) for each one.
+// Each engine's own invariants on a plan (`dplan check --engine`, and `dplan export` first): the
+// rules an engine asserts at start-up (Megatron-LM's validate_args, torchtitan's ParallelDims,
+// DeepSpeed's batch assertion, ...) and the plan features an engine cannot express at all. The
+// engines and their rule functions are in engines.h's table; the rules follow docs/export.md,
+// which cites the engine sources (file and version) for each one.
 #pragma once
 
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "dplan/costmodel/plan_file.h"
+#include "dplan/planner/engines.h"
 
 namespace dplan::planner {
-
-enum class Engine { megatron, torchtitan, deepspeed, accelerate, torchrun, slurm };
-
-// "megatron", "torchtitan", "deepspeed", "accelerate", "torchrun", "slurm", in that order.
-const std::vector<std::string>& engine_names();
-const char* to_string(Engine engine);
-std::optional<Engine> engine_from_string(const std::string& name);
-
-// The engine version whose spellings and rules dplan follows, as a file header names it, e.g.
-// "Megatron-LM core_v0.15.0 (megatron/training/arguments.py)".
-std::string engine_version(Engine engine);
 
 // Where the plan runs: nodes x processes per node. A plan of fewer ranks than one node holds runs
 // on one node with as many processes as ranks; otherwise on world / gpus_per_node full nodes

@@ -38,6 +38,7 @@
 #include "phase_clock.h"
 #include "place.h"
 #include "plan_file.h"
+#include "rank_setup.h"
 #include "run_record.h"
 #include "safetensors.h"
 #include "trainer.h"
@@ -46,7 +47,6 @@ namespace {
 using namespace dplan;
 using namespace dplan::executor;
 using Seconds = std::chrono::duration<double>;
-using StorePtr = c10::intrusive_ptr<c10d::Store>;
 
 std::string first_line(const std::string& s) {
   std::string line = s.substr(0, s.find('\n'));
@@ -106,12 +106,6 @@ GroupOptions group_options(const Place& place, Backend backend, std::chrono::mil
   go.timeout = timeout;
   if (place.local_world == place.world) go.gloo_address = "127.0.0.1";  // one machine
   return go;
-}
-
-Group world_group(const StorePtr& store, const Place& place, const GroupOptions& go) {
-  std::vector<int> all(place.world);
-  for (int r = 0; r < place.world; ++r) all[r] = r;
-  return Group::create(store, "world", all, place.rank, go);
 }
 
 // The flags against the plan and the ranks that were started; InputError on a mismatch.
@@ -183,83 +177,6 @@ DeviceChoice choose_device(const RunOptions& args, const ExecPlan& plan) {
   // plan says fp32_grads (its default for bf16); the cost model counts them the same way.
   d.grad_dtype = !d.bf16 || plan.training.fp32_grads ? at::kFloat : at::kBFloat16;
   return d;
-}
-
-// This rank's process groups in the plan's rank layout, and the layout choices the model follows.
-ParallelContext build_parallel_context(const ExecPlan& plan, const Place& place, const DeviceChoice& device,
-                                       const StorePtr& store, const GroupOptions& go, PhaseClock& clock,
-                                       MemoryMeter& meter) {
-  const auto& p = plan.parallel;
-  const costmodel::Mesh mesh = plan.mesh();
-  const costmodel::RankCoordinates me = mesh.coordinates(place.rank);
-  // Every member names its group the same: the axis and the group's first rank (the groups of one
-  // axis are disjoint). Every rank creates its groups in the same order of axes.
-  auto group = [&](const std::string& axis, std::vector<int> members) {
-    const std::string name = axis + "-" + std::to_string(members.front());
-    return Group::create(store, name, std::move(members), place.rank, go);
-  };
-  using costmodel::Dim;
-  ParallelContext ctx(clock, meter);
-  ctx.device = device.cuda ? at::Device(at::kCUDA, place.local_rank) : at::Device(at::kCPU);
-  ctx.stage = me.pp;
-  ctx.num_stages = p.pp;
-  ctx.sequence_parallel = p.sequence_parallel;
-  ctx.recompute = p.recompute;
-  ctx.attention = plan.training.attention;
-  ctx.dtype = device.bf16 ? at::kBFloat16 : at::kFloat;
-  ctx.world = world_group(store, place, go);
-  ctx.tp = group("tp", mesh.group(Dim::tp, place.rank));
-  ctx.dp = group("dp", mesh.group(Dim::dp, place.rank));
-  ctx.pp = group("pp", mesh.group(Dim::pp, place.rank));
-  ctx.cp = group("cp", mesh.group(Dim::cp, place.rank));
-  ctx.dp_cp = p.cp == 1 ? ctx.dp : group("dpcp", mesh.data_parallel_group(place.rank));
-  // The expert groups, folded over each stage's tp * cp * dp ranks (mesh.h).
-  if (plan.model.is_moe()) {
-    ctx.etp = group("etp", mesh.group(Dim::etp, place.rank));
-    ctx.ep = group("ep", mesh.group(Dim::ep, place.rank));
-    ctx.edp = group("edp", mesh.group(Dim::edp, place.rank));
-  }
-  if (plan.model.tied_embeddings && p.pp > 1 && (me.pp == 0 || me.pp == p.pp - 1)) {
-    ctx.embedding = group("embedding", mesh.embedding_group(place.rank));
-    ctx.has_embedding_group = true;
-  }
-  return ctx;
-}
-
-// This rank's pipeline stage of the model, its weights drawn from the seed alone.
-GptStage build_model(const ExecPlan& plan, ParallelContext& ctx, uint64_t seed, int rank) {
-  torch::manual_seed(seed + 7919 * rank);  // dropout streams differ by rank
-  return GptStage(plan.model, plan.stages[ctx.stage], plan.training.seq_len, ctx, seed);
-}
-
-// AdamW's hyper-parameters besides the learning rate (GPT-3's betas; Megatron's defaults).
-constexpr double kAdamBeta1 = 0.9, kAdamBeta2 = 0.95, kAdamEps = 1e-8, kWeightDecay = 0.1;
-
-// AdamW over what `grads` gives the optimizer: weight decay on matrices and embeddings, none on
-// norms and biases. Offloaded (the plan's offload_optimizer), on the host (offload.h).
-std::unique_ptr<torch::optim::AdamW> build_optimizer(GradSync& grads, double lr, bool offload) {
-  if (offload) grads.offload_optimizer();
-  std::vector<at::Tensor> decay, no_decay;
-  for (auto& op : grads.optimizer_params()) (op.weight_decay ? decay : no_decay).push_back(op.tensor);
-  auto adamw = [&](double wd) {
-    return std::make_unique<torch::optim::AdamWOptions>(
-        torch::optim::AdamWOptions(lr).betas({kAdamBeta1, kAdamBeta2}).eps(kAdamEps).weight_decay(wd));
-  };
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  if (!decay.empty()) groups.emplace_back(decay, adamw(kWeightDecay));
-  if (!no_decay.empty()) groups.emplace_back(no_decay, adamw(0.0));
-  if (offload) return std::make_unique<OffloadedAdamW>(groups, torch::optim::AdamWOptions(lr), grads);
-  return std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(lr));
-}
-
-StepOptions step_options(const ExecPlan& plan, double max_grad_norm) {
-  const auto& p = plan.parallel;
-  StepOptions so;
-  so.schedule = p.schedule;
-  so.micro_batch = p.micro_batch;
-  so.loss_scale = 1.0 / (double(plan.training.global_batch) * plan.training.seq_len);
-  so.max_grad_norm = max_grad_norm;
-  return so;
 }
 
 // --save-reference: what an outside implementation needs to train the same steps from the same
@@ -511,7 +428,9 @@ int train(const RunOptions& args, const Place& place) {
   Heartbeat heartbeat(beat_store, place.rank);
   try {
     const GroupOptions go = group_options(place, device.cuda ? Backend::nccl : Backend::gloo, timeout);
-    ParallelContext ctx = build_parallel_context(plan, place, device, store, go, clock, meter);
+    ParallelContext ctx =
+        build_parallel_context(plan, place.rank, device.cuda ? at::Device(at::kCUDA, place.local_rank) : at::Device(at::kCPU),
+                               device.bf16 ? at::kBFloat16 : at::kFloat, store, go, clock, meter);
     GptStage stage = build_model(plan, ctx, args.seed, place.rank);
     GradSync grads(stage, ctx, static_cast<int64_t>(plan.training.bucket_bytes), plan.parallel.zero_stage,
                    plan.parallel.distributed_optimizer, device.grad_dtype);
@@ -586,7 +505,7 @@ int probe_machine(const RunOptions& args, const Place& place) {
   set_rank_threads(place);
   const auto timeout = collective_timeout(args);
   auto store = connect_store(place, !place.agent_store && place.rank == 0, timeout);
-  Group world = world_group(store, place, group_options(place, Backend::gloo, timeout));
+  Group world = world_group(store, place.rank, place.world, group_options(place, Backend::gloo, timeout));
   run_machine_probe({args.output}, world);
   if (place.rank == 0 && !args.quiet) std::fprintf(stderr, "wrote %s\n", args.output.c_str());
   return 0;

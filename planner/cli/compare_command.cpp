@@ -146,10 +146,12 @@ std::string report(const Comparison& c, const CompareArgs& args) {
                                                              " left out as warm-up)");
   o << "\nread as --format " << planner::to_string(c.format) << ": " << c.measured_by;
   o << "\n\n" << row("step time by phase", "predicted (ms)", "measured (ms)", "error %");
-  // Phases neither predicted nor measured (cp comm without cp, offload without offload) are left
-  // out of the table; --json has every one.
+  // Phases neither predicted nor measured (cp comm without cp, offload without offload: at most
+  // the microseconds of a collective of one rank, which print as 0.00 ms) are left out of the
+  // table; --json has every one.
+  auto shows = [](double seconds) { return 1e3 * seconds >= 0.005; };
   for (const auto& p : c.phases)
-    if (p.value.predicted > 0 || (p.measured && p.value.measured > 0))
+    if (shows(p.value.predicted) || (p.measured && shows(p.value.measured)))
       o << row(phase_label(p), fixed(1e3 * p.value.predicted, 2),
                p.measured ? fixed(1e3 * p.value.measured, 2) : "not measured", p.measured ? percent(p.value) : "");
   o << row(c.step_time_from_rate ? "step (from the rate)" : "step", fixed(1e3 * c.step_time_s.predicted, 2),

@@ -145,7 +145,7 @@ std::string changed_flags(const PlanCase& from, const PlanCase& to) {
   for (const auto& f : a) {
     const std::string& flag = f.first;
     if (std::none_of(b.begin(), b.end(), [&](const auto& g) { return g.first == flag; }))
-      s += (s.empty() ? "" : " ") + std::string("(drop ") + flag + ")";
+      s += (s.empty() ? "(drop " : " (drop ") + flag + ")";
   }
   return s;
 }

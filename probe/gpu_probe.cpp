@@ -134,107 +134,135 @@ Shapes probe_shapes(bool quick) {
   return s;
 }
 
-json probe_gemms(const Options& o, const Shapes& shapes) {
-  const Precision precisions[] = {{"bf16", CUDA_R_16BF, CUBLAS_COMPUTE_32F, 2},
-                                  {"fp16", CUDA_R_16F, CUBLAS_COMPUTE_32F, 2},
-                                  {"fp32", CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, 4}};
-  const auto& layers = shapes.layers;
-  const auto& squares = shapes.squares;
-  const auto& attention = shapes.attention;
-  const long heads = 32;
-  auto batched_precision = [](const Precision& p) { return p.data != CUDA_R_32F; };  // bf16, fp16 only
-  // Each of the three buffers holds the largest operand of any GEMM below.
+// The precisions the GEMMs are timed in (FP8 apart: probe_fp8_gemms).
+const Precision kGemmPrecisions[] = {{"bf16", CUDA_R_16BF, CUBLAS_COMPUTE_32F, 2},
+                                     {"fp16", CUDA_R_16F, CUBLAS_COMPUTE_32F, 2},
+                                     {"fp32", CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, 4}};
+// The attention core is timed with this many heads, one batch entry per head.
+constexpr long kAttentionHeads = 32;
+
+bool batched_precision(const Precision& p) { return p.data != CUDA_R_32F; }  // bf16, fp16 only
+
+// The bytes each of the three buffers needs: the largest operand of any GEMM timed.
+size_t gemm_buffer_bytes(const Shapes& shapes) {
   size_t max_bytes = 0;
   auto fit = [&](long elems, size_t elem_bytes) { max_bytes = std::max(max_bytes, size_t(elems) * elem_bytes); };
-  for (const Precision& p : precisions) {
-    for (const auto* list : {&layers, &squares})
+  const long heads = kAttentionHeads;
+  for (const Precision& p : kGemmPrecisions) {
+    for (const auto* list : {&shapes.layers, &shapes.squares})
       for (auto [m, n, k] : *list) {
         fit(m * k, p.bytes);
         fit(n * k, p.bytes);
         fit(m * n, p.bytes);
       }
     if (batched_precision(p))
-      for (auto [s, d] : attention) {
+      for (auto [s, d] : shapes.attention) {
         fit(heads * s * d, p.bytes);        // Q, O
         fit(heads * (s / 2) * d, p.bytes);  // K, V
         fit(heads * s * (s / 2), p.bytes);  // S, P
       }
   }
-  void *a, *b, *c;
-  check(cudaMalloc(&a, max_bytes), "cudaMalloc");
-  check(cudaMalloc(&b, max_bytes), "cudaMalloc");
-  check(cudaMalloc(&c, max_bytes), "cudaMalloc");
-  check(cudaMemset(a, 0, max_bytes), "cudaMemset");
-  check(cudaMemset(b, 0, max_bytes), "cudaMemset");
+  return max_bytes;
+}
+
+// What the GEMM timings share: the cuBLAS handle, three device buffers (an input in a, the
+// weights or the other input in b, the output in c) and the rows timed so far.
+struct GemmBench {
+  const Options& o;
   cublasHandle_t handle;
-  check(cublasCreate(&handle), "cublasCreate");
+  void *a, *b, *c;
   json rows = json::array();
-  const float alpha = 1, beta = 0;
+
   // Times `launch` and records it as the GEMM (m, n, k) x batch.
-  auto record = [&](const Precision& p, const char* op, long m, long n, long k, long batch, auto&& launch) {
+  template <typename F>
+  void record(const Precision& p, const char* op, long m, long n, long k, long batch, F&& launch) {
     const double t = time_per_call_s(launch, o.iters, nullptr);
     const double flops_per_s = 2.0 * m * n * k * batch / t;
     rows.push_back(dplan::probe::gemm_row(p.name, op, m, n, k, batch, t));
     std::fprintf(stderr, "gemm %s %s %ld x %ld x %ld x %ld: %.1f TFLOP/s\n", p.name, op, batch, m, n, k,
                  flops_per_s / 1e12);
-  };
-  // cuBLAS is column-major: a row-major [r, c] matrix with leading dimension c
-  // is its transpose to cuBLAS, so row-major C = A B runs as column-major C^T =
-  // B^T A^T (the operands swap).
-  for (const Precision& p : precisions) {
-    // Row-major Y[m, n] = X[m, k] W[n, k]^T is column-major Y^T = W X^T: cuBLAS
-    // (n, m, k), op(W) = T. X in a, W in b, Y in c.
-    auto forward = [&](long m, long n, long k) {
-      check(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &alpha, b, p.data, int(k), a, p.data,
-                         int(k), &beta, c, p.data, int(n), p.compute, CUBLAS_GEMM_DEFAULT),
-            "cublasGemmEx");
-    };
-    for (auto [m, n, k] : layers) {
-      record(p, "forward", m, n, k, 1, [&] { forward(m, n, k); });
-      // Row-major dX[m, k] = dY[m, n] W[n, k] is column-major dX^T = W^T dY^T:
-      // cuBLAS (k, m, n), no transposes; W (b) ld k, dY (a) ld n, dX (c) ld k.
-      record(p, "dgrad", m, k, n, 1, [&] {
-        check(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, int(k), int(m), int(n), &alpha, b, p.data, int(k), a,
-                           p.data, int(n), &beta, c, p.data, int(k), p.compute, CUBLAS_GEMM_DEFAULT),
-              "cublasGemmEx");
-      });
-      // Row-major dW[n, k] = dY[m, n]^T X[m, k] is column-major dW^T = X^T dY:
-      // cuBLAS (k, n, m), op(dY) = T; X (a) ld k, dY (b) ld n, dW (c) ld k.
-      record(p, "wgrad", n, k, m, 1, [&] {
-        check(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_T, int(k), int(n), int(m), &alpha, a, p.data, int(k), b,
-                           p.data, int(n), &beta, c, p.data, int(k), p.compute, CUBLAS_GEMM_DEFAULT),
-              "cublasGemmEx");
-      });
-    }
-    for (auto [m, n, k] : squares) record(p, "forward", m, n, k, 1, [&] { forward(m, n, k); });
-    if (!batched_precision(p)) continue;
-    for (auto [s, d] : attention) {
-      const long kv = s / 2;  // keys a query attends to, causal average
-      // Per head, row-major S[s, kv] = Q[s, d] K[kv, d]^T is column-major S^T =
-      // K Q^T: cuBLAS (kv, s, d), op(K) = T; Q (a) ld d, K (b) ld d, S (c) ld
-      // kv.
-      record(p, "batched", s, kv, d, heads, [&] {
-        check(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(kv), int(s), int(d), &alpha, b, p.data,
-                                         int(d), kv * d, a, p.data, int(d), s * d, &beta, c, p.data, int(kv), s * kv,
-                                         int(heads), p.compute, CUBLAS_GEMM_DEFAULT),
-              "cublasGemmStridedBatchedEx");
-      });
-      // Per head, row-major O[s, d] = P[s, kv] V[kv, d] is column-major O^T =
-      // V^T P^T: cuBLAS (d, s, kv), no transposes; P (a) ld kv, V (b) ld d, O
-      // (c) ld d.
-      record(p, "batched", s, d, kv, heads, [&] {
-        check(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, int(d), int(s), int(kv), &alpha, b, p.data,
-                                         int(d), kv * d, a, p.data, int(kv), s * kv, &beta, c, p.data, int(d), s * d,
-                                         int(heads), p.compute, CUBLAS_GEMM_DEFAULT),
-              "cublasGemmStridedBatchedEx");
-      });
-    }
   }
-  cublasDestroy(handle);
-  cudaFree(a);
-  cudaFree(b);
-  cudaFree(c);
-  return rows;
+};
+
+// cuBLAS is column-major: a row-major [r, c] matrix with leading dimension c
+// is its transpose to cuBLAS, so row-major C = A B runs as column-major C^T =
+// B^T A^T (the operands swap).
+// A linear layer's GEMMs in precision p: each layer shape forward, dgrad and wgrad, then the
+// squares forward.
+void time_linear_gemms(GemmBench& g, const Precision& p, const Shapes& shapes) {
+  const float alpha = 1, beta = 0;
+  // Row-major Y[m, n] = X[m, k] W[n, k]^T is column-major Y^T = W X^T: cuBLAS
+  // (n, m, k), op(W) = T. X in a, W in b, Y in c.
+  auto forward = [&](long m, long n, long k) {
+    check(cublasGemmEx(g.handle, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &alpha, g.b, p.data, int(k), g.a,
+                       p.data, int(k), &beta, g.c, p.data, int(n), p.compute, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx");
+  };
+  for (auto [m, n, k] : shapes.layers) {
+    g.record(p, "forward", m, n, k, 1, [&] { forward(m, n, k); });
+    // Row-major dX[m, k] = dY[m, n] W[n, k] is column-major dX^T = W^T dY^T:
+    // cuBLAS (k, m, n), no transposes; W (b) ld k, dY (a) ld n, dX (c) ld k.
+    g.record(p, "dgrad", m, k, n, 1, [&] {
+      check(cublasGemmEx(g.handle, CUBLAS_OP_N, CUBLAS_OP_N, int(k), int(m), int(n), &alpha, g.b, p.data, int(k), g.a,
+                         p.data, int(n), &beta, g.c, p.data, int(k), p.compute, CUBLAS_GEMM_DEFAULT),
+            "cublasGemmEx");
+    });
+    // Row-major dW[n, k] = dY[m, n]^T X[m, k] is column-major dW^T = X^T dY:
+    // cuBLAS (k, n, m), op(dY) = T; X (a) ld k, dY (b) ld n, dW (c) ld k.
+    g.record(p, "wgrad", n, k, m, 1, [&] {
+      check(cublasGemmEx(g.handle, CUBLAS_OP_N, CUBLAS_OP_T, int(k), int(n), int(m), &alpha, g.a, p.data, int(k), g.b,
+                         p.data, int(n), &beta, g.c, p.data, int(k), p.compute, CUBLAS_GEMM_DEFAULT),
+            "cublasGemmEx");
+    });
+  }
+  for (auto [m, n, k] : shapes.squares) g.record(p, "forward", m, n, k, 1, [&] { forward(m, n, k); });
+}
+
+// The attention core's two batched GEMMs in precision p, per (seq, head dim).
+void time_attention_gemms(GemmBench& g, const Precision& p, const Shapes& shapes) {
+  const float alpha = 1, beta = 0;
+  const long heads = kAttentionHeads;
+  for (auto [s, d] : shapes.attention) {
+    const long kv = s / 2;  // keys a query attends to, causal average
+    // Per head, row-major S[s, kv] = Q[s, d] K[kv, d]^T is column-major S^T =
+    // K Q^T: cuBLAS (kv, s, d), op(K) = T; Q (a) ld d, K (b) ld d, S (c) ld
+    // kv.
+    g.record(p, "batched", s, kv, d, heads, [&] {
+      check(cublasGemmStridedBatchedEx(g.handle, CUBLAS_OP_T, CUBLAS_OP_N, int(kv), int(s), int(d), &alpha, g.b,
+                                       p.data, int(d), kv * d, g.a, p.data, int(d), s * d, &beta, g.c, p.data, int(kv),
+                                       s * kv, int(heads), p.compute, CUBLAS_GEMM_DEFAULT),
+            "cublasGemmStridedBatchedEx");
+    });
+    // Per head, row-major O[s, d] = P[s, kv] V[kv, d] is column-major O^T =
+    // V^T P^T: cuBLAS (d, s, kv), no transposes; P (a) ld kv, V (b) ld d, O
+    // (c) ld d.
+    g.record(p, "batched", s, d, kv, heads, [&] {
+      check(cublasGemmStridedBatchedEx(g.handle, CUBLAS_OP_N, CUBLAS_OP_N, int(d), int(s), int(kv), &alpha, g.b,
+                                       p.data, int(d), kv * d, g.a, p.data, int(kv), s * kv, &beta, g.c, p.data, int(d),
+                                       s * d, int(heads), p.compute, CUBLAS_GEMM_DEFAULT),
+            "cublasGemmStridedBatchedEx");
+    });
+  }
+}
+
+json probe_gemms(const Options& o, const Shapes& shapes) {
+  const size_t max_bytes = gemm_buffer_bytes(shapes);
+  GemmBench g{o, nullptr, nullptr, nullptr, nullptr};
+  check(cudaMalloc(&g.a, max_bytes), "cudaMalloc");
+  check(cudaMalloc(&g.b, max_bytes), "cudaMalloc");
+  check(cudaMalloc(&g.c, max_bytes), "cudaMalloc");
+  check(cudaMemset(g.a, 0, max_bytes), "cudaMemset");
+  check(cudaMemset(g.b, 0, max_bytes), "cudaMemset");
+  check(cublasCreate(&g.handle), "cublasCreate");
+  for (const Precision& p : kGemmPrecisions) {
+    time_linear_gemms(g, p, shapes);
+    if (batched_precision(p)) time_attention_gemms(g, p, shapes);
+  }
+  cublasDestroy(g.handle);
+  cudaFree(g.a);
+  cudaFree(g.b);
+  cudaFree(g.c);
+  return g.rows;
 }
 
 // Runs `f` on every path out of a scope: the FP8 part may stop part-way and the probe goes on.

@@ -522,61 +522,70 @@ void probe_collective(const Options& o, const std::string& test, int ndev, const
   std::fprintf(stderr, "wrote %s\n", path.c_str());
 }
 
-// How much of an all-reduce hides under GEMMs running at the same time on every
-// GPU, as a gradient bucket's reduction runs under backward: the all-reduce
-// alone on a communication stream per device, a bf16 GEMM loop of about the
-// same length alone on a compute stream per device, then both at once. Each is
-// the slowest device's time, from a common start event to both streams done,
-// median of `reps` rounds after a warm-up round. fraction = (gemm + all-reduce
-// - both) / min(gemm, all-reduce), in [0, 1]: 1 = the all-reduce hid completely
-// under the GEMMs, 0 = they serialised (e.g. NCCL's kernels waited for SMs).
-json probe_overlap(const Options& o, int ndev, const std::vector<ncclComm_t>& comms) {
-  // 512 MiB of bf16 (--max-mib caps it): ~2 ms on 8 NVLink H100s at ~450 GB/s
-  // busbw, long beside the launch skew between devices.
-  const size_t bytes = std::min(size_t(512) << 20, size_t(o.max_mib * 1024 * 1024)) / 2 * 2;
-  const size_t count = bytes / 2;
-  const long n = 8192;  // square GEMM, ~1.6 ms in bf16 on an H100
-  const size_t gemm_bytes = size_t(n) * n * 2;
-  const int reps = 5;
-  struct Device {
-    cudaStream_t comm, compute;
-    cublasHandle_t handle;
-    void* send, *recv, *a, *b, *c;
-    cudaEvent_t start, compute_done, stop;
-  };
-  std::vector<Device> devs(ndev);
-  for (int d = 0; d < ndev; ++d) {
-    Device& v = devs[d];
-    check(cudaSetDevice(d), "cudaSetDevice");
-    check(cudaStreamCreateWithFlags(&v.comm, cudaStreamNonBlocking), "cudaStreamCreate");
-    check(cudaStreamCreateWithFlags(&v.compute, cudaStreamNonBlocking), "cudaStreamCreate");
-    check(cublasCreate(&v.handle), "cublasCreate");
-    check(cublasSetStream(v.handle, v.compute), "cublasSetStream");
-    for (void **p : {&v.send, &v.recv}) {
-      check(cudaMalloc(p, bytes), "cudaMalloc");
-      check(cudaMemset(*p, 0, bytes), "cudaMemset");
-    }
-    for (void **p : {&v.a, &v.b, &v.c}) {
-      check(cudaMalloc(p, gemm_bytes), "cudaMalloc");
-      check(cudaMemset(*p, 0, gemm_bytes), "cudaMemset");
-    }
-    for (cudaEvent_t* e : {&v.start, &v.compute_done, &v.stop}) check(cudaEventCreate(e), "cudaEventCreate");
-    check(cudaDeviceSynchronize(),
-          "cudaDeviceSynchronize");  // the memsets, which non-blocking streams
-                                     // skip
+// One device's streams, cuBLAS handle, buffers and events for probe_overlap.
+struct OverlapDevice {
+  cudaStream_t comm, compute;
+  cublasHandle_t handle;
+  void* send, *recv, *a, *b, *c;
+  cudaEvent_t start, compute_done, stop;
+};
+
+// Device d's streams, handle, zeroed buffers (`bytes` for the all-reduce, `gemm_bytes` per GEMM
+// operand) and events.
+OverlapDevice make_overlap_device(int d, size_t bytes, size_t gemm_bytes) {
+  OverlapDevice v;
+  check(cudaSetDevice(d), "cudaSetDevice");
+  check(cudaStreamCreateWithFlags(&v.comm, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cudaStreamCreateWithFlags(&v.compute, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cublasCreate(&v.handle), "cublasCreate");
+  check(cublasSetStream(v.handle, v.compute), "cublasSetStream");
+  for (void **p : {&v.send, &v.recv}) {
+    check(cudaMalloc(p, bytes), "cudaMalloc");
+    check(cudaMemset(*p, 0, bytes), "cudaMemset");
   }
-  const float alpha = 1, beta = 0;
-  auto gemm = [&](int d) {
+  for (void **p : {&v.a, &v.b, &v.c}) {
+    check(cudaMalloc(p, gemm_bytes), "cudaMalloc");
+    check(cudaMemset(*p, 0, gemm_bytes), "cudaMemset");
+  }
+  for (cudaEvent_t* e : {&v.start, &v.compute_done, &v.stop}) check(cudaEventCreate(e), "cudaEventCreate");
+  check(cudaDeviceSynchronize(),
+        "cudaDeviceSynchronize");  // the memsets, which non-blocking streams
+                                   // skip
+  return v;
+}
+
+void free_overlap_device(int d, OverlapDevice& v) {
+  cudaSetDevice(d);
+  for (cudaEvent_t e : {v.start, v.compute_done, v.stop}) cudaEventDestroy(e);
+  for (void* p : {v.send, v.recv, v.a, v.b, v.c}) cudaFree(p);
+  cublasDestroy(v.handle);
+  cudaStreamDestroy(v.comm);
+  cudaStreamDestroy(v.compute);
+}
+
+// The rounds probe_overlap times: an all-reduce of `count` bf16 values, a loop of `gemms` bf16
+// n^3 GEMMs, or both, on every device at once.
+struct OverlapRounds {
+  std::vector<OverlapDevice>& devs;
+  const std::vector<ncclComm_t>& comms;
+  size_t count;
+  long n;
+  int reps;
+  int gemms = 0;
+
+  void gemm(int d) const {
+    const float alpha = 1, beta = 0;
     check(cublasGemmEx(devs[d].handle, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(n), int(n), &alpha, devs[d].b, CUDA_R_16BF,
                        int(n), devs[d].a, CUDA_R_16BF, int(n), &beta, devs[d].c, CUDA_R_16BF, int(n),
                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
           "cublasGemmEx");
-  };
-  int gemms = 0;
+  }
+
   // One round: every compute stream starts at its comm stream's start event,
   // the comm stream waits for the compute stream's end; seconds start to stop
   // on the slowest device.
-  auto round_s = [&](bool collective, bool compute) {
+  double round_s(bool collective, bool compute) const {
+    const int ndev = int(devs.size());
     for (int d = 0; d < ndev; ++d) {
       check(cudaSetDevice(d), "cudaSetDevice");
       check(cudaEventRecord(devs[d].start, devs[d].comm), "cudaEventRecord");
@@ -609,37 +618,52 @@ json probe_overlap(const Options& o, int ndev, const std::vector<ncclComm_t>& co
       slowest_s = std::max(slowest_s, ms * 1e-3);
     }
     return slowest_s;
-  };
-  auto median_s = [&](bool collective, bool compute) {
+  }
+
+  // The median of `reps` rounds after a warm-up round.
+  double median_s(bool collective, bool compute) const {
     round_s(collective, compute);  // warm-up
     std::vector<double> t(reps);
     for (double& x : t) x = round_s(collective, compute);
     std::sort(t.begin(), t.end());
     return t[reps / 2];
-  };
-  const double collective_s = median_s(true, false);
+  }
+};
+
+// How much of an all-reduce hides under GEMMs running at the same time on every
+// GPU, as a gradient bucket's reduction runs under backward: the all-reduce
+// alone on a communication stream per device, a bf16 GEMM loop of about the
+// same length alone on a compute stream per device, then both at once. Each is
+// the slowest device's time, from a common start event to both streams done,
+// median of `reps` rounds after a warm-up round. fraction = (gemm + all-reduce
+// - both) / min(gemm, all-reduce), in [0, 1]: 1 = the all-reduce hid completely
+// under the GEMMs, 0 = they serialised (e.g. NCCL's kernels waited for SMs).
+json probe_overlap(const Options& o, int ndev, const std::vector<ncclComm_t>& comms) {
+  // 512 MiB of bf16 (--max-mib caps it): ~2 ms on 8 NVLink H100s at ~450 GB/s
+  // busbw, long beside the launch skew between devices.
+  const size_t bytes = std::min(size_t(512) << 20, size_t(o.max_mib * 1024 * 1024)) / 2 * 2;
+  const size_t count = bytes / 2;
+  const long n = 8192;  // square GEMM, ~1.6 ms in bf16 on an H100
+  const size_t gemm_bytes = size_t(n) * n * 2;
+  const int reps = 5;
+  std::vector<OverlapDevice> devs;
+  for (int d = 0; d < ndev; ++d) devs.push_back(make_overlap_device(d, bytes, gemm_bytes));
+  OverlapRounds rounds{devs, comms, count, n, reps};
+  const double collective_s = rounds.median_s(true, false);
   // Size the loop to the all-reduce from one GEMM's time on device 0.
   check(cudaSetDevice(0), "cudaSetDevice");
-  const double one_gemm_s = time_per_call_s([&] { gemm(0); }, o.iters, devs[0].compute);
-  gemms = std::max(1, int(std::lround(collective_s / one_gemm_s)));
-  const double gemm_s = median_s(false, true);
-  const double both_s = median_s(true, true);
+  const double one_gemm_s = time_per_call_s([&] { rounds.gemm(0); }, o.iters, devs[0].compute);
+  rounds.gemms = std::max(1, int(std::lround(collective_s / one_gemm_s)));
+  const double gemm_s = rounds.median_s(false, true);
+  const double both_s = rounds.median_s(true, true);
   const double fraction = std::clamp((gemm_s + collective_s - both_s) / std::min(gemm_s, collective_s), 0.0, 1.0);
-  for (int d = 0; d < ndev; ++d) {
-    Device& v = devs[d];
-    cudaSetDevice(d);
-    for (cudaEvent_t e : {v.start, v.compute_done, v.stop}) cudaEventDestroy(e);
-    for (void* p : {v.send, v.recv, v.a, v.b, v.c}) cudaFree(p);
-    cublasDestroy(v.handle);
-    cudaStreamDestroy(v.comm);
-    cudaStreamDestroy(v.compute);
-  }
+  for (int d = 0; d < ndev; ++d) free_overlap_device(d, devs[d]);
   check(cudaSetDevice(0), "cudaSetDevice");
   std::fprintf(stderr,
                "overlap of a %zu MiB bf16 all-reduce (%.2f ms) with %d bf16 "
                "%ld^3 GEMMs (%.2f ms): both %.2f ms, "
                "fraction %.2f\n",
-               bytes >> 20, collective_s * 1e3, gemms, n, gemm_s * 1e3, both_s * 1e3, fraction);
+               bytes >> 20, collective_s * 1e3, rounds.gemms, n, gemm_s * 1e3, both_s * 1e3, fraction);
   return {{"collective", "all_reduce"},   {"bytes", bytes},   {"gemm_s", gemm_s},
           {"collective_s", collective_s}, {"both_s", both_s}, {"fraction", fraction}};
 }

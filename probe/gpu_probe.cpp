@@ -680,30 +680,103 @@ void write_result(const json& result, const std::string& path) {
   if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error("cannot write " + path);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Options o;
+// Reads the command line into `o`; throws std::invalid_argument naming a bad option.
+void parse_options(int argc, char** argv, Options& o) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
       if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
       return argv[++i];
     };
-    try {
-      if (a == "-o") o.output = value();
-      else if (a == "--nccl-prefix") o.nccl_prefix = value();
-      else if (a == "--iters") o.iters = std::stoi(value());
-      else if (a == "--max-mib") o.max_mib = std::stod(value());
-      else if (a == "--quick") o.quick = true;
-      else
-        throw std::invalid_argument("unknown option " + a +
-                                    "; valid: -o FILE, --nccl-prefix P, --iters N, --max-mib M, --quick");
-      if (o.iters < 1 || !(o.max_mib >= 1)) throw std::invalid_argument("--iters and --max-mib must be at least 1");
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "dplan-gpu-probe: error: %s\n", e.what());
-      return 2;
-    }
+    if (a == "-o") o.output = value();
+    else if (a == "--nccl-prefix") o.nccl_prefix = value();
+    else if (a == "--iters") o.iters = std::stoi(value());
+    else if (a == "--max-mib") o.max_mib = std::stod(value());
+    else if (a == "--quick") o.quick = true;
+    else
+      throw std::invalid_argument("unknown option " + a +
+                                  "; valid: -o FILE, --nccl-prefix P, --iters N, --max-mib M, --quick");
+    if (o.iters < 1 || !(o.max_mib >= 1)) throw std::invalid_argument("--iters and --max-mib must be at least 1");
+  }
+}
+
+// FP8: where the GPU has it; a failure here (no algorithm, a status) ends the FP8 part alone,
+// keeping the rows measured so far.
+void probe_fp8_part(const Options& o, const Shapes& shapes, const cudaDeviceProp& prop, json& result) {
+  if (prop.major * 10 + prop.minor < 89) {
+    std::fprintf(stderr, "dplan-gpu-probe: fp8 GEMMs skipped: compute capability %d.%d has no FP8 tensor cores "
+                         "(8.9 or later)\n", prop.major, prop.minor);
+    return;
+  }
+  const size_t before = result["gemm"].size();
+  try {
+    probe_fp8_gemms(o, shapes, result["gemm"]);
+  } catch (const std::exception& e) {
+    const size_t kept = result["gemm"].size() - before;
+    if (kept == 0) std::fprintf(stderr, "dplan-gpu-probe: fp8 GEMMs skipped: %s\n", e.what());
+    else std::fprintf(stderr, "dplan-gpu-probe: fp8 GEMMs stopped after %zu (kept): %s\n", kept, e.what());
+    // A failed call may leave an error behind; one the context cannot recover from fails the
+    // rest of the probe (and the file keeps what was measured).
+    cudaGetLastError();
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the fp8 GEMMs");
+  }
+}
+
+// With several devices: the collectives as nccl-tests files beside the result, and the overlap.
+void probe_nccl_part(const Options& o, int ndev, json& result) {
+  result["incomplete"] = "still measuring: NCCL collectives";
+  write_result(result, o.output);
+  std::vector<ncclComm_t> comms(ndev);
+  std::vector<int> devs(ndev);
+  for (int d = 0; d < ndev; ++d) devs[d] = d;
+  check(ncclCommInitAll(comms.data(), ndev, devs.data()), "ncclCommInitAll");
+  std::vector<cudaStream_t> streams(ndev);
+  for (int d = 0; d < ndev; ++d) {
+    check(cudaSetDevice(d), "cudaSetDevice");
+    check(cudaStreamCreate(&streams[d]), "cudaStreamCreate");
+  }
+  check(cudaSetDevice(0), "cudaSetDevice");
+  json files = json::array();
+  for (const char* test : {"all_reduce_perf", "all_gather_perf", "reduce_scatter_perf"}) {
+    probe_collective(o, test, ndev, comms, streams);
+    files.push_back(o.nccl_prefix + "-" + test + ".txt");
+  }
+  result["nccl_tests_files"] = files;
+  result["overlap"] = probe_overlap(o, ndev, comms);
+  for (auto& c : comms) ncclCommDestroy(c);
+}
+
+// Measures everything into `result`, writing it as it goes; `measured` turns true once it holds
+// the device and the GEMMs (worth writing on a failure).
+void probe_all(const Options& o, int ndev, json& result, bool& measured) {
+  check(cudaSetDevice(0), "cudaSetDevice");
+  cudaDeviceProp prop;
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  result = {{"format_version", 1}, {"generator", "dplan-gpu-probe"}, {"device", probe_device(prop, ndev)}};
+  if (o.quick) result["quick"] = true;
+  const Shapes shapes = probe_shapes(o.quick);
+  result["gemm"] = probe_gemms(o, shapes);
+  measured = true;
+  result["memory"] = probe_memory(o);
+  result["launch"] = probe_launch();
+  result["incomplete"] = "still measuring: fp8 GEMMs, NCCL collectives";
+  write_result(result, o.output);
+  probe_fp8_part(o, shapes, prop, result);
+  if (ndev > 1) probe_nccl_part(o, ndev, result);
+  result.erase("incomplete");
+  write_result(result, o.output);
+  std::fprintf(stderr, "wrote %s\n", o.output.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  try {
+    parse_options(argc, argv, o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dplan-gpu-probe: error: %s\n", e.what());
+    return 2;
   }
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -713,62 +786,7 @@ int main(int argc, char** argv) {
   json result;
   bool measured = false;  // result holds the device and the GEMMs: worth writing on a failure
   try {
-    check(cudaSetDevice(0), "cudaSetDevice");
-    cudaDeviceProp prop;
-    check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-    result = {{"format_version", 1}, {"generator", "dplan-gpu-probe"}, {"device", probe_device(prop, ndev)}};
-    if (o.quick) result["quick"] = true;
-    const Shapes shapes = probe_shapes(o.quick);
-    result["gemm"] = probe_gemms(o, shapes);
-    measured = true;
-    result["memory"] = probe_memory(o);
-    result["launch"] = probe_launch();
-    result["incomplete"] = "still measuring: fp8 GEMMs, NCCL collectives";
-    write_result(result, o.output);
-    // FP8: where the GPU has it; a failure here (no algorithm, a status) ends the FP8 part alone,
-    // keeping the rows measured so far.
-    if (prop.major * 10 + prop.minor < 89) {
-      std::fprintf(stderr, "dplan-gpu-probe: fp8 GEMMs skipped: compute capability %d.%d has no FP8 tensor cores "
-                           "(8.9 or later)\n", prop.major, prop.minor);
-    } else {
-      const size_t before = result["gemm"].size();
-      try {
-        probe_fp8_gemms(o, shapes, result["gemm"]);
-      } catch (const std::exception& e) {
-        const size_t kept = result["gemm"].size() - before;
-        if (kept == 0) std::fprintf(stderr, "dplan-gpu-probe: fp8 GEMMs skipped: %s\n", e.what());
-        else std::fprintf(stderr, "dplan-gpu-probe: fp8 GEMMs stopped after %zu (kept): %s\n", kept, e.what());
-        // A failed call may leave an error behind; one the context cannot recover from fails the
-        // rest of the probe (and the file keeps what was measured).
-        cudaGetLastError();
-        check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the fp8 GEMMs");
-      }
-    }
-    if (ndev > 1) {
-      result["incomplete"] = "still measuring: NCCL collectives";
-      write_result(result, o.output);
-      std::vector<ncclComm_t> comms(ndev);
-      std::vector<int> devs(ndev);
-      for (int d = 0; d < ndev; ++d) devs[d] = d;
-      check(ncclCommInitAll(comms.data(), ndev, devs.data()), "ncclCommInitAll");
-      std::vector<cudaStream_t> streams(ndev);
-      for (int d = 0; d < ndev; ++d) {
-        check(cudaSetDevice(d), "cudaSetDevice");
-        check(cudaStreamCreate(&streams[d]), "cudaStreamCreate");
-      }
-      check(cudaSetDevice(0), "cudaSetDevice");
-      json files = json::array();
-      for (const char* test : {"all_reduce_perf", "all_gather_perf", "reduce_scatter_perf"}) {
-        probe_collective(o, test, ndev, comms, streams);
-        files.push_back(o.nccl_prefix + "-" + test + ".txt");
-      }
-      result["nccl_tests_files"] = files;
-      result["overlap"] = probe_overlap(o, ndev, comms);
-      for (auto& c : comms) ncclCommDestroy(c);
-    }
-    result.erase("incomplete");
-    write_result(result, o.output);
-    std::fprintf(stderr, "wrote %s\n", o.output.c_str());
+    probe_all(o, ndev, result, measured);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dplan-gpu-probe: error: %s\n", e.what());

@@ -134,107 +134,135 @@ Shapes probe_shapes(bool quick) {
   return s;
 }
 
-json probe_gemms(const Options& o, const Shapes& shapes) {
-  const Precision precisions[] = {{"bf16", CUDA_R_16BF, CUBLAS_COMPUTE_32F, 2},
-                                  {"fp16", CUDA_R_16F, CUBLAS_COMPUTE_32F, 2},
-                                  {"fp32", CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, 4}};
-  const auto& layers = shapes.layers;
-  const auto& squares = shapes.squares;
-  const auto& attention = shapes.attention;
-  const long heads = 32;
-  auto batched_precision = [](const Precision& p) { return p.data != CUDA_R_32F; };  // bf16, fp16 only
-  // Each of the three buffers holds the largest operand of any GEMM below.
+// The precisions the GEMMs are timed in (FP8 apart: probe_fp8_gemms).
+const Precision kGemmPrecisions[] = {{"bf16", CUDA_R_16BF, CUBLAS_COMPUTE_32F, 2},
+                                     {"fp16", CUDA_R_16F, CUBLAS_COMPUTE_32F, 2},
+                                     {"fp32", CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, 4}};
+// The attention core is timed with this many heads, one batch entry per head.
+constexpr long kAttentionHeads = 32;
+
+bool batched_precision(const Precision& p) { return p.data != CUDA_R_32F; }  // bf16, fp16 only
+
+// The bytes each of the three buffers needs: the largest operand of any GEMM timed.
+size_t gemm_buffer_bytes(const Shapes& shapes) {
   size_t max_bytes = 0;
   auto fit = [&](long elems, size_t elem_bytes) { max_bytes = std::max(max_bytes, size_t(elems) * elem_bytes); };
-  for (const Precision& p : precisions) {
-    for (const auto* list : {&layers, &squares})
+  const long heads = kAttentionHeads;
+  for (const Precision& p : kGemmPrecisions) {
+    for (const auto* list : {&shapes.layers, &shapes.squares})
       for (auto [m, n, k] : *list) {
         fit(m * k, p.bytes);
         fit(n * k, p.bytes);
         fit(m * n, p.bytes);
       }
     if (batched_precision(p))
-      for (auto [s, d] : attention) {
+      for (auto [s, d] : shapes.attention) {
         fit(heads * s * d, p.bytes);        // Q, O
         fit(heads * (s / 2) * d, p.bytes);  // K, V
         fit(heads * s * (s / 2), p.bytes);  // S, P
       }
   }
-  void *a, *b, *c;
-  check(cudaMalloc(&a, max_bytes), "cudaMalloc");
-  check(cudaMalloc(&b, max_bytes), "cudaMalloc");
-  check(cudaMalloc(&c, max_bytes), "cudaMalloc");
-  check(cudaMemset(a, 0, max_bytes), "cudaMemset");
-  check(cudaMemset(b, 0, max_bytes), "cudaMemset");
+  return max_bytes;
+}
+
+// What the GEMM timings share: the cuBLAS handle, three device buffers (an input in a, the
+// weights or the other input in b, the output in c) and the rows timed so far.
+struct GemmBench {
+  const Options& o;
   cublasHandle_t handle;
-  check(cublasCreate(&handle), "cublasCreate");
+  void *a, *b, *c;
   json rows = json::array();
-  const float alpha = 1, beta = 0;
+
   // Times `launch` and records it as the GEMM (m, n, k) x batch.
-  auto record = [&](const Precision& p, const char* op, long m, long n, long k, long batch, auto&& launch) {
+  template <typename F>
+  void record(const Precision& p, const char* op, long m, long n, long k, long batch, F&& launch) {
     const double t = time_per_call_s(launch, o.iters, nullptr);
     const double flops_per_s = 2.0 * m * n * k * batch / t;
     rows.push_back(dplan::probe::gemm_row(p.name, op, m, n, k, batch, t));
     std::fprintf(stderr, "gemm %s %s %ld x %ld x %ld x %ld: %.1f TFLOP/s\n", p.name, op, batch, m, n, k,
                  flops_per_s / 1e12);
-  };
-  // cuBLAS is column-major: a row-major [r, c] matrix with leading dimension c
-  // is its transpose to cuBLAS, so row-major C = A B runs as column-major C^T =
-  // B^T A^T (the operands swap).
-  for (const Precision& p : precisions) {
-    // Row-major Y[m, n] = X[m, k] W[n, k]^T is column-major Y^T = W X^T: cuBLAS
-    // (n, m, k), op(W) = T. X in a, W in b, Y in c.
-    auto forward = [&](long m, long n, long k) {
-      check(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &alpha, b, p.data, int(k), a, p.data,
-                         int(k), &beta, c, p.data, int(n), p.compute, CUBLAS_GEMM_DEFAULT),
-            "cublasGemmEx");
-    };
-    for (auto [m, n, k] : layers) {
-      record(p, "forward", m, n, k, 1, [&] { forward(m, n, k); });
-      // Row-major dX[m, k] = dY[m, n] W[n, k] is column-major dX^T = W^T dY^T:
-      // cuBLAS (k, m, n), no transposes; W (b) ld k, dY (a) ld n, dX (c) ld k.
-      record(p, "dgrad", m, k, n, 1, [&] {
-        check(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, int(k), int(m), int(n), &alpha, b, p.data, int(k), a,
-                           p.data, int(n), &beta, c, p.data, int(k), p.compute, CUBLAS_GEMM_DEFAULT),
-              "cublasGemmEx");
-      });
-      // Row-major dW[n, k] = dY[m, n]^T X[m, k] is column-major dW^T = X^T dY:
-      // cuBLAS (k, n, m), op(dY) = T; X (a) ld k, dY (b) ld n, dW (c) ld k.
-      record(p, "wgrad", n, k, m, 1, [&] {
-        check(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_T, int(k), int(n), int(m), &alpha, a, p.data, int(k), b,
-                           p.data, int(n), &beta, c, p.data, int(k), p.compute, CUBLAS_GEMM_DEFAULT),
-              "cublasGemmEx");
-      });
-    }
-    for (auto [m, n, k] : squares) record(p, "forward", m, n, k, 1, [&] { forward(m, n, k); });
-    if (!batched_precision(p)) continue;
-    for (auto [s, d] : attention) {
-      const long kv = s / 2;  // keys a query attends to, causal average
-      // Per head, row-major S[s, kv] = Q[s, d] K[kv, d]^T is column-major S^T =
-      // K Q^T: cuBLAS (kv, s, d), op(K) = T; Q (a) ld d, K (b) ld d, S (c) ld
-      // kv.
-      record(p, "batched", s, kv, d, heads, [&] {
-        check(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(kv), int(s), int(d), &alpha, b, p.data,
-                                         int(d), kv * d, a, p.data, int(d), s * d, &beta, c, p.data, int(kv), s * kv,
-                                         int(heads), p.compute, CUBLAS_GEMM_DEFAULT),
-              "cublasGemmStridedBatchedEx");
-      });
-      // Per head, row-major O[s, d] = P[s, kv] V[kv, d] is column-major O^T =
-      // V^T P^T: cuBLAS (d, s, kv), no transposes; P (a) ld kv, V (b) ld d, O
-      // (c) ld d.
-      record(p, "batched", s, d, kv, heads, [&] {
-        check(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, int(d), int(s), int(kv), &alpha, b, p.data,
-                                         int(d), kv * d, a, p.data, int(kv), s * kv, &beta, c, p.data, int(d), s * d,
-                                         int(heads), p.compute, CUBLAS_GEMM_DEFAULT),
-              "cublasGemmStridedBatchedEx");
-      });
-    }
   }
-  cublasDestroy(handle);
-  cudaFree(a);
-  cudaFree(b);
-  cudaFree(c);
-  return rows;
+};
+
+// cuBLAS is column-major: a row-major [r, c] matrix with leading dimension c
+// is its transpose to cuBLAS, so row-major C = A B runs as column-major C^T =
+// B^T A^T (the operands swap).
+// A linear layer's GEMMs in precision p: each layer shape forward, dgrad and wgrad, then the
+// squares forward.
+void time_linear_gemms(GemmBench& g, const Precision& p, const Shapes& shapes) {
+  const float alpha = 1, beta = 0;
+  // Row-major Y[m, n] = X[m, k] W[n, k]^T is column-major Y^T = W X^T: cuBLAS
+  // (n, m, k), op(W) = T. X in a, W in b, Y in c.
+  auto forward = [&](long m, long n, long k) {
+    check(cublasGemmEx(g.handle, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &alpha, g.b, p.data, int(k), g.a,
+                       p.data, int(k), &beta, g.c, p.data, int(n), p.compute, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx");
+  };
+  for (auto [m, n, k] : shapes.layers) {
+    g.record(p, "forward", m, n, k, 1, [&] { forward(m, n, k); });
+    // Row-major dX[m, k] = dY[m, n] W[n, k] is column-major dX^T = W^T dY^T:
+    // cuBLAS (k, m, n), no transposes; W (b) ld k, dY (a) ld n, dX (c) ld k.
+    g.record(p, "dgrad", m, k, n, 1, [&] {
+      check(cublasGemmEx(g.handle, CUBLAS_OP_N, CUBLAS_OP_N, int(k), int(m), int(n), &alpha, g.b, p.data, int(k), g.a,
+                         p.data, int(n), &beta, g.c, p.data, int(k), p.compute, CUBLAS_GEMM_DEFAULT),
+            "cublasGemmEx");
+    });
+    // Row-major dW[n, k] = dY[m, n]^T X[m, k] is column-major dW^T = X^T dY:
+    // cuBLAS (k, n, m), op(dY) = T; X (a) ld k, dY (b) ld n, dW (c) ld k.
+    g.record(p, "wgrad", n, k, m, 1, [&] {
+      check(cublasGemmEx(g.handle, CUBLAS_OP_N, CUBLAS_OP_T, int(k), int(n), int(m), &alpha, g.a, p.data, int(k), g.b,
+                         p.data, int(n), &beta, g.c, p.data, int(k), p.compute, CUBLAS_GEMM_DEFAULT),
+            "cublasGemmEx");
+    });
+  }
+  for (auto [m, n, k] : shapes.squares) g.record(p, "forward", m, n, k, 1, [&] { forward(m, n, k); });
+}
+
+// The attention core's two batched GEMMs in precision p, per (seq, head dim).
+void time_attention_gemms(GemmBench& g, const Precision& p, const Shapes& shapes) {
+  const float alpha = 1, beta = 0;
+  const long heads = kAttentionHeads;
+  for (auto [s, d] : shapes.attention) {
+    const long kv = s / 2;  // keys a query attends to, causal average
+    // Per head, row-major S[s, kv] = Q[s, d] K[kv, d]^T is column-major S^T =
+    // K Q^T: cuBLAS (kv, s, d), op(K) = T; Q (a) ld d, K (b) ld d, S (c) ld
+    // kv.
+    g.record(p, "batched", s, kv, d, heads, [&] {
+      check(cublasGemmStridedBatchedEx(g.handle, CUBLAS_OP_T, CUBLAS_OP_N, int(kv), int(s), int(d), &alpha, g.b,
+                                       p.data, int(d), kv * d, g.a, p.data, int(d), s * d, &beta, g.c, p.data, int(kv),
+                                       s * kv, int(heads), p.compute, CUBLAS_GEMM_DEFAULT),
+            "cublasGemmStridedBatchedEx");
+    });
+    // Per head, row-major O[s, d] = P[s, kv] V[kv, d] is column-major O^T =
+    // V^T P^T: cuBLAS (d, s, kv), no transposes; P (a) ld kv, V (b) ld d, O
+    // (c) ld d.
+    g.record(p, "batched", s, d, kv, heads, [&] {
+      check(cublasGemmStridedBatchedEx(g.handle, CUBLAS_OP_N, CUBLAS_OP_N, int(d), int(s), int(kv), &alpha, g.b,
+                                       p.data, int(d), kv * d, g.a, p.data, int(kv), s * kv, &beta, g.c, p.data, int(d),
+                                       s * d, int(heads), p.compute, CUBLAS_GEMM_DEFAULT),
+            "cublasGemmStridedBatchedEx");
+    });
+  }
+}
+
+json probe_gemms(const Options& o, const Shapes& shapes) {
+  const size_t max_bytes = gemm_buffer_bytes(shapes);
+  GemmBench g{o, nullptr, nullptr, nullptr, nullptr};
+  check(cudaMalloc(&g.a, max_bytes), "cudaMalloc");
+  check(cudaMalloc(&g.b, max_bytes), "cudaMalloc");
+  check(cudaMalloc(&g.c, max_bytes), "cudaMalloc");
+  check(cudaMemset(g.a, 0, max_bytes), "cudaMemset");
+  check(cudaMemset(g.b, 0, max_bytes), "cudaMemset");
+  check(cublasCreate(&g.handle), "cublasCreate");
+  for (const Precision& p : kGemmPrecisions) {
+    time_linear_gemms(g, p, shapes);
+    if (batched_precision(p)) time_attention_gemms(g, p, shapes);
+  }
+  cublasDestroy(g.handle);
+  cudaFree(g.a);
+  cudaFree(g.b);
+  cudaFree(g.c);
+  return g.rows;
 }
 
 // Runs `f` on every path out of a scope: the FP8 part may stop part-way and the probe goes on.
@@ -494,61 +522,70 @@ void probe_collective(const Options& o, const std::string& test, int ndev, const
   std::fprintf(stderr, "wrote %s\n", path.c_str());
 }
 
-// How much of an all-reduce hides under GEMMs running at the same time on every
-// GPU, as a gradient bucket's reduction runs under backward: the all-reduce
-// alone on a communication stream per device, a bf16 GEMM loop of about the
-// same length alone on a compute stream per device, then both at once. Each is
-// the slowest device's time, from a common start event to both streams done,
-// median of `reps` rounds after a warm-up round. fraction = (gemm + all-reduce
-// - both) / min(gemm, all-reduce), in [0, 1]: 1 = the all-reduce hid completely
-// under the GEMMs, 0 = they serialised (e.g. NCCL's kernels waited for SMs).
-json probe_overlap(const Options& o, int ndev, const std::vector<ncclComm_t>& comms) {
-  // 512 MiB of bf16 (--max-mib caps it): ~2 ms on 8 NVLink H100s at ~450 GB/s
-  // busbw, long beside the launch skew between devices.
-  const size_t bytes = std::min(size_t(512) << 20, size_t(o.max_mib * 1024 * 1024)) / 2 * 2;
-  const size_t count = bytes / 2;
-  const long n = 8192;  // square GEMM, ~1.6 ms in bf16 on an H100
-  const size_t gemm_bytes = size_t(n) * n * 2;
-  const int reps = 5;
-  struct Device {
-    cudaStream_t comm, compute;
-    cublasHandle_t handle;
-    void* send, *recv, *a, *b, *c;
-    cudaEvent_t start, compute_done, stop;
-  };
-  std::vector<Device> devs(ndev);
-  for (int d = 0; d < ndev; ++d) {
-    Device& v = devs[d];
-    check(cudaSetDevice(d), "cudaSetDevice");
-    check(cudaStreamCreateWithFlags(&v.comm, cudaStreamNonBlocking), "cudaStreamCreate");
-    check(cudaStreamCreateWithFlags(&v.compute, cudaStreamNonBlocking), "cudaStreamCreate");
-    check(cublasCreate(&v.handle), "cublasCreate");
-    check(cublasSetStream(v.handle, v.compute), "cublasSetStream");
-    for (void **p : {&v.send, &v.recv}) {
-      check(cudaMalloc(p, bytes), "cudaMalloc");
-      check(cudaMemset(*p, 0, bytes), "cudaMemset");
-    }
-    for (void **p : {&v.a, &v.b, &v.c}) {
-      check(cudaMalloc(p, gemm_bytes), "cudaMalloc");
-      check(cudaMemset(*p, 0, gemm_bytes), "cudaMemset");
-    }
-    for (cudaEvent_t* e : {&v.start, &v.compute_done, &v.stop}) check(cudaEventCreate(e), "cudaEventCreate");
-    check(cudaDeviceSynchronize(),
-          "cudaDeviceSynchronize");  // the memsets, which non-blocking streams
-                                     // skip
+// One device's streams, cuBLAS handle, buffers and events for probe_overlap.
+struct OverlapDevice {
+  cudaStream_t comm, compute;
+  cublasHandle_t handle;
+  void* send, *recv, *a, *b, *c;
+  cudaEvent_t start, compute_done, stop;
+};
+
+// Device d's streams, handle, zeroed buffers (`bytes` for the all-reduce, `gemm_bytes` per GEMM
+// operand) and events.
+OverlapDevice make_overlap_device(int d, size_t bytes, size_t gemm_bytes) {
+  OverlapDevice v;
+  check(cudaSetDevice(d), "cudaSetDevice");
+  check(cudaStreamCreateWithFlags(&v.comm, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cudaStreamCreateWithFlags(&v.compute, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cublasCreate(&v.handle), "cublasCreate");
+  check(cublasSetStream(v.handle, v.compute), "cublasSetStream");
+  for (void **p : {&v.send, &v.recv}) {
+    check(cudaMalloc(p, bytes), "cudaMalloc");
+    check(cudaMemset(*p, 0, bytes), "cudaMemset");
   }
-  const float alpha = 1, beta = 0;
-  auto gemm = [&](int d) {
+  for (void **p : {&v.a, &v.b, &v.c}) {
+    check(cudaMalloc(p, gemm_bytes), "cudaMalloc");
+    check(cudaMemset(*p, 0, gemm_bytes), "cudaMemset");
+  }
+  for (cudaEvent_t* e : {&v.start, &v.compute_done, &v.stop}) check(cudaEventCreate(e), "cudaEventCreate");
+  check(cudaDeviceSynchronize(),
+        "cudaDeviceSynchronize");  // the memsets, which non-blocking streams
+                                   // skip
+  return v;
+}
+
+void free_overlap_device(int d, OverlapDevice& v) {
+  cudaSetDevice(d);
+  for (cudaEvent_t e : {v.start, v.compute_done, v.stop}) cudaEventDestroy(e);
+  for (void* p : {v.send, v.recv, v.a, v.b, v.c}) cudaFree(p);
+  cublasDestroy(v.handle);
+  cudaStreamDestroy(v.comm);
+  cudaStreamDestroy(v.compute);
+}
+
+// The rounds probe_overlap times: an all-reduce of `count` bf16 values, a loop of `gemms` bf16
+// n^3 GEMMs, or both, on every device at once.
+struct OverlapRounds {
+  std::vector<OverlapDevice>& devs;
+  const std::vector<ncclComm_t>& comms;
+  size_t count;
+  long n;
+  int reps;
+  int gemms = 0;
+
+  void gemm(int d) const {
+    const float alpha = 1, beta = 0;
     check(cublasGemmEx(devs[d].handle, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(n), int(n), &alpha, devs[d].b, CUDA_R_16BF,
                        int(n), devs[d].a, CUDA_R_16BF, int(n), &beta, devs[d].c, CUDA_R_16BF, int(n),
                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
           "cublasGemmEx");
-  };
-  int gemms = 0;
+  }
+
   // One round: every compute stream starts at its comm stream's start event,
   // the comm stream waits for the compute stream's end; seconds start to stop
   // on the slowest device.
-  auto round_s = [&](bool collective, bool compute) {
+  double round_s(bool collective, bool compute) const {
+    const int ndev = int(devs.size());
     for (int d = 0; d < ndev; ++d) {
       check(cudaSetDevice(d), "cudaSetDevice");
       check(cudaEventRecord(devs[d].start, devs[d].comm), "cudaEventRecord");
@@ -581,37 +618,52 @@ json probe_overlap(const Options& o, int ndev, const std::vector<ncclComm_t>& co
       slowest_s = std::max(slowest_s, ms * 1e-3);
     }
     return slowest_s;
-  };
-  auto median_s = [&](bool collective, bool compute) {
+  }
+
+  // The median of `reps` rounds after a warm-up round.
+  double median_s(bool collective, bool compute) const {
     round_s(collective, compute);  // warm-up
     std::vector<double> t(reps);
     for (double& x : t) x = round_s(collective, compute);
     std::sort(t.begin(), t.end());
     return t[reps / 2];
-  };
-  const double collective_s = median_s(true, false);
+  }
+};
+
+// How much of an all-reduce hides under GEMMs running at the same time on every
+// GPU, as a gradient bucket's reduction runs under backward: the all-reduce
+// alone on a communication stream per device, a bf16 GEMM loop of about the
+// same length alone on a compute stream per device, then both at once. Each is
+// the slowest device's time, from a common start event to both streams done,
+// median of `reps` rounds after a warm-up round. fraction = (gemm + all-reduce
+// - both) / min(gemm, all-reduce), in [0, 1]: 1 = the all-reduce hid completely
+// under the GEMMs, 0 = they serialised (e.g. NCCL's kernels waited for SMs).
+json probe_overlap(const Options& o, int ndev, const std::vector<ncclComm_t>& comms) {
+  // 512 MiB of bf16 (--max-mib caps it): ~2 ms on 8 NVLink H100s at ~450 GB/s
+  // busbw, long beside the launch skew between devices.
+  const size_t bytes = std::min(size_t(512) << 20, size_t(o.max_mib * 1024 * 1024)) / 2 * 2;
+  const size_t count = bytes / 2;
+  const long n = 8192;  // square GEMM, ~1.6 ms in bf16 on an H100
+  const size_t gemm_bytes = size_t(n) * n * 2;
+  const int reps = 5;
+  std::vector<OverlapDevice> devs;
+  for (int d = 0; d < ndev; ++d) devs.push_back(make_overlap_device(d, bytes, gemm_bytes));
+  OverlapRounds rounds{devs, comms, count, n, reps};
+  const double collective_s = rounds.median_s(true, false);
   // Size the loop to the all-reduce from one GEMM's time on device 0.
   check(cudaSetDevice(0), "cudaSetDevice");
-  const double one_gemm_s = time_per_call_s([&] { gemm(0); }, o.iters, devs[0].compute);
-  gemms = std::max(1, int(std::lround(collective_s / one_gemm_s)));
-  const double gemm_s = median_s(false, true);
-  const double both_s = median_s(true, true);
+  const double one_gemm_s = time_per_call_s([&] { rounds.gemm(0); }, o.iters, devs[0].compute);
+  rounds.gemms = std::max(1, int(std::lround(collective_s / one_gemm_s)));
+  const double gemm_s = rounds.median_s(false, true);
+  const double both_s = rounds.median_s(true, true);
   const double fraction = std::clamp((gemm_s + collective_s - both_s) / std::min(gemm_s, collective_s), 0.0, 1.0);
-  for (int d = 0; d < ndev; ++d) {
-    Device& v = devs[d];
-    cudaSetDevice(d);
-    for (cudaEvent_t e : {v.start, v.compute_done, v.stop}) cudaEventDestroy(e);
-    for (void* p : {v.send, v.recv, v.a, v.b, v.c}) cudaFree(p);
-    cublasDestroy(v.handle);
-    cudaStreamDestroy(v.comm);
-    cudaStreamDestroy(v.compute);
-  }
+  for (int d = 0; d < ndev; ++d) free_overlap_device(d, devs[d]);
   check(cudaSetDevice(0), "cudaSetDevice");
   std::fprintf(stderr,
                "overlap of a %zu MiB bf16 all-reduce (%.2f ms) with %d bf16 "
                "%ld^3 GEMMs (%.2f ms): both %.2f ms, "
                "fraction %.2f\n",
-               bytes >> 20, collective_s * 1e3, gemms, n, gemm_s * 1e3, both_s * 1e3, fraction);
+               bytes >> 20, collective_s * 1e3, rounds.gemms, n, gemm_s * 1e3, both_s * 1e3, fraction);
   return {{"collective", "all_reduce"},   {"bytes", bytes},   {"gemm_s", gemm_s},
           {"collective_s", collective_s}, {"both_s", both_s}, {"fraction", fraction}};
 }
@@ -628,30 +680,103 @@ void write_result(const json& result, const std::string& path) {
   if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error("cannot write " + path);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Options o;
+// Reads the command line into `o`; throws std::invalid_argument naming a bad option.
+void parse_options(int argc, char** argv, Options& o) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
       if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
       return argv[++i];
     };
-    try {
-      if (a == "-o") o.output = value();
-      else if (a == "--nccl-prefix") o.nccl_prefix = value();
-      else if (a == "--iters") o.iters = std::stoi(value());
-      else if (a == "--max-mib") o.max_mib = std::stod(value());
-      else if (a == "--quick") o.quick = true;
-      else
-        throw std::invalid_argument("unknown option " + a +
-                                    "; valid: -o FILE, --nccl-prefix P, --iters N, --max-mib M, --quick");
-      if (o.iters < 1 || !(o.max_mib >= 1)) throw std::invalid_argument("--iters and --max-mib must be at least 1");
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "dplan-gpu-probe: error: %s\n", e.what());
-      return 2;
-    }
+    if (a == "-o") o.output = value();
+    else if (a == "--nccl-prefix") o.nccl_prefix = value();
+    else if (a == "--iters") o.iters = std::stoi(value());
+    else if (a == "--max-mib") o.max_mib = std::stod(value());
+    else if (a == "--quick") o.quick = true;
+    else
+      throw std::invalid_argument("unknown option " + a +
+                                  "; valid: -o FILE, --nccl-prefix P, --iters N, --max-mib M, --quick");
+    if (o.iters < 1 || !(o.max_mib >= 1)) throw std::invalid_argument("--iters and --max-mib must be at least 1");
+  }
+}
+
+// FP8: where the GPU has it; a failure here (no algorithm, a status) ends the FP8 part alone,
+// keeping the rows measured so far.
+void probe_fp8_part(const Options& o, const Shapes& shapes, const cudaDeviceProp& prop, json& result) {
+  if (prop.major * 10 + prop.minor < 89) {
+    std::fprintf(stderr, "dplan-gpu-probe: fp8 GEMMs skipped: compute capability %d.%d has no FP8 tensor cores "
+                         "(8.9 or later)\n", prop.major, prop.minor);
+    return;
+  }
+  const size_t before = result["gemm"].size();
+  try {
+    probe_fp8_gemms(o, shapes, result["gemm"]);
+  } catch (const std::exception& e) {
+    const size_t kept = result["gemm"].size() - before;
+    if (kept == 0) std::fprintf(stderr, "dplan-gpu-probe: fp8 GEMMs skipped: %s\n", e.what());
+    else std::fprintf(stderr, "dplan-gpu-probe: fp8 GEMMs stopped after %zu (kept): %s\n", kept, e.what());
+    // A failed call may leave an error behind; one the context cannot recover from fails the
+    // rest of the probe (and the file keeps what was measured).
+    cudaGetLastError();
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the fp8 GEMMs");
+  }
+}
+
+// With several devices: the collectives as nccl-tests files beside the result, and the overlap.
+void probe_nccl_part(const Options& o, int ndev, json& result) {
+  result["incomplete"] = "still measuring: NCCL collectives";
+  write_result(result, o.output);
+  std::vector<ncclComm_t> comms(ndev);
+  std::vector<int> devs(ndev);
+  for (int d = 0; d < ndev; ++d) devs[d] = d;
+  check(ncclCommInitAll(comms.data(), ndev, devs.data()), "ncclCommInitAll");
+  std::vector<cudaStream_t> streams(ndev);
+  for (int d = 0; d < ndev; ++d) {
+    check(cudaSetDevice(d), "cudaSetDevice");
+    check(cudaStreamCreate(&streams[d]), "cudaStreamCreate");
+  }
+  check(cudaSetDevice(0), "cudaSetDevice");
+  json files = json::array();
+  for (const char* test : {"all_reduce_perf", "all_gather_perf", "reduce_scatter_perf"}) {
+    probe_collective(o, test, ndev, comms, streams);
+    files.push_back(o.nccl_prefix + "-" + test + ".txt");
+  }
+  result["nccl_tests_files"] = files;
+  result["overlap"] = probe_overlap(o, ndev, comms);
+  for (auto& c : comms) ncclCommDestroy(c);
+}
+
+// Measures everything into `result`, writing it as it goes; `measured` turns true once it holds
+// the device and the GEMMs (worth writing on a failure).
+void probe_all(const Options& o, int ndev, json& result, bool& measured) {
+  check(cudaSetDevice(0), "cudaSetDevice");
+  cudaDeviceProp prop;
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  result = {{"format_version", 1}, {"generator", "dplan-gpu-probe"}, {"device", probe_device(prop, ndev)}};
+  if (o.quick) result["quick"] = true;
+  const Shapes shapes = probe_shapes(o.quick);
+  result["gemm"] = probe_gemms(o, shapes);
+  measured = true;
+  result["memory"] = probe_memory(o);
+  result["launch"] = probe_launch();
+  result["incomplete"] = "still measuring: fp8 GEMMs, NCCL collectives";
+  write_result(result, o.output);
+  probe_fp8_part(o, shapes, prop, result);
+  if (ndev > 1) probe_nccl_part(o, ndev, result);
+  result.erase("incomplete");
+  write_result(result, o.output);
+  std::fprintf(stderr, "wrote %s\n", o.output.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  try {
+    parse_options(argc, argv, o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dplan-gpu-probe: error: %s\n", e.what());
+    return 2;
   }
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -661,62 +786,7 @@ int main(int argc, char** argv) {
   json result;
   bool measured = false;  // result holds the device and the GEMMs: worth writing on a failure
   try {
-    check(cudaSetDevice(0), "cudaSetDevice");
-    cudaDeviceProp prop;
-    check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-    result = {{"format_version", 1}, {"generator", "dplan-gpu-probe"}, {"device", probe_device(prop, ndev)}};
-    if (o.quick) result["quick"] = true;
-    const Shapes shapes = probe_shapes(o.quick);
-    result["gemm"] = probe_gemms(o, shapes);
-    measured = true;
-    result["memory"] = probe_memory(o);
-    result["launch"] = probe_launch();
-    result["incomplete"] = "still measuring: fp8 GEMMs, NCCL collectives";
-    write_result(result, o.output);
-    // FP8: where the GPU has it; a failure here (no algorithm, a status) ends the FP8 part alone,
-    // keeping the rows measured so far.
-    if (prop.major * 10 + prop.minor < 89) {
-      std::fprintf(stderr, "dplan-gpu-probe: fp8 GEMMs skipped: compute capability %d.%d has no FP8 tensor cores "
-                           "(8.9 or later)\n", prop.major, prop.minor);
-    } else {
-      const size_t before = result["gemm"].size();
-      try {
-        probe_fp8_gemms(o, shapes, result["gemm"]);
-      } catch (const std::exception& e) {
-        const size_t kept = result["gemm"].size() - before;
-        if (kept == 0) std::fprintf(stderr, "dplan-gpu-probe: fp8 GEMMs skipped: %s\n", e.what());
-        else std::fprintf(stderr, "dplan-gpu-probe: fp8 GEMMs stopped after %zu (kept): %s\n", kept, e.what());
-        // A failed call may leave an error behind; one the context cannot recover from fails the
-        // rest of the probe (and the file keeps what was measured).
-        cudaGetLastError();
-        check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the fp8 GEMMs");
-      }
-    }
-    if (ndev > 1) {
-      result["incomplete"] = "still measuring: NCCL collectives";
-      write_result(result, o.output);
-      std::vector<ncclComm_t> comms(ndev);
-      std::vector<int> devs(ndev);
-      for (int d = 0; d < ndev; ++d) devs[d] = d;
-      check(ncclCommInitAll(comms.data(), ndev, devs.data()), "ncclCommInitAll");
-      std::vector<cudaStream_t> streams(ndev);
-      for (int d = 0; d < ndev; ++d) {
-        check(cudaSetDevice(d), "cudaSetDevice");
-        check(cudaStreamCreate(&streams[d]), "cudaStreamCreate");
-      }
-      check(cudaSetDevice(0), "cudaSetDevice");
-      json files = json::array();
-      for (const char* test : {"all_reduce_perf", "all_gather_perf", "reduce_scatter_perf"}) {
-        probe_collective(o, test, ndev, comms, streams);
-        files.push_back(o.nccl_prefix + "-" + test + ".txt");
-      }
-      result["nccl_tests_files"] = files;
-      result["overlap"] = probe_overlap(o, ndev, comms);
-      for (auto& c : comms) ncclCommDestroy(c);
-    }
-    result.erase("incomplete");
-    write_result(result, o.output);
-    std::fprintf(stderr, "wrote %s\n", o.output.c_str());
+    probe_all(o, ndev, result, measured);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dplan-gpu-probe: error: %s\n", e.what());

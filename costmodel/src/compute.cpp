@@ -139,198 +139,295 @@ double memory_time_s(const GpuSpec& gpu, double bytes) {
   return bytes / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_efficiency);
 }
 
-LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpec& t, const ParallelConfig& p) {
-  const Precision prec = t.precision;
-  const double B = activation_bytes(prec);
-  const double b = p.micro_batch, s_q = double(t.seq_len) / p.cp, s_kv = t.seq_len;
-  const double T = b * s_q;                                      // tokens on this GPU
-  const double tp = p.tp, h = m.hidden_size, d = m.head_dim;
-  const double q = m.q_dim() / tp, kv = m.kv_dim() / tp, f = m.ffn_hidden_size / tp;
-  const double heads = m.num_heads / tp;
-  const double sp = p.sequence_parallel ? tp : 1.0;             // element-wise work split by SP
-  const double gated = m.mlp == MlpKind::swiglu ? 2.0 : 1.0;
-  const bool flash = blockwise_attention(t, p);
-  // Causal flash attention skips the masked half of the score blocks (Dao 2023, FlashAttention-2).
-  const double causal = flash ? 0.5 : 1.0;
+namespace {
 
-  // GEMMs: forward, and backward's input and weight gradients (linear_times).
+// One GPU's share of a layer, per micro-batch: its tokens and its tensor-parallel slice of every
+// width. Widths are per rank (divided by tp) unless named otherwise.
+struct LayerShape {
+  Precision precision;
+  double bytes_per_activation;  // B: 2 (16-bit, FP8's activations included) or 4
+  double micro_batch;           // b, sequences
+  double seq_q;                 // queries on this GPU: seq / cp
+  double seq_kv;                // keys each query may attend: the whole sequence
+  double tokens;                // T = b * seq_q
+  double tp;
+  double hidden;                // h (not split)
+  double head_dim;              // d, the query/key head width
+  double q_width, kv_width;     // query and key (or value) widths of the rank's heads
+  double ffn_width;             // f / tp
+  double heads;                 // attention heads of the rank
+  double sp_split;              // element-wise work split by sequence parallel: tp, else 1
+  double gated;                 // 2 for SwiGLU's two up projections, else 1
+  bool flash;                   // blockwise attention (blockwise_attention)
+  double causal_fraction;       // of the score blocks computed
+  int cp;
+};
+
+LayerShape layer_shape(const ModelSpec& m, const TrainingSpec& t, const ParallelConfig& p) {
+  LayerShape s;
+  s.precision = t.precision;
+  s.bytes_per_activation = activation_bytes(t.precision);
+  s.micro_batch = p.micro_batch;
+  s.seq_q = double(t.seq_len) / p.cp;
+  s.seq_kv = t.seq_len;
+  s.tokens = s.micro_batch * s.seq_q;
+  s.tp = p.tp;
+  s.hidden = m.hidden_size;
+  s.head_dim = m.head_dim;
+  s.q_width = m.q_dim() / s.tp;
+  s.kv_width = m.kv_dim() / s.tp;
+  s.ffn_width = m.ffn_hidden_size / s.tp;
+  s.heads = m.num_heads / s.tp;
+  s.sp_split = p.sequence_parallel ? s.tp : 1.0;
+  s.gated = m.mlp == MlpKind::swiglu ? 2.0 : 1.0;
+  s.flash = blockwise_attention(t, p);
+  // Causal flash attention skips the masked half of the score blocks (Dao 2023, FlashAttention-2).
+  s.causal_fraction = s.flash ? 0.5 : 1.0;
+  s.cp = p.cp;
+  return s;
+}
+
+void add(LinearTimes& sum, const LinearTimes& x, double times = 1.0) {
+  sum.forward_s += times * x.forward_s;
+  sum.backward_s += times * x.backward_s;
+}
+
+// The q, k and v projections' GEMMs: forward, and backward's input and weight gradients (linear_times).
+LinearTimes qkv_projection_times(const ModelSpec& m, const GpuSpec& gpu, const LayerShape& s) {
+  const Precision prec = s.precision;
+  const double T = s.tokens, h = s.hidden;
+  if (!m.is_mla()) return linear_times(gpu, prec, T, s.q_width + 2 * s.kv_width, h);
+  // MLA (layer_params): the down projections are replicated over tp and run on the
+  // sequence-parallel shard of the tokens (Megatron-Core multi_latent_attention.py: "kv_compressed
+  // [s / TP, b, kv_lora_rank]", then gather_from_sequence_parallel_region); the up projections
+  // are column-parallel over all T tokens.
+  const double rq = m.q_lora_rank, rkv = m.kv_lora_rank, rope = m.qk_rope_head_dim;
+  const double nope = m.head_dim - rope, v_head = double(m.attn_out_dim()) / m.num_heads;
   LinearTimes qkv;
-  auto add = [](LinearTimes& sum, const LinearTimes& x, double times = 1.0) {
-    sum.forward_s += times * x.forward_s;
-    sum.backward_s += times * x.backward_s;
-  };
-  if (m.is_mla()) {
-    // MLA (layer_params): the down projections are replicated over tp and run on the
-    // sequence-parallel shard of the tokens (Megatron-Core multi_latent_attention.py: "kv_compressed
-    // [s / TP, b, kv_lora_rank]", then gather_from_sequence_parallel_region); the up projections
-    // are column-parallel over all T tokens.
-    const double rq = m.q_lora_rank, rkv = m.kv_lora_rank, rope = m.qk_rope_head_dim;
-    const double nope = m.head_dim - rope, v_head = double(m.attn_out_dim()) / m.num_heads;
-    if (rq > 0) {
-      add(qkv, linear_times(gpu, prec, T / sp, rq, h));
-      add(qkv, linear_times(gpu, prec, T, q, rq));
-    } else {
-      add(qkv, linear_times(gpu, prec, T, q, h));
-    }
-    add(qkv, linear_times(gpu, prec, T / sp, rkv + rope, h));
-    add(qkv, linear_times(gpu, prec, T, heads * (nope + v_head), rkv));
+  if (rq > 0) {
+    add(qkv, linear_times(gpu, prec, T / s.sp_split, rq, h));
+    add(qkv, linear_times(gpu, prec, T, s.q_width, rq));
   } else {
-    qkv = linear_times(gpu, prec, T, q + 2 * kv, h);
+    add(qkv, linear_times(gpu, prec, T, s.q_width, h));
   }
-  // Attention core: scores over the query/key head width d, PV over the value head width.
-  const double d_v = double(m.attn_out_dim()) / m.num_heads;
+  add(qkv, linear_times(gpu, prec, T / s.sp_split, rkv + rope, h));
+  add(qkv, linear_times(gpu, prec, T, s.heads * (nope + v_head), rkv));
+  return qkv;
+}
+
+struct CoreTimes {
+  double forward_s = 0, backward_s = 0;
+};
+
+// The attention core of a layer whose queries attend to `keys` keys each: scores over the
+// query/key head width d, PV over the value head width.
+CoreTimes attention_core_times(const ModelSpec& m, const GpuSpec& gpu, const LayerShape& s, double keys) {
+  const double d = s.head_dim, d_v = double(m.attn_out_dim()) / m.num_heads;
+  const double s_q = s.seq_q, b = s.micro_batch, heads = s.heads, causal = s.causal_fraction;
   // FP8 training (Transformer Engine's recipe) runs the linear layers' GEMMs in FP8 but leaves the
   // attention core in 16 bits (TE's DotProductAttention; FP8 attention is a separate opt-in,
   // NVTE_FP8_DPA), so the core is priced at the 16-bit rate.
-  const Precision core_prec = prec == Precision::fp8 ? Precision::bf16 : prec;
-  auto core_times = [&](double keys) -> std::pair<double, double> {
-    double fwd_s = gemm_time_s(gpu, core_prec, s_q, keys * causal, d, b * heads, GemmOp::batched) +
-                   gemm_time_s(gpu, core_prec, s_q, d_v, keys * causal, b * heads, GemmOp::batched);
-    // Flash attention's backward does 2.5x the forward's matmul work (recomputes the scores: Dao
-    // 2023); unfused attention's backward is 2x like every GEMM. Where the profile measured the
-    // framework's own flash-attention kernel, its times replace both; else where it gives the
-    // fused kernel's achieved fraction of the 16-bit peak (GpuSpec::attention_*_efficiency: the
-    // softmax between the two matmuls keeps flash attention well under GEMM efficiency, Shah et
-    // al. 2024, FlashAttention-3), that prices it.
-    double bwd_s = (flash ? 2.5 : 2.0) * fwd_s;
-    if (flash) {
-      const double flops = 2 * s_q * keys * d * b * heads;  // QK^T, unmasked
-      const double fwd = measured_gemm_flops_per_s(gpu, core_prec, s_q, keys, d, b * heads, GemmOp::attention_forward);
-      const double bwd = measured_gemm_flops_per_s(gpu, core_prec, s_q, keys, d, b * heads, GemmOp::attention_backward);
-      if (fwd > 0 && bwd > 0) {
-        fwd_s = flops / (fwd * gpu.sustained_fraction);
-        bwd_s = flops / (bwd * gpu.sustained_fraction);
-      } else if (gpu.attention_forward_efficiency > 0) {
-        // Forward: QK^T (d wide) and PV (d_v wide), the causal half; backward 2.5x that.
-        // A context-parallel ring runs cp calls of seq / cp keys each (Megatron-Core / TE's p2p
-        // context parallel, Liu et al. 2023), so each call sees keys / cp.
-        const double work = flops * (1 + d_v / d) * causal;
-        const double call_keys = keys / p.cp;
-        const double peak = peak_flops_per_s(gpu, core_prec) * gpu.sustained_fraction * call_keys /
-                            (call_keys + gpu.attention_half_keys);
-        fwd_s = work / (peak * gpu.attention_forward_efficiency) + gpu.kernel_overhead_s;
-        bwd_s = 2.5 * work / (peak * gpu.attention_backward_efficiency) + gpu.kernel_overhead_s;
-      }
-    }
-    return {fwd_s, bwd_s};
-  };
-  // Sliding-window layers attend to their window only (layer_forward_flops' mean_attended_keys
-  // derivation); the core is the layer-weighted mean of the windowed and the full one.
-  auto [core, core_backward] = core_times(s_kv);
-  if (has_window(m, t.seq_len)) {
-    const double share = sliding_share(m);
-    auto [wf, wb] = core_times(windowed_keys(m, t.seq_len));
-    core = (1 - share) * core + share * wf;
-    core_backward = (1 - share) * core_backward + share * wb;
+  const Precision core_prec = s.precision == Precision::fp8 ? Precision::bf16 : s.precision;
+  double fwd_s = gemm_time_s(gpu, core_prec, s_q, keys * causal, d, b * heads, GemmOp::batched) +
+                 gemm_time_s(gpu, core_prec, s_q, d_v, keys * causal, b * heads, GemmOp::batched);
+  // Flash attention's backward does 2.5x the forward's matmul work (recomputes the scores: Dao
+  // 2023); unfused attention's backward is 2x like every GEMM. Where the profile measured the
+  // framework's own flash-attention kernel, its times replace both; else where it gives the
+  // fused kernel's achieved fraction of the 16-bit peak (GpuSpec::attention_*_efficiency: the
+  // softmax between the two matmuls keeps flash attention well under GEMM efficiency, Shah et
+  // al. 2024, FlashAttention-3), that prices it.
+  double bwd_s = (s.flash ? 2.5 : 2.0) * fwd_s;
+  if (!s.flash) return {fwd_s, bwd_s};
+  const double flops = 2 * s_q * keys * d * b * heads;  // QK^T, unmasked
+  const double fwd = measured_gemm_flops_per_s(gpu, core_prec, s_q, keys, d, b * heads, GemmOp::attention_forward);
+  const double bwd = measured_gemm_flops_per_s(gpu, core_prec, s_q, keys, d, b * heads, GemmOp::attention_backward);
+  if (fwd > 0 && bwd > 0) {
+    fwd_s = flops / (fwd * gpu.sustained_fraction);
+    bwd_s = flops / (bwd * gpu.sustained_fraction);
+  } else if (gpu.attention_forward_efficiency > 0) {
+    // Forward: QK^T (d wide) and PV (d_v wide), the causal half; backward 2.5x that.
+    // A context-parallel ring runs cp calls of seq / cp keys each (Megatron-Core / TE's p2p
+    // context parallel, Liu et al. 2023), so each call sees keys / cp.
+    const double work = flops * (1 + d_v / d) * causal;
+    const double call_keys = keys / s.cp;
+    const double peak = peak_flops_per_s(gpu, core_prec) * gpu.sustained_fraction * call_keys /
+                        (call_keys + gpu.attention_half_keys);
+    fwd_s = work / (peak * gpu.attention_forward_efficiency) + gpu.kernel_overhead_s;
+    bwd_s = 2.5 * work / (peak * gpu.attention_backward_efficiency) + gpu.kernel_overhead_s;
   }
-  const LinearTimes out = linear_times(gpu, prec, T, h, m.attn_out_dim() / tp);
-  LinearTimes mlp;
-  // MoE (Megatron-Core with parallel folding and the alltoall dispatcher; time_phases.cpp prices
-  // its communication): a rank enters the layer with T/tp tokens (sequence-parallel split), routes
-  // them (router GEMM T/tp x E x h, then fp32 softmax and top-k over the T/tp x E logits), permutes
-  // its k copies of each token into expert order, and after the all-to-all over ep and the
-  // all-gather over etp holds etp*(T/tp)*k tokens for its E/ep local experts, each expert's FFN
-  // split over etp: T*k*etp*ep/(tp*E) tokens per expert under balanced routing (the load-balancing
-  // aux loss keeps routing near balanced; the imbalance left is not priced). The local experts run
-  // as one grouped GEMM (Megatron's --moe-grouped-gemm, TE GroupedLinear): priced as a batched GEMM
-  // of E/ep problems, so one launch and wave quantization over all experts' tiles instead of E/ep
-  // sequential small GEMMs.
-  const double moe_tokens_in = T / tp;  // tokens a rank brings to the MoE layer
-  const double moe_tokens = moe_tokens_in * m.experts_per_token * p.expert_tp();  // tokens its experts see
-  if (m.is_moe()) {
-    const double experts_local = double(m.num_experts) / p.ep;
-    const double tokens_per_expert = moe_tokens / experts_local;
-    const double fe = double(m.ffn_hidden_size) / p.expert_tp();  // expert FFN columns per rank
-    add(mlp, linear_times(gpu, prec, tokens_per_expert, gated * fe, h, experts_local));
-    add(mlp, linear_times(gpu, prec, tokens_per_expert, h, fe, experts_local));
-    add(mlp, linear_times(gpu, prec, moe_tokens_in, m.num_experts, h));  // router
-    // Shared experts: a dense MLP over all T tokens, split over tp like any MLP.
-    if (m.shared_expert_ffn_size > 0) {
-      const double fs = m.shared_expert_ffn_size / tp;
-      add(mlp, linear_times(gpu, prec, T, gated * fs, h));
-      add(mlp, linear_times(gpu, prec, T, h, fs));
-    }
-    // Dense layers of an MoE model: the mean layer weights the MoE and the dense MLP by count.
-    if (m.num_dense_layers > 0) {
-      const double moe = m.moe_layer_fraction(), fd = m.dense_ffn_hidden_size / tp;
-      LinearTimes dense;
-      add(dense, linear_times(gpu, prec, T, gated * fd, h));
-      add(dense, linear_times(gpu, prec, T, h, fd));
-      LinearTimes mean;
-      add(mean, mlp, moe);
-      add(mean, dense, 1 - moe);
-      mlp = mean;
-    }
-  } else {
-    add(mlp, linear_times(gpu, prec, T, gated * f, h));
-    add(mlp, linear_times(gpu, prec, T, h, f));
-  }
+  return {fwd_s, bwd_s};
+}
 
-  // Forward element-wise traffic (bytes): two norms (read x, write y), two residual adds with
-  // dropout (read 2, write 1, 1-byte mask), rotary on q and k, the MLP activation, and with
-  // standard attention the fused scale-mask-softmax (read + write) and attention dropout.
-  double elementwise = 2 * (2 * T * h * B) / sp;
-  elementwise += 2 * (3 * T * h * B + (m.hidden_dropout > 0 ? T * h : 0)) / sp;
-  if (m.position == PositionKind::rotary) elementwise += 2 * T * (q + kv) * B;
-  // The MLP activation: on T tokens x f/tp columns; an MoE rank's on its experts' tokens x f/etp,
-  // plus its shared experts on T x f_shared/tp; dense layers of an MoE model at their width (the
-  // mean layer).
-  if (m.is_moe()) {
+// Sliding-window layers attend to their window only (layer_forward_flops' mean_attended_keys
+// derivation); the core is the layer-weighted mean of the windowed and the full one.
+CoreTimes mean_attention_core_times(const ModelSpec& m, const GpuSpec& gpu, const LayerShape& s, int seq_len) {
+  CoreTimes core = attention_core_times(m, gpu, s, s.seq_kv);
+  if (has_window(m, seq_len)) {
+    const double share = sliding_share(m);
+    const CoreTimes windowed = attention_core_times(m, gpu, s, windowed_keys(m, seq_len));
+    core.forward_s = (1 - share) * core.forward_s + share * windowed.forward_s;
+    core.backward_s = (1 - share) * core.backward_s + share * windowed.backward_s;
+  }
+  return core;
+}
+
+// A dense MLP's up (two with SwiGLU) and down projections over `tokens` tokens, `ffn_width`
+// columns on this rank.
+LinearTimes dense_mlp_times(const GpuSpec& gpu, const LayerShape& s, double tokens, double ffn_width) {
+  LinearTimes mlp;
+  add(mlp, linear_times(gpu, s.precision, tokens, s.gated * ffn_width, s.hidden));
+  add(mlp, linear_times(gpu, s.precision, tokens, s.hidden, ffn_width));
+  return mlp;
+}
+
+// Tokens a rank brings to an MoE layer (the sequence-parallel split, T / tp), and the tokens its
+// experts see after the all-to-all over ep and the all-gather over etp: etp * (T / tp) * k.
+double moe_tokens_in(const LayerShape& s) { return s.tokens / s.tp; }
+double moe_expert_tokens(const ModelSpec& m, const LayerShape& s, const ParallelConfig& p) {
+  return moe_tokens_in(s) * m.experts_per_token * p.expert_tp();
+}
+
+// MoE (Megatron-Core with parallel folding and the alltoall dispatcher; time_phases.cpp prices
+// its communication): a rank enters the layer with T/tp tokens (sequence-parallel split), routes
+// them (router GEMM T/tp x E x h, then fp32 softmax and top-k over the T/tp x E logits), permutes
+// its k copies of each token into expert order, and after the all-to-all over ep and the
+// all-gather over etp holds etp*(T/tp)*k tokens for its E/ep local experts, each expert's FFN
+// split over etp: T*k*etp*ep/(tp*E) tokens per expert under balanced routing (the load-balancing
+// aux loss keeps routing near balanced; the imbalance left is not priced). The local experts run
+// as one grouped GEMM (Megatron's --moe-grouped-gemm, TE GroupedLinear): priced as a batched GEMM
+// of E/ep problems, so one launch and wave quantization over all experts' tiles instead of E/ep
+// sequential small GEMMs.
+LinearTimes moe_mlp_times(const ModelSpec& m, const GpuSpec& gpu, const LayerShape& s, const ParallelConfig& p) {
+  const Precision prec = s.precision;
+  const double h = s.hidden;
+  const double experts_local = double(m.num_experts) / p.ep;
+  const double tokens_per_expert = moe_expert_tokens(m, s, p) / experts_local;
+  const double fe = double(m.ffn_hidden_size) / p.expert_tp();  // expert FFN columns per rank
+  LinearTimes mlp;
+  add(mlp, linear_times(gpu, prec, tokens_per_expert, s.gated * fe, h, experts_local));
+  add(mlp, linear_times(gpu, prec, tokens_per_expert, h, fe, experts_local));
+  add(mlp, linear_times(gpu, prec, moe_tokens_in(s), m.num_experts, h));  // router
+  // Shared experts: a dense MLP over all T tokens, split over tp like any MLP.
+  if (m.shared_expert_ffn_size > 0) {
+    const double fs = m.shared_expert_ffn_size / s.tp;
+    add(mlp, linear_times(gpu, prec, s.tokens, s.gated * fs, h));
+    add(mlp, linear_times(gpu, prec, s.tokens, h, fs));
+  }
+  // Dense layers of an MoE model: the mean layer weights the MoE and the dense MLP by count.
+  if (m.num_dense_layers > 0) {
     const double moe = m.moe_layer_fraction();
-    elementwise += (moe * (moe_tokens * m.ffn_hidden_size / p.expert_tp() + T * m.shared_expert_ffn_size / tp) +
-                    (1 - moe) * T * m.dense_ffn_hidden_size / tp) *
-                   B * (gated + 1);
-  } else {
-    elementwise += T * f * B * (gated + 1);
+    const LinearTimes dense = dense_mlp_times(gpu, s, s.tokens, m.dense_ffn_hidden_size / s.tp);
+    LinearTimes mean;
+    add(mean, mlp, moe);
+    add(mean, dense, 1 - moe);
+    mlp = mean;
   }
-  double attention_elementwise = 0;
-  if (!flash) {
-    double scores = b * heads * s_q * s_kv;  // eager attention materialises every score, windowed or not
-    attention_elementwise = 2 * scores * B + (m.attention_dropout > 0 ? 2 * scores * B + scores : 0);
-  }
+  return mlp;
+}
+
+// Forward element-wise traffic of the norms and residuals (bytes): two norms (read x, write y),
+// two residual adds with dropout (read 2, write 1, 1-byte mask); sequence parallel splits both.
+double norm_residual_bytes(const ModelSpec& m, const LayerShape& s) {
+  const double T = s.tokens, h = s.hidden, B = s.bytes_per_activation;
+  return 2 * (2 * T * h * B) / s.sp_split + 2 * (3 * T * h * B + (m.hidden_dropout > 0 ? T * h : 0)) / s.sp_split;
+}
+
+// Rotary embedding on q and k (read + write), bytes.
+double rotary_bytes(const ModelSpec& m, const LayerShape& s) {
+  return m.position == PositionKind::rotary ? 2 * s.tokens * (s.q_width + s.kv_width) * s.bytes_per_activation : 0;
+}
+
+// The MLP activation (read the up projections, write the product), bytes: on T tokens x f/tp
+// columns; an MoE rank's on its experts' tokens x f/etp, plus its shared experts on T x
+// f_shared/tp; dense layers of an MoE model at their width (the mean layer).
+double mlp_activation_bytes(const ModelSpec& m, const LayerShape& s, const ParallelConfig& p) {
+  const double T = s.tokens, tp = s.tp, B = s.bytes_per_activation;
+  if (!m.is_moe()) return T * s.ffn_width * B * (s.gated + 1);
+  const double moe = m.moe_layer_fraction();
+  return (moe * (moe_expert_tokens(m, s, p) * m.ffn_hidden_size / p.expert_tp() +
+                 T * m.shared_expert_ffn_size / tp) +
+          (1 - moe) * T * m.dense_ffn_hidden_size / tp) *
+         B * (s.gated + 1);
+}
+
+// With standard attention, the fused scale-mask-softmax (read + write) and attention dropout, bytes.
+double unfused_attention_bytes(const ModelSpec& m, const LayerShape& s) {
+  if (s.flash) return 0;
+  const double B = s.bytes_per_activation;
+  // Eager attention materialises every score, windowed or not.
+  const double scores = s.micro_batch * s.heads * s.seq_q * s.seq_kv;
+  return 2 * scores * B + (m.attention_dropout > 0 ? 2 * scores * B + scores : 0);
+}
+
+// MoE's memory-bound kernels per mean layer (the dense layers of an MoE model route nothing).
+// Permute: gather the k copies of each token into expert order (read and write (T/tp)*k*h);
+// un-permute: read them back, weight by the routing probabilities and sum into T/tp tokens;
+// with etp > 1 the gathered tokens are re-sorted by expert once more each way
+// (sort_chunks_by_idxs). Router: fp32 logits written by the GEMM, read by softmax and top-k,
+// probabilities written (3 passes of 4 bytes over T/tp x E). Added to `bytes` term by term.
+void add_moe_dispatch_bytes(double& bytes, const ModelSpec& m, const LayerShape& s, const ParallelConfig& p) {
+  const double k = m.experts_per_token, etp = p.expert_tp(), moe = m.moe_layer_fraction();
+  const double h = s.hidden, B = s.bytes_per_activation;
+  bytes += moe * (2 * k + (k + 1)) * moe_tokens_in(s) * h * B;
+  if (etp > 1) bytes += moe * 2 * 2 * moe_expert_tokens(m, s, p) * h * B;
+  bytes += moe * 3 * 4.0 * moe_tokens_in(s) * m.num_experts;
+}
+
+// The layer's element-wise kernels outside the attention core, forward: their HBM time and one
+// launch each (8, and 6 more per MoE layer: softmax, top-k, permute, un-permute, aux loss, and the
+// probabilities' scatter).
+double elementwise_forward_s(const ModelSpec& m, const GpuSpec& gpu, const LayerShape& s, const ParallelConfig& p) {
+  double bytes = norm_residual_bytes(m, s);
+  bytes += rotary_bytes(m, s);
+  bytes += mlp_activation_bytes(m, s, p);
   double moe_kernels = 0;
   if (m.is_moe()) {
-    // Permute: gather the k copies of each token into expert order (read and write (T/tp)*k*h);
-    // un-permute: read them back, weight by the routing probabilities and sum into T/tp tokens;
-    // with etp > 1 the gathered tokens are re-sorted by expert once more each way
-    // (sort_chunks_by_idxs). Router: fp32 logits written by the GEMM, read by softmax and top-k,
-    // probabilities written (3 passes of 4 bytes over T/tp x E).
-    // Per mean layer: the dense layers of an MoE model route nothing.
-    const double k = m.experts_per_token, etp = p.expert_tp(), moe = m.moe_layer_fraction();
-    elementwise += moe * (2 * k + (k + 1)) * moe_tokens_in * h * B;
-    if (etp > 1) elementwise += moe * 2 * 2 * moe_tokens * h * B;
-    elementwise += moe * 3 * 4.0 * moe_tokens_in * m.num_experts;
-    moe_kernels = 6 * moe;  // softmax, top-k, permute, un-permute, aux loss, and the probabilities' scatter
+    add_moe_dispatch_bytes(bytes, m, s, p);
+    moe_kernels = 6 * m.moe_layer_fraction();
   }
-  double elementwise_s = memory_time_s(gpu, elementwise) + (8 + moe_kernels) * gpu.kernel_overhead_s;
-  double attention_elementwise_s = memory_time_s(gpu, attention_elementwise);
-  // FP8 (Transformer Engine): before each of the four linear layers' GEMMs its input is cast to
-  // FP8 together with the transpose the weight-gradient GEMM needs (read 2 bytes, write 1 + 1; TE's
-  // fused cast-transpose, which also records the amax), and in backward each output gradient
-  // likewise. With sequence parallel the h-wide inputs are cast before the all-gather (1/tp of the
-  // tokens). One kernel per cast.
-  double fp8_cast_forward_s = 0, fp8_cast_backward_s = 0;
-  if (prec == Precision::fp8) {
-    constexpr double kCastBytes = 2 + 1 + 1;
-    fp8_cast_forward_s = memory_time_s(gpu, kCastBytes * T * (2 * h / sp + m.attn_out_dim() / tp + f)) +
-                         4 * gpu.kernel_overhead_s;
-    fp8_cast_backward_s =
-        memory_time_s(gpu, kCastBytes * T * ((q + 2 * kv) + 2 * h / sp + gated * f)) + 4 * gpu.kernel_overhead_s;
-  }
+  return memory_time_s(gpu, bytes) + (8 + moe_kernels) * gpu.kernel_overhead_s;
+}
+
+// FP8 (Transformer Engine): before each of the four linear layers' GEMMs its input is cast to
+// FP8 together with the transpose the weight-gradient GEMM needs (read 2 bytes, write 1 + 1; TE's
+// fused cast-transpose, which also records the amax), and in backward each output gradient
+// likewise. With sequence parallel the h-wide inputs are cast before the all-gather (1/tp of the
+// tokens). One kernel per cast.
+CoreTimes fp8_cast_times(const ModelSpec& m, const GpuSpec& gpu, const LayerShape& s) {
+  if (s.precision != Precision::fp8) return {};
+  constexpr double kCastBytes = 2 + 1 + 1;
+  const double T = s.tokens, h = s.hidden, sp = s.sp_split, f = s.ffn_width;
+  return {memory_time_s(gpu, kCastBytes * T * (2 * h / sp + m.attn_out_dim() / s.tp + f)) +
+              4 * gpu.kernel_overhead_s,
+          memory_time_s(gpu, kCastBytes * T * ((s.q_width + 2 * s.kv_width) + 2 * h / sp + s.gated * f)) +
+              4 * gpu.kernel_overhead_s};
+}
+
+}  // namespace
+
+LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpec& t, const ParallelConfig& p) {
+  const LayerShape s = layer_shape(m, t, p);
+  const LinearTimes qkv = qkv_projection_times(m, gpu, s);
+  const CoreTimes core = mean_attention_core_times(m, gpu, s, t.seq_len);
+  const LinearTimes out = linear_times(gpu, s.precision, s.tokens, s.hidden, m.attn_out_dim() / s.tp);
+  const LinearTimes mlp = m.is_moe() ? moe_mlp_times(m, gpu, s, p) : dense_mlp_times(gpu, s, s.tokens, s.ffn_width);
+  const double elementwise_s = elementwise_forward_s(m, gpu, s, p);
+  const double attention_elementwise_s = memory_time_s(gpu, unfused_attention_bytes(m, s));
+  const CoreTimes fp8_cast = fp8_cast_times(m, gpu, s);
 
   LayerTimes x;
-  x.gemm_forward_s = qkv.forward_s + core + out.forward_s + mlp.forward_s;
-  x.gemm_backward_s = qkv.backward_s + out.backward_s + mlp.backward_s + core_backward;
-  x.attention_core_s = core + attention_elementwise_s;
-  x.forward_s = x.gemm_forward_s + elementwise_s + attention_elementwise_s + fp8_cast_forward_s;
-  x.backward_s = x.gemm_backward_s + 2 * (elementwise_s + attention_elementwise_s) + fp8_cast_backward_s;
+  x.gemm_forward_s = qkv.forward_s + core.forward_s + out.forward_s + mlp.forward_s;
+  x.gemm_backward_s = qkv.backward_s + out.backward_s + mlp.backward_s + core.backward_s;
+  x.attention_core_s = core.forward_s + attention_elementwise_s;
+  x.forward_s = x.gemm_forward_s + elementwise_s + attention_elementwise_s + fp8_cast.forward_s;
+  x.backward_s = x.gemm_backward_s + 2 * (elementwise_s + attention_elementwise_s) + fp8_cast.backward_s;
   switch (p.recompute) {
     case Recompute::full: x.recompute_s = x.forward_s; break;
     case Recompute::selective: x.recompute_s = x.attention_core_s; break;
     case Recompute::none: break;
   }
-  LayerFlops fl = layer_forward_flops(m, T, s_kv);
-  x.forward_flops = (fl.total() - fl.attention * (1 - causal)) / tp;
+  LayerFlops fl = layer_forward_flops(m, s.tokens, s.seq_kv);
+  x.forward_flops = (fl.total() - fl.attention * (1 - s.causal_fraction)) / s.tp;
   return x;
 }
 

@@ -357,8 +357,16 @@ double num_active_params(const ModelSpec& m) {
   return total - double(m.num_moe_layers()) * (m.num_experts - m.experts_per_token) * per_expert;
 }
 
-void validate(const ModelSpec& m, const std::string& where) {
-  auto bad = [&](const std::string& what) { throw InputError(where + ": " + what); };
+namespace {
+
+// Throws InputError for the model read from `where`.
+struct BadModel {
+  const std::string& where;
+  [[noreturn]] void operator()(const std::string& what) const { throw InputError(where + ": " + what); }
+};
+
+// Sizes positive and within bounds; heads a multiple of key/value heads.
+void validate_shape(const ModelSpec& m, const BadModel& bad) {
   if (m.num_layers < 1 || m.hidden_size < 1 || m.num_heads < 1 || m.num_kv_heads < 1 ||
       m.ffn_hidden_size < 1 || m.vocab_size < 1 || m.max_seq_len < 1 || m.head_dim < 1)
     bad("layers, hidden size, heads, kv heads, head dim, ffn size, vocab and max positions must be positive");
@@ -368,11 +376,17 @@ void validate(const ModelSpec& m, const std::string& where) {
   if (m.num_heads % m.num_kv_heads != 0)
     bad("num_attention_heads (" + std::to_string(m.num_heads) + ") must be a multiple of num_key_value_heads (" +
         std::to_string(m.num_kv_heads) + ")");
+}
+
+// Each token routed to 1 to num_experts experts.
+void validate_routing(const ModelSpec& m, const BadModel& bad) {
   if (m.is_moe() && (m.experts_per_token < 1 || m.experts_per_token > m.num_experts))
     bad("num_experts_per_tok (" + std::to_string(m.experts_per_token) + ") must be between 1 and num_local_experts (" +
         std::to_string(m.num_experts) + ")");
-  if (std::find(kActivations.begin(), kActivations.end(), m.activation) == kActivations.end())
-    bad("unknown activation \"" + m.activation + "\"; valid: " + join_choices(kActivations));
+}
+
+// Dense layers of an MoE model, and its dense and shared-expert MLP sizes.
+void validate_layer_mix(const ModelSpec& m, const BadModel& bad) {
   const std::string layers = std::to_string(m.num_layers);
   if (m.num_dense_layers < 0 || m.num_dense_layers > m.num_layers)
     bad("the number of dense layers (" + std::to_string(m.num_dense_layers) + ") must be from 0 to the " + layers +
@@ -388,6 +402,10 @@ void validate(const ModelSpec& m, const std::string& where) {
   if (!m.is_moe() && (m.shared_expert_ffn_size > 0 || m.shared_expert_gate || m.router_bias))
     bad("shared experts and router biases need experts (num_experts > 0)");
   if (m.shared_expert_gate && m.shared_expert_ffn_size == 0) bad("a shared-expert gate needs a shared expert");
+}
+
+// Multi-head latent attention's ranks and head widths, and only with latent attention.
+void validate_latent_attention(const ModelSpec& m, const BadModel& bad) {
   if (m.q_lora_rank < 0 || m.kv_lora_rank < 0 || m.qk_rope_head_dim < 0 || m.v_head_dim < 0 ||
       m.q_lora_rank > kMaxWidth || m.kv_lora_rank > kMaxWidth || m.v_head_dim > kMaxWidth)
     bad("q_lora_rank, kv_lora_rank, qk_rope_head_dim and v_head_dim must be from 0 to " + std::to_string(kMaxWidth));
@@ -402,12 +420,30 @@ void validate(const ModelSpec& m, const std::string& where) {
   }
   if (static_cast<long long>(m.num_heads) * (m.v_head_dim > 0 ? m.v_head_dim : m.head_dim) > kMaxWidth)
     bad("num_attention_heads x v_head_dim must be at most " + std::to_string(kMaxWidth));
+}
+
+// Sliding-window layers: a window, and at most every layer.
+void validate_sliding_window(const ModelSpec& m, const BadModel& bad) {
+  const std::string layers = std::to_string(m.num_layers);
   if (m.sliding_window < 0 || m.sliding_window > kMaxTokens)
     bad("the sliding window must be from 0 to " + std::to_string(kMaxTokens) + " tokens");
   if (m.num_sliding_layers < 0 || m.num_sliding_layers > m.num_layers)
     bad("the number of sliding-window layers (" + std::to_string(m.num_sliding_layers) + ") must be from 0 to the " +
         layers + " layers");
   if (m.num_sliding_layers > 0 && m.sliding_window == 0) bad("sliding-window layers need a window (sliding_window > 0)");
+}
+
+}  // namespace
+
+void validate(const ModelSpec& m, const std::string& where) {
+  const BadModel bad{where};
+  validate_shape(m, bad);
+  validate_routing(m, bad);
+  if (std::find(kActivations.begin(), kActivations.end(), m.activation) == kActivations.end())
+    bad("unknown activation \"" + m.activation + "\"; valid: " + join_choices(kActivations));
+  validate_layer_mix(m, bad);
+  validate_latent_attention(m, bad);
+  validate_sliding_window(m, bad);
 }
 
 ModelSpec model_from_hf_config(const json& config, const std::string& file, const std::string& name) {

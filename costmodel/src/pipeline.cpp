@@ -44,72 +44,121 @@ std::vector<PipelineOp> pipeline_order(Schedule schedule, int stage, int stages,
 
 namespace {
 
-// Every operation of the step, in order.
-PipelineTimeline play_all(const std::vector<PipelineStage>& stages, int microbatches, Schedule schedule, int chunks,
-                          const std::function<double(int)>& speed) {
-  const int p = static_cast<int>(stages.size());
-  std::vector<std::vector<PipelineOp>> order(p);
-  for (int i = 0; i < p; ++i) order[i] = pipeline_order(schedule, i, p, microbatches, chunks);
-  // done[i][index(op)]: stage i finished that operation.
-  auto index = [&](bool backward, int chunk, int microbatch) {
-    return (2 * chunk + (backward ? 1 : 0)) * microbatches + microbatch;
-  };
-  std::vector<std::vector<char>> done(p, std::vector<char>(2 * chunks * microbatches, 0));
-  // Its input: a forward takes the activation of the chunk before it in the model (the previous
-  // stage's, or the last stage's previous chunk), a backward the gradient of the chunk after it
-  // (the next stage's, or stage 0's next chunk), and its own forward.
-  auto ready = [&](int i, const PipelineOp& op) {
-    const int j = op.microbatch, c = op.chunk;
-    if (op.forward) {
-      if (i > 0) return done[i - 1][index(false, c, j)] != 0;
-      return c == 0 || done[p - 1][index(false, c - 1, j)] != 0;
-    }
-    if (!done[i][index(false, c, j)]) return false;
-    if (i < p - 1) return done[i + 1][index(true, c, j)] != 0;
-    return c == chunks - 1 || done[0][index(true, c + 1, j)] != 0;
-  };
-  std::vector<size_t> next(p, 0);
-  std::vector<double> left(p, -1);  // work seconds left of the running operation; < 0: not started
-  PipelineTimeline out;
-  out.busy_s.assign(p, 0);
-  std::vector<int> running;
-  // Every round finishes at least one operation (the one with the least work left), so the
-  // rounds are at most the operations; the count is checked so that no figure can make it spin.
-  size_t rounds = 0, operations = 0;
-  for (const auto& ops : order) operations += ops.size();
-  for (;;) {
+// The play-out's state: each stage's operations in order, which of them are done, and how much
+// work the running ones have left.
+class PipelinePlay {
+ public:
+  PipelinePlay(const std::vector<PipelineStage>& stages, int microbatches, Schedule schedule, int chunks)
+      : stages_(stages),
+        p_(static_cast<int>(stages.size())),
+        microbatches_(microbatches),
+        chunks_(chunks),
+        order_(p_),
+        done_(p_, std::vector<char>(2 * chunks * microbatches, 0)),
+        next_(p_, 0),
+        left_(p_, -1) {
+    for (int i = 0; i < p_; ++i) order_[i] = pipeline_order(schedule, i, p_, microbatches, chunks);
+  }
+
+  size_t num_operations() const {
+    size_t operations = 0;
+    for (const auto& ops : order_) operations += ops.size();
+    return operations;
+  }
+
+  // The stages running an operation: each continues its own, or starts its next one once its
+  // input is ready.
+  void start_ready(std::vector<int>& running) {
     running.clear();
-    for (int i = 0; i < p; ++i) {
-      if (next[i] == order[i].size()) continue;
-      const PipelineOp op = order[i][next[i]];
-      if (left[i] < 0) {
+    for (int i = 0; i < p_; ++i) {
+      if (next_[i] == order_[i].size()) continue;
+      const PipelineOp op = order_[i][next_[i]];
+      if (left_[i] < 0) {
         if (!ready(i, op)) continue;
-        const PipelineStage& s = stages[i];
-        const std::vector<double>& per_chunk = op.forward ? s.chunk_forward_s : s.chunk_backward_s;
-        left[i] = int(per_chunk.size()) == chunks ? per_chunk[op.chunk]
-                                                  : (op.forward ? s.forward_s : s.backward_s) / chunks;
+        left_[i] = work_s(i, op);
       }
       running.push_back(i);
     }
+  }
+
+  double left_s(int i) const { return left_[i]; }
+
+  // Stage i does `work_s` of its running operation, which finishes when (almost) none is left.
+  void work(int i, double work_s) {
+    left_[i] -= work_s;
+    if (left_[i] <= 1e-12 * (stages_[i].forward_s + stages_[i].backward_s)) {
+      const PipelineOp op = order_[i][next_[i]++];
+      done_[i][index(!op.forward, op.chunk, op.microbatch)] = 1;
+      left_[i] = -1;
+    }
+  }
+
+  bool finished() const {
+    for (int i = 0; i < p_; ++i)
+      if (next_[i] != order_[i].size()) return false;
+    return true;
+  }
+
+ private:
+  int index(bool backward, int chunk, int microbatch) const {
+    return (2 * chunk + (backward ? 1 : 0)) * microbatches_ + microbatch;
+  }
+
+  // Its input: a forward takes the activation of the chunk before it in the model (the previous
+  // stage's, or the last stage's previous chunk), a backward the gradient of the chunk after it
+  // (the next stage's, or stage 0's next chunk), and its own forward.
+  bool ready(int i, const PipelineOp& op) const {
+    const int j = op.microbatch, c = op.chunk;
+    if (op.forward) {
+      if (i > 0) return done_[i - 1][index(false, c, j)] != 0;
+      return c == 0 || done_[p_ - 1][index(false, c - 1, j)] != 0;
+    }
+    if (!done_[i][index(false, c, j)]) return false;
+    if (i < p_ - 1) return done_[i + 1][index(true, c, j)] != 0;
+    return c == chunks_ - 1 || done_[0][index(true, c + 1, j)] != 0;
+  }
+
+  // The operation's work in seconds at full speed: its chunk's, or the stage's split evenly.
+  double work_s(int i, const PipelineOp& op) const {
+    const PipelineStage& s = stages_[i];
+    const std::vector<double>& per_chunk = op.forward ? s.chunk_forward_s : s.chunk_backward_s;
+    return int(per_chunk.size()) == chunks_ ? per_chunk[op.chunk] : (op.forward ? s.forward_s : s.backward_s) / chunks_;
+  }
+
+  const std::vector<PipelineStage>& stages_;
+  int p_, microbatches_, chunks_;
+  std::vector<std::vector<PipelineOp>> order_;
+  std::vector<std::vector<char>> done_;  // done_[i][index(op)]: stage i finished that operation
+  std::vector<size_t> next_;             // the next operation of each stage
+  std::vector<double> left_;             // work seconds left of the running operation; < 0: not started
+};
+
+// Every operation of the step, in order.
+PipelineTimeline play_all(const std::vector<PipelineStage>& stages, int microbatches, Schedule schedule, int chunks,
+                          const std::function<double(int)>& speed) {
+  PipelinePlay play(stages, microbatches, schedule, chunks);
+  PipelineTimeline out;
+  out.busy_s.assign(stages.size(), 0);
+  std::vector<int> running;
+  // Every round finishes at least one operation (the one with the least work left), so the
+  // rounds are at most the operations; the count is checked so that no figure can make it spin.
+  size_t rounds = 0;
+  const size_t operations = play.num_operations();
+  for (;;) {
+    play.start_ready(running);
     if (running.empty()) break;
     const double v = speed(static_cast<int>(running.size()));
     double first = std::numeric_limits<double>::infinity();
-    for (int i : running) first = std::min(first, left[i]);
+    for (int i : running) first = std::min(first, play.left_s(i));
     const double dt = first / v;
     DPLAN_CHECK(std::isfinite(dt) && dt >= 0 && ++rounds <= operations);
     out.makespan_s += dt;
     for (int i : running) {
       out.busy_s[i] += dt;
-      left[i] -= first;
-      if (left[i] <= 1e-12 * (stages[i].forward_s + stages[i].backward_s)) {
-        const PipelineOp op = order[i][next[i]++];
-        done[i][index(!op.forward, op.chunk, op.microbatch)] = 1;
-        left[i] = -1;
-      }
+      play.work(i, first);
     }
   }
-  for (int i = 0; i < p; ++i)
-    if (next[i] != order[i].size()) throw std::logic_error("play_pipeline: the schedule deadlocked");
+  if (!play.finished()) throw std::logic_error("play_pipeline: the schedule deadlocked");
   return out;
 }
 

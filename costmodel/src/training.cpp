@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
+#include <span>
 
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/units.h"
@@ -68,69 +70,201 @@ namespace {
 
 int interleaved_chunks(const ParallelConfig& p) { return p.schedule == Schedule::interleaved ? p.vpp : 1; }
 
+// A layout as the rules read it: every rule's condition and message take one.
+struct LayoutView {
+  const ModelSpec& model;
+  const TrainingSpec& t;
+  const ParallelConfig& p;
+  int gpus;
+};
+
+// One layout rule: when it is broken, and validate()'s message naming the valid choices.
+struct Rule {
+  LayoutRule rule;
+  bool (*broken)(const LayoutView&);
+  std::string (*message)(const LayoutView&);
+};
+
+std::string not_positive(const char* name, long long v) {
+  return std::string(name) + " must be a positive integer, got " + std::to_string(v);
+}
+
 // Slots per pipeline stage (transformer layers, plus the embedding and the loss where accounted as
-// a layer each) and the first rule the split breaks; see assign_chunks in training.h. Megatron-LM:
-// get_num_layers_to_build (megatron/core/transformer/transformer_block.py), with the checks of
+// a layer each); see assign_chunks in training.h. Megatron-LM: get_num_layers_to_build
+// (megatron/core/transformer/transformer_block.py), with the checks of
 // TransformerConfig.__post_init__ (megatron/core/transformer/transformer_config.py): first/last
 // counts exclude the accounting flags, the other stages split the rest evenly, with vpp every
 // stage's count divides by vpp, and with the accounting flags pp (* vpp) divides the slots.
+struct PipelineSplit {
+  int num_layers = 0;
+  int extra = 0;                         // the embedding and the loss, where accounted as a layer each
+  int ways = 0;                          // ways of splitting given: a stage list, first/last counts, accounting
+  std::optional<std::vector<int>> slots;  // nullopt where the given counts cannot add up
+};
+
+bool listed_split(const ParallelConfig& p) { return !p.layers_per_stage.empty(); }
+bool first_last_split(const ParallelConfig& p) { return p.first_stage_layers != 0 || p.last_stage_layers != 0; }
+bool accounted_split(const ParallelConfig& p) { return p.account_for_embedding || p.account_for_loss; }
+
+// The stages without a given count share the rest evenly (Megatron asserts it divides).
+std::optional<std::vector<int>> first_last_slots(int num_layers, const ParallelConfig& p) {
+  if (p.first_stage_layers < 0 || p.last_stage_layers < 0) return std::nullopt;
+  long long rest = num_layers;
+  int others = p.pp;
+  if (p.first_stage_layers) rest -= p.first_stage_layers, --others;
+  if (p.last_stage_layers) rest -= p.last_stage_layers, --others;
+  if (rest < 0 || (others == 0 && rest != 0) || (others > 0 && rest % others != 0)) return std::nullopt;
+  std::vector<int> slots(p.pp, others > 0 ? int(rest / others) : 0);
+  if (p.first_stage_layers) slots.front() = p.first_stage_layers;
+  if (p.last_stage_layers) slots.back() = p.last_stage_layers;
+  return slots;
+}
+
+// dplan's default: even, any remainder to the middle stages first (the first stage also runs the
+// embedding, the last the LM head and loss), then the last, then the first.
+std::vector<int> even_slots(int num_layers, int pp) {
+  std::vector<int> slots(pp, num_layers / pp);
+  std::vector<int> order;
+  for (int s = 1; s + 1 < pp; ++s) order.push_back(s);
+  if (pp > 1) order.push_back(pp - 1);
+  order.push_back(0);
+  for (int i = 0; i < num_layers % pp; ++i) slots[order[i]] += 1;
+  return slots;
+}
+
+PipelineSplit pipeline_split(int num_layers, const ParallelConfig& p) {
+  PipelineSplit s;
+  s.num_layers = num_layers;
+  s.extra = int(p.account_for_embedding) + int(p.account_for_loss);
+  s.ways = int(listed_split(p)) + int(first_last_split(p)) + int(accounted_split(p));
+  // The rules before split_adds_up hold where slots are read (one way, 1 <= pp <= the slots).
+  if (s.ways > 1 || p.pp < 1 || p.pp > num_layers + s.extra) return s;
+  if (listed_split(p)) {
+    s.slots = p.layers_per_stage;
+  } else if (first_last_split(p)) {
+    if (p.pp >= 2) s.slots = first_last_slots(num_layers, p);
+  } else if (accounted_split(p)) {
+    // Megatron: (L + embedding + loss) % pp == 0, and % (pp * vpp) == 0 interleaved.
+    if ((num_layers + s.extra) % p.pp == 0) s.slots = std::vector<int>(p.pp, (num_layers + s.extra) / p.pp);
+  } else {
+    s.slots = even_slots(num_layers, p.pp);
+  }
+  return s;
+}
+
+bool slots_add_up(const PipelineSplit& s) {
+  if (!s.slots) return false;
+  long long sum = 0;
+  for (int n : *s.slots) sum += n;
+  return sum == s.num_layers + s.extra;
+}
+
+// One rule of the pipeline split: when it is broken (on the split and the layout), and its message.
+struct SplitRule {
+  LayoutRule rule;
+  bool (*broken)(const PipelineSplit&, const ParallelConfig&);
+  std::string (*message)(const LayoutView&);
+};
+
+std::string divided_layers_message(const LayoutView& v) {
+  const ParallelConfig& p = v.p;
+  if (listed_split(p)) {
+    long long sum = 0;
+    for (int n : p.layers_per_stage) sum += n;
+    return "the layer assignment holds " + std::to_string(sum) + " layers but " + v.model.name + " has " +
+           std::to_string(v.model.num_layers);
+  }
+  if (first_last_split(p)) {
+    const int others = p.pp - (p.first_stage_layers != 0) - (p.last_stage_layers != 0);
+    const long long rest = (long long)v.model.num_layers - p.first_stage_layers - p.last_stage_layers;
+    std::string given;
+    if (p.first_stage_layers) given = "--first-stage-layers " + std::to_string(p.first_stage_layers);
+    if (p.first_stage_layers && p.last_stage_layers) given += " and ";
+    if (p.last_stage_layers) given += "--last-stage-layers " + std::to_string(p.last_stage_layers);
+    return given + (p.first_stage_layers && p.last_stage_layers ? " leave " : " leaves ") + std::to_string(rest) +
+           " of the " + std::to_string(v.model.num_layers) + " layers of " + v.model.name + " to " +
+           std::to_string(others) + " other stages; choose counts that leave a multiple of " +
+           std::to_string(std::max(others, 1)) + (others == 0 ? " (exactly none)" : "");
+  }
+  const int extra = int(p.account_for_embedding) + int(p.account_for_loss);
+  return "pp " + std::to_string(p.pp) + " does not divide the " + std::to_string(v.model.num_layers) +
+         " layers of " + v.model.name + " plus " + std::to_string(extra) +
+         " accounted (embedding/loss); choose pp among " + divisors_of(v.model.num_layers + extra) +
+         ", or other --account-for-embedding/--account-for-loss, or --first-stage-layers/--last-stage-layers";
+}
+
+std::string vpp_divides_message(const LayoutView& v);
+
+std::string chunks_hold_a_layer_message(const LayoutView& v) {
+  return "every pipeline stage and model chunk needs at least one layer, the embedding or the loss; pp " +
+         std::to_string(v.p.pp) + " x vpp " + std::to_string(interleaved_chunks(v.p)) + " leaves one empty";
+}
+
+// The split's rules in the order they are checked; the first broken is reported.
+const SplitRule kSplitRules[] = {
+    {LayoutRule::split_one_way, [](const PipelineSplit& s, const ParallelConfig&) { return s.ways > 1; },
+     [](const LayoutView&) -> std::string {
+       return "choose one way to split the layers over the pipeline: a layers_per_stage list, "
+              "--first-stage-layers/--last-stage-layers, or --account-for-embedding/--account-for-loss (Megatron-LM "
+              "refuses both of the last two)";
+     }},
+    {LayoutRule::pp_within_layers,
+     [](const PipelineSplit& s, const ParallelConfig& p) { return p.pp > s.num_layers + s.extra; },
+     [](const LayoutView& v) {
+       return "pp " + std::to_string(v.p.pp) + " exceeds the " + std::to_string(v.model.num_layers) + " layers of " +
+              v.model.name + (accounted_split(v.p) ? " (plus the accounted embedding/loss)" : "") +
+              "; pp must be at most the layer count";
+     }},
+    {LayoutRule::stages_listed,
+     [](const PipelineSplit&, const ParallelConfig& p) {
+       return listed_split(p) && int(p.layers_per_stage.size()) != p.pp;
+     },
+     [](const LayoutView& v) {
+       return "the layer assignment lists " + std::to_string(v.p.layers_per_stage.size()) + " stages but pp is " +
+              std::to_string(v.p.pp);
+     }},
+    {LayoutRule::first_last_need_pp,
+     [](const PipelineSplit&, const ParallelConfig& p) { return first_last_split(p) && p.pp < 2; },
+     [](const LayoutView& v) {
+       return "--first-stage-layers/--last-stage-layers need pp >= 2, got pp " + std::to_string(v.p.pp);
+     }},
+    {LayoutRule::split_adds_up, [](const PipelineSplit& s, const ParallelConfig&) { return !slots_add_up(s); },
+     divided_layers_message},
+    {LayoutRule::vpp_divides_stage_layers,
+     [](const PipelineSplit& s, const ParallelConfig& p) {
+       return std::any_of(s.slots->begin(), s.slots->end(), [&](int n) { return n % interleaved_chunks(p) != 0; });
+     },
+     vpp_divides_message},
+    {LayoutRule::chunks_hold_a_layer,
+     [](const PipelineSplit& s, const ParallelConfig& p) {
+       return std::any_of(s.slots->begin(), s.slots->end(), [&](int n) { return n / interleaved_chunks(p) < 1; });
+     },
+     chunks_hold_a_layer_message},
+};
+
 struct StageSlots {
   std::vector<int> slots;
   LayoutRule rule = LayoutRule::ok;
 };
 
+// The split's slots per stage and the first of kSplitRules it breaks (slots empty where broken).
 StageSlots stage_slots(int num_layers, const ParallelConfig& p) {
-  StageSlots out;
-  auto broken = [&](LayoutRule rule) {
-    out.rule = rule;
-    return out;
-  };
-  const int pp = p.pp, v = interleaved_chunks(p);
-  const bool listed = !p.layers_per_stage.empty();
-  const bool first_last = p.first_stage_layers != 0 || p.last_stage_layers != 0;
-  const bool accounted = p.account_for_embedding || p.account_for_loss;
-  const int extra = int(p.account_for_embedding) + int(p.account_for_loss);
-  if (int(listed) + int(first_last) + int(accounted) > 1) return broken(LayoutRule::split_one_way);
-  if (pp > num_layers + extra) return broken(LayoutRule::pp_within_layers);
-  if (listed) {
-    if (int(p.layers_per_stage.size()) != pp) return broken(LayoutRule::stages_listed);
-    out.slots = p.layers_per_stage;
-  } else if (first_last) {
-    if (pp < 2) return broken(LayoutRule::first_last_need_pp);
-    if (p.first_stage_layers < 0 || p.last_stage_layers < 0) return broken(LayoutRule::split_adds_up);
-    // The stages without a given count share the rest evenly (Megatron asserts it divides).
-    long long rest = num_layers;
-    int others = pp;
-    if (p.first_stage_layers) rest -= p.first_stage_layers, --others;
-    if (p.last_stage_layers) rest -= p.last_stage_layers, --others;
-    if (rest < 0 || (others == 0 && rest != 0) || (others > 0 && rest % others != 0))
-      return broken(LayoutRule::split_adds_up);
-    const int middle = others > 0 ? int(rest / others) : 0;
-    out.slots.assign(pp, middle);
-    if (p.first_stage_layers) out.slots.front() = p.first_stage_layers;
-    if (p.last_stage_layers) out.slots.back() = p.last_stage_layers;
-  } else if (accounted) {
-    // Megatron: (L + embedding + loss) % pp == 0, and % (pp * vpp) == 0 interleaved.
-    if ((num_layers + extra) % pp != 0) return broken(LayoutRule::split_adds_up);
-    out.slots.assign(pp, (num_layers + extra) / pp);
-  } else {
-    // dplan's default: even, any remainder to the middle stages first (the first stage also runs
-    // the embedding, the last the LM head and loss), then the last, then the first.
-    out.slots.assign(pp, num_layers / pp);
-    std::vector<int> order;
-    for (int s = 1; s + 1 < pp; ++s) order.push_back(s);
-    if (pp > 1) order.push_back(pp - 1);
-    order.push_back(0);
-    for (int i = 0; i < num_layers % pp; ++i) out.slots[order[i]] += 1;
-  }
-  long long sum = 0;
-  for (int n : out.slots) sum += n;
-  if (sum != num_layers + extra) return broken(LayoutRule::split_adds_up);
-  for (int n : out.slots)
-    if (n % v != 0) return broken(LayoutRule::vpp_divides_stage_layers);
-  for (int n : out.slots)
-    if (n / v < 1) return broken(LayoutRule::chunks_hold_a_layer);
-  return out;
+  PipelineSplit split = pipeline_split(num_layers, p);
+  for (const SplitRule& r : kSplitRules)
+    if (r.broken(split, p)) return {{}, r.rule};
+  return {std::move(*split.slots), LayoutRule::ok};
+}
+
+std::string vpp_divides_message(const LayoutView& v) {
+  ParallelConfig one_chunk = v.p;
+  one_chunk.schedule = Schedule::one_f_one_b;
+  for (int n : stage_slots(v.model.num_layers, one_chunk).slots)
+    if (n % v.p.vpp != 0)
+      return "vpp " + std::to_string(v.p.vpp) + " does not divide the " + std::to_string(n) +
+             " layers (embedding/loss accounted) of a pipeline stage; choose vpp among " + divisors_of(n) +
+             ", or a split whose stages' counts it divides (--first-stage-layers/--last-stage-layers, "
+             "--account-for-embedding/--account-for-loss)";
+  return "";
 }
 
 }  // namespace
@@ -241,13 +375,237 @@ double layer_microbatches_in_flight(const ParallelConfig& p, const std::vector<M
   return double(sum);
 }
 
-LayoutRule check_tensor_parallel(const ModelSpec& model, int tp) {
-  if (std::gcd(model.num_heads, model.num_kv_heads) % tp != 0) return LayoutRule::tp_divides_heads;
-  if (model.ffn_hidden_size % tp != 0) return LayoutRule::tp_divides_ffn;
+namespace {
+
+bool interleaved(const ParallelConfig& p) { return p.schedule == Schedule::interleaved; }
+
+// The split's rule under the layout's own schedule (vpp chunks a stage where interleaved).
+LayoutRule split_rule(const LayoutView& v) { return stage_slots(v.model.num_layers, v.p).rule; }
+
+// The sizes: positive, within the bounds of training.h, and tp*pp*dp*cp == gpus.
+const Rule kSizeRules[] = {
+    {LayoutRule::gpus_positive, [](const LayoutView& v) { return v.gpus < 1; },
+     [](const LayoutView& v) { return not_positive("--gpus", v.gpus); }},
+    {LayoutRule::tp_positive, [](const LayoutView& v) { return v.p.tp < 1; },
+     [](const LayoutView& v) { return not_positive("--tp", v.p.tp); }},
+    {LayoutRule::pp_positive, [](const LayoutView& v) { return v.p.pp < 1; },
+     [](const LayoutView& v) { return not_positive("--pp", v.p.pp); }},
+    {LayoutRule::dp_positive, [](const LayoutView& v) { return v.p.dp < 1; },
+     [](const LayoutView& v) { return not_positive("--dp", v.p.dp); }},
+    {LayoutRule::cp_positive, [](const LayoutView& v) { return v.p.cp < 1; },
+     [](const LayoutView& v) { return not_positive("--cp", v.p.cp); }},
+    {LayoutRule::ep_positive, [](const LayoutView& v) { return v.p.ep < 1; },
+     [](const LayoutView& v) { return not_positive("--ep", v.p.ep); }},
+    {LayoutRule::vpp_positive, [](const LayoutView& v) { return v.p.vpp < 1; },
+     [](const LayoutView& v) { return not_positive("--vpp", v.p.vpp); }},
+    {LayoutRule::micro_batch_positive, [](const LayoutView& v) { return v.p.micro_batch < 1; },
+     [](const LayoutView& v) { return not_positive("--mbs (micro-batch size)", v.p.micro_batch); }},
+    {LayoutRule::global_batch_positive, [](const LayoutView& v) { return v.t.global_batch < 1; },
+     [](const LayoutView& v) { return not_positive("--global-batch", v.t.global_batch); }},
+    {LayoutRule::seq_positive, [](const LayoutView& v) { return v.t.seq_len < 1; },
+     [](const LayoutView& v) { return not_positive("--seq", v.t.seq_len); }},
+    {LayoutRule::size_limit,
+     [](const LayoutView& v) {
+       const ParallelConfig& p = v.p;
+       return v.gpus > kMaxGpus || p.tp > kMaxGpus || p.pp > kMaxGpus || p.dp > kMaxGpus || p.cp > kMaxGpus ||
+              p.ep > kMaxGpus || p.etp > kMaxGpus || p.vpp > kMaxVirtualStages || p.micro_batch > kMaxGlobalBatch ||
+              v.t.global_batch > kMaxGlobalBatch || v.t.seq_len > kMaxSeqLen;
+     },
+     [](const LayoutView&) {
+       return "sizes must be at most: --gpus, tp, pp, dp, cp, ep and etp " + std::to_string(kMaxGpus) + ", vpp " +
+              std::to_string(kMaxVirtualStages) + ", micro-batch and global batch " +
+              std::to_string(kMaxGlobalBatch) + ", --seq " + std::to_string(kMaxSeqLen);
+     }},
+    {LayoutRule::world_size,
+     [](const LayoutView& v) { return bounded_world_size(v.p.tp, v.p.pp, v.p.dp, v.p.cp) != v.gpus; },
+     [](const LayoutView& v) {
+       const ParallelConfig& p = v.p;
+       const long long world = bounded_world_size(p.tp, p.pp, p.dp, p.cp);
+       std::string msg = "tp*pp*dp*cp = " + std::to_string(p.tp) + "*" + std::to_string(p.pp) + "*" +
+                         std::to_string(p.dp) + "*" + std::to_string(p.cp) + " = " + std::to_string(world) +
+                         " but --gpus is " + std::to_string(v.gpus);
+       const long long model_parallel = static_cast<long long>(p.tp) * p.pp * p.cp;
+       if (v.gpus % model_parallel == 0)
+         msg += "; with these tp, pp and cp use --dp " + std::to_string(v.gpus / model_parallel);
+       else
+         msg += "; tp*pp*cp = " + std::to_string(model_parallel) + " must divide the GPU count";
+       return msg;
+     }},
+};
+
+const Rule kTensorRules[] = {
+    {LayoutRule::tp_divides_heads,
+     [](const LayoutView& v) { return std::gcd(v.model.num_heads, v.model.num_kv_heads) % v.p.tp != 0; },
+     [](const LayoutView& v) {
+       const int head_gcd = std::gcd(v.model.num_heads, v.model.num_kv_heads);
+       return "tp " + std::to_string(v.p.tp) + " does not divide the " + std::to_string(v.model.num_heads) +
+              " attention heads and " + std::to_string(v.model.num_kv_heads) + " key/value heads of " +
+              v.model.name + "; valid tp: " + divisors_of(head_gcd);
+     }},
+    {LayoutRule::tp_divides_ffn, [](const LayoutView& v) { return v.model.ffn_hidden_size % v.p.tp != 0; },
+     [](const LayoutView& v) {
+       return "tp " + std::to_string(v.p.tp) + " does not divide the FFN size " +
+              std::to_string(v.model.ffn_hidden_size);
+     }},
+};
+
+const Rule kBatchRules[] = {
+    {LayoutRule::batch_divisible,
+     [](const LayoutView& v) {
+       return v.t.global_batch % (static_cast<long long>(v.p.micro_batch) * v.p.dp) != 0;
+     },
+     [](const LayoutView& v) {
+       const long long per_step = static_cast<long long>(v.p.micro_batch) * v.p.dp;
+       return "global batch " + std::to_string(v.t.global_batch) + " is not divisible by micro-batch * dp = " +
+              std::to_string(v.p.micro_batch) + "*" + std::to_string(v.p.dp) + " = " + std::to_string(per_step) +
+              "; choose a global batch that is a multiple of " + std::to_string(per_step);
+     }},
+};
+
+const Rule kScheduleRules[] = {
+    {LayoutRule::interleaved_needs_pp, [](const LayoutView& v) { return interleaved(v.p) && v.p.pp < 2; },
+     [](const LayoutView&) -> std::string { return "the interleaved schedule needs pp >= 2"; }},
+    {LayoutRule::interleaved_needs_vpp, [](const LayoutView& v) { return interleaved(v.p) && v.p.vpp < 2; },
+     [](const LayoutView&) -> std::string {
+       return "the interleaved schedule needs --vpp >= 2 (virtual stages per pipeline rank)";
+     }},
+    // The split's per-chunk rules (kSplitRules) with vpp chunks a stage.
+    {LayoutRule::vpp_divides_stage_layers,
+     [](const LayoutView& v) { return interleaved(v.p) && split_rule(v) == LayoutRule::vpp_divides_stage_layers; },
+     vpp_divides_message},
+    {LayoutRule::chunks_hold_a_layer,
+     [](const LayoutView& v) { return interleaved(v.p) && split_rule(v) == LayoutRule::chunks_hold_a_layer; },
+     chunks_hold_a_layer_message},
+    // Megatron-Core runs the micro-batches in groups of pp (microbatch_group_size_per_vp_stage) and
+    // refuses a last group smaller than pp, which stalls the pipeline (schedules.py): m a multiple of pp.
+    {LayoutRule::interleaved_needs_microbatches,
+     [](const LayoutView& v) { return interleaved(v.p) && num_microbatches(v.t, v.p) % v.p.pp != 0; },
+     [](const LayoutView& v) {
+       return "the interleaved schedule needs a multiple of pp = " + std::to_string(v.p.pp) +
+              " micro-batches per pipeline (global batch / (micro-batch x dp)), got " +
+              std::to_string(num_microbatches(v.t, v.p));
+     }},
+    {LayoutRule::vpp_needs_interleaved, [](const LayoutView& v) { return !interleaved(v.p) && v.p.vpp != 1; },
+     [](const LayoutView& v) { return "--vpp " + std::to_string(v.p.vpp) + " needs --schedule interleaved"; }},
+};
+
+const Rule kContextRules[] = {
+    {LayoutRule::cp_divides_seq, [](const LayoutView& v) { return v.p.cp > 1 && v.t.seq_len % (2 * v.p.cp) != 0; },
+     [](const LayoutView& v) {
+       return "sequence length " + std::to_string(v.t.seq_len) + " is not divisible by 2*cp = " +
+              std::to_string(2 * v.p.cp) + " (context parallel splits each sequence into 2*cp load-balanced chunks)";
+     }},
+};
+
+const Rule kPositionRules[] = {
+    {LayoutRule::seq_within_positions,
+     [](const LayoutView& v) {
+       return v.model.position == PositionKind::learned && v.t.seq_len > v.model.max_seq_len;
+     },
+     [](const LayoutView& v) {
+       return "sequence length " + std::to_string(v.t.seq_len) + " exceeds the " +
+              std::to_string(v.model.max_seq_len) + " learned positions of " + v.model.name;
+     }},
+};
+
+const Rule kExpertRules[] = {
+    {LayoutRule::etp_positive, [](const LayoutView& v) { return v.p.etp < 0; },
+     [](const LayoutView& v) {
+       return "--etp must be a positive integer (or 0: same as tp), got " + std::to_string(v.p.etp);
+     }},
+    // etp equal to tp is Megatron's default, which a dense model may name.
+    {LayoutRule::ep_needs_moe,
+     [](const LayoutView& v) {
+       return !v.model.is_moe() && (v.p.ep > 1 || (v.p.etp > 0 && v.p.etp != v.p.tp));
+     },
+     [](const LayoutView& v) {
+       return (v.p.ep > 1 ? "--ep " + std::to_string(v.p.ep) : "--etp " + std::to_string(v.p.etp)) +
+              " needs a mixture-of-experts model; " + v.model.name + " is dense";
+     }},
+    {LayoutRule::ep_divides_experts,
+     [](const LayoutView& v) { return v.model.is_moe() && v.model.num_experts % v.p.ep != 0; },
+     [](const LayoutView& v) {
+       return "ep " + std::to_string(v.p.ep) + " does not divide the " + std::to_string(v.model.num_experts) +
+              " experts; valid ep: " + divisors_of(v.model.num_experts);
+     }},
+    {LayoutRule::etp_divides_expert_ffn,
+     [](const LayoutView& v) { return v.model.is_moe() && v.model.ffn_hidden_size % v.p.expert_tp() != 0; },
+     [](const LayoutView& v) {
+       return "etp " + std::to_string(v.p.expert_tp()) + " does not divide the expert FFN size " +
+              std::to_string(v.model.ffn_hidden_size) + "; valid etp: " + divisors_of(v.model.ffn_hidden_size);
+     }},
+    // Megatron-Core's parallel_state.py builds the expert groups from the tp*cp*dp ranks of each
+    // pipeline stage (etp fastest, then ep, then expert dp), so ep*etp must divide them.
+    {LayoutRule::ep_etp_divides_tp_cp_dp,
+     [](const LayoutView& v) {
+       const ParallelConfig& p = v.p;
+       return v.model.is_moe() && (static_cast<long long>(p.tp) * p.cp * p.dp) %
+                                          (static_cast<long long>(p.ep) * p.expert_tp()) !=
+                                      0;
+     },
+     [](const LayoutView& v) {
+       const ParallelConfig& p = v.p;
+       const long long ranks = static_cast<long long>(p.tp) * p.cp * p.dp;
+       return "ep*etp = " + std::to_string(p.ep) + "*" + std::to_string(p.expert_tp()) +
+              " must divide tp*cp*dp = " + std::to_string(ranks) +
+              " (the MoE layers fold etp, ep and expert dp over those ranks); valid ep*etp: " +
+              divisors_of(static_cast<int>(ranks));
+     }},
+};
+
+const Rule kShardingRules[] = {
+    {LayoutRule::zero_stage_exists, [](const LayoutView& v) { return v.p.zero_stage < 0 || v.p.zero_stage > 3; },
+     [](const LayoutView& v) {
+       return "ZeRO stage " + std::to_string(v.p.zero_stage) + " does not exist; choose 0, 1, 2 or 3";
+     }},
+    {LayoutRule::dist_opt_needs_zero_0_or_1,
+     [](const LayoutView& v) { return v.p.distributed_optimizer && v.p.zero_stage > 1; },
+     [](const LayoutView& v) {
+       return "--dist-opt is Megatron's distributed optimizer (ZeRO-1 sharding); combine it with --zero 0 or 1, "
+              "not " +
+              std::to_string(v.p.zero_stage);
+     }},
+};
+
+const Rule kSequenceRules[] = {
+    {LayoutRule::sp_needs_tp, [](const LayoutView& v) { return v.p.sequence_parallel && v.p.tp < 2; },
+     [](const LayoutView&) -> std::string { return "sequence parallel (--sp) needs tp >= 2"; }},
+};
+
+const Rule kVocabRules[] = {
+    {LayoutRule::vocab_pad_positive, [](const LayoutView& v) { return v.t.vocab_pad_multiple < 1; },
+     [](const LayoutView&) -> std::string { return "vocab padding multiple must be positive"; }},
+};
+
+// The rules check_layout checks after the sizes, tp and the pipeline split, in order.
+const std::span<const Rule> kRulesAfterSplit[] = {kBatchRules,    kScheduleRules, kContextRules,  kPositionRules,
+                                                  kExpertRules,   kShardingRules, kSequenceRules, kVocabRules};
+
+LayoutRule first_broken(std::span<const Rule> rules, const LayoutView& v) {
+  for (const Rule& r : rules)
+    if (r.broken(v)) return r.rule;
   return LayoutRule::ok;
 }
 
-// The split's rules (stage_slots) with one chunk a stage: pp within the layers, one way to split,
+// For the check_* functions that take a part of a layout: the parts they do not read.
+const ModelSpec& no_model() {
+  static const ModelSpec model;
+  return model;
+}
+const TrainingSpec& no_training() {
+  static const TrainingSpec training;
+  return training;
+}
+
+}  // namespace
+
+LayoutRule check_tensor_parallel(const ModelSpec& model, int tp) {
+  ParallelConfig p;
+  p.tp = tp;
+  return first_broken(kTensorRules, LayoutView{model, no_training(), p, tp});
+}
+
+// The split's rules (kSplitRules) with one chunk a stage: pp within the layers, one way to split,
 // the counts adding up, every stage holding a layer, the embedding or the loss. The chunks' rules
 // need the schedule: check_schedule's.
 LayoutRule check_pipeline_parallel(const ModelSpec& model, const ParallelConfig& p) {
@@ -257,51 +615,31 @@ LayoutRule check_pipeline_parallel(const ModelSpec& model, const ParallelConfig&
 }
 
 LayoutRule check_batch(const TrainingSpec& t, int micro_batch, int dp) {
-  return t.global_batch % (static_cast<long long>(micro_batch) * dp) != 0 ? LayoutRule::batch_divisible
-                                                                         : LayoutRule::ok;
+  ParallelConfig p;
+  p.micro_batch = micro_batch, p.dp = dp;
+  return first_broken(kBatchRules, LayoutView{no_model(), t, p, dp});
 }
 
 LayoutRule check_schedule(const ModelSpec& model, const TrainingSpec& t, const ParallelConfig& p) {
-  if (p.schedule == Schedule::interleaved) {
-    if (p.pp < 2) return LayoutRule::interleaved_needs_pp;
-    if (p.vpp < 2) return LayoutRule::interleaved_needs_vpp;
-    if (LayoutRule rule = stage_slots(model.num_layers, p).rule;
-        rule == LayoutRule::vpp_divides_stage_layers || rule == LayoutRule::chunks_hold_a_layer)
-      return rule;
-    // Megatron-Core runs the micro-batches in groups of pp (microbatch_group_size_per_vp_stage) and
-    // refuses a last group smaller than pp, which stalls the pipeline (schedules.py): m a multiple of pp.
-    if (num_microbatches(t, p) % p.pp != 0) return LayoutRule::interleaved_needs_microbatches;
-  } else if (p.vpp != 1) {
-    return LayoutRule::vpp_needs_interleaved;
-  }
-  return LayoutRule::ok;
+  return first_broken(kScheduleRules, LayoutView{model, t, p, p.world_size()});
 }
 
 LayoutRule check_context_parallel(const TrainingSpec& t, int cp) {
-  return cp > 1 && t.seq_len % (2 * cp) != 0 ? LayoutRule::cp_divides_seq : LayoutRule::ok;
+  ParallelConfig p;
+  p.cp = cp;
+  return first_broken(kContextRules, LayoutView{no_model(), t, p, cp});
 }
 
 LayoutRule check_expert_parallel(const ModelSpec& model, const ParallelConfig& p) {
-  if (p.etp < 0) return LayoutRule::etp_positive;
-  if (!model.is_moe())  // etp equal to tp is Megatron's default, which a dense model may name
-    return p.ep > 1 || (p.etp > 0 && p.etp != p.tp) ? LayoutRule::ep_needs_moe : LayoutRule::ok;
-  if (model.num_experts % p.ep != 0) return LayoutRule::ep_divides_experts;
-  if (model.ffn_hidden_size % p.expert_tp() != 0) return LayoutRule::etp_divides_expert_ffn;
-  // Megatron-Core's parallel_state.py builds the expert groups from the tp*cp*dp ranks of each
-  // pipeline stage (etp fastest, then ep, then expert dp), so ep*etp must divide them.
-  if ((static_cast<long long>(p.tp) * p.cp * p.dp) % (static_cast<long long>(p.ep) * p.expert_tp()) != 0)
-    return LayoutRule::ep_etp_divides_tp_cp_dp;
-  return LayoutRule::ok;
+  return first_broken(kExpertRules, LayoutView{model, no_training(), p, p.world_size()});
 }
 
 LayoutRule check_sharding(const ParallelConfig& p) {
-  if (p.zero_stage < 0 || p.zero_stage > 3) return LayoutRule::zero_stage_exists;
-  if (p.distributed_optimizer && p.zero_stage > 1) return LayoutRule::dist_opt_needs_zero_0_or_1;
-  return LayoutRule::ok;
+  return first_broken(kShardingRules, LayoutView{no_model(), no_training(), p, p.world_size()});
 }
 
 LayoutRule check_sequence_parallel(const ParallelConfig& p) {
-  return p.sequence_parallel && p.tp < 2 ? LayoutRule::sp_needs_tp : LayoutRule::ok;
+  return first_broken(kSequenceRules, LayoutView{no_model(), no_training(), p, p.world_size()});
 }
 
 long long bounded_world_size(long long tp, long long pp, long long dp, long long cp) {
@@ -315,176 +653,27 @@ long long bounded_world_size(long long tp, long long pp, long long dp, long long
 }
 
 LayoutRule check_layout(const ModelSpec& model, const TrainingSpec& t, const ParallelConfig& p, int gpus) {
-  const std::pair<LayoutRule, long long> sizes[] = {
-      {LayoutRule::gpus_positive, gpus},         {LayoutRule::tp_positive, p.tp},
-      {LayoutRule::pp_positive, p.pp},           {LayoutRule::dp_positive, p.dp},
-      {LayoutRule::cp_positive, p.cp},           {LayoutRule::ep_positive, p.ep},
-      {LayoutRule::vpp_positive, p.vpp},         {LayoutRule::micro_batch_positive, p.micro_batch},
-      {LayoutRule::global_batch_positive, t.global_batch}, {LayoutRule::seq_positive, t.seq_len}};
-  for (const auto& [rule, size] : sizes)
-    if (size < 1) return rule;
-  if (gpus > kMaxGpus || p.tp > kMaxGpus || p.pp > kMaxGpus || p.dp > kMaxGpus || p.cp > kMaxGpus ||
-      p.ep > kMaxGpus || p.etp > kMaxGpus || p.vpp > kMaxVirtualStages || p.micro_batch > kMaxGlobalBatch ||
-      t.global_batch > kMaxGlobalBatch || t.seq_len > kMaxSeqLen)
-    return LayoutRule::size_limit;
-  if (bounded_world_size(p.tp, p.pp, p.dp, p.cp) != gpus) return LayoutRule::world_size;
+  const LayoutView v{model, t, p, gpus};
+  if (LayoutRule rule = first_broken(kSizeRules, v); rule != LayoutRule::ok) return rule;
   // With positive sizes every check is defined; the first broken rule in this order is reported.
-  const LayoutRule positions = model.position == PositionKind::learned && t.seq_len > model.max_seq_len
-                                   ? LayoutRule::seq_within_positions
-                                   : LayoutRule::ok;
-  const LayoutRule vocab = t.vocab_pad_multiple < 1 ? LayoutRule::vocab_pad_positive : LayoutRule::ok;
-  for (LayoutRule rule :
-       {check_tensor_parallel(model, p.tp), check_pipeline_parallel(model, p), check_batch(t, p.micro_batch, p.dp),
-        check_schedule(model, t, p), check_context_parallel(t, p.cp), positions, check_expert_parallel(model, p),
-        check_sharding(p), check_sequence_parallel(p), vocab})
-    if (rule != LayoutRule::ok) return rule;
+  if (LayoutRule rule = first_broken(kTensorRules, v); rule != LayoutRule::ok) return rule;
+  if (LayoutRule rule = check_pipeline_parallel(model, p); rule != LayoutRule::ok) return rule;
+  for (std::span<const Rule> rules : kRulesAfterSplit)
+    if (LayoutRule rule = first_broken(rules, v); rule != LayoutRule::ok) return rule;
   return LayoutRule::ok;
 }
 
 namespace {
 
-// validate()'s message for a broken rule, naming the valid choices.
-std::string rule_message(LayoutRule rule, const ModelSpec& model, const TrainingSpec& t, const ParallelConfig& p,
-                         int gpus) {
-  auto not_positive = [](const char* name, long long v) {
-    return std::string(name) + " must be a positive integer, got " + std::to_string(v);
-  };
-  switch (rule) {
-    case LayoutRule::ok: return "";
-    case LayoutRule::gpus_positive: return not_positive("--gpus", gpus);
-    case LayoutRule::tp_positive: return not_positive("--tp", p.tp);
-    case LayoutRule::pp_positive: return not_positive("--pp", p.pp);
-    case LayoutRule::dp_positive: return not_positive("--dp", p.dp);
-    case LayoutRule::cp_positive: return not_positive("--cp", p.cp);
-    case LayoutRule::ep_positive: return not_positive("--ep", p.ep);
-    case LayoutRule::vpp_positive: return not_positive("--vpp", p.vpp);
-    case LayoutRule::micro_batch_positive: return not_positive("--mbs (micro-batch size)", p.micro_batch);
-    case LayoutRule::global_batch_positive: return not_positive("--global-batch", t.global_batch);
-    case LayoutRule::seq_positive: return not_positive("--seq", t.seq_len);
-    case LayoutRule::size_limit:
-      return "sizes must be at most: --gpus, tp, pp, dp, cp, ep and etp " + std::to_string(kMaxGpus) + ", vpp " +
-             std::to_string(kMaxVirtualStages) + ", micro-batch and global batch " + std::to_string(kMaxGlobalBatch) +
-             ", --seq " + std::to_string(kMaxSeqLen);
-    case LayoutRule::world_size: {
-      const long long world = bounded_world_size(p.tp, p.pp, p.dp, p.cp);
-      std::string msg = "tp*pp*dp*cp = " + std::to_string(p.tp) + "*" + std::to_string(p.pp) + "*" +
-                        std::to_string(p.dp) + "*" + std::to_string(p.cp) + " = " + std::to_string(world) +
-                        " but --gpus is " + std::to_string(gpus);
-      const long long model_parallel = static_cast<long long>(p.tp) * p.pp * p.cp;
-      if (gpus % model_parallel == 0)
-        msg += "; with these tp, pp and cp use --dp " + std::to_string(gpus / model_parallel);
-      else
-        msg += "; tp*pp*cp = " + std::to_string(model_parallel) + " must divide the GPU count";
-      return msg;
-    }
-    case LayoutRule::tp_divides_heads: {
-      int head_gcd = std::gcd(model.num_heads, model.num_kv_heads);
-      return "tp " + std::to_string(p.tp) + " does not divide the " + std::to_string(model.num_heads) +
-             " attention heads and " + std::to_string(model.num_kv_heads) + " key/value heads of " + model.name +
-             "; valid tp: " + divisors_of(head_gcd);
-    }
-    case LayoutRule::tp_divides_ffn:
-      return "tp " + std::to_string(p.tp) + " does not divide the FFN size " + std::to_string(model.ffn_hidden_size);
-    case LayoutRule::pp_within_layers:
-      return "pp " + std::to_string(p.pp) + " exceeds the " + std::to_string(model.num_layers) + " layers of " +
-             model.name + (p.account_for_embedding || p.account_for_loss ? " (plus the accounted embedding/loss)" : "") +
-             "; pp must be at most the layer count";
-    case LayoutRule::split_one_way:
-      return "choose one way to split the layers over the pipeline: a layers_per_stage list, --first-stage-layers/"
-             "--last-stage-layers, or --account-for-embedding/--account-for-loss (Megatron-LM refuses both of the "
-             "last two)";
-    case LayoutRule::first_last_need_pp:
-      return "--first-stage-layers/--last-stage-layers need pp >= 2, got pp " + std::to_string(p.pp);
-    case LayoutRule::stages_listed:
-      return "the layer assignment lists " + std::to_string(p.layers_per_stage.size()) + " stages but pp is " +
-             std::to_string(p.pp);
-    case LayoutRule::split_adds_up: {
-      const int extra = int(p.account_for_embedding) + int(p.account_for_loss);
-      if (!p.layers_per_stage.empty()) {
-        long long sum = 0;
-        for (int n : p.layers_per_stage) sum += n;
-        return "the layer assignment holds " + std::to_string(sum) + " layers but " + model.name + " has " +
-               std::to_string(model.num_layers);
-      }
-      if (p.first_stage_layers != 0 || p.last_stage_layers != 0) {
-        const int others = p.pp - (p.first_stage_layers != 0) - (p.last_stage_layers != 0);
-        const long long rest = (long long)model.num_layers - p.first_stage_layers - p.last_stage_layers;
-        std::string given;
-        if (p.first_stage_layers) given = "--first-stage-layers " + std::to_string(p.first_stage_layers);
-        if (p.first_stage_layers && p.last_stage_layers) given += " and ";
-        if (p.last_stage_layers) given += "--last-stage-layers " + std::to_string(p.last_stage_layers);
-        return given + (p.first_stage_layers && p.last_stage_layers ? " leave " : " leaves ") + std::to_string(rest) +
-               " of the " +
-               std::to_string(model.num_layers) + " layers of " + model.name + " to " + std::to_string(others) +
-               " other stages; choose counts that leave a multiple of " + std::to_string(std::max(others, 1)) +
-               (others == 0 ? " (exactly none)" : "");
-      }
-      return "pp " + std::to_string(p.pp) + " does not divide the " + std::to_string(model.num_layers) +
-             " layers of " + model.name + " plus " + std::to_string(extra) +
-             " accounted (embedding/loss); choose pp among " + divisors_of(model.num_layers + extra) +
-             ", or other --account-for-embedding/--account-for-loss, or --first-stage-layers/--last-stage-layers";
-    }
-    case LayoutRule::batch_divisible:
-      return "global batch " + std::to_string(t.global_batch) + " is not divisible by micro-batch * dp = " +
-             std::to_string(p.micro_batch) + "*" + std::to_string(p.dp) + " = " +
-             std::to_string(static_cast<long long>(p.micro_batch) * p.dp) +
-             "; choose a global batch that is a multiple of " +
-             std::to_string(static_cast<long long>(p.micro_batch) * p.dp);
-    case LayoutRule::interleaved_needs_pp: return "the interleaved schedule needs pp >= 2";
-    case LayoutRule::interleaved_needs_vpp:
-      return "the interleaved schedule needs --vpp >= 2 (virtual stages per pipeline rank)";
-    case LayoutRule::vpp_divides_stage_layers: {
-      ParallelConfig one_chunk = p;
-      one_chunk.schedule = Schedule::one_f_one_b;
-      for (int n : stage_slots(model.num_layers, one_chunk).slots)
-        if (n % p.vpp != 0)
-          return "vpp " + std::to_string(p.vpp) + " does not divide the " + std::to_string(n) +
-                 " layers (embedding/loss accounted) of a pipeline stage; choose vpp among " + divisors_of(n) +
-                 ", or a split whose stages' counts it divides (--first-stage-layers/--last-stage-layers, "
-                 "--account-for-embedding/--account-for-loss)";
-      return "";
-    }
-    case LayoutRule::chunks_hold_a_layer:
-      return "every pipeline stage and model chunk needs at least one layer, the embedding or the loss; pp " +
-             std::to_string(p.pp) + " x vpp " + std::to_string(p.schedule == Schedule::interleaved ? p.vpp : 1) +
-             " leaves one empty";
-    case LayoutRule::interleaved_needs_microbatches:
-      return "the interleaved schedule needs a multiple of pp = " + std::to_string(p.pp) +
-             " micro-batches per pipeline (global batch / (micro-batch x dp)), got " +
-             std::to_string(num_microbatches(t, p));
-    case LayoutRule::vpp_needs_interleaved:
-      return "--vpp " + std::to_string(p.vpp) + " needs --schedule interleaved";
-    case LayoutRule::cp_divides_seq:
-      return "sequence length " + std::to_string(t.seq_len) + " is not divisible by 2*cp = " +
-             std::to_string(2 * p.cp) + " (context parallel splits each sequence into 2*cp load-balanced chunks)";
-    case LayoutRule::seq_within_positions:
-      return "sequence length " + std::to_string(t.seq_len) + " exceeds the " + std::to_string(model.max_seq_len) +
-             " learned positions of " + model.name;
-    case LayoutRule::ep_needs_moe:
-      return (p.ep > 1 ? "--ep " + std::to_string(p.ep) : "--etp " + std::to_string(p.etp)) +
-             " needs a mixture-of-experts model; " + model.name + " is dense";
-    case LayoutRule::ep_divides_experts:
-      return "ep " + std::to_string(p.ep) + " does not divide the " + std::to_string(model.num_experts) +
-             " experts; valid ep: " + divisors_of(model.num_experts);
-    case LayoutRule::etp_positive:
-      return "--etp must be a positive integer (or 0: same as tp), got " + std::to_string(p.etp);
-    case LayoutRule::etp_divides_expert_ffn:
-      return "etp " + std::to_string(p.expert_tp()) + " does not divide the expert FFN size " +
-             std::to_string(model.ffn_hidden_size) + "; valid etp: " + divisors_of(model.ffn_hidden_size);
-    case LayoutRule::ep_etp_divides_tp_cp_dp: {
-      const long long ranks = static_cast<long long>(p.tp) * p.cp * p.dp;
-      return "ep*etp = " + std::to_string(p.ep) + "*" + std::to_string(p.expert_tp()) + " must divide tp*cp*dp = " +
-             std::to_string(ranks) + " (the MoE layers fold etp, ep and expert dp over those ranks); valid ep*etp: " +
-             divisors_of(static_cast<int>(ranks));
-    }
-    case LayoutRule::zero_stage_exists:
-      return "ZeRO stage " + std::to_string(p.zero_stage) + " does not exist; choose 0, 1, 2 or 3";
-    case LayoutRule::dist_opt_needs_zero_0_or_1:
-      return "--dist-opt is Megatron's distributed optimizer (ZeRO-1 sharding); combine it with --zero 0 or 1, not " +
-             std::to_string(p.zero_stage);
-    case LayoutRule::sp_needs_tp: return "sequence parallel (--sp) needs tp >= 2";
-    case LayoutRule::vocab_pad_positive: return "vocab padding multiple must be positive";
-  }
+// validate()'s message for a broken rule, naming the valid choices: the message its table entry holds.
+std::string rule_message(LayoutRule rule, const LayoutView& v) {
+  for (const SplitRule& r : kSplitRules)
+    if (r.rule == rule) return r.message(v);
+  std::vector<std::span<const Rule>> tables = {kSizeRules, kTensorRules};
+  tables.insert(tables.end(), std::begin(kRulesAfterSplit), std::end(kRulesAfterSplit));
+  for (std::span<const Rule> rules : tables)
+    for (const Rule& r : rules)
+      if (r.rule == rule) return r.message(v);
   return "";
 }
 
@@ -493,19 +682,19 @@ std::string rule_message(LayoutRule rule, const ModelSpec& model, const Training
 std::optional<std::string> pipeline_split_problem(const ModelSpec& model, const ParallelConfig& p) {
   const LayoutRule rule = stage_slots(model.num_layers, p).rule;
   if (rule == LayoutRule::ok) return std::nullopt;
-  return rule_message(rule, model, TrainingSpec{}, p, p.world_size());
+  return rule_message(rule, LayoutView{model, TrainingSpec{}, p, p.world_size()});
 }
 
 std::optional<std::string> layout_problem(const ModelSpec& model, const TrainingSpec& t, const ParallelConfig& p) {
   const LayoutRule rule = check_layout(model, t, p, p.world_size());
   if (rule == LayoutRule::ok) return std::nullopt;
-  return rule_message(rule, model, t, p, p.world_size());
+  return rule_message(rule, LayoutView{model, t, p, p.world_size()});
 }
 
 void validate(const ModelSpec& model, const ClusterSpec& cluster, const TrainingSpec& t, const ParallelConfig& p,
               int gpus) {
   if (LayoutRule rule = check_layout(model, t, p, gpus); rule != LayoutRule::ok)
-    bad(rule_message(rule, model, t, p, gpus));
+    bad(rule_message(rule, LayoutView{model, t, p, gpus}));
   peak_flops_per_s(cluster.gpu, t.precision);  // throws if the GPU lacks this precision
 }
 

@@ -51,41 +51,54 @@ void add_calibrate_options(CLI::App& command, CalibrateArgs& a) {
   command.add_flag("--force", a.force, "let -o replace existing files dplan did not write (never an input)");
 }
 
-int run_calibrate(const CalibrateArgs& a, const planner::ProfileStore& store) {
-  const ClusterSpec base = store.load_cluster(a.profile);
+namespace {
+
+// The runs as the calibration reads them, and how many of them are engine logs.
+struct CalibrationInput {
+  std::vector<planner::CalibrationRun> runs;
+  size_t logs = 0;
+};
+
+// Reads every run file: a run.json names its plan, an engine log takes one from --plan (once for
+// all logs, or once per log in order). Throws InputError where --plan does not match the logs.
+CalibrationInput read_runs(const CalibrateArgs& a) {
   std::optional<planner::LogFormat> forced;
   if (!a.format.empty()) forced = planner::log_format_from_string(a.format);
   // Which files are engine logs (they name no plan: --plan gives it).
   std::vector<planner::LogFormat> formats;
-  size_t logs = 0;
+  CalibrationInput in;
   for (const auto& f : a.runs) {
     formats.push_back(planner::measurement_format(read_text_file(f), f, forced));
-    logs += formats.back() != planner::LogFormat::run;
+    in.logs += formats.back() != planner::LogFormat::run;
   }
-  if (logs == 0 && !a.plans.empty())
+  if (in.logs == 0 && !a.plans.empty())
     throw InputError("--plan: no engine log among the runs; a run.json names the plan it ran");
-  if (logs > 0 && a.plans.empty())
+  if (in.logs > 0 && a.plans.empty())
     throw InputError(a.runs[std::find_if(formats.begin(), formats.end(),
                                          [](planner::LogFormat f) { return f != planner::LogFormat::run; }) -
                             formats.begin()] +
                      ": an engine log does not name the plan it ran; give it with --plan PLAN (once for all logs, "
                      "or once per log in order)");
-  if (logs > 0 && a.plans.size() != 1 && a.plans.size() != logs)
-    throw InputError("--plan: " + std::to_string(a.plans.size()) + " plans for " + std::to_string(logs) +
+  if (in.logs > 0 && a.plans.size() != 1 && a.plans.size() != in.logs)
+    throw InputError("--plan: " + std::to_string(a.plans.size()) + " plans for " + std::to_string(in.logs) +
                      " engine logs; give one for all logs, or one per log in order");
-  std::vector<planner::CalibrationRun> runs;
   size_t log_index = 0;
   for (size_t i = 0; i < a.runs.size(); ++i) {
     if (formats[i] == planner::LogFormat::run) {
-      runs.push_back(planner::read_calibration_run(a.runs[i]));
+      in.runs.push_back(planner::read_calibration_run(a.runs[i]));
     } else {
       const std::string& plan = a.plans.size() == 1 ? a.plans.front() : a.plans[log_index];
       ++log_index;
-      runs.push_back(planner::read_calibration_log(a.runs[i], plan, formats[i]));
+      in.runs.push_back(planner::read_calibration_log(a.runs[i], plan, formats[i]));
     }
   }
-  const planner::Calibration cal = planner::calibrate(base, runs);
+  return in;
+}
 
+// The fitted figures, before and after, and each run's step time measured and predicted.
+void print_calibration(const ClusterSpec& base, const planner::Calibration& cal, const CalibrationInput& in) {
+  const std::vector<planner::CalibrationRun>& runs = in.runs;
+  const size_t logs = in.logs;
   bool phases = false;
   for (const auto& r : runs) phases = phases || r.measured_compute_s > 0;
   std::printf("calibrated %s on %zu runs by least squares on log step time%s:\n", base.name.c_str(), runs.size(),
@@ -104,25 +117,13 @@ int run_calibrate(const CalibrateArgs& a, const planner::ProfileStore& store) {
                 100 * (cal.before_s[i] / runs[i].measured_step_s - 1), cal.after_s[i] * 1e3,
                 100 * (cal.after_s[i] / runs[i].measured_step_s - 1));
   std::printf("rms log error: %.3f before, %.3f after\n", cal.rms_log_error_before, cal.rms_log_error_after);
-  if (a.output.empty()) {
-    std::printf("(no -o: the calibrated profile is not written)\n");
-    return 0;
-  }
+}
 
-  std::string fitted_on;
-  for (const auto& r : runs) fitted_on += (fitted_on.empty() ? "" : ", ") + r.file;
-  char summary[160];
-  std::snprintf(summary, sizeof summary, " (rms log error of the step time %.3f before, %.3f after); the rest: ",
-                cal.rms_log_error_before, cal.rms_log_error_after);
-  const std::string source = "calibrated by dplan calibrate on " + fitted_on + summary;
-
-  const std::string cluster_path = store.cluster_path(a.profile);
-  json profile = read_json_file(cluster_path);
-  json& cluster = profile.at("cluster");
-  cluster["name"] = a.name.empty() ? base.name + "-calibrated" : a.name;
-  // The fitted figures in the profile's units (to_json, the one writer of profile figures).
-  const json fitted = costmodel::to_json(cal.cluster);
-  for (const auto& p : cal.parameters) {
+// Puts the fitted cluster figures into the cluster profile's JSON, in the profile's units
+// (to_json, the one writer of profile figures), each figure's source naming the fit.
+void put_cluster_figures(json& cluster, const json& fitted, const std::vector<std::string>& parameters,
+                         const std::string& source, const std::string& fitted_on) {
+  for (const auto& p : parameters) {
     if (p == "intra_node.measured_scale") {
       costmodel::put_figures(cluster, costmodel::pick_figures(fitted, {"intra_node.measured_scale"}));
     } else if (p.starts_with("intra_node")) {
@@ -143,10 +144,28 @@ int run_calibrate(const CalibrateArgs& a, const planner::ProfileStore& store) {
     }
   }
   for (const char* tier : {"intra_node", "inter_node"}) {
-    bool fitted = false;
-    for (const auto& p : cal.parameters) fitted = fitted || p.starts_with(tier);
-    if (fitted) cluster[tier]["source"] = source + cluster[tier].value("source", std::string());
+    bool fitted_tier = false;
+    for (const auto& p : parameters) fitted_tier = fitted_tier || p.starts_with(tier);
+    if (fitted_tier) cluster[tier]["source"] = source + cluster[tier].value("source", std::string());
   }
+}
+
+// Writes the calibrated cluster profile and its GPU profile to a.output.
+void write_calibrated_profiles(const CalibrateArgs& a, const planner::ProfileStore& store, const ClusterSpec& base,
+                               const planner::Calibration& cal, const std::vector<planner::CalibrationRun>& runs) {
+  std::string fitted_on;
+  for (const auto& r : runs) fitted_on += (fitted_on.empty() ? "" : ", ") + r.file;
+  char summary[160];
+  std::snprintf(summary, sizeof summary, " (rms log error of the step time %.3f before, %.3f after); the rest: ",
+                cal.rms_log_error_before, cal.rms_log_error_after);
+  const std::string source = "calibrated by dplan calibrate on " + fitted_on + summary;
+
+  const std::string cluster_path = store.cluster_path(a.profile);
+  json profile = read_json_file(cluster_path);
+  json& cluster = profile.at("cluster");
+  cluster["name"] = a.name.empty() ? base.name + "-calibrated" : a.name;
+  const json fitted = costmodel::to_json(cal.cluster);
+  put_cluster_figures(cluster, fitted, cal.parameters, source, fitted_on);
   json gpu_file = read_json_file(gpu_file_of(cluster_path, store));
   json& gpu = gpu_file.at("gpu");
   gpu["name"] = cluster["name"].get<std::string>() + "-gpu";
@@ -154,6 +173,20 @@ int run_calibrate(const CalibrateArgs& a, const planner::ProfileStore& store) {
   for (const auto& p : cal.parameters)
     if (p.starts_with("gpu.")) gpu["sources"][p.substr(4)] = source + gpu["sources"].value(p.substr(4), std::string());
   write_profiles(profile, gpu_file, a.output, a.force, store);
+}
+
+}  // namespace
+
+int run_calibrate(const CalibrateArgs& a, const planner::ProfileStore& store) {
+  const ClusterSpec base = store.load_cluster(a.profile);
+  const CalibrationInput in = read_runs(a);
+  const planner::Calibration cal = planner::calibrate(base, in.runs);
+  print_calibration(base, cal, in);
+  if (a.output.empty()) {
+    std::printf("(no -o: the calibrated profile is not written)\n");
+    return 0;
+  }
+  write_calibrated_profiles(a, store, base, cal, in.runs);
   return 0;
 }
 

@@ -118,7 +118,30 @@ double predicted_step_s(const ClusterSpec& cluster, const CalibrationRun& run) {
   return predicted_time(cluster, run).step_time_s;
 }
 
-Calibration calibrate(const ClusterSpec& base, const std::vector<CalibrationRun>& runs) {
+namespace {
+
+// What the runs exercise: which link tiers, and whether any has communication that could hide
+// under compute.
+struct RunsUse {
+  bool intra_node = false, inter_node = false, overlappable = false;
+};
+
+RunsUse runs_use(const ClusterSpec& base, const std::vector<CalibrationRun>& runs) {
+  RunsUse use;
+  for (const auto& r : runs) {
+    const int world = r.parallel.world_size();
+    use.intra_node = use.intra_node || world > 1;
+    use.inter_node = use.inter_node || world > base.gpus_per_node;
+    const int dp = r.parallel.dp * r.parallel.cp;
+    const bool sharded = r.parallel.zero_stage >= 1 || r.parallel.distributed_optimizer;
+    use.overlappable = use.overlappable || r.parallel.cp > 1 ||
+                       (dp > 1 && (r.parallel.zero_stage >= 3 || r.overlap.grad_reduce || (sharded && r.overlap.param_gather)));
+  }
+  return use;
+}
+
+// The profile's parameters the runs determine, each with its bounds.
+std::vector<detail::ClusterParameter> fitted_parameters(const ClusterSpec& base, const std::vector<CalibrationRun>& runs) {
   // Compute: the sustained fraction of the GEMM rate; the memory-bound work's rate too, unless the
   // GPU's GEMMs were measured (then memory-bound work is measured as well, and a small share).
   // With a measured table the fraction is the runs' pace over the probe's, which may exceed 1.
@@ -128,35 +151,32 @@ Calibration calibrate(const ClusterSpec& base, const std::vector<CalibrationRun>
   if (base.gpu.matmul_measured.empty())
     params.push_back(
         {"gpu.memory_efficiency", [](ClusterSpec& c) -> double& { return c.gpu.memory_efficiency; }, {1e-3, 1.0}});
-  bool intra = false, inter = false, overlappable = false;
-  for (const auto& r : runs) {
-    const int world = r.parallel.world_size();
-    intra = intra || world > 1;
-    inter = inter || world > base.gpus_per_node;
-    const int dp = r.parallel.dp * r.parallel.cp;
-    const bool sharded = r.parallel.zero_stage >= 1 || r.parallel.distributed_optimizer;
-    overlappable = overlappable || r.parallel.cp > 1 ||
-                   (dp > 1 && (r.parallel.zero_stage >= 3 || r.overlap.grad_reduce || (sharded && r.overlap.param_gather)));
-  }
+  const RunsUse use = runs_use(base, runs);
   // Communication, per tier the runs use: a tier with measured collectives scales those timings
   // (they are the measurement; training's differ by a factor); otherwise its efficiency and latency.
-  if (intra && !base.intra_node.measured.empty()) {
+  if (use.intra_node && !base.intra_node.measured.empty()) {
     params.push_back({"intra_node.measured_scale", [](ClusterSpec& c) -> double& { return c.intra_node.measured_scale; },
                       {0.1, 10.0}});
-  } else if (intra) {
+  } else if (use.intra_node) {
     params.push_back({"intra_node.efficiency", [](ClusterSpec& c) -> double& { return c.intra_node.efficiency_fraction; },
                       {1e-3, 1.0}});
     params.push_back({"intra_node.latency", [](ClusterSpec& c) -> double& { return c.intra_node.latency_s; }, {1e-8, 1e-2}});
   }
-  if (inter) {
+  if (use.inter_node) {
     params.push_back({"inter_node.efficiency", [](ClusterSpec& c) -> double& { return c.nic_efficiency_fraction; },
                       {1e-3, 1.0}});
     params.push_back({"inter_node.latency", [](ClusterSpec& c) -> double& { return c.inter_node_latency_s; }, {1e-8, 1e-2}});
   }
   // Overlap, when some run has communication that could hide under compute.
-  if (overlappable)
+  if (use.overlappable)
     params.push_back({"comm_overlap", [](ClusterSpec& c) -> double& { return c.comm_overlap_fraction; }, {1e-3, 1.0}});
-  // Repeats of one layout measure it more precisely but determine nothing more: count layouts.
+  return params;
+}
+
+// Repeats of one layout measure it more precisely but determine nothing more: throws InputError
+// when the runs hold fewer layouts than `params`.
+void require_enough_layouts(const std::vector<detail::ClusterParameter>& params,
+                            const std::vector<CalibrationRun>& runs) {
   std::set<std::string> layouts;
   for (const auto& r : runs) layouts.insert(r.layout.empty() ? "file:" + r.file : r.layout);
   if (layouts.size() < params.size()) {
@@ -169,6 +189,35 @@ Calibration calibrate(const ClusterSpec& base, const std::vector<CalibrationRun>
                      "): a fit with fewer measurements than unknowns matches any data and predicts nothing; give at least " +
                      std::to_string(params.size()) + " runs of different layouts");
   }
+}
+
+// Storage: the median save's per-node write bandwidth (see calibrate.h), where the runs saved.
+void calibrate_storage(Calibration& cal, const std::vector<CalibrationRun>& runs) {
+  std::vector<double> write_rates;
+  for (const auto& r : runs) write_rates.insert(write_rates.end(), r.node_write_bytes_per_s.begin(), r.node_write_bytes_per_s.end());
+  if (write_rates.empty()) return;
+  std::sort(write_rates.begin(), write_rates.end());
+  const size_t n = write_rates.size();
+  const double node_write = n % 2 ? write_rates[n / 2] : 0.5 * (write_rates[n / 2 - 1] + write_rates[n / 2]);
+  costmodel::StorageSpec& storage = cal.cluster.storage;
+  if (!storage.given()) {
+    storage.node_read_bytes_per_s = storage.aggregate_read_bytes_per_s = node_write;
+    storage.aggregate_write_bytes_per_s = node_write;
+  }
+  storage.node_write_bytes_per_s = node_write;
+  // A cluster that is one shared machine's cores (cores_per_node) has one node: its disk is the aggregate.
+  const bool one_machine = cal.cluster.cores_per_node > 0;
+  if (one_machine || storage.aggregate_write_bytes_per_s < node_write) storage.aggregate_write_bytes_per_s = node_write;
+  if (storage.aggregate_read_bytes_per_s < storage.node_read_bytes_per_s)
+    storage.aggregate_read_bytes_per_s = storage.node_read_bytes_per_s;
+  cal.parameters.push_back("storage.node_write");
+}
+
+}  // namespace
+
+Calibration calibrate(const ClusterSpec& base, const std::vector<CalibrationRun>& runs) {
+  const std::vector<detail::ClusterParameter> params = fitted_parameters(base, runs);
+  require_enough_layouts(params, runs);
   Calibration cal;
   const Targets targets(runs);
   cal.before_s = predictions(base, runs);
@@ -181,26 +230,7 @@ Calibration calibrate(const ClusterSpec& base, const std::vector<CalibrationRun>
   cal.rms_log_error_before = detail::rms_log_error(cal.before_s, measured);
   cal.rms_log_error_after = detail::rms_log_error(cal.after_s, measured);
   cal.cluster = c;
-  // Storage: the median save's per-node write bandwidth (see calibrate.h).
-  std::vector<double> write_rates;
-  for (const auto& r : runs) write_rates.insert(write_rates.end(), r.node_write_bytes_per_s.begin(), r.node_write_bytes_per_s.end());
-  if (!write_rates.empty()) {
-    std::sort(write_rates.begin(), write_rates.end());
-    const size_t n = write_rates.size();
-    const double node_write = n % 2 ? write_rates[n / 2] : 0.5 * (write_rates[n / 2 - 1] + write_rates[n / 2]);
-    costmodel::StorageSpec& storage = cal.cluster.storage;
-    if (!storage.given()) {
-      storage.node_read_bytes_per_s = storage.aggregate_read_bytes_per_s = node_write;
-      storage.aggregate_write_bytes_per_s = node_write;
-    }
-    storage.node_write_bytes_per_s = node_write;
-    // A cluster that is one shared machine's cores (cores_per_node) has one node: its disk is the aggregate.
-    const bool one_machine = cal.cluster.cores_per_node > 0;
-    if (one_machine || storage.aggregate_write_bytes_per_s < node_write) storage.aggregate_write_bytes_per_s = node_write;
-    if (storage.aggregate_read_bytes_per_s < storage.node_read_bytes_per_s)
-      storage.aggregate_read_bytes_per_s = storage.node_read_bytes_per_s;
-    cal.parameters.push_back("storage.node_write");
-  }
+  calibrate_storage(cal, runs);
   return cal;
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <tuple>
 #include <sstream>
 #include <utility>
@@ -144,7 +145,7 @@ std::string changed_flags(const PlanCase& from, const PlanCase& to) {
   for (const auto& f : a) {
     const std::string& flag = f.first;
     if (std::none_of(b.begin(), b.end(), [&](const auto& g) { return g.first == flag; }))
-      s += (s.empty() ? "" : " ") + std::string("(drop ") + flag + ")";
+      s += (s.empty() ? "(drop " : " (drop ") + flag + ")";
   }
   return s;
 }
@@ -153,122 +154,155 @@ std::string changed_flags(const PlanCase& from, const PlanCase& to) {
 
 std::string estimate_flags(const PlanCase& plan) { return join(flag_list(plan)); }
 
-std::vector<Suggestion> suggest_changes(const PlanCase& plan, const TimeBreakdown& time, size_t max_count) {
-  const ParallelConfig& p = plan.parallel;
-  // Each change has a kind; only the best of a kind is shown (one micro-batch size, one vpp, ...).
-  struct Change {
-    std::string kind, what;
-    PlanCase changed;
-    bool same_math = true;
-  };
-  std::vector<Change> changes;
-  std::string kind;
-  auto change = [&](std::string what, const std::function<void(PlanCase&)>& edit, bool same_math = true) {
-    PlanCase c = plan;
-    edit(c);
-    changes.push_back({kind, std::move(what), std::move(c), same_math});
-  };
-  const int m = num_microbatches(plan.training, p);
+namespace {
 
+// A change to the plan, of a kind: only the best of a kind is shown (one micro-batch size, one vpp, ...).
+struct Change {
+  std::string kind, what;
+  PlanCase changed;
+  bool same_math = true;
+};
+
+// The changes to one plan, in the order they are tried.
+class ChangeList {
+ public:
+  explicit ChangeList(const PlanCase& plan) : plan_(plan) {}
+  // The kind of the changes added from here on.
+  void kind(std::string kind) { kind_ = std::move(kind); }
+  void add(std::string what, const std::function<void(PlanCase&)>& edit, bool same_math = true) {
+    PlanCase c = plan_;
+    edit(c);
+    changes_.push_back({kind_, std::move(what), std::move(c), same_math});
+  }
+  std::vector<Change>& changes() { return changes_; }
+
+ private:
+  const PlanCase& plan_;
+  std::string kind_;
+  std::vector<Change> changes_;
+};
+
+// The pipeline's fill: the micro-batch size and interleaving.
+void add_pipeline_changes(ChangeList& list, const PlanCase& plan) {
+  const ParallelConfig& p = plan.parallel;
+  const int m = num_microbatches(plan.training, p);
   // Micro-batch size at the same global batch: smaller means more micro-batches per pipeline (a
   // smaller bubble, less activation memory), larger means bigger GEMMs.
-  kind = "micro-batch";
+  list.kind("micro-batch");
   for (int mbs : {1, 2, 4, 8, 16}) {
     if (mbs == p.micro_batch || check_batch(plan.training, mbs, p.dp) != LayoutRule::ok) continue;
     const int m2 = plan.training.global_batch / (mbs * p.dp);
-    change((mbs < p.micro_batch ? "more micro-batches: micro-batch " : "larger micro-batches: micro-batch ") +
-               std::to_string(mbs) + " (was " + std::to_string(p.micro_batch) + "), " + std::to_string(m2) +
-               " per pipeline (was " + std::to_string(m) + ")",
-           [mbs](PlanCase& c) { c.parallel.micro_batch = mbs; });
+    list.add((mbs < p.micro_batch ? "more micro-batches: micro-batch " : "larger micro-batches: micro-batch ") +
+                 std::to_string(mbs) + " (was " + std::to_string(p.micro_batch) + "), " + std::to_string(m2) +
+                 " per pipeline (was " + std::to_string(m) + ")",
+             [mbs](PlanCase& c) { c.parallel.micro_batch = mbs; });
   }
   // Interleaving: vpp model chunks per pipeline rank divide the bubble by vpp.
-  kind = "vpp";
+  list.kind("vpp");
   if (p.pp > 1)
     for (int vpp = 1; vpp <= 8; ++vpp) {
       if (vpp == p.vpp) continue;
-      change(vpp == 1 ? "no interleaving: vpp 1 (was " + std::to_string(p.vpp) + ")"
-                      : "interleaved schedule: vpp " + std::to_string(vpp) + " (was " + std::to_string(p.vpp) + ")",
-             [vpp](PlanCase& c) {
-               c.parallel.vpp = vpp;
-               c.parallel.schedule = vpp > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
-             });
+      list.add(vpp == 1 ? "no interleaving: vpp 1 (was " + std::to_string(p.vpp) + ")"
+                        : "interleaved schedule: vpp " + std::to_string(vpp) + " (was " + std::to_string(p.vpp) + ")",
+               [vpp](PlanCase& c) {
+                 c.parallel.vpp = vpp;
+                 c.parallel.schedule = vpp > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
+               });
     }
-  kind = "tp-comm-overlap";
+}
+
+// Tensor parallel's communication: overlapped with GEMMs, and sequence parallel.
+void add_tensor_parallel_changes(ChangeList& list, const PlanCase& plan) {
+  const ParallelConfig& p = plan.parallel;
+  list.kind("tp-comm-overlap");
   if (p.tp > 1 && !plan.overlap.tp_comm)
-    change(p.sequence_parallel ? "overlap tensor-parallel communication with GEMMs"
-                               : "overlap tensor-parallel communication with GEMMs (with sequence parallel, which it needs)",
-           [](PlanCase& c) {
-             c.overlap.tp_comm = true;
-             c.parallel.sequence_parallel = true;
-           });
-  kind = "sp";
+    list.add(p.sequence_parallel ? "overlap tensor-parallel communication with GEMMs"
+                                 : "overlap tensor-parallel communication with GEMMs (with sequence parallel, which it needs)",
+             [](PlanCase& c) {
+               c.overlap.tp_comm = true;
+               c.parallel.sequence_parallel = true;
+             });
+  list.kind("sp");
   if (p.tp > 1 && !p.sequence_parallel)
-    change("sequence parallel", [](PlanCase& c) { c.parallel.sequence_parallel = true; });
-  // Less recompute, where it still fits.
-  kind = "recompute";
+    list.add("sequence parallel", [](PlanCase& c) { c.parallel.sequence_parallel = true; });
+}
+
+// Less recompute, where it still fits.
+void add_recompute_changes(ChangeList& list, const PlanCase& plan) {
+  const ParallelConfig& p = plan.parallel;
+  list.kind("recompute");
   if (p.recompute == Recompute::full)
-    change("less recompute: selective (was full)", [](PlanCase& c) { c.parallel.recompute = Recompute::selective; });
+    list.add("less recompute: selective (was full)", [](PlanCase& c) { c.parallel.recompute = Recompute::selective; });
   if (p.recompute != Recompute::none)
-    change(std::string("less recompute: none (was ") + to_string(p.recompute) + ")",
-           [](PlanCase& c) { c.parallel.recompute = Recompute::none; });
-  kind = "overlap-grad-reduce";
+    list.add(std::string("less recompute: none (was ") + to_string(p.recompute) + ")",
+             [](PlanCase& c) { c.parallel.recompute = Recompute::none; });
+}
+
+// Data parallel's communication and sharding, and the optimizer's offload.
+void add_data_parallel_changes(ChangeList& list, const PlanCase& plan) {
+  const ParallelConfig& p = plan.parallel;
+  list.kind("overlap-grad-reduce");
   if (!plan.overlap.grad_reduce)
-    change("overlap gradient reduction with backward", [](PlanCase& c) { c.overlap.grad_reduce = true; });
-  kind = "overlap-param-gather";
+    list.add("overlap gradient reduction with backward", [](PlanCase& c) { c.overlap.grad_reduce = true; });
+  list.kind("overlap-param-gather");
   if (!plan.overlap.param_gather)
-    change("overlap parameter gathers with forward", [](PlanCase& c) { c.overlap.param_gather = true; });
-  kind = "sharding";
+    list.add("overlap parameter gathers with forward", [](PlanCase& c) { c.overlap.param_gather = true; });
+  list.kind("sharding");
   if (p.dp * p.cp > 1 && !p.distributed_optimizer)
-    change("distributed optimizer (was ZeRO " + std::to_string(p.zero_stage) + ")", [](PlanCase& c) {
+    list.add("distributed optimizer (was ZeRO " + std::to_string(p.zero_stage) + ")", [](PlanCase& c) {
       c.parallel.distributed_optimizer = true;
       c.parallel.zero_stage = 0;
     });
   if (p.zero_stage >= 2)
-    change("ZeRO 1 (was ZeRO " + std::to_string(p.zero_stage) + "): no per-layer gathers or gradient scatters",
-           [](PlanCase& c) { c.parallel.zero_stage = 1; });
-  kind = "offload";
+    list.add("ZeRO 1 (was ZeRO " + std::to_string(p.zero_stage) + "): no per-layer gathers or gradient scatters",
+             [](PlanCase& c) { c.parallel.zero_stage = 1; });
+  list.kind("offload");
   if (p.offload_optimizer)
-    change("optimizer states on the GPU (no offload)", [](PlanCase& c) { c.parallel.offload_optimizer = false; });
-  // A larger global batch fills the pipeline too, but it changes the training (tokens per step,
-  // the learning-rate schedule): said apart from the like-for-like changes.
-  kind = "global-batch";
-  if (p.pp > 1 && 2LL * plan.training.global_batch <= kMaxGlobalBatch)
-    change("larger global batch: " + std::to_string(2 * plan.training.global_batch) + " sequences (was " +
-               std::to_string(plan.training.global_batch) + "), " + std::to_string(2 * m) +
-               " micro-batches per pipeline; changes the training, not only its speed",
-           [](PlanCase& c) { c.training.global_batch *= 2; }, false);
+    list.add("optimizer states on the GPU (no offload)", [](PlanCase& c) { c.parallel.offload_optimizer = false; });
+}
 
-  // Every change keeps the cluster and the world size: one network prices them all.
-  const Network net(plan.cluster, p.world_size());
-  std::vector<Suggestion> same, different;
-  std::vector<PlanCase> seen;
-  for (Change& ch : changes) {
-    if (std::find_if(seen.begin(), seen.end(), [&](const PlanCase& s) {
-          return s.parallel == ch.changed.parallel && s.overlap == ch.changed.overlap &&
-                 s.training == ch.changed.training;
-        }) != seen.end())
-      continue;
-    seen.push_back(ch.changed);
-    Estimated e;
-    try {
-      e = estimate_case(ch.changed, net);
-    } catch (const InputError&) {
-      continue;  // a layout the rules refuse (vpp not dividing the stages' layers, ...)
-    }
-    if (!e.memory.fits) continue;
-    Suggestion s;
-    s.kind = ch.kind;
-    s.what = ch.what;
-    s.flags = changed_flags(plan, ch.changed);
-    s.changed = ch.changed;
-    s.step_time_s = e.time.step_time_s;
-    s.tokens_per_s = e.time.tokens_per_s;
-    s.gain = e.time.tokens_per_s / time.tokens_per_s - 1;
-    s.peak_bytes = e.memory.peak_bytes;
-    s.same_math = ch.same_math;
-    if (!(s.gain > 1e-3)) continue;  // under 0.1 %: not worth a line
-    (s.same_math ? same : different).push_back(std::move(s));
+// A larger global batch fills the pipeline too, but it changes the training (tokens per step,
+// the learning-rate schedule): said apart from the like-for-like changes.
+void add_global_batch_change(ChangeList& list, const PlanCase& plan) {
+  const ParallelConfig& p = plan.parallel;
+  const int m = num_microbatches(plan.training, p);
+  list.kind("global-batch");
+  if (p.pp > 1 && 2LL * plan.training.global_batch <= kMaxGlobalBatch)
+    list.add("larger global batch: " + std::to_string(2 * plan.training.global_batch) + " sequences (was " +
+                 std::to_string(plan.training.global_batch) + "), " + std::to_string(2 * m) +
+                 " micro-batches per pipeline; changes the training, not only its speed",
+             [](PlanCase& c) { c.training.global_batch *= 2; }, false);
+}
+
+// The change re-estimated, or nullopt where the rules refuse it, it does not fit, or it gains
+// under 0.1 % (not worth a line).
+std::optional<Suggestion> evaluate_change(const PlanCase& plan, const TimeBreakdown& time, const Change& ch,
+                                          const Network& net) {
+  Estimated e;
+  try {
+    e = estimate_case(ch.changed, net);
+  } catch (const InputError&) {
+    return std::nullopt;  // a layout the rules refuse (vpp not dividing the stages' layers, ...)
   }
+  if (!e.memory.fits) return std::nullopt;
+  Suggestion s;
+  s.kind = ch.kind;
+  s.what = ch.what;
+  s.flags = changed_flags(plan, ch.changed);
+  s.changed = ch.changed;
+  s.step_time_s = e.time.step_time_s;
+  s.tokens_per_s = e.time.tokens_per_s;
+  s.gain = e.time.tokens_per_s / time.tokens_per_s - 1;
+  s.peak_bytes = e.memory.peak_bytes;
+  s.same_math = ch.same_math;
+  if (!(s.gain > 1e-3)) return std::nullopt;
+  return s;
+}
+
+// The best like-for-like change of each kind, most gain first, at most max_count of them, then the
+// best change that changes the training.
+std::vector<Suggestion> rank_suggestions(std::vector<Suggestion> same, std::vector<Suggestion> different,
+                                         size_t max_count) {
   auto by_gain = [](const Suggestion& a, const Suggestion& b) { return a.gain > b.gain; };
   std::stable_sort(same.begin(), same.end(), by_gain);
   std::vector<std::string> kinds;
@@ -283,6 +317,33 @@ std::vector<Suggestion> suggest_changes(const PlanCase& plan, const TimeBreakdow
   std::stable_sort(different.begin(), different.end(), by_gain);
   if (!different.empty()) same.push_back(std::move(different.front()));
   return same;
+}
+
+}  // namespace
+
+std::vector<Suggestion> suggest_changes(const PlanCase& plan, const TimeBreakdown& time, size_t max_count) {
+  ChangeList list(plan);
+  add_pipeline_changes(list, plan);
+  add_tensor_parallel_changes(list, plan);
+  add_recompute_changes(list, plan);
+  add_data_parallel_changes(list, plan);
+  add_global_batch_change(list, plan);
+
+  // Every change keeps the cluster and the world size: one network prices them all.
+  const Network net(plan.cluster, plan.parallel.world_size());
+  std::vector<Suggestion> same, different;
+  std::vector<PlanCase> seen;
+  for (const Change& ch : list.changes()) {
+    if (std::find_if(seen.begin(), seen.end(), [&](const PlanCase& s) {
+          return s.parallel == ch.changed.parallel && s.overlap == ch.changed.overlap &&
+                 s.training == ch.changed.training;
+        }) != seen.end())
+      continue;
+    seen.push_back(ch.changed);
+    if (std::optional<Suggestion> s = evaluate_change(plan, time, ch, net))
+      (s->same_math ? same : different).push_back(std::move(*s));
+  }
+  return rank_suggestions(std::move(same), std::move(different), max_count);
 }
 
 std::string explain_table(const MfuBreakdown& b, const std::vector<Suggestion>& suggestions, const PlanCase* plan) {

@@ -52,21 +52,8 @@ std::string probe_note(ObjectReader& r, const std::string& key) {
   return quote_for_message(v.get<std::string>(), 300);
 }
 
-}  // namespace
-
-// The probe writers add metadata (rounds, per-kernel rows, sample counts) that no fit reads: only
-// the keys read below are checked, each against its range, so unknown keys are left alone.
-GpuProbe parse_gpu_probe(const json& j, const std::string& file) {
-  const std::string generator = j.is_object() && j.contains("generator") && j["generator"].is_string()
-                                    ? j["generator"].get<std::string>()
-                                    : "";
-  if (generator != "dplan-gpu-probe" && generator != "dplan-cpu-probe")
-    throw InputError(file + ": not a dplan-gpu-probe result (expected the JSON dplan-gpu-probe or dplan-worker "
-                            "--probe writes, with \"generator\": \"dplan-gpu-probe\" or \"dplan-cpu-probe\")");
-  ObjectReader r(j, file);
-  GpuProbe p;
-  p.file = file;
-  ObjectReader device = r.object("device");
+// The device: its name, counts, what the driver reports and the library versions.
+void read_device(ObjectReader device, GpuProbe& p) {
   p.device_name = device.string("name");
   p.sm_count = static_cast<int>(device.int_in("sm_count", 1, 100000));
   p.device_count = static_cast<int>(device.int_in("count", 1, costmodel::kMaxGpus));
@@ -88,13 +75,13 @@ GpuProbe parse_gpu_probe(const json& j, const std::string& file) {
                             {"cublaslt_version", &p.cublaslt_version},
                             {"nccl_version", &p.nccl_version}})
     if (device.has(key)) *field = device.string(key);
-  ObjectReader memory = r.object("memory");
-  p.copy_bytes_per_s = memory.number_in("bytes_per_s", 1e3, 1e16);
-  p.elementwise_bytes_per_s = memory.has("elementwise_bytes_per_s")
-                                  ? memory.number_in("elementwise_bytes_per_s", 1e3, 1e16)
-                                  : 0.0;
+}
+
+// The measured GEMMs, each with its shape, precision, time and (where given) operation and batch.
+std::vector<GemmSample> read_gemms(ObjectReader& r, const std::string& file) {
   const json& gemms = r.raw("gemm");
   if (!gemms.is_array()) r.fail("gemm", "a list of measured GEMMs");
+  std::vector<GemmSample> out;
   for (size_t i = 0; i < gemms.size(); ++i) {
     ObjectReader g(gemms[i], file, "/gemm/" + std::to_string(i));
     GemmSample s;
@@ -107,8 +94,13 @@ GpuProbe parse_gpu_probe(const json& j, const std::string& file) {
       s.op = costmodel::gemm_op_from_string(
           g.one_of("op", {"forward", "dgrad", "wgrad", "batched", "attention_forward", "attention_backward"}));
     if (g.has("batch")) s.batch = static_cast<double>(g.int_in("batch", 1, 1000000));
-    p.gemms.push_back(s);
+    out.push_back(s);
   }
+  return out;
+}
+
+// The optional sections: compute/communication overlap, kernel launches, the shared-core speedup.
+void read_overlap_launch_lone_rank(ObjectReader& r, GpuProbe& p) {
   if (r.has("overlap")) {
     ObjectReader o = r.object("overlap");
     p.overlap_fraction = o.fraction("fraction");
@@ -132,16 +124,46 @@ GpuProbe parse_gpu_probe(const json& j, const std::string& file) {
     p.lone_rank_alone_s = l.number_in("alone_s", 0, 1e4);
     p.lone_rank_busy_s = l.number_in("all_busy_s", 0, 1e4);
   }
-  if (r.has("nccl_tests_files")) {
-    const json& files = r.raw("nccl_tests_files");
-    if (!files.is_array()) r.fail("nccl_tests_files", "a list of file names");
-    for (size_t i = 0; i < files.size(); ++i) {
-      const std::string where = "/nccl_tests_files/" + std::to_string(i);
-      if (!files[i].is_string() || !is_printable_text(files[i].get<std::string>()))
-        throw InputError(file + ": " + where + ": expected a file name, got " + describe_json_value(files[i]));
-      p.nccl_tests_files.push_back(files[i].get<std::string>());
-    }
+}
+
+// The nccl-tests files the probe wrote beside its JSON, by name.
+std::vector<std::string> read_nccl_tests_files(ObjectReader& r, const std::string& file) {
+  std::vector<std::string> names;
+  if (!r.has("nccl_tests_files")) return names;
+  const json& files = r.raw("nccl_tests_files");
+  if (!files.is_array()) r.fail("nccl_tests_files", "a list of file names");
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string where = "/nccl_tests_files/" + std::to_string(i);
+    if (!files[i].is_string() || !is_printable_text(files[i].get<std::string>()))
+      throw InputError(file + ": " + where + ": expected a file name, got " + describe_json_value(files[i]));
+    names.push_back(files[i].get<std::string>());
   }
+  return names;
+}
+
+}  // namespace
+
+// The probe writers add metadata (rounds, per-kernel rows, sample counts) that no fit reads: only
+// the keys read below are checked, each against its range, so unknown keys are left alone.
+GpuProbe parse_gpu_probe(const json& j, const std::string& file) {
+  const std::string generator = j.is_object() && j.contains("generator") && j["generator"].is_string()
+                                    ? j["generator"].get<std::string>()
+                                    : "";
+  if (generator != "dplan-gpu-probe" && generator != "dplan-cpu-probe")
+    throw InputError(file + ": not a dplan-gpu-probe result (expected the JSON dplan-gpu-probe or dplan-worker "
+                            "--probe writes, with \"generator\": \"dplan-gpu-probe\" or \"dplan-cpu-probe\")");
+  ObjectReader r(j, file);
+  GpuProbe p;
+  p.file = file;
+  read_device(r.object("device"), p);
+  ObjectReader memory = r.object("memory");
+  p.copy_bytes_per_s = memory.number_in("bytes_per_s", 1e3, 1e16);
+  p.elementwise_bytes_per_s = memory.has("elementwise_bytes_per_s")
+                                  ? memory.number_in("elementwise_bytes_per_s", 1e3, 1e16)
+                                  : 0.0;
+  p.gemms = read_gemms(r, file);
+  read_overlap_launch_lone_rank(r, p);
+  p.nccl_tests_files = read_nccl_tests_files(r, file);
   return p;
 }
 

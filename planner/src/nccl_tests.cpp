@@ -77,6 +77,46 @@ std::vector<double> measured_times(const NcclTestsRun& run) {
   return t;
 }
 
+// One line that is no header or comment: a result row added to `run` (or counted as skipped, with
+// a size or time of 0 or wrong values), or nothing where it is no result row. Throws InputError for
+// a row without its figures or with figures no machine measures.
+void read_result_row(const std::string& line, const std::string& where, NcclTestsRun& run) {
+  // size count type redop root time algbw busbw #wrong ...: the first token with a decimal point
+  // after the type is the out-of-place time (redop and root are words or integers).
+  std::istringstream tokens(line);
+  std::vector<std::string> t{std::istream_iterator<std::string>(tokens), std::istream_iterator<std::string>()};
+  double size = 0;
+  if (t.size() < 8 || !parse_number(t[0], size)) return;  // not a result row
+  size_t i = 3;
+  while (i < t.size() && t[i].find('.') == std::string::npos) ++i;
+  double time_us = 0, algbw = 0, busbw = 0, wrong = 0;
+  if (i + 3 >= t.size() || !parse_number(t[i], time_us) || !parse_number(t[i + 1], algbw) ||
+      !parse_number(t[i + 2], busbw))
+    throw InputError(where + ": a result row without time, algbw and busbw: \"" + quote_for_message(line) + "\"");
+  const bool wrong_ok = parse_number(t[i + 3], wrong);
+  if (size <= 0 || time_us <= 0 || (wrong_ok && wrong > 0)) {
+    ++run.skipped_rows;
+    return;
+  }
+  // No machine moves a petabyte in one collective, takes three hours for one, or sustains
+  // 10 PB/s: such a row is a corrupt file, and its figures would overflow the fit.
+  if (size > 1e15 || time_us > 1e10 || algbw > 1e7 || busbw < 0 || busbw > 1e7)
+    throw InputError(where +
+                     ": a result row outside what a machine measures (size up to 1e15 B, time up to 1e10 us, "
+                     "bandwidths 0 to 1e7 GB/s): \"" + quote_for_message(line) + "\"");
+  run.rows.push_back({size, time_us * 1e-6, busbw * 1e9});
+}
+
+// The collective: as given, else as the file's "Collective test starting:" line names it.
+Collective collective_of(const std::string& file, const std::optional<std::string>& test,
+                         std::optional<Collective> collective) {
+  if (collective) return *collective;
+  if (test && tests().count(*test)) return tests().at(*test);
+  throw InputError(file + ": " + (test ? "the test " + *test + " is not one of " + test_names()
+                                       : "no \"# Collective test starting:\" line names the test") +
+                   "; give --collective all_reduce|all_gather|reduce_scatter|all_to_all|send_recv");
+}
+
 }  // namespace
 
 NcclTestsRun parse_nccl_tests(const std::string& text, const std::string& file, std::optional<Collective> collective) {
@@ -99,41 +139,9 @@ NcclTestsRun parse_nccl_tests(const std::string& text, const std::string& file, 
     }
     if (std::regex_search(line, m, test_line)) test = m[1];
     if (line.empty() || line[0] == '#') continue;
-    // size count type redop root time algbw busbw #wrong ...: the first token with a decimal point
-    // after the type is the out-of-place time (redop and root are words or integers).
-    std::istringstream tokens(line);
-    std::vector<std::string> t{std::istream_iterator<std::string>(tokens), std::istream_iterator<std::string>()};
-    double size = 0;
-    if (t.size() < 8 || !parse_number(t[0], size)) continue;  // not a result row
-    size_t i = 3;
-    while (i < t.size() && t[i].find('.') == std::string::npos) ++i;
-    double time_us = 0, algbw = 0, busbw = 0, wrong = 0;
-    if (i + 3 >= t.size() || !parse_number(t[i], time_us) || !parse_number(t[i + 1], algbw) ||
-        !parse_number(t[i + 2], busbw))
-      throw InputError(file + ":" + std::to_string(line_no) + ": a result row without time, algbw and busbw: \"" +
-                       quote_for_message(line) + "\"");
-    const bool wrong_ok = parse_number(t[i + 3], wrong);
-    if (size <= 0 || time_us <= 0 || (wrong_ok && wrong > 0)) {
-      ++run.skipped_rows;
-      continue;
-    }
-    // No machine moves a petabyte in one collective, takes three hours for one, or sustains
-    // 10 PB/s: such a row is a corrupt file, and its figures would overflow the fit.
-    if (size > 1e15 || time_us > 1e10 || algbw > 1e7 || busbw < 0 || busbw > 1e7)
-      throw InputError(file + ":" + std::to_string(line_no) +
-                       ": a result row outside what a machine measures (size up to 1e15 B, time up to 1e10 us, "
-                       "bandwidths 0 to 1e7 GB/s): \"" + quote_for_message(line) + "\"");
-    run.rows.push_back({size, time_us * 1e-6, busbw * 1e9});
+    read_result_row(line, file + ":" + std::to_string(line_no), run);
   }
-  if (collective) {
-    run.collective = *collective;
-  } else if (test && tests().count(*test)) {
-    run.collective = tests().at(*test);
-  } else {
-    throw InputError(file + ": " + (test ? "the test " + *test + " is not one of " + test_names()
-                                         : "no \"# Collective test starting:\" line names the test") +
-                     "; give --collective all_reduce|all_gather|reduce_scatter|all_to_all|send_recv");
-  }
+  run.collective = collective_of(file, test, collective);
   if (run.ranks == 0)
     throw InputError(file + ": no \"#  Rank r Group g Pid p on HOST device ...\" lines: is this nccl-tests output?");
   if (run.rows.empty())

@@ -94,6 +94,79 @@ SearchSpace SearchSpace::runnable_by_executor(int gpus, const ModelSpec& model, 
   return s;
 }
 
+namespace {
+
+bool ok(LayoutRule rule) { return rule == LayoutRule::ok; }
+
+// MoE parallel folding (training.h): every ep dividing the experts, with the expert tensor
+// parallel size Megatron defaults to (etp = tp) and the one the folding paper recommends
+// (etp = 1, Liu et al. 2025, arXiv 2504.14960), where ep*etp divides tp*cp*dp. Each as (ep, etp).
+std::vector<std::pair<int, int>> expert_choices(const ModelSpec& m, const SearchSpace& space, ParallelConfig p) {
+  std::vector<std::pair<int, int>> eps;
+  if (!m.is_moe()) {
+    eps.push_back({1, 0});
+    return eps;
+  }
+  for (p.ep = 1; p.ep <= (space.allow_expert_parallel ? m.num_experts : 1); ++p.ep)
+    for (int etp : p.tp == 1 ? std::vector<int>{1} : std::vector<int>{p.tp, 1}) {
+      p.etp = etp;
+      if (ok(check_expert_parallel(m, p))) eps.push_back({p.ep, etp});
+    }
+  return eps;
+}
+
+// Each schedule with the split Megatron users give a pp (x vpp) that does not divide the layers
+// (megatron_split, training.h); a (pp, vpp) without one is left out.
+std::vector<ParallelConfig> schedule_choices(const ModelSpec& m, const TrainingSpec& t, const SearchSpace& space,
+                                             ParallelConfig p) {
+  std::vector<ParallelConfig> schedules;
+  p.schedule = Schedule::one_f_one_b, p.vpp = 1;
+  if (auto split = megatron_split(m.num_layers, p); split && ok(check_pipeline_parallel(m, *split)))
+    schedules.push_back(*split);
+  p.schedule = Schedule::interleaved;
+  for (p.vpp = 2; p.vpp <= space.max_vpp; ++p.vpp)
+    if (auto split = megatron_split(m.num_layers, p);
+        split && ok(check_pipeline_parallel(m, *split)) && ok(check_schedule(m, t, *split)))
+      schedules.push_back(*split);
+  return schedules;
+}
+
+// Appends `split` (the sizes, micro-batch, schedule and layer split chosen) with the expert sizes
+// `expert` = (ep, etp) and every sharding, recompute, sequence-parallel and offload choice the
+// space allows. Throws InputError past kMaxLayouts.
+void add_layouts(std::vector<ParallelConfig>& out, const ParallelConfig& split, std::pair<int, int> expert,
+                 const SearchSpace& space) {
+  for (int zero = 0; zero <= 4; ++zero) {  // 4 stands for the distributed optimizer
+    // Sharding over one data-parallel rank changes nothing: left out.
+    if (split.dp * split.cp == 1 && zero > 0) continue;
+    if (zero == 4 ? !space.allow_distributed_optimizer : zero > space.max_zero_stage) continue;
+    for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full})
+      for (bool sp : {false, true}) {
+        ParallelConfig q = split;  // with its schedule and layer split
+        q.sequence_parallel = sp;
+        if (!ok(check_sequence_parallel(q))) continue;
+        if (rc != Recompute::none && !space.allow_recompute) continue;
+        for (bool offload : {false, true}) {
+          // Offload is tried only with sharded optimizer states (ZeRO 1-3, distributed optimizer).
+          if (offload && (!space.allow_offload || zero == 0)) continue;
+          q.ep = expert.first;
+          q.etp = expert.second;
+          q.zero_stage = zero == 4 ? 0 : zero;
+          q.distributed_optimizer = zero == 4;
+          q.offload_optimizer = offload;
+          q.recompute = rc;
+          if (out.size() == kMaxLayouts)
+            throw InputError("the search space holds more than " + std::to_string(kMaxLayouts) + " layouts for " +
+                             std::to_string(space.gpus) +
+                             " GPUs; plan fewer GPUs, or evaluate one layout with dplan estimate");
+          out.push_back(q);
+        }
+      }
+  }
+}
+
+}  // namespace
+
 // Walks the space dimension by dimension, outermost first, so each rule (training.h) is checked
 // once for the layouts that share that dimension; the order of the loops is the order of the
 // layouts (exact ties in step time go to the earlier one). `p` holds the dimensions chosen so far:
@@ -101,7 +174,6 @@ SearchSpace SearchSpace::runnable_by_executor(int gpus, const ModelSpec& model, 
 std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const TrainingSpec& t, const SearchSpace& space) {
   std::vector<ParallelConfig> out;
   const int n = space.gpus;
-  auto ok = [](LayoutRule rule) { return rule == LayoutRule::ok; };
   ParallelConfig p;
   for (p.tp = 1; p.tp <= n; ++p.tp) {  // tp, cp, pp and dp: divisors of n, their product n
     if (n % p.tp || !ok(check_tensor_parallel(m, p.tp))) continue;
@@ -111,62 +183,13 @@ std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const Training
         // The layers' split is checked per schedule, with the split megatron_split gives it.
         if ((n / (p.tp * p.cp)) % p.pp) continue;
         p.dp = n / (p.tp * p.cp * p.pp);
-        // MoE parallel folding (training.h): every ep dividing the experts, with the expert tensor
-        // parallel size Megatron defaults to (etp = tp) and the one the folding paper recommends
-        // (etp = 1, Liu et al. 2025, arXiv 2504.14960), where ep*etp divides tp*cp*dp.
-        std::vector<std::pair<int, int>> eps;  // (ep, etp)
-        if (!m.is_moe()) eps.push_back({1, 0});
-        else
-          for (p.ep = 1; p.ep <= (space.allow_expert_parallel ? m.num_experts : 1); ++p.ep)
-            for (int etp : p.tp == 1 ? std::vector<int>{1} : std::vector<int>{p.tp, 1}) {
-              p.etp = etp;
-              if (ok(check_expert_parallel(m, p))) eps.push_back({p.ep, etp});
-            }
-        p.ep = 1, p.etp = 0;
+        const std::vector<std::pair<int, int>> eps = expert_choices(m, space, p);
         for (int mbs : space.micro_batches) {
           if (!ok(check_batch(t, mbs, p.dp))) continue;
           p.micro_batch = mbs;
-          // Each schedule with the split Megatron users give a pp (x vpp) that does not divide the
-          // layers (megatron_split, training.h); a (pp, vpp) without one is left out.
-          std::vector<ParallelConfig> schedules;
-          p.schedule = Schedule::one_f_one_b, p.vpp = 1;
-          if (auto split = megatron_split(m.num_layers, p); split && ok(check_pipeline_parallel(m, *split)))
-            schedules.push_back(*split);
-          p.schedule = Schedule::interleaved;
-          for (p.vpp = 2; p.vpp <= space.max_vpp; ++p.vpp)
-            if (auto split = megatron_split(m.num_layers, p);
-                split && ok(check_pipeline_parallel(m, *split)) && ok(check_schedule(m, t, *split)))
-              schedules.push_back(*split);
-          for (auto [ep, etp] : eps)
-            for (const ParallelConfig& split : schedules)
-              for (int zero = 0; zero <= 4; ++zero) {  // 4 stands for the distributed optimizer
-                // Sharding over one data-parallel rank changes nothing: left out.
-                if (p.dp * p.cp == 1 && zero > 0) continue;
-                if (zero == 4 ? !space.allow_distributed_optimizer : zero > space.max_zero_stage) continue;
-                for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full})
-                  for (bool sp : {false, true}) {
-                    p.sequence_parallel = sp;
-                    if (!ok(check_sequence_parallel(p))) continue;
-                    if (rc != Recompute::none && !space.allow_recompute) continue;
-                    for (bool offload : {false, true}) {
-                      // Offload is tried only with sharded optimizer states (ZeRO 1-3, distributed optimizer).
-                      if (offload && (!space.allow_offload || zero == 0)) continue;
-                      ParallelConfig q = split;  // p with its schedule and layer split
-                      q.sequence_parallel = sp;
-                      q.ep = ep;
-                      q.etp = etp;
-                      q.zero_stage = zero == 4 ? 0 : zero;
-                      q.distributed_optimizer = zero == 4;
-                      q.offload_optimizer = offload;
-                      q.recompute = rc;
-                      if (out.size() == kMaxLayouts)
-                        throw InputError("the search space holds more than " + std::to_string(kMaxLayouts) +
-                                         " layouts for " + std::to_string(n) +
-                                         " GPUs; plan fewer GPUs, or evaluate one layout with dplan estimate");
-                      out.push_back(q);
-                    }
-                  }
-              }
+          const std::vector<ParallelConfig> schedules = schedule_choices(m, t, space, p);
+          for (auto expert : eps)
+            for (const ParallelConfig& split : schedules) add_layouts(out, split, expert, space);
         }
       }
     }

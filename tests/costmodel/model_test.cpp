@@ -358,3 +358,55 @@ TEST_CASE("the layer's GEMM time follows the architecture", "[model]") {
     CHECK_THAT(layer_forward_flops(m, 4096, 4096).mlp, WithinRel((58 * moe + 3 * dense) / 61, 1e-12));
   }
 }
+
+TEST_CASE("each model check names the inconsistency it finds, in validate's order", "[model]") {
+  // One change per case to a model that passes: mixtral-8x7b (8 experts, 2 a token, 32 layers),
+  // deepseek-v3 (latent attention, 3 dense layers, a shared expert), gpt-oss-120b (sliding windows).
+  struct Case {
+    const char* model;
+    void (*change)(ModelSpec&);
+    const char* message;
+  };
+  const Case cases[] = {
+      {"mixtral-8x7b", [](ModelSpec& m) { m.head_dim = 0; }, "m.json: layers, hidden size, heads, kv heads"},
+      {"mixtral-8x7b", [](ModelSpec& m) { m.head_dim = 1 << 20; }, "num_attention_heads x head_dim (33554432)"},
+      {"mixtral-8x7b", [](ModelSpec& m) { m.num_kv_heads = 3; }, "must be a multiple of num_key_value_heads (3)"},
+      {"mixtral-8x7b", [](ModelSpec& m) { m.experts_per_token = 9; }, "num_experts_per_tok (9) must be between 1"},
+      // Routing is checked before the activation.
+      {"mixtral-8x7b",
+       [](ModelSpec& m) {
+         m.experts_per_token = 0;
+         m.activation = "swiglu";
+       },
+       "num_experts_per_tok (0)"},
+      {"mixtral-8x7b", [](ModelSpec& m) { m.activation = "swiglu"; }, "unknown activation \"swiglu\"; valid: gelu"},
+      {"mixtral-8x7b", [](ModelSpec& m) { m.num_dense_layers = 33; }, "dense layers (33) must be from 0 to the 32"},
+      {"llama-3-8b", [](ModelSpec& m) { m.num_dense_layers = 1; }, "dense layers are counted only in MoE models"},
+      {"mixtral-8x7b",
+       [](ModelSpec& m) {
+         m.num_dense_layers = 32;
+         m.dense_ffn_hidden_size = 100;
+       },
+       "every layer is dense"},
+      {"mixtral-8x7b", [](ModelSpec& m) { m.num_dense_layers = 1; }, "a dense-layer MLP size (0) is needed exactly"},
+      {"mixtral-8x7b", [](ModelSpec& m) { m.shared_expert_ffn_size = -1; }, "shared-expert MLP sizes must be from 0"},
+      {"llama-3-8b", [](ModelSpec& m) { m.router_bias = true; }, "shared experts and router biases need experts"},
+      {"mixtral-8x7b", [](ModelSpec& m) { m.shared_expert_gate = true; }, "a shared-expert gate needs a shared expert"},
+      {"deepseek-v3", [](ModelSpec& m) { m.kv_lora_rank = -1; }, "q_lora_rank, kv_lora_rank, qk_rope_head_dim and"},
+      {"deepseek-v3", [](ModelSpec& m) { m.qk_rope_head_dim = m.head_dim; }, "must be from 1 to below the query/key"},
+      {"deepseek-v3", [](ModelSpec& m) { m.v_head_dim = 0; }, "multi-head latent attention needs v_head_dim"},
+      {"deepseek-v3", [](ModelSpec& m) { m.num_kv_heads = 1; }, "as many key/value heads as heads"},
+      {"llama-3-8b", [](ModelSpec& m) { m.v_head_dim = 64; }, "belong to multi-head latent attention"},
+      {"deepseek-v3", [](ModelSpec& m) { m.v_head_dim = 1 << 20; }, "num_attention_heads x v_head_dim must be at most"},
+      {"gpt-oss-120b", [](ModelSpec& m) { m.sliding_window = -1; }, "the sliding window must be from 0 to"},
+      {"gpt-oss-120b", [](ModelSpec& m) { m.num_sliding_layers = 100; }, "sliding-window layers (100) must be"},
+      {"gpt-oss-120b", [](ModelSpec& m) { m.sliding_window = 0; }, "sliding-window layers need a window"},
+  };
+  for (const Case& c : cases) {
+    ModelSpec m = store().load_model(c.model);
+    REQUIRE_NOTHROW(validate(m, "m.json"));
+    c.change(m);
+    INFO(c.model << ": " << c.message);
+    CHECK_THROWS_WITH(validate(m, "m.json"), Contains(c.message));
+  }
+}

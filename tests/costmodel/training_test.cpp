@@ -154,3 +154,107 @@ TEST_CASE("the layout rules name the first one broken, in validate's order", "[t
         LayoutRule::dist_opt_needs_zero_0_or_1);
   CHECK(check_sequence_parallel(ParallelConfig{.tp = 1, .sequence_parallel = true}) == LayoutRule::sp_needs_tp);
 }
+
+TEST_CASE("every layout rule is reported by its own condition with its own message", "[training]") {
+  // One layout per rule, each breaking that rule and none checked before it (llama-3-70b: 64 heads,
+  // 8 kv heads, FFN 28672, 80 layers; gpt3-175b: 2048 learned positions; mixtral-8x7b: 8 experts).
+  struct Case {
+    LayoutRule rule;
+    const char* model;
+    void (*change)(ModelSpec&, TrainingSpec&, ParallelConfig&, int& gpus);
+    const char* message;
+  };
+  using M = ModelSpec;
+  using T = TrainingSpec;
+  using P = ParallelConfig;
+  const Case cases[] = {
+      {LayoutRule::gpus_positive, "llama-3-70b", [](M&, T&, P&, int& g) { g = 0; },
+       "--gpus must be a positive integer, got 0"},
+      {LayoutRule::tp_positive, "llama-3-70b", [](M&, T&, P& p, int&) { p.tp = 0; }, "--tp must be a positive integer"},
+      {LayoutRule::pp_positive, "llama-3-70b", [](M&, T&, P& p, int&) { p.pp = -1; },
+       "--pp must be a positive integer, got -1"},
+      {LayoutRule::dp_positive, "llama-3-70b", [](M&, T&, P& p, int&) { p.dp = 0; }, "--dp must be"},
+      {LayoutRule::cp_positive, "llama-3-70b", [](M&, T&, P& p, int&) { p.cp = 0; }, "--cp must be"},
+      {LayoutRule::ep_positive, "llama-3-70b", [](M&, T&, P& p, int&) { p.ep = 0; }, "--ep must be"},
+      {LayoutRule::vpp_positive, "llama-3-70b", [](M&, T&, P& p, int&) { p.vpp = 0; }, "--vpp must be"},
+      {LayoutRule::micro_batch_positive, "llama-3-70b", [](M&, T&, P& p, int&) { p.micro_batch = 0; },
+       "--mbs (micro-batch size) must be"},
+      {LayoutRule::global_batch_positive, "llama-3-70b", [](M&, T& t, P&, int&) { t.global_batch = 0; },
+       "--global-batch must be"},
+      {LayoutRule::seq_positive, "llama-3-70b", [](M&, T& t, P&, int&) { t.seq_len = 0; }, "--seq must be"},
+      {LayoutRule::size_limit, "llama-3-70b", [](M&, T&, P& p, int&) { p.vpp = kMaxVirtualStages + 1; },
+       "sizes must be at most"},
+      {LayoutRule::world_size, "llama-3-70b", [](M&, T&, P&, int& g) { g = 48; },
+       "= 64 but --gpus is 48; tp*pp*cp = 32 must divide"},
+      {LayoutRule::tp_divides_heads, "llama-3-70b", [](M&, T&, P& p, int&) { p.tp = 16, p.dp = 1; },
+       "valid tp: 1, 2, 4 or 8"},
+      {LayoutRule::tp_divides_ffn, "llama-3-70b", [](M& m, T&, P&, int&) { m.ffn_hidden_size = 28676; },
+       "tp 8 does not divide the FFN size 28676"},
+      {LayoutRule::pp_within_layers, "llama-3-70b", [](M&, T&, P& p, int& g) { p.tp = 1, p.pp = 81, p.dp = 1, g = 81; },
+       "pp 81 exceeds the 80 layers"},
+      {LayoutRule::split_one_way, "llama-3-70b",
+       [](M&, T&, P& p, int&) { p.first_stage_layers = 20, p.account_for_loss = true; }, "choose one way to split"},
+      {LayoutRule::first_last_need_pp, "llama-3-70b",
+       [](M&, T&, P& p, int&) { p.pp = 1, p.dp = 8, p.last_stage_layers = 2; }, "need pp >= 2, got pp 1"},
+      {LayoutRule::stages_listed, "llama-3-70b",
+       [](M&, T&, P& p, int&) {
+         p.layers_per_stage = {40, 40};
+       },
+       "lists 2 stages but pp is 4"},
+      {LayoutRule::split_adds_up, "llama-3-70b", [](M&, T&, P& p, int&) { p.first_stage_layers = 21; },
+       "leaves 59 of the 80 layers"},
+      {LayoutRule::batch_divisible, "llama-3-70b", [](M&, T& t, P&, int&) { t.global_batch = 511; }, "a multiple of 2"},
+      {LayoutRule::interleaved_needs_pp, "llama-3-70b",
+       [](M&, T&, P& p, int&) { p.pp = 1, p.dp = 8, p.schedule = Schedule::interleaved; }, "needs pp >= 2"},
+      {LayoutRule::interleaved_needs_vpp, "llama-3-70b", [](M&, T&, P& p, int&) { p.schedule = Schedule::interleaved; },
+       "needs --vpp >= 2"},
+      {LayoutRule::vpp_divides_stage_layers, "llama-3-70b",
+       [](M&, T&, P& p, int&) { p.vpp = 3, p.schedule = Schedule::interleaved; },
+       "vpp 3 does not divide the 20 layers"},
+      {LayoutRule::chunks_hold_a_layer, "llama-3-70b",
+       [](M&, T&, P& p, int&) {
+         p.layers_per_stage = {0, 26, 26, 28};
+       },
+       "pp 4 x vpp 1 leaves one empty"},
+      {LayoutRule::interleaved_needs_microbatches, "llama-3-70b",
+       [](M&, T& t, P& p, int&) { t.global_batch = 12, p.vpp = 2, p.schedule = Schedule::interleaved; }, "got 6"},
+      {LayoutRule::vpp_needs_interleaved, "llama-3-70b", [](M&, T&, P& p, int&) { p.vpp = 2; },
+       "--vpp 2 needs --schedule interleaved"},
+      {LayoutRule::cp_divides_seq, "llama-3-70b", [](M&, T& t, P& p, int&) { t.seq_len = 8190, p.cp = 2, p.dp = 1; },
+       "not divisible by 2*cp = 4"},
+      {LayoutRule::seq_within_positions, "gpt3-175b", [](M&, T&, P& p, int& g) { p.pp = 8, g = 128; },
+       "exceeds the 2048 learned positions"},
+      {LayoutRule::etp_positive, "mixtral-8x7b", [](M&, T&, P& p, int&) { p.etp = -1; },
+       "--etp must be a positive integer (or 0"},
+      {LayoutRule::ep_needs_moe, "llama-3-70b", [](M&, T&, P& p, int&) { p.etp = 2; },
+       "--etp 2 needs a mixture-of-experts model"},
+      {LayoutRule::ep_divides_experts, "mixtral-8x7b", [](M&, T&, P& p, int&) { p.ep = 3; }, "valid ep: 1, 2, 4 or 8"},
+      {LayoutRule::etp_divides_expert_ffn, "mixtral-8x7b", [](M&, T&, P& p, int&) { p.etp = 3; },
+       "etp 3 does not divide the expert FFN size 14336"},
+      {LayoutRule::ep_etp_divides_tp_cp_dp, "mixtral-8x7b", [](M&, T&, P& p, int&) { p.ep = 4; },
+       "ep*etp = 4*8 must divide tp*cp*dp = 16"},
+      {LayoutRule::zero_stage_exists, "llama-3-70b", [](M&, T&, P& p, int&) { p.zero_stage = 4; },
+       "ZeRO stage 4 does not exist"},
+      {LayoutRule::dist_opt_needs_zero_0_or_1, "llama-3-70b",
+       [](M&, T&, P& p, int&) { p.zero_stage = 3, p.distributed_optimizer = true; }, "not 3"},
+      {LayoutRule::sp_needs_tp, "llama-3-70b",
+       [](M&, T&, P& p, int&) { p.tp = 1, p.dp = 16, p.sequence_parallel = true; }, "needs tp >= 2"},
+      {LayoutRule::vocab_pad_positive, "llama-3-70b", [](M&, T& t, P&, int&) { t.vocab_pad_multiple = 0; },
+       "vocab padding multiple must be positive"},
+  };
+  // Every rule but ok, once: a rule added to the enum needs a case here.
+  CHECK(std::size(cases) == std::size_t(LayoutRule::vocab_pad_positive));
+  const ClusterSpec c = store().load_cluster("dgx-h100");
+  for (const Case& k : cases) {
+    ModelSpec m = store().load_model(k.model);
+    TrainingSpec t{.seq_len = 8192, .global_batch = 512};
+    ParallelConfig p{.tp = 8, .pp = 4, .dp = 2};
+    int gpus = 64;
+    k.change(m, t, p, gpus);
+    INFO("case " << int(k.rule) << ": " << k.message);
+    CHECK(check_layout(m, t, p, gpus) == k.rule);
+    const std::string message = error_of(m, c, t, p, gpus);
+    CHECK(message != "(no error)");
+    CHECK_THAT(message, Contains(k.message));
+  }
+}

@@ -63,18 +63,6 @@ json slice_to_json(const GlobalSlice& s) {
   return {{"shape", s.shape}, {"dim", s.dim}, {"parts", s.parts}, {"index", s.index}, {"sections", sections}};
 }
 
-GlobalSlice slice_from_json(const json& j) {
-  GlobalSlice s;
-  s.shape = j.at("shape").get<std::vector<int64_t>>();
-  s.dim = j.at("dim").get<int>();
-  s.parts = j.at("parts").get<int>();
-  s.index = j.at("index").get<int>();
-  for (const json& sec : j.at("sections")) s.sections.push_back({sec.at(0).get<int64_t>(), sec.at(1).get<int64_t>()});
-  if (s.dim < 0 || s.dim >= static_cast<int>(s.shape.size()) || s.parts < 1 || s.index < 0 || s.index >= s.parts)
-    throw std::invalid_argument("a malformed slice " + j.dump());
-  return s;
-}
-
 // The local tensor's shape for `slice`.
 std::vector<int64_t> local_shape(const GlobalSlice& s) {
   std::vector<int64_t> shape = s.shape;
@@ -132,7 +120,7 @@ std::map<const void*, at::Tensor> optimizer_params_by_address(torch::optim::Opti
 struct HostShard {
   int step = 0;
   NamedTensors tensors;
-  json metadata;
+  ShardMetadata metadata;
   int64_t state_bytes = 0;
   double blocking_s = 0, wait_s = 0;
 };
@@ -142,7 +130,7 @@ HostShard copy_to_host(int step, int rank, int world, const json& plan_info, con
   shard.step = step;
   std::vector<Parameter>& params = state.stage.parameters();
   const auto by_address = optimizer_params_by_address(state.optimizer);
-  json pieces = json::array();
+  ShardMetadata& meta = shard.metadata;
   auto host = [](const at::Tensor& t) { return t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous(); };
   for (const GradSync::StatePiece& piece : state.grads.state_pieces()) {
     if (!piece.writes) continue;
@@ -150,7 +138,7 @@ HostShard copy_to_host(int step, int rank, int world, const json& plan_info, con
     const int64_t n = std::min(piece.n, real_elements(p.slice) - piece.lo);  // padding left out
     if (n <= 0) continue;
     const std::string suffix = "/" + p.name + "/" + std::to_string(piece.lo);
-    json keys = json::object();
+    std::map<std::string, std::string> keys;
     auto put = [&](const std::string& kind, const at::Tensor& whole) {
       const at::Tensor t = whole.narrow(0, 0, n);
       shard.tensors.emplace_back(kind + suffix, host(t));
@@ -166,18 +154,19 @@ HostShard copy_to_host(int step, int rank, int world, const json& plan_info, con
       throw std::logic_error("no AdamW state for " + p.name + " at step " + std::to_string(step));
     put("exp_avg", adam->exp_avg());
     put("exp_avg_sq", adam->exp_avg_sq());
-    pieces.push_back({{"name", p.name}, {"slice", slice_to_json(p.slice)}, {"lo", piece.lo}, {"n", n},
-                      {"tensors", keys}, {"optimizer_step", adam->step()}});
+    meta.pieces.push_back({p.name, p.slice, piece.lo, n, keys, adam->step()});
   }
-  json rng = json::array();
   for (auto& [name, t] : rng_states(state.device)) {
-    rng.push_back(name);
+    meta.rng.push_back(name);
     shard.tensors.emplace_back(name, t);
   }
   const DataSource::Position at = state.data.position();
-  shard.metadata = {{"format_version", kCheckpointFormatVersion}, {"step", step}, {"rank", rank}, {"world", world},
-                    {"plan", plan_info}, {"data", {{"epoch", at.epoch}, {"samples", at.samples}}},
-                    {"rng", rng}, {"pieces", pieces}};
+  meta.step = step;
+  meta.rank = rank;
+  meta.world = world;
+  meta.plan = plan_info;
+  meta.epoch = at.epoch;
+  meta.samples = at.samples;
   return shard;
 }
 
@@ -324,6 +313,87 @@ CheckpointManifest manifest_from_json(const json& j, const std::string& file) {
   return m;
 }
 
+namespace {
+// A slice (gpt.h GlobalSlice) as slice_to_json writes it; the slice must lie in its tensor.
+GlobalSlice slice_from_json(const json& j, const std::string& file, const std::string& pointer) {
+  if (!j.is_object()) throw InputError(file + ": " + pointer + ": expected an object, got " + describe_json_value(j));
+  ObjectReader r(j, file, pointer);
+  GlobalSlice s;
+  s.shape = read_list(r, pointer, "shape", [&](const json& d, const std::string& at) {
+    if (!d.is_number_integer() || d.get<int64_t>() < 0)
+      throw InputError(file + ": " + at + ": expected a dimension, got " + describe_json_value(d));
+    return d.get<int64_t>();
+  });
+  if (s.shape.empty()) r.fail("shape", "a tensor's shape (one dimension at least)");
+  s.dim = static_cast<int>(r.int_in("dim", 0, static_cast<long long>(s.shape.size()) - 1));
+  s.parts = static_cast<int>(r.int_in("parts", 1, std::numeric_limits<int>::max()));
+  s.index = static_cast<int>(r.int_in("index", 0, s.parts - 1));
+  s.sections = read_list(r, pointer, "sections", [&](const json& sec, const std::string& at) {
+    if (!sec.is_array() || sec.size() != 2 || !sec[0].is_number_integer() || !sec[1].is_number_integer() ||
+        sec[0].get<int64_t>() < 0 || sec[1].get<int64_t>() < sec[0].get<int64_t>())
+      throw InputError(file + ": " + at + ": expected [length, padded] with padded >= length, got " +
+                       describe_json_value(sec));
+    return GlobalSlice::Section{sec[0].get<int64_t>(), sec[1].get<int64_t>()};
+  });
+  // One unpadded section over the whole dim is what an empty list means (gpt.h).
+  if (s.sections == std::vector<GlobalSlice::Section>{{s.shape[s.dim], s.shape[s.dim]}}) s.sections.clear();
+  r.finish();
+  return s;
+}
+
+ShardPiece shard_piece_from_json(const json& j, const std::string& file, const std::string& pointer) {
+  if (!j.is_object()) throw InputError(file + ": " + pointer + ": expected an object, got " + describe_json_value(j));
+  ObjectReader r(j, file, pointer);
+  ShardPiece p;
+  p.name = r.string("name");
+  p.slice = slice_from_json(r.raw("slice"), file, pointer + "/slice");
+  p.lo = r.int_in("lo", 0, kMaxBytes);
+  p.n = r.int_in("n", 0, kMaxBytes);
+  ObjectReader tensors = r.object("tensors");
+  for (const auto& [kind, name] : r.raw("tensors").items()) p.tensors[kind] = tensors.string(kind);
+  tensors.finish();
+  p.optimizer_step = r.non_negative_int("optimizer_step");
+  r.finish();
+  return p;
+}
+}  // namespace
+
+json to_json(const ShardMetadata& m) {
+  json pieces = json::array();
+  for (const ShardPiece& p : m.pieces)
+    pieces.push_back({{"name", p.name}, {"slice", slice_to_json(p.slice)}, {"lo", p.lo}, {"n", p.n},
+                      {"tensors", p.tensors}, {"optimizer_step", p.optimizer_step}});
+  return {{"format_version", kCheckpointFormatVersion}, {"step", m.step}, {"rank", m.rank}, {"world", m.world},
+          {"plan", m.plan}, {"data", {{"epoch", m.epoch}, {"samples", m.samples}}}, {"rng", m.rng}, {"pieces", pieces}};
+}
+
+ShardMetadata shard_metadata_from_json(const json& j, const std::string& file) {
+  if (!j.is_object()) throw InputError(file + ": /: expected an object, got " + describe_json_value(j));
+  ObjectReader r(j, file);
+  const long long version = r.int_in("format_version", 1, std::numeric_limits<int>::max());
+  if (version > kCheckpointFormatVersion)
+    r.fail("format_version", std::to_string(kCheckpointFormatVersion) + " (a newer dplan wrote this checkpoint)");
+  ShardMetadata m;
+  m.step = static_cast<int>(r.non_negative_int("step"));
+  m.world = static_cast<int>(r.positive_int("world"));
+  m.rank = static_cast<int>(r.int_in("rank", 0, m.world - 1));
+  r.object("plan");  // the manifest's copy is the one compared (checkpoint_plan_info)
+  m.plan = r.raw("plan");
+  ObjectReader data = r.object("data");
+  m.epoch = static_cast<int>(data.int_in("epoch", -1, std::numeric_limits<int>::max()));
+  m.samples = data.int_in("samples", 0, kMaxBytes);
+  data.finish();
+  m.rng = read_list(r, "", "rng", [&](const json& name, const std::string& at) {
+    if (!name.is_string()) throw InputError(file + ": " + at + ": expected a tensor name, got " + describe_json_value(name));
+    return name.get<std::string>();
+  });
+  m.pieces = read_list(r, "", "pieces", [&](const json& piece, const std::string& at) {
+    return shard_piece_from_json(piece, file, at);
+  });
+  r.finish();
+  return m;
+}
+
 at::Tensor local_from_global(const at::Tensor& global, const GlobalSlice& s) {
   if (s.parts == 1 && s.sections.empty()) return global;
   std::vector<at::Tensor> parts;
@@ -372,13 +442,14 @@ struct Checkpointer::Impl {
     const auto start = Clock::now();
     const std::string folder = checkpoint_folder(dir, shard.step);
     fs::create_directories(folder);
-    const std::string bytes = safetensors_bytes(shard.tensors, {{"format", "pt"}, {kMetadataKey, shard.metadata.dump()}});
+    const std::string bytes =
+        safetensors_bytes(shard.tensors, {{"format", "pt"}, {kMetadataKey, to_json(shard.metadata).dump()}});
     shard.tensors.clear();  // the host copy goes as soon as it is serialised
     const std::string file = shard_file_name(rank);
     write_file_atomically((fs::path(folder) / file).string(), bytes);
     ManifestShard report{rank, file, hex32(crc32_of(bytes)), static_cast<int64_t>(bytes.size()), shard.state_bytes, {}};
     std::set<std::string> names;
-    for (const json& p : shard.metadata["pieces"]) names.insert(p["name"].get<std::string>());
+    for (const ShardPiece& p : shard.metadata.pieces) names.insert(p.name);
     report.params.assign(names.begin(), names.end());
     const std::string text = to_json(report).dump();
     store->set(report_key(shard.step, rank), std::vector<uint8_t>(text.begin(), text.end()));
@@ -401,8 +472,8 @@ struct Checkpointer::Impl {
     manifest.step = shard.step;
     manifest.world_size = world;
     manifest.plan = plan_info;
-    manifest.epoch = shard.metadata["data"]["epoch"].get<int>();
-    manifest.samples = shard.metadata["data"]["samples"].get<int64_t>();
+    manifest.epoch = shard.metadata.epoch;
+    manifest.samples = shard.metadata.samples;
     for (int r = 0; r < world; ++r) {
       const auto bytes = store->get(report_key(shard.step, r));
       const std::string key = "rank " + std::to_string(r) + "'s checkpoint report";
@@ -548,6 +619,18 @@ bool same_layout_as_saved(const FoundCheckpoint& found, int world, const json& p
          m.plan.value("rank_layout", json()) == plan_info.value("rank_layout", json());
 }
 
+// A shard's metadata: present, JSON, and read strictly (shard_metadata_from_json).
+ShardMetadata shard_metadata(const std::string& folder, const std::string& file,
+                             const std::map<std::string, std::string>& metadata) {
+  const std::string where = "checkpoint " + folder + ": shard " + file;
+  auto it = metadata.find(kMetadataKey);
+  if (it == metadata.end())
+    throw InputError(where + ": no \"" + std::string(kMetadataKey) + "\" metadata (not a shard dplan wrote)");
+  const json j = json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw InputError(where + ": its \"" + std::string(kMetadataKey) + "\" metadata is not JSON");
+  return shard_metadata_from_json(j, (fs::path(folder) / file).string());
+}
+
 // Every piece of the needed parameters from the shards that hold them (their checksums checked);
 // restores this rank's RNG states from its own shard when the layout is the saved one. Returns the
 // optimizer's step count.
@@ -572,29 +655,39 @@ int64_t read_pieces(const FoundCheckpoint& found, const std::set<std::string>& n
       throw InputError("checkpoint " + found.folder + ": shard " + file + ": " + e.what());
     }
     std::map<std::string, at::Tensor> by_name(tensors.begin(), tensors.end());
-    const json meta = json::parse(metadata.at(kMetadataKey));
+    const ShardMetadata meta = shard_metadata(found.folder, file, metadata);
+    auto tensor = [&](const std::string& name) -> const at::Tensor& {
+      auto it = by_name.find(name);
+      if (it == by_name.end())
+        throw InputError("checkpoint " + found.folder + ": shard " + file + ": its metadata names a tensor \"" +
+                         quote_for_message(name) + "\" that it does not hold");
+      return it->second;
+    };
     if (mine)
-      for (const json& name : meta.at("rng")) set_rng_state(name.get<std::string>(), by_name.at(name.get<std::string>()), state.device);
-    for (const json& piece : meta.at("pieces")) {
-      const std::string name = piece.at("name").get<std::string>();
+      for (const std::string& name : meta.rng) set_rng_state(name, tensor(name), state.device);
+    for (const ShardPiece& piece : meta.pieces) {
+      const std::string& name = piece.name;
       if (!needed.count(name)) continue;
-      const GlobalSlice slice = slice_from_json(piece.at("slice"));
+      const GlobalSlice& slice = piece.slice;
       Local& local = locals[{name, slice.parts, slice.index}];
       if (local.numel == 0) {
         local.slice = slice;
         local.numel = c10::multiply_integers(local_shape(slice));
         local.real = real_elements(slice);
       }
-      const int64_t lo = piece.at("lo").get<int64_t>(), n = piece.at("n").get<int64_t>();
-      if (lo < 0 || n < 0 || lo + n > local.numel) throw InputError("checkpoint " + found.folder + ": shard " + file + ": a piece of " + name + " outside its tensor");
-      for (const auto& [kind, key] : piece.at("tensors").items()) {
-        const at::Tensor& t = by_name.at(key.get<std::string>());
+      const int64_t lo = piece.lo, n = piece.n;
+      if (lo + n > local.numel) throw InputError("checkpoint " + found.folder + ": shard " + file + ": a piece of " + name + " outside its tensor");
+      for (const auto& [kind, key] : piece.tensors) {
+        const at::Tensor& t = tensor(key);
+        if (t.numel() != n)
+          throw InputError("checkpoint " + found.folder + ": shard " + file + ": tensor \"" + quote_for_message(key) +
+                           "\" holds " + std::to_string(t.numel()) + " elements for a piece of " + std::to_string(n));
         at::Tensor& flat = local.flat[kind];
         if (!flat.defined()) flat = at::zeros({local.numel}, t.options());
         flat.narrow(0, lo, n).copy_(t.reshape({-1}));
       }
       local.covered += n;
-      optimizer_step = piece.at("optimizer_step").get<int64_t>();
+      optimizer_step = piece.optimizer_step;
     }
   }
   return optimizer_step;

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -114,6 +115,31 @@ json to_json(const CheckpointManifest& manifest);
 // JSON pointer.
 ManifestShard manifest_shard_from_json(const json& j, const std::string& file, const std::string& pointer);
 CheckpointManifest manifest_from_json(const json& j, const std::string& file);
+
+// The metadata each shard file carries (its safetensors header, key "dplan_checkpoint"): the pieces of
+// parameters it holds, each with the slice of the global tensor (gpt.h GlobalSlice) its flat range
+// [lo, lo + n) belongs to, the tensors stored for it by kind (weight, master, exp_avg, exp_avg_sq:
+// their names in the file) and AdamW's step; the RNG states by name.
+struct ShardPiece {
+  std::string name;
+  GlobalSlice slice;
+  int64_t lo = 0, n = 0;
+  std::map<std::string, std::string> tensors;  // kind -> tensor name in the file
+  int64_t optimizer_step = 0;
+  bool operator==(const ShardPiece&) const = default;
+};
+struct ShardMetadata {
+  int step = 0, rank = 0, world = 1;
+  json plan;                     // checkpoint_plan_info (the manifest's copy is the one compared)
+  int epoch = -1;                // the data position after the step
+  int64_t samples = 0;
+  std::vector<std::string> rng;  // tensor names of the RNG states
+  std::vector<ShardPiece> pieces;
+  bool operator==(const ShardMetadata&) const = default;
+};
+json to_json(const ShardMetadata& metadata);
+// Strict like manifest_from_json; `file` names the shard in errors.
+ShardMetadata shard_metadata_from_json(const json& j, const std::string& file);
 
 struct FoundCheckpoint {
   std::string folder;

@@ -77,6 +77,7 @@ struct StageSpec {
 struct GlobalSlice {
   struct Section {
     int64_t length = 0, padded = 0;
+    bool operator==(const Section&) const = default;
   };
   std::vector<int64_t> shape;  // the global tensor's shape (unpadded)
   int dim = 0;
@@ -85,6 +86,7 @@ struct GlobalSlice {
   std::vector<Section> sections_or_whole() const {
     return sections.empty() ? std::vector<Section>{{shape.at(dim), shape.at(dim)}} : sections;
   }
+  bool operator==(const GlobalSlice&) const = default;
 };
 
 struct Parameter {

@@ -1,7 +1,8 @@
 // The checkpoint manifest through the strict reader (checkpoint.h manifest_from_json): it
 // round-trips, and a tampered one (a newer format, a missing or unknown key, a wrong type, sums
 // or ranks that do not add up, a shard named for another rank) is one line naming the file and
-// the JSON pointer.
+// the JSON pointer. The same for the metadata inside each shard file (shard_metadata_from_json):
+// the pieces, their slices of the global tensors, the tensors stored for them, the RNG states.
 #include <string>
 
 #include <torch/torch.h>
@@ -98,4 +99,90 @@ TEST_CASE("checkpoint manifest: a tampered one is one line naming the file and t
   j = good;
   j["data"]["samples"] = 1.5;
   CHECK_THAT(error_of(j), Catch::StartsWith(file + "/data/samples: expected an integer"));
+}
+
+namespace {
+using dplan::executor::shard_metadata_from_json;
+using dplan::executor::ShardMetadata;
+
+// Rank 1 of two: a tp slice of the fused QKV weight (three sections) and a whole norm weight.
+ShardMetadata rank1_shard() {
+  ShardMetadata m;
+  m.step = 6;
+  m.rank = 1;
+  m.world = 2;
+  m.plan = {{"path", "plan.json"}};
+  m.epoch = 0;
+  m.samples = 48;
+  m.rng = {"rng/cpu"};
+  dplan::executor::GlobalSlice qkv;
+  qkv.shape = {192, 64};
+  qkv.dim = 0;
+  qkv.parts = 2;
+  qkv.index = 1;
+  qkv.sections = {{64, 64}, {64, 64}, {64, 64}};
+  dplan::executor::GlobalSlice norm;
+  norm.shape = {64};
+  m.pieces = {{"blocks.0.qkv_w", qkv, 0, 6144, {{"weight", "weight/blocks.0.qkv_w/0"}, {"exp_avg", "exp_avg/blocks.0.qkv_w/0"}}, 6},
+              {"blocks.0.ln1_w", norm, 32, 32, {{"weight", "weight/blocks.0.ln1_w/32"}}, 6}};
+  return m;
+}
+
+std::string shard_error_of(const json& j) {
+  try {
+    shard_metadata_from_json(j, "ck/step-00000006/rank-00001.safetensors");
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    CHECK(what.find('\n') == std::string::npos);
+    return what;
+  }
+  return "(no error)";
+}
+}  // namespace
+
+TEST_CASE("checkpoint shard metadata: written and read back by its one owner", "[checkpoint][formats]") {
+  const ShardMetadata m = rank1_shard();
+  const json j = to_json(m);
+  CHECK(j["format_version"] == dplan::executor::kCheckpointFormatVersion);
+  CHECK(shard_metadata_from_json(j, "shard") == m);
+  CHECK(shard_metadata_from_json(json::parse(j.dump()), "shard") == m);
+}
+
+TEST_CASE("checkpoint shard metadata: a tampered one is one line naming the shard and the JSON pointer",
+          "[checkpoint][formats]") {
+  const json good = to_json(rank1_shard());
+  const std::string file = "ck/step-00000006/rank-00001.safetensors: ";
+  json j = good;
+  j["format_version"] = 2;
+  CHECK_THAT(shard_error_of(j), Catch::StartsWith(file + "/format_version: expected 1 (a newer dplan wrote this checkpoint)"));
+  j = good;
+  j.erase("pieces");
+  CHECK(shard_error_of(j) == file + "/: missing key \"pieces\"");
+  j = good;
+  j["rank"] = 2;
+  CHECK_THAT(shard_error_of(j), Catch::StartsWith(file + "/rank: expected"));
+  j = good;
+  j["pieces"][0]["slice"]["index"] = 2;  // slice 2 of 2
+  CHECK_THAT(shard_error_of(j), Catch::StartsWith(file + "/pieces/0/slice/index: expected"));
+  j = good;
+  j["pieces"][0]["slice"]["dim"] = 2;  // a 2-d tensor has no dim 2
+  CHECK_THAT(shard_error_of(j), Catch::StartsWith(file + "/pieces/0/slice/dim: expected"));
+  j = good;
+  j["pieces"][0]["slice"]["sections"][1] = {64, 32};  // padded below its length
+  CHECK_THAT(shard_error_of(j), Catch::StartsWith(file + "/pieces/0/slice/sections/1: expected [length, padded]"));
+  j = good;
+  j["pieces"][1]["lo"] = -1;
+  CHECK_THAT(shard_error_of(j), Catch::StartsWith(file + "/pieces/1/lo: expected"));
+  j = good;
+  j["pieces"][1]["tensors"]["weight"] = 3;
+  CHECK_THAT(shard_error_of(j), Catch::StartsWith(file + "/pieces/1/tensors/weight: expected a string"));
+  j = good;
+  j["pieces"][1]["extra"] = 1;
+  CHECK_THAT(shard_error_of(j), Catch::Contains("/pieces/1") && Catch::Contains("extra"));
+  j = good;
+  j["rng"][0] = 7;
+  CHECK(shard_error_of(j) == file + "/rng/0: expected a tensor name, got 7");
+  j = good;
+  j["pieces"] = json::object();
+  CHECK_THAT(shard_error_of(j), Catch::StartsWith(file + "/pieces: expected a list"));
 }

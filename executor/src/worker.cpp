@@ -512,6 +512,14 @@ json save_records(const Checkpointer& checkpointer) {
   return saves;
 }
 
+// Rank 0, when a signal stopped the run early: which signal, after which step, and the checkpoint saved then.
+void report_stop(const RunOptions& args, const Place& place, const TrainLog& log, int first_step) {
+  if (place.rank != 0 || !log.stop_signal) return;
+  const int last_step = first_step + static_cast<int>(log.steps.size());
+  std::fprintf(stderr, "stopped by %s after step %d; saved checkpoint %s\n", signal_name(log.stop_signal), last_step,
+               checkpoint_folder(args.checkpoint_dir, last_step).c_str());
+}
+
 int train(const RunOptions& args, const Place& place) {
   const ExecPlan plan = read_plan(args.plan_path);
   check_run_options(args, plan, place);
@@ -574,10 +582,7 @@ int train(const RunOptions& args, const Place& place) {
       write_error = write_run_record(args, place, plan, reports,
                                      run_config(args, place, plan, device, go.backend, grads, data), meter, log,
                                      first_step, checkpoint_record);
-    if (place.rank == 0 && log.stop_signal)
-      std::fprintf(stderr, "stopped by %s after step %d; saved checkpoint %s\n", signal_name(log.stop_signal),
-                   first_step + static_cast<int>(log.steps.size()),
-                   checkpoint_folder(args.checkpoint_dir, first_step + static_cast<int>(log.steps.size())).c_str());
+    report_stop(args, place, log, first_step);
     ctx.world.barrier();  // a TCPStore lives in rank 0: nobody leaves before it has read everything
     heartbeat.stop();
     if (!write_error.empty()) throw InputError(write_error);

@@ -45,16 +45,13 @@ void require_divides(int64_t parts, int64_t n, const std::string& what) {
   if (n % parts != 0)
     throw std::invalid_argument(what + " (" + std::to_string(n) + ") is not divisible by tp = " + std::to_string(parts));
 }
-}  // namespace
 
-GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, int seq_len, ParallelContext& ctx,
-                   uint64_t seed)
-    : model_(model), stage_(stage), seq_len_(seq_len), ctx_(ctx), seed_(seed) {
-  const int tp = ctx.tp.size(), r = ctx.tp.rank();
-  const int64_t H = model.hidden_size, d = model.head_dim, F = model.ffn_hidden_size;
+// The shapes the layout must divide; std::invalid_argument names the one that does not.
+void check_divisible_shapes(const costmodel::ModelSpec& model, int seq_len, const ParallelContext& ctx) {
+  const int tp = ctx.tp.size();
   require_divides(tp, model.num_heads, "num_heads");
   require_divides(tp, model.num_kv_heads, "num_kv_heads");
-  require_divides(tp, F, "ffn_hidden_size");
+  require_divides(tp, model.ffn_hidden_size, "ffn_hidden_size");
   const int cp = std::max(1, ctx.cp.size());
   // Context parallel: 2*cp chunks of the sequence, two per cp rank (ring_attention.h); the planner's
   // rule (costmodel check_context_parallel) refuses such plans first.
@@ -65,131 +62,193 @@ GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, in
   if (seq_len > model.max_seq_len && model.position == PositionKind::learned)
     throw std::invalid_argument("seq_len " + std::to_string(seq_len) + " exceeds the model's learned positions (" +
                                 std::to_string(model.max_seq_len) + ")");
-  // Megatron pads the vocabulary to a multiple of 128*tp; here only to a multiple of tp, and the
-  // padding is masked out of the loss, so the model is the same function whatever tp is.
-  padded_vocab_ = (model.vocab_size + tp - 1) / tp * tp;
-  const bool sp = ctx.sequence_parallel && tp > 1;
-  const double out_std = kInitStd / std::sqrt(2.0 * model.num_layers);  // Megatron's scaled init of output layers
+}
+}  // namespace
 
-  // replicated: the same on every tp rank (its grad is partial under SP, summed by GradSync).
-  // `slice`: the part of the global tensor `local` is (default: all of it).
-  auto add = [&](const std::string& name, const at::Tensor& local, bool decay, bool replicated, bool tied = false,
-                 GlobalSlice slice = {}) {
-    at::Tensor t = local.to(ctx.device, ctx.dtype).contiguous().clone().set_requires_grad(true);
-    if (slice.shape.empty()) slice.shape = local.sizes().vec();
-    params_.push_back({name, t, decay, replicated && sp, tied, replicated, false, slice});
-    unit_of_param_.push_back(num_units_);
-    return t;
-  };
-  auto tp_slice = [&](at::IntArrayRef shape, int dim, std::vector<GlobalSlice::Section> sections = {}) {
-    return GlobalSlice{shape.vec(), dim, tp, r, std::move(sections)};
-  };
-  auto split = [&](const std::string& name, at::IntArrayRef shape, double std, int64_t dim, bool decay) {
-    at::Tensor full = std == 0 ? at::zeros(shape, at::kFloat) : draw(seed, name, shape, std);
-    return add(name, shard(full, dim, tp, r), decay, false, false, tp_slice(shape, static_cast<int>(dim)));
-  };
-  auto replicated = [&](const std::string& name, int64_t n, double value) {
-    return add(name, at::full({n}, value, at::kFloat), false, true);
-  };
-  const GlobalSlice vocab_slice = tp_slice({model.vocab_size, H}, 0, {{model.vocab_size, padded_vocab_}});
-  auto word_embedding = [&]() {
-    at::Tensor full = at::zeros({padded_vocab_, H}, at::kFloat);
-    full.narrow(0, 0, model.vocab_size).copy_(draw(seed, "wte", {model.vocab_size, H}, kInitStd));
-    return add("wte", shard(full, 0, tp, r), true, false, model.tied_embeddings && ctx.num_stages > 1, vocab_slice);
-  };
+// The constructor's parts, one per part of the model built (the embedding, each block's attention
+// and MLP, the head): each parameter drawn whole and cut to this rank's tp (or etp) slice, appended
+// to params_ in the order the stage runs them, with the unit being built.
+class GptStage::Builder {
+ public:
+  explicit Builder(GptStage& stage)
+      : s_(stage),
+        model_(stage.model_),
+        ctx_(stage.ctx_),
+        seed_(stage.seed_),
+        tp_(stage.ctx_.tp.size()),
+        r_(stage.ctx_.tp.rank()),
+        H_(stage.model_.hidden_size),
+        F_(stage.model_.ffn_hidden_size),
+        sp_(stage.ctx_.sequence_parallel && tp_ > 1),
+        ln_(stage.model_.norm == NormKind::layernorm),
+        out_std_(kInitStd / std::sqrt(2.0 * stage.model_.num_layers)),  // Megatron's scaled init of output layers
+        vocab_slice_(tp_slice({model_.vocab_size, H_}, 0, {{model_.vocab_size, stage.padded_vocab_}})) {}
 
-  if (stage.chunks.empty()) throw std::logic_error("a pipeline stage without model chunks");
-  if (stage.embedding) {
-    wte_ = word_embedding();
-    if (model.position == PositionKind::learned)
-      wpe_ = add("wpe", draw(seed, "wpe", {model.max_seq_len, H}, kInitStd), true, true);
-    ++num_units_;
-    chunk_of_unit_.push_back(0);
+  void embedding() {
+    s_.wte_ = word_embedding();
+    if (model_.position == PositionKind::learned)
+      s_.wpe_ = add("wpe", draw(seed_, "wpe", {model_.max_seq_len, H_}, kInitStd), true, true);
+    ++s_.num_units_;
+    s_.chunk_of_unit_.push_back(0);
   }
-  const bool ln = model.norm == NormKind::layernorm;
-  std::vector<int> layers;  // this rank's layers, chunk by chunk
-  for (size_t c = 0; c < stage.chunks.size(); ++c) {
-    chunk_first_block_.push_back(static_cast<int>(layers.size()));
-    for (int i = 0; i < stage.chunks[c].num_layers; ++i) {
-      layers.push_back(stage.chunks[c].first_layer + i);
-      chunk_of_unit_.push_back(static_cast<int>(c));
-    }
-  }
-  chunk_first_block_.push_back(static_cast<int>(layers.size()));
-  for (int i : layers) {
-    const std::string p = "layers." + std::to_string(i) + ".";
-    Block b;
-    b.norm1_w = replicated(p + "norm1.weight", H, 1.0);
-    if (ln) b.norm1_b = replicated(p + "norm1.bias", H, 0.0);
-    // Column-parallel QKV: this rank's query heads, then its key heads, then its value heads.
-    at::Tensor q = shard(draw(seed, p + "attn.q.weight", {model.q_dim(), H}, kInitStd), 0, tp, r);
-    at::Tensor k = shard(draw(seed, p + "attn.k.weight", {model.kv_dim(), H}, kInitStd), 0, tp, r);
-    at::Tensor v = shard(draw(seed, p + "attn.v.weight", {model.kv_dim(), H}, kInitStd), 0, tp, r);
-    const std::vector<GlobalSlice::Section> qkv_rows = {
-        {model.q_dim(), model.q_dim()}, {model.kv_dim(), model.kv_dim()}, {model.kv_dim(), model.kv_dim()}};
-    const int64_t qkv_dim = model.q_dim() + 2 * model.kv_dim();
-    b.qkv_w = add(p + "attn.qkv.weight", at::cat({q, k, v}, 0), true, false, false, tp_slice({qkv_dim, H}, 0, qkv_rows));
-    if (model.qkv_bias)
-      b.qkv_b = add(p + "attn.qkv.bias", at::zeros({q.size(0) + 2 * k.size(0)}), false, false, false,
-                    tp_slice({qkv_dim}, 0, qkv_rows));
-    b.proj_w = split(p + "attn.proj.weight", {H, model.q_dim()}, out_std, 1, true);
-    if (model.out_bias) b.proj_b = replicated(p + "attn.proj.bias", H, 0.0);
-    b.norm2_w = replicated(p + "norm2.weight", H, 1.0);
-    if (ln) b.norm2_b = replicated(p + "norm2.bias", H, 0.0);
-    if (model.is_moe()) {
-      // The router, whole on every rank: each tp rank routes other tokens (moe.h), so its
-      // gradient is partial over tp whether or not sequence parallel is on.
-      const int64_t E = model.num_experts, local = E / ctx.ep.size();
-      const int etp = ctx.etp.size(), er = ctx.etp.rank();
-      if (F % etp != 0)
-        throw std::invalid_argument("ffn_hidden_size (" + std::to_string(F) + ") is not divisible by etp = " +
-                                    std::to_string(etp));
-      b.moe.router = add(p + "mlp.router.weight", draw(seed, p + "mlp.router.weight", {E, H}, kInitStd), true, true);
-      params_.back().sequence_parallel_partial = tp > 1;
-      // This ep rank's experts, each drawn whole from its global name and cut to this etp rank's slice.
-      b.moe.first_expert = static_cast<int>(ctx.ep.rank() * local);
-      auto expert = [&](const std::string& name, at::IntArrayRef shape, double std, int64_t dim) {
-        at::Tensor t = add(name, shard(draw(seed, name, shape, std), dim, etp, er), true, false, false,
-                           GlobalSlice{shape.vec(), static_cast<int>(dim), etp, er, {}});
-        params_.back().expert = true;
-        return t;
-      };
-      for (int64_t l = 0; l < local; ++l) {
-        const std::string e = p + "mlp.experts." + std::to_string(b.moe.first_expert + l) + ".";
-        b.moe.gate.push_back(expert(e + "gate.weight", {F, H}, kInitStd, 0));
-        b.moe.up.push_back(expert(e + "up.weight", {F, H}, kInitStd, 0));
-        b.moe.down.push_back(expert(e + "down.weight", {H, F}, out_std, 1));
+
+  // This rank's layers, chunk by chunk; each chunk's first block noted.
+  std::vector<int> layers() {
+    std::vector<int> layers;
+    const std::vector<StageSpec::Chunk>& chunks = s_.stage_.chunks;
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      s_.chunk_first_block_.push_back(static_cast<int>(layers.size()));
+      for (int i = 0; i < chunks[c].num_layers; ++i) {
+        layers.push_back(chunks[c].first_layer + i);
+        s_.chunk_of_unit_.push_back(static_cast<int>(c));
       }
-    } else {
-      b.fc1_w = split(p + "mlp.fc1.weight", {F, H}, kInitStd, 0, true);
-      if (model.mlp_bias) b.fc1_b = split(p + "mlp.fc1.bias", {F}, 0, 0, false);
-      if (model.mlp == MlpKind::swiglu) b.gate_w = split(p + "mlp.gate.weight", {F, H}, kInitStd, 0, true);
-      b.fc2_w = split(p + "mlp.fc2.weight", {H, F}, out_std, 1, true);
-      if (model.mlp_bias) b.fc2_b = replicated(p + "mlp.fc2.bias", H, 0.0);
     }
-    blocks_.push_back(b);
-    ++num_units_;
+    s_.chunk_first_block_.push_back(static_cast<int>(layers.size()));
+    return layers;
   }
-  if (stage.lm_head) {
-    final_norm_w_ = replicated("final_norm.weight", H, 1.0);
-    if (ln) final_norm_b_ = replicated("final_norm.bias", H, 0.0);
-    if (model.tied_embeddings) {
-      head_w_ = stage.embedding ? wte_ : word_embedding();
+
+  void block(int layer) {
+    const std::string p = "layers." + std::to_string(layer) + ".";
+    Block b;
+    b.norm1_w = replicated(p + "norm1.weight", H_, 1.0);
+    if (ln_) b.norm1_b = replicated(p + "norm1.bias", H_, 0.0);
+    attention(b, p);
+    b.norm2_w = replicated(p + "norm2.weight", H_, 1.0);
+    if (ln_) b.norm2_b = replicated(p + "norm2.bias", H_, 0.0);
+    if (model_.is_moe())
+      moe_mlp(b, p);
+    else
+      dense_mlp(b, p);
+    s_.blocks_.push_back(b);
+    ++s_.num_units_;
+  }
+
+  void head() {
+    s_.final_norm_w_ = replicated("final_norm.weight", H_, 1.0);
+    if (ln_) s_.final_norm_b_ = replicated("final_norm.bias", H_, 0.0);
+    if (model_.tied_embeddings) {
+      s_.head_w_ = s_.stage_.embedding ? s_.wte_ : word_embedding();
     } else {
-      at::Tensor full = at::zeros({padded_vocab_, H}, at::kFloat);
-      full.narrow(0, 0, model.vocab_size).copy_(draw(seed, "lm_head.weight", {model.vocab_size, H}, kInitStd));
-      head_w_ = add("lm_head.weight", shard(full, 0, tp, r), true, false, false, vocab_slice);
+      at::Tensor full = at::zeros({s_.padded_vocab_, H_}, at::kFloat);
+      full.narrow(0, 0, model_.vocab_size).copy_(draw(seed_, "lm_head.weight", {model_.vocab_size, H_}, kInitStd));
+      s_.head_w_ = add("lm_head.weight", shard(full, 0, tp_, r_), true, false, false, vocab_slice_);
     }
-    head_unit_ = num_units_++;
-    chunk_of_unit_.push_back(static_cast<int>(stage.chunks.size()) - 1);
+    s_.head_unit_ = s_.num_units_++;
+    s_.chunk_of_unit_.push_back(static_cast<int>(s_.stage_.chunks.size()) - 1);
   }
-  if (model.position == PositionKind::rotary) {
+
+  void rotary_tables() {
+    const int64_t d = model_.head_dim;
+    const int cp = std::max(1, ctx_.cp.size());
     at::Tensor inv = 1.0 / at::pow(kRopeBase, at::arange(0, d, 2, at::kDouble) / double(d));
     // [s, d/2] at this cp rank's tokens' true positions (the whole sequence when cp is 1).
-    at::Tensor angles = at::outer(cp_chunks(at::arange(seq_len, at::kDouble), 0, cp, ctx.cp.rank()), inv);
-    rope_cos_ = angles.cos().to(ctx.device, ctx.dtype);
-    rope_sin_ = angles.sin().to(ctx.device, ctx.dtype);
+    at::Tensor angles = at::outer(cp_chunks(at::arange(s_.seq_len_, at::kDouble), 0, cp, ctx_.cp.rank()), inv);
+    s_.rope_cos_ = angles.cos().to(ctx_.device, ctx_.dtype);
+    s_.rope_sin_ = angles.sin().to(ctx_.device, ctx_.dtype);
   }
+
+ private:
+  // replicated: the same on every tp rank (its grad is partial under SP, summed by GradSync).
+  // `slice`: the part of the global tensor `local` is (default: all of it).
+  at::Tensor add(const std::string& name, const at::Tensor& local, bool decay, bool replicated, bool tied = false,
+                 GlobalSlice slice = {}) {
+    at::Tensor t = local.to(ctx_.device, ctx_.dtype).contiguous().clone().set_requires_grad(true);
+    if (slice.shape.empty()) slice.shape = local.sizes().vec();
+    s_.params_.push_back({name, t, decay, replicated && sp_, tied, replicated, false, slice});
+    s_.unit_of_param_.push_back(s_.num_units_);
+    return t;
+  }
+  GlobalSlice tp_slice(at::IntArrayRef shape, int dim, std::vector<GlobalSlice::Section> sections = {}) const {
+    return GlobalSlice{shape.vec(), dim, tp_, r_, std::move(sections)};
+  }
+  at::Tensor split(const std::string& name, at::IntArrayRef shape, double std, int64_t dim, bool decay) {
+    at::Tensor full = std == 0 ? at::zeros(shape, at::kFloat) : draw(seed_, name, shape, std);
+    return add(name, shard(full, dim, tp_, r_), decay, false, false, tp_slice(shape, static_cast<int>(dim)));
+  }
+  at::Tensor replicated(const std::string& name, int64_t n, double value) {
+    return add(name, at::full({n}, value, at::kFloat), false, true);
+  }
+  at::Tensor word_embedding() {
+    at::Tensor full = at::zeros({s_.padded_vocab_, H_}, at::kFloat);
+    full.narrow(0, 0, model_.vocab_size).copy_(draw(seed_, "wte", {model_.vocab_size, H_}, kInitStd));
+    return add("wte", shard(full, 0, tp_, r_), true, false, model_.tied_embeddings && ctx_.num_stages > 1, vocab_slice_);
+  }
+
+  void attention(Block& b, const std::string& p) {
+    // Column-parallel QKV: this rank's query heads, then its key heads, then its value heads.
+    at::Tensor q = shard(draw(seed_, p + "attn.q.weight", {model_.q_dim(), H_}, kInitStd), 0, tp_, r_);
+    at::Tensor k = shard(draw(seed_, p + "attn.k.weight", {model_.kv_dim(), H_}, kInitStd), 0, tp_, r_);
+    at::Tensor v = shard(draw(seed_, p + "attn.v.weight", {model_.kv_dim(), H_}, kInitStd), 0, tp_, r_);
+    const std::vector<GlobalSlice::Section> qkv_rows = {
+        {model_.q_dim(), model_.q_dim()}, {model_.kv_dim(), model_.kv_dim()}, {model_.kv_dim(), model_.kv_dim()}};
+    const int64_t qkv_dim = model_.q_dim() + 2 * model_.kv_dim();
+    b.qkv_w = add(p + "attn.qkv.weight", at::cat({q, k, v}, 0), true, false, false, tp_slice({qkv_dim, H_}, 0, qkv_rows));
+    if (model_.qkv_bias)
+      b.qkv_b = add(p + "attn.qkv.bias", at::zeros({q.size(0) + 2 * k.size(0)}), false, false, false,
+                    tp_slice({qkv_dim}, 0, qkv_rows));
+    b.proj_w = split(p + "attn.proj.weight", {H_, model_.q_dim()}, out_std_, 1, true);
+    if (model_.out_bias) b.proj_b = replicated(p + "attn.proj.bias", H_, 0.0);
+  }
+
+  void dense_mlp(Block& b, const std::string& p) {
+    b.fc1_w = split(p + "mlp.fc1.weight", {F_, H_}, kInitStd, 0, true);
+    if (model_.mlp_bias) b.fc1_b = split(p + "mlp.fc1.bias", {F_}, 0, 0, false);
+    if (model_.mlp == MlpKind::swiglu) b.gate_w = split(p + "mlp.gate.weight", {F_, H_}, kInitStd, 0, true);
+    b.fc2_w = split(p + "mlp.fc2.weight", {H_, F_}, out_std_, 1, true);
+    if (model_.mlp_bias) b.fc2_b = replicated(p + "mlp.fc2.bias", H_, 0.0);
+  }
+
+  void moe_mlp(Block& b, const std::string& p) {
+    // The router, whole on every rank: each tp rank routes other tokens (moe.h), so its
+    // gradient is partial over tp whether or not sequence parallel is on.
+    const int64_t E = model_.num_experts, local = E / ctx_.ep.size();
+    const int etp = ctx_.etp.size(), er = ctx_.etp.rank();
+    if (F_ % etp != 0)
+      throw std::invalid_argument("ffn_hidden_size (" + std::to_string(F_) + ") is not divisible by etp = " +
+                                  std::to_string(etp));
+    b.moe.router = add(p + "mlp.router.weight", draw(seed_, p + "mlp.router.weight", {E, H_}, kInitStd), true, true);
+    s_.params_.back().sequence_parallel_partial = tp_ > 1;
+    // This ep rank's experts, each drawn whole from its global name and cut to this etp rank's slice.
+    b.moe.first_expert = static_cast<int>(ctx_.ep.rank() * local);
+    auto expert = [&](const std::string& name, at::IntArrayRef shape, double std, int64_t dim) {
+      at::Tensor t = add(name, shard(draw(seed_, name, shape, std), dim, etp, er), true, false, false,
+                         GlobalSlice{shape.vec(), static_cast<int>(dim), etp, er, {}});
+      s_.params_.back().expert = true;
+      return t;
+    };
+    for (int64_t l = 0; l < local; ++l) {
+      const std::string e = p + "mlp.experts." + std::to_string(b.moe.first_expert + l) + ".";
+      b.moe.gate.push_back(expert(e + "gate.weight", {F_, H_}, kInitStd, 0));
+      b.moe.up.push_back(expert(e + "up.weight", {F_, H_}, kInitStd, 0));
+      b.moe.down.push_back(expert(e + "down.weight", {H_, F_}, out_std_, 1));
+    }
+  }
+
+  GptStage& s_;
+  const costmodel::ModelSpec& model_;
+  ParallelContext& ctx_;
+  const uint64_t seed_;
+  const int tp_, r_;
+  const int64_t H_, F_;  // hidden_size, ffn_hidden_size
+  const bool sp_, ln_;
+  const double out_std_;
+  const GlobalSlice vocab_slice_;
+};
+
+GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, int seq_len, ParallelContext& ctx,
+                   uint64_t seed)
+    : model_(model), stage_(stage), seq_len_(seq_len), ctx_(ctx), seed_(seed) {
+  check_divisible_shapes(model, seq_len, ctx);
+  // Megatron pads the vocabulary to a multiple of 128*tp; here only to a multiple of tp, and the
+  // padding is masked out of the loss, so the model is the same function whatever tp is.
+  const int tp = ctx.tp.size();
+  padded_vocab_ = (model.vocab_size + tp - 1) / tp * tp;
+  if (stage.chunks.empty()) throw std::logic_error("a pipeline stage without model chunks");
+  Builder build(*this);
+  if (stage.embedding) build.embedding();
+  for (int layer : build.layers()) build.block(layer);
+  if (stage.lm_head) build.head();
+  if (model.position == PositionKind::rotary) build.rotary_tables();
 }
 
 std::vector<int64_t> GptStage::activation_shape(int64_t micro_batch) const {

@@ -161,6 +161,7 @@ class GptStage {
   at::Tensor mlp(const Block& blk, const at::Tensor& x) const;
   at::Tensor embed(const at::Tensor& tokens);
   at::Tensor head_loss(const at::Tensor& x, const at::Tensor& targets, double loss_scale);
+  class Builder;  // the constructor's parts (gpt.cpp)
 
   costmodel::ModelSpec model_;
   StageSpec stage_;

@@ -44,6 +44,33 @@ void allocate_storage(const at::Tensor& flat) {
   s->set_nbytes(bytes);
 }
 
+// Parameters into buckets, last parameter first: a new bucket once the current one holds
+// bucket_bytes (ZeRO-3: at each unit's boundary), at each model chunk's boundary (Megatron keeps a
+// grad buffer per chunk), and the tied word embedding in one of its own. Each bucket's parameter
+// indices, in the order its gradients come.
+std::vector<std::vector<int>> bucket_members(const GptStage& stage, const std::vector<Parameter>& params,
+                                             bool has_embedding_group, int64_t bucket_bytes, int zero_stage) {
+  const std::vector<int>& unit_of = stage.unit_of_parameter();
+  auto alone = [&](int i) { return params[i].tied_embedding && has_embedding_group; };
+  auto chunk_of = [&](int i) { return stage.chunk_of_unit(unit_of[i]); };
+  std::vector<std::vector<int>> members;
+  int64_t filled = 0;
+  for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
+    const int64_t bytes = params[i].tensor.nbytes();
+    bool fresh = members.empty() || alone(i) || alone(members.back().back()) ||
+                 chunk_of(i) != chunk_of(members.back().back()) ||
+                 params[i].expert != params[members.back().back()].expert;  // experts reduce over edp
+    if (!fresh) fresh = zero_stage >= 3 ? unit_of[i] != unit_of[members.back().back()] : filled + bytes > bucket_bytes;
+    if (fresh) {
+      members.emplace_back();
+      filled = 0;
+    }
+    members.back().push_back(i);
+    filled += bytes;
+  }
+  return members;
+}
+
 }  // namespace
 
 GradSync::GradSync(GptStage& stage, ParallelContext& ctx, int64_t bucket_bytes, int zero_stage, bool shard_optimizer,
@@ -54,89 +81,76 @@ GradSync::GradSync(GptStage& stage, ParallelContext& ctx, int64_t bucket_bytes, 
       zero_stage_(zero_stage),
       shard_optimizer_(shard_optimizer || zero_stage >= 1),
       grad_dtype_(grad_dtype) {
-  // Assign parameters to buckets, last parameter first: a new bucket once the current one holds
-  // bucket_bytes (ZeRO-3: at each unit's boundary), at each model chunk's boundary (Megatron keeps a
-  // grad buffer per chunk), and the tied word embedding in one of its own.
-  const std::vector<int>& unit_of = stage.unit_of_parameter();
-  auto alone = [&](int i) { return params_[i].tied_embedding && ctx.has_embedding_group; };
-  auto chunk_of = [&](int i) { return stage.chunk_of_unit(unit_of[i]); };
-  std::vector<std::vector<int>> members;
-  int64_t filled = 0;
-  for (int i = static_cast<int>(params_.size()) - 1; i >= 0; --i) {
-    const int64_t bytes = params_[i].tensor.nbytes();
-    bool fresh = members.empty() || alone(i) || alone(members.back().back()) ||
-                 chunk_of(i) != chunk_of(members.back().back()) ||
-                 params_[i].expert != params_[members.back().back()].expert;  // experts reduce over edp
-    if (!fresh) fresh = zero_stage >= 3 ? unit_of[i] != unit_of[members.back().back()] : filled + bytes > bucket_bytes;
-    if (fresh) {
-      members.emplace_back();
-      filled = 0;
-    }
-    members.back().push_back(i);
-    filled += bytes;
-  }
-
+  const std::vector<std::vector<int>> members =
+      bucket_members(stage, params_, ctx.has_embedding_group, bucket_bytes, zero_stage);
   armed_.assign(stage.num_chunks(), false);
   for (const Parameter& p : params_) has_experts_ = has_experts_ || p.expert;
   if (zero_stage >= 3) units_.resize(stage.num_units());
-  for (size_t b = 0; b < members.size(); ++b) {
-    Bucket bucket;
-    bucket.members = members[b];
-    bucket.chunk = chunk_of(bucket.members[0]);
-    bucket.group = params_[bucket.members[0]].expert ? &ctx.edp : &dense_group();
-    const int dp = bucket.group->size(), r = bucket.group->rank();
-    for (int i : bucket.members) bucket.numel += params_[i].tensor.numel();
-    bucket.numel = (bucket.numel + dp - 1) / dp * dp;  // equal slices for the dp ranks
-    const int64_t slice = bucket.numel / dp;
-    auto options = params_[bucket.members[0]].tensor.options().requires_grad(false);
-    auto grad_options = options.dtype(grad_dtype);
-    bucket.params = at::zeros({bucket.numel}, options);
-    if (zero_stage < 2) bucket.grads = at::zeros({bucket.numel}, grad_options);
-    int64_t offset = 0;
-    for (int i : bucket.members) {
-      at::Tensor& p = params_[i].tensor;
-      {  // the parameter moves into the bucket's flat storage (values unchanged)
-        at::NoGradGuard no_grad;
-        at::Tensor home = bucket.params.narrow(0, offset, p.numel()).view(p.sizes());
-        home.copy_(p);
-        p.set_(home);
-      }
-      // The gradient accumulator adds into an existing .grad in place, so the view stays the grad.
-      if (bucket.grads.defined()) p.mutable_grad() = bucket.grads.narrow(0, offset, p.numel()).view(p.sizes());
-      offset += p.numel();
-      if (dp > 1 || zero_stage >= 2) {
-        auto acc = torch::autograd::impl::grad_accumulator(p);
-        acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-            [this, b, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-              mark_ready(static_cast<int>(b), i);
-              return outputs;
-            }));
-        accumulators_.push_back(std::move(acc));
-      }
-    }
-    if (zero_stage >= 3) {
-      bucket.param_shard = bucket.params.narrow(0, r * slice, slice).clone();
-      bucket.unit = unit_of[bucket.members[0]];
-      units_[bucket.unit].buckets.push_back(static_cast<int>(b));
-    } else {
-      bucket.param_shard = bucket.params.narrow(0, r * slice, slice);
-    }
-    if (zero_stage >= 2)
-      bucket.grad_shard = at::zeros({slice}, grad_options);
-    else if (shard_optimizer_)
-      bucket.grad_shard = bucket.grads.narrow(0, r * slice, slice);
-    // What the optimizer steps: its region of the bucket (the shard, or all of it), in fp32: the
-    // parameters' own storage when they are fp32, else fp32 master weights (mixed precision,
-    // Micikevicius et al. 2018) copied back into the 16-bit parameters after each step.
-    at::Tensor region = optimizer_weights(bucket);
-    bucket.master = region.scalar_type() == at::kFloat ? region : region.to(at::kFloat);
-    buckets_.push_back(std::move(bucket));
-  }
+  for (size_t b = 0; b < members.size(); ++b) buckets_.push_back(make_bucket(static_cast<int>(b), members[b]));
   if (zero_stage >= 3) {
     for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
       for (int b : units_[u].buckets) free_storage(buckets_[b].params);
     }
     stage.set_unit_hooks(this);
+  }
+}
+
+GradSync::Bucket GradSync::make_bucket(int b, const std::vector<int>& members) {
+  Bucket bucket;
+  bucket.members = members;
+  bucket.chunk = stage_.chunk_of_unit(stage_.unit_of_parameter()[members[0]]);
+  bucket.group = params_[members[0]].expert ? &ctx_.edp : &dense_group();
+  const int dp = bucket.group->size(), r = bucket.group->rank();
+  for (int i : bucket.members) bucket.numel += params_[i].tensor.numel();
+  bucket.numel = (bucket.numel + dp - 1) / dp * dp;  // equal slices for the dp ranks
+  const int64_t slice = bucket.numel / dp;
+  auto options = params_[bucket.members[0]].tensor.options().requires_grad(false);
+  auto grad_options = options.dtype(grad_dtype_);
+  bucket.params = at::zeros({bucket.numel}, options);
+  if (zero_stage_ < 2) bucket.grads = at::zeros({bucket.numel}, grad_options);
+  adopt_parameters(bucket, b);
+  if (zero_stage_ >= 3) {
+    bucket.param_shard = bucket.params.narrow(0, r * slice, slice).clone();
+    bucket.unit = stage_.unit_of_parameter()[bucket.members[0]];
+    units_[bucket.unit].buckets.push_back(b);
+  } else {
+    bucket.param_shard = bucket.params.narrow(0, r * slice, slice);
+  }
+  if (zero_stage_ >= 2)
+    bucket.grad_shard = at::zeros({slice}, grad_options);
+  else if (shard_optimizer_)
+    bucket.grad_shard = bucket.grads.narrow(0, r * slice, slice);
+  // What the optimizer steps: its region of the bucket (the shard, or all of it), in fp32: the
+  // parameters' own storage when they are fp32, else fp32 master weights (mixed precision,
+  // Micikevicius et al. 2018) copied back into the 16-bit parameters after each step.
+  at::Tensor region = optimizer_weights(bucket);
+  bucket.master = region.scalar_type() == at::kFloat ? region : region.to(at::kFloat);
+  return bucket;
+}
+
+void GradSync::adopt_parameters(Bucket& bucket, int b) {
+  const bool hooked = bucket.group->size() > 1 || zero_stage_ >= 2;
+  int64_t offset = 0;
+  for (int i : bucket.members) {
+    at::Tensor& p = params_[i].tensor;
+    {  // the parameter moves into the bucket's flat storage (values unchanged)
+      at::NoGradGuard no_grad;
+      at::Tensor home = bucket.params.narrow(0, offset, p.numel()).view(p.sizes());
+      home.copy_(p);
+      p.set_(home);
+    }
+    // The gradient accumulator adds into an existing .grad in place, so the view stays the grad.
+    if (bucket.grads.defined()) p.mutable_grad() = bucket.grads.narrow(0, offset, p.numel()).view(p.sizes());
+    offset += p.numel();
+    if (hooked) {
+      auto acc = torch::autograd::impl::grad_accumulator(p);
+      acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, b, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+            mark_ready(b, i);
+            return outputs;
+          }));
+      accumulators_.push_back(std::move(acc));
+    }
   }
 }
 

@@ -141,6 +141,11 @@ class GradSync : public UnitHooks {
     std::vector<Work> gathers;
     int reducing = 0;  // buckets whose gradients have gone to reduction this micro-batch
   };
+  // The constructor's parts: bucket `b` of parameters `members`, and its members moved into the
+  // bucket's flat storage (their .grads views of its gradients, stages 0 and 1) with a hook on each
+  // gradient accumulator where gradients are reduced.
+  Bucket make_bucket(int b, const std::vector<int>& members);
+  void adopt_parameters(Bucket& bucket, int b);
   void mark_ready(int bucket, int param);
   void provide_gradient_buffer(int bucket);
   void launch_sharded_reduction(int bucket);

@@ -110,6 +110,89 @@ struct AttachAuxLoss : torch::autograd::Function<AttachAuxLoss> {
   }
 };
 
+// Without sequence parallel the tokens are replicated over tp: each tp rank routes its 1/tp of
+// them (copy_to_tp: the input gradients, zero outside each rank's part, are summed in backward).
+at::Tensor tp_share_of_tokens(const at::Tensor& x, Group& tp, PhaseClock& clock) {
+  if (x.size(1) % tp.size() != 0)
+    throw std::invalid_argument("seq_len (" + std::to_string(x.size(1)) + ") is not divisible by tp = " +
+                                std::to_string(tp.size()) + " (the MoE layer splits the tokens over tp)");
+  const int64_t part = x.size(1) / tp.size();
+  return copy_to_tp(x, tp, clock).narrow(1, tp.rank() * part, part);
+}
+
+// Every tp rank's part [b, s/tp, h] of the output back into the replicated [b, s, h].
+at::Tensor tp_shares_summed(const at::Tensor& y, Group& tp, PhaseClock& clock) {
+  const int64_t part = y.size(1);
+  at::Tensor full = at::constant_pad_nd(y, {0, 0, tp.rank() * part, (tp.size() - 1 - tp.rank()) * part});
+  return reduce_from_tp(full, tp, clock);
+}
+
+// The per-sequence load-balancing loss, from statistics summed over the ranks holding parts of
+// the sequence. probs [b * s, E]: the router's probabilities; top_e [b * s, k]: the chosen experts.
+at::Tensor load_balancing_loss(const at::Tensor& probs, const at::Tensor& top_e, int64_t b, int64_t s, int seq_len,
+                               double aux_scale, ParallelContext& ctx) {
+  const int64_t E = probs.size(-1), k = top_e.size(-1);
+  at::Tensor p_sum = probs.view({b, s, E}).sum(1);  // [b, E]
+  at::Tensor routed = at::one_hot(top_e.view({b, s * k}), E).sum(1).to(at::kFloat);  // [b, E]
+  for (Group* g : {&ctx.tp, &ctx.cp}) {
+    if (g->size() <= 1) continue;  // tp: its ranks hold different tokens (sequence parallel, or split above)
+    p_sum = reduce_from_tp(p_sum, *g, ctx.clock);  // forward sum, backward identity: each rank its part
+    PhaseScope scope(ctx.clock, Phase::tp_comm);
+    g->all_reduce(routed);
+  }
+  const double S = seq_len;
+  at::Tensor per_sequence = (routed / (S * k) * (p_sum / S)).sum(-1) * double(E);  // [b]
+  return per_sequence.sum() * (kRouterAuxLossCoef * aux_scale);
+}
+
+// Dispatch: the N*k routed copies ordered by expert (stable: a token's copies keep slot order), and
+// how many go between this rank and each ep rank.
+struct Dispatch {
+  int n_ep = 1;                     // ep ranks
+  int64_t local = 0;                // experts per ep rank
+  at::Tensor order;                 // [N k]: the routed copies (token * k + slot) by expert
+  at::Tensor token_of;              // [N k]: the token of each ordered copy
+  at::Tensor per_expert;            // [E]: this rank's copies per expert
+  at::Tensor all_counts;            // [ep, E]: every ep rank's copies per expert
+  at::Tensor mine;                  // [ep, local]: what each sends to my experts
+  std::vector<int64_t> send, recv;  // copies to, and from, each ep rank
+};
+
+Dispatch dispatch_counts(const at::Tensor& top_e, int64_t E, int64_t k, ParallelContext& ctx) {
+  Dispatch d;
+  at::Tensor flat_e = top_e.reshape({-1});
+  d.order = std::get<1>(at::sort(flat_e, /*stable=*/true, 0, false));
+  d.token_of = at::div(d.order, k, "floor");  // the token of each ordered copy
+  d.per_expert = at::bincount(flat_e, {}, E);  // [E]
+  Group& ep = ctx.ep;
+  d.n_ep = std::max(1, ep.size());
+  const int me = d.n_ep > 1 ? ep.rank() : 0;
+  d.local = E / d.n_ep;
+  d.all_counts = d.per_expert.view({1, E});  // [ep, E]: every ep rank's copies per expert
+  if (d.n_ep > 1) {
+    PhaseScope scope(ctx.clock, Phase::ep_comm);
+    d.all_counts = ep.all_gather(d.per_expert, 0).view({d.n_ep, E});
+  }
+  d.send = to_vector(d.per_expert.view({d.n_ep, d.local}).sum(1));
+  d.mine = d.all_counts.narrow(1, me * d.local, d.local);  // [ep, local]: what each sends to my experts
+  d.recv = to_vector(d.mine.sum(1));
+  return d;
+}
+
+// Each local expert's output for its rows of `grouped` (the received rows ordered by expert, rows[l]
+// of them expert l's).
+std::vector<at::Tensor> expert_outputs(const MoeWeights& w, const at::Tensor& grouped, const std::vector<int64_t>& rows) {
+  std::vector<at::Tensor> outs;
+  int64_t first = 0;
+  for (size_t l = 0; l < rows.size(); ++l) {
+    at::Tensor in = grouped.narrow(0, first, rows[l]);
+    first += rows[l];
+    // Shazeer 2020: down(silu(gate x) * up x), the dense MLP's SwiGLU (fused_ops.h).
+    outs.push_back(at::linear(swiglu(at::linear(in, w.gate[l]), at::linear(in, w.up[l])), w.down[l]));
+  }
+  return outs;
+}
+
 }  // namespace
 
 at::Tensor moe_mlp(const costmodel::ModelSpec& model, const MoeWeights& w, const at::Tensor& x_in, int seq_len,
@@ -117,16 +200,7 @@ at::Tensor moe_mlp(const costmodel::ModelSpec& model, const MoeWeights& w, const
   const int64_t E = model.num_experts, k = model.experts_per_token, H = model.hidden_size;
   Group& tp = ctx.tp;
   const bool split_tokens = tp.size() > 1 && !(ctx.sequence_parallel);
-  // Without sequence parallel the tokens are replicated over tp: each tp rank routes its 1/tp of
-  // them (copy_to_tp: the input gradients, zero outside each rank's part, are summed in backward).
-  at::Tensor x = x_in;
-  if (split_tokens) {
-    if (x.size(1) % tp.size() != 0)
-      throw std::invalid_argument("seq_len (" + std::to_string(x.size(1)) + ") is not divisible by tp = " +
-                                  std::to_string(tp.size()) + " (the MoE layer splits the tokens over tp)");
-    const int64_t part = x.size(1) / tp.size();
-    x = copy_to_tp(x, tp, ctx.clock).narrow(1, tp.rank() * part, part);
-  }
+  const at::Tensor x = split_tokens ? tp_share_of_tokens(x_in, tp, ctx.clock) : x_in;
   const int64_t b = x.size(0), s = x.size(1);
   at::Tensor tokens = x.reshape({b * s, H});
 
@@ -134,47 +208,22 @@ at::Tensor moe_mlp(const costmodel::ModelSpec& model, const MoeWeights& w, const
   at::Tensor probs = at::softmax(at::linear(tokens, w.router).to(at::kFloat), -1);  // [N, E]
   auto [top_p, top_e] = probs.topk(k, -1);                                            // [N, k]
   top_p = top_p / top_p.sum(-1, true);  // MixtralSparseMoeBlock: routing_weights /= sum
-
-  // The per-sequence load-balancing loss, from statistics summed over the ranks holding parts of
-  // the sequence.
   at::Tensor aux;
-  if (at::GradMode::is_enabled() && kRouterAuxLossCoef > 0) {
-    at::Tensor p_sum = probs.view({b, s, E}).sum(1);  // [b, E]
-    at::Tensor routed = at::one_hot(top_e.view({b, s * k}), E).sum(1).to(at::kFloat);  // [b, E]
-    for (Group* g : {&tp, &ctx.cp}) {
-      if (g->size() <= 1) continue;  // tp: its ranks hold different tokens (sequence parallel, or split above)
-      p_sum = reduce_from_tp(p_sum, *g, ctx.clock);  // forward sum, backward identity: each rank its part
-      PhaseScope scope(ctx.clock, Phase::tp_comm);
-      g->all_reduce(routed);
-    }
-    const double S = seq_len;
-    at::Tensor per_sequence = (routed / (S * k) * (p_sum / S)).sum(-1) * double(E);  // [b]
-    aux = per_sequence.sum() * (kRouterAuxLossCoef * aux_scale);
-  }
+  if (at::GradMode::is_enabled() && kRouterAuxLossCoef > 0)
+    aux = load_balancing_loss(probs, top_e, b, s, seq_len, aux_scale, ctx);
 
-  // Dispatch: the N*k routed copies ordered by expert (stable: a token's copies keep slot order).
-  at::Tensor flat_e = top_e.reshape({-1});
-  at::Tensor order = std::get<1>(at::sort(flat_e, /*stable=*/true, 0, false));
-  at::Tensor token_of = at::div(order, k, "floor");  // the token of each ordered copy
-  at::Tensor per_expert = at::bincount(flat_e, {}, E);  // [E]
+  // Dispatch, the local experts, and back. Their tensors stay this function's locals until the
+  // output is combined: the activation peak the memory tests check includes them.
+  const Dispatch d = dispatch_counts(top_e, E, k, ctx);
   Group& ep = ctx.ep;
-  const int n_ep = std::max(1, ep.size()), me = n_ep > 1 ? ep.rank() : 0;
-  const int64_t local = E / n_ep;
-  at::Tensor all_counts = per_expert.view({1, E});  // [ep, E]: every ep rank's copies per expert
-  if (n_ep > 1) {
-    PhaseScope scope(ctx.clock, Phase::ep_comm);
-    all_counts = ep.all_gather(per_expert, 0).view({n_ep, E});
-  }
-  std::vector<int64_t> send = to_vector(per_expert.view({n_ep, local}).sum(1));
-  at::Tensor mine = all_counts.narrow(1, me * local, local);  // [ep, local]: what each sends to my experts
-  std::vector<int64_t> recv = to_vector(mine.sum(1));
-  at::Tensor sent = tokens.index_select(0, token_of);
-  at::Tensor received = n_ep > 1 ? AllToAll::apply(sent, &ep, &ctx.clock, send, recv) : sent;
+  at::Tensor sent = tokens.index_select(0, d.token_of);
+  at::Tensor received = d.n_ep > 1 ? AllToAll::apply(sent, &ep, &ctx.clock, d.send, d.recv) : sent;
   // The local expert of each received row: sources in ep order, each's rows in expert order.
-  at::Tensor expert_of = at::repeat_interleave(at::arange(local, mine.options()).repeat({n_ep}), mine.reshape({-1}));
+  at::Tensor expert_of =
+      at::repeat_interleave(at::arange(d.local, d.mine.options()).repeat({d.n_ep}), d.mine.reshape({-1}));
 
   if (at::GradMode::is_enabled()) {  // once per micro-batch (recompute's first forward runs without grad)
-    counts.routed += flat_e.numel();
+    counts.routed += d.order.numel();
     counts.processed += received.size(0);
   }
   Group& etp = ctx.etp;
@@ -190,31 +239,20 @@ at::Tensor moe_mlp(const costmodel::ModelSpec& model, const MoeWeights& w, const
     received = EtpRows::apply(received, &etp, &ctx.clock, etp_rows, true);
   }
   at::Tensor by_expert = std::get<1>(at::sort(expert_of, /*stable=*/true, 0, false));
-  std::vector<int64_t> rows = to_vector(at::bincount(expert_of, {}, local));
+  std::vector<int64_t> rows = to_vector(at::bincount(expert_of, {}, d.local));
   at::Tensor grouped = received.index_select(0, by_expert);
-  std::vector<at::Tensor> outs;
-  int64_t first = 0;
-  for (int64_t l = 0; l < local; ++l) {
-    at::Tensor in = grouped.narrow(0, first, rows[l]);
-    first += rows[l];
-    // Shazeer 2020: down(silu(gate x) * up x), the dense MLP's SwiGLU (fused_ops.h).
-    outs.push_back(at::linear(swiglu(at::linear(in, w.gate[l]), at::linear(in, w.up[l])), w.down[l]));
-  }
+  std::vector<at::Tensor> outs = expert_outputs(w, grouped, rows);
   at::Tensor out = at::cat(outs, 0).index_select(0, at::argsort(by_expert));  // back to arrival order
   if (etp_split) out = EtpRows::apply(out, &etp, &ctx.clock, etp_rows, false);
-  at::Tensor back = n_ep > 1 ? AllToAll::apply(out, &ep, &ctx.clock, recv, send) : out;
+  at::Tensor back = d.n_ep > 1 ? AllToAll::apply(out, &ep, &ctx.clock, d.recv, d.send) : out;
 
   // Combine: each token the weighted sum of its k experts' outputs, the copies put back in token
   // order first (what the multiplication saves is that [N k, h] tensor, as Megatron's unpermute
   // saves the permuted tokens; an index_add would save its weighted source besides).
-  at::Tensor by_token = back.index_select(0, at::argsort(order)).view({b * s, k, H});
+  at::Tensor by_token = back.index_select(0, at::argsort(d.order)).view({b * s, k, H});
   at::Tensor y = (by_token * top_p.to(back.scalar_type()).unsqueeze(-1)).sum(1).view({b, s, H});
   if (aux.defined()) y = AttachAuxLoss::apply(y, aux);
-  if (split_tokens) {  // every tp rank's part back into the replicated [b, seq, h]
-    const int64_t part = s;
-    at::Tensor full = at::constant_pad_nd(y, {0, 0, tp.rank() * part, (tp.size() - 1 - tp.rank()) * part});
-    y = reduce_from_tp(full, tp, ctx.clock);
-  }
+  if (split_tokens) y = tp_shares_summed(y, tp, ctx.clock);
   if (model.hidden_dropout > 0) y = at::dropout(y, model.hidden_dropout, true);
   return y;
 }

@@ -409,6 +409,34 @@ void use_deterministic_kernels() {
   at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
 }
 
+// --checkpoint-dir: the folder (rank 0 makes it), and the saver, over a store connection of its own.
+std::unique_ptr<Checkpointer> start_checkpointer(const RunOptions& args, const Place& place, const StorePtr& store,
+                                                 std::chrono::milliseconds timeout, const json& plan_info) {
+  std::error_code ec;
+  if (place.rank == 0 && !std::filesystem::create_directories(args.checkpoint_dir, ec) && ec)
+    throw InputError("--checkpoint-dir " + args.checkpoint_dir + ": cannot create it (" + ec.message() + ")");
+  StorePtr checkpoint_store = place.world > 1 ? connect_store(place, false, timeout) : store;
+  return std::make_unique<Checkpointer>(args.checkpoint_dir, args.keep, !args.sync_save, place.rank, place.world,
+                                        checkpoint_store, plan_info);
+}
+
+// What the rank's report says of each save (its "checkpoint_saves").
+json save_records(const Checkpointer& checkpointer) {
+  json saves = json::array();
+  for (const SaveRecord& r : checkpointer.records())
+    saves.push_back({{"step", r.step}, {"blocking_s", r.blocking_s}, {"wait_s", r.wait_s}, {"write_s", r.write_s},
+                     {"file_bytes", r.file_bytes}, {"state_bytes", r.state_bytes}});
+  return saves;
+}
+
+// Rank 0, when a signal stopped the run early: which signal, after which step, and the checkpoint saved then.
+void report_stop(const RunOptions& args, const Place& place, const TrainLog& log, int first_step) {
+  if (place.rank != 0 || !log.stop_signal) return;
+  const int last_step = first_step + static_cast<int>(log.steps.size());
+  std::fprintf(stderr, "stopped by %s after step %d; saved checkpoint %s\n", signal_name(log.stop_signal), last_step,
+               checkpoint_folder(args.checkpoint_dir, last_step).c_str());
+}
+
 int train(const RunOptions& args, const Place& place) {
   const ExecPlan plan = read_plan(args.plan_path);
   check_run_options(args, plan, place);
@@ -454,12 +482,7 @@ int train(const RunOptions& args, const Place& place) {
     std::unique_ptr<Checkpointer> checkpointer;
     CheckpointPlan checkpoints;
     if (!args.checkpoint_dir.empty()) {
-      std::error_code ec;
-      if (place.rank == 0 && !std::filesystem::create_directories(args.checkpoint_dir, ec) && ec)
-        throw InputError("--checkpoint-dir " + args.checkpoint_dir + ": cannot create it (" + ec.message() + ")");
-      StorePtr checkpoint_store = place.world > 1 ? connect_store(place, false, timeout) : store;
-      checkpointer = std::make_unique<Checkpointer>(args.checkpoint_dir, args.keep, !args.sync_save, place.rank,
-                                                    place.world, checkpoint_store, plan_info);
+      checkpointer = start_checkpointer(args, place, store, timeout, plan_info);
       checkpoints = {checkpointer.get(), &state, &ctx.world, ctx.device};
     }
 
@@ -471,23 +494,14 @@ int train(const RunOptions& args, const Place& place) {
     json mine = rank_report(place.rank, ctx.stage, log.steps,
                             std::min(args.warmup_steps(), std::max(0, static_cast<int>(log.steps.size()) - 1)), log.peaks,
                             stage, grads, *optimizer);
-    if (checkpointer) {
-      json saves = json::array();
-      for (const SaveRecord& r : checkpointer->records())
-        saves.push_back({{"step", r.step}, {"blocking_s", r.blocking_s}, {"wait_s", r.wait_s}, {"write_s", r.write_s},
-                         {"file_bytes", r.file_bytes}, {"state_bytes", r.state_bytes}});
-      mine["checkpoint_saves"] = saves;
-    }
+    if (checkpointer) mine["checkpoint_saves"] = save_records(*checkpointer);
     const std::vector<json> reports = gather_reports(*store, place, mine);
     std::string write_error;
     if (place.rank == 0)
       write_error = write_run_record(args, place, plan, reports,
                                      run_config(args, place, plan, device, go.backend, grads, data), meter, log,
                                      first_step, checkpoint_record);
-    if (place.rank == 0 && log.stop_signal)
-      std::fprintf(stderr, "stopped by %s after step %d; saved checkpoint %s\n", signal_name(log.stop_signal),
-                   first_step + static_cast<int>(log.steps.size()),
-                   checkpoint_folder(args.checkpoint_dir, first_step + static_cast<int>(log.steps.size())).c_str());
+    report_stop(args, place, log, first_step);
     ctx.world.barrier();  // a TCPStore lives in rank 0: nobody leaves before it has read everything
     heartbeat.stop();
     if (!write_error.empty()) throw InputError(write_error);

@@ -23,7 +23,7 @@ Engines (--engine), over Gloo on CPU, world 1 or 2 under torchrun:
     torchrun --standalone --nproc_per_node 2 bench/torch_gpt.py --engine fsdp2 --reference ref.safetensors
     torchrun --standalone --nproc_per_node 2 bench/torch_gpt.py --engine ddp --steps 30 --warmup 5
 
-The math is the executor's (executor/src/gpt.cpp, worker.cpp, grad_sync.cpp): token plus learned
+The math is the executor's (executor/src/gpt.cpp, rank_setup.cpp, grad_sync.cpp): token plus learned
 position embedding; pre-LayerNorm blocks x + proj(attn(norm1(x))), x + fc2(gelu(fc1(norm2(x))))
 with exact (erf) GELU and causal attention; a final LayerNorm; the LM head tied to the token
 embedding, its padded rows (the executor pads the vocabulary to a multiple of tp) masked out of

@@ -35,15 +35,21 @@ CheckpointManifest two_ranks() {
   return m;
 }
 
-std::string error_of(const json& j) {
+// What `read` throws, checked to be one line; "(no error)" when it throws nothing.
+template <typename Read>
+std::string one_line_error(Read read) {
   try {
-    manifest_from_json(j, "ck/step-00000006/manifest.json");
+    read();
   } catch (const InputError& e) {
     const std::string what = e.what();
     CHECK(what.find('\n') == std::string::npos);
     return what;
   }
   return "(no error)";
+}
+
+std::string error_of(const json& j) {
+  return one_line_error([&] { manifest_from_json(j, "ck/step-00000006/manifest.json"); });
 }
 
 }  // namespace
@@ -129,14 +135,7 @@ ShardMetadata rank1_shard() {
 }
 
 std::string shard_error_of(const json& j) {
-  try {
-    shard_metadata_from_json(j, "ck/step-00000006/rank-00001.safetensors");
-  } catch (const InputError& e) {
-    const std::string what = e.what();
-    CHECK(what.find('\n') == std::string::npos);
-    return what;
-  }
-  return "(no error)";
+  return one_line_error([&] { shard_metadata_from_json(j, "ck/step-00000006/rank-00001.safetensors"); });
 }
 }  // namespace
 

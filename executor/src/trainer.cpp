@@ -40,7 +40,9 @@ class PipelineStep {
         act_options_(at::TensorOptions().dtype(ctx.dtype).device(ctx.device)),
         inputs_(stage.num_chunks(), std::vector<at::Tensor>(m_)),
         outputs_(inputs_),
-        loss_sum_(at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(ctx.device))) {}
+        loss_sum_(at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(ctx.device))),
+        announcement_(at::zeros({1}, act_options_)),
+        announced_(at::empty({1}, act_options_)) {}
 
   void forward(int c, int j);
   void backward(int c, int j);
@@ -57,7 +59,7 @@ class PipelineStep {
   // are reported to the memory meter as pipeline buffers.
   struct Send {
     Work announce_work, work;
-    at::Tensor announce, buffer;
+    at::Tensor buffer;
     int chunk = -1, output = -1;  // the chunk and micro-batch whose output this is (forward sends)
   };
   int virtual_stage(int chunk) const { return chunk * pp_ + ctx_.stage; }
@@ -78,6 +80,9 @@ class PipelineStep {
   std::vector<std::vector<at::Tensor>> inputs_, outputs_;  // [chunk][micro-batch], until its backward
   std::vector<Send> sends_;
   at::Tensor loss_sum_;
+  // The announcements' one element: one tensor sent by every send (only read), one received into
+  // by every receive (each waited for before the next), so the step allocates them once.
+  at::Tensor announcement_, announced_;
 };
 
 void PipelineStep::retire_sends(bool wait, int chunk, int output) {
@@ -89,7 +94,7 @@ void PipelineStep::retire_sends(bool wait, int chunk, int output) {
     }
     it->announce_work.wait();
     it->work.wait();
-    const int64_t bytes = it->buffer.nbytes() + it->announce.nbytes();
+    const int64_t bytes = it->buffer.nbytes();
     if (it->output >= 0 && outputs_[it->chunk][it->output].defined())
       outputs_[it->chunk][it->output].set_data(at::empty({0}, outputs_[it->chunk][it->output].options()));
     it = sends_.erase(it);  // the buffer goes with the send's own reference to it ...
@@ -100,18 +105,16 @@ void PipelineStep::retire_sends(bool wait, int chunk, int output) {
 void PipelineStep::send(const at::Tensor& t, int peer, int tag, int chunk, int output) {
   PhaseScope scope(ctx_.clock, Phase::pp_p2p);
   at::Tensor buf = t.detach().contiguous();
-  at::Tensor announce = at::zeros({1}, act_options_);
-  ctx_.meter.note_buffer_bytes(announce.nbytes() + buf.nbytes());
-  Work announced = ctx_.pp.send(announce, peer, announce_tag(tag));
-  sends_.push_back({std::move(announced), ctx_.pp.send(buf, peer, tag), announce, buf, chunk, output});
+  ctx_.meter.note_buffer_bytes(buf.nbytes());
+  Work announced = ctx_.pp.send(announcement_, peer, announce_tag(tag));
+  sends_.push_back({std::move(announced), ctx_.pp.send(buf, peer, tag), buf, chunk, output});
 }
 
 // Into `buffer`: the announcement's wait is bubble, the payload's transfer.
 void PipelineStep::receive(at::Tensor& buffer, int peer, int tag) {
-  at::Tensor announce = at::empty({1}, act_options_);
   {
     PhaseScope scope(ctx_.clock, Phase::pp_bubble);
-    ctx_.pp.recv(announce, peer, announce_tag(tag)).wait();
+    ctx_.pp.recv(announced_, peer, announce_tag(tag)).wait();
   }
   PhaseScope scope(ctx_.clock, Phase::pp_p2p);
   ctx_.pp.recv(buffer, peer, tag).wait();

@@ -404,11 +404,15 @@ int resume_from(const std::string& dir, const RunOptions& args, const Place& pla
 
 // --deterministic, before the first cuBLAS handle: a fixed workspace makes cuBLAS's GEMMs
 // reproducible (cuBLAS documentation, "Results reproducibility"); ATen then picks deterministic
-// kernels (flash attention's backward and the scatter-adds among them), warning where an operator
-// has none.
+// kernels, and an operator that has none stops the run naming itself. Not warn-only: under
+// warn_only ATen keeps the non-deterministic attention backwards and only warns (PyTorch 2.x,
+// aten/src/ATen/native/transformers/cuda/attention_backward.cu; sdp_utils.cpp's
+// check_cudnn_deterministic passes cuDNN attention only when warn-only). An H100 run with
+// warn_only=true took cuDNN attention and its resumed losses differed from the uninterrupted
+// run's from the second step after the resume (docs/gpu-check.md).
 void use_deterministic_kernels() {
   ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
-  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
 }
 
 // --checkpoint-dir: the folder (rank 0 makes it), and the saver, over a store connection of its own.

@@ -231,7 +231,9 @@ void read_gpt_neox(ObjectReader& r, ModelSpec& m) {
   m.ffn_hidden_size = width(r, "intermediate_size");
   m.num_layers = static_cast<int>(r.int_in("num_hidden_layers", 1, kMaxLayers));
   m.num_heads = width(r, "num_attention_heads");
-  m.num_kv_heads = m.num_heads;
+  // Hugging Face's GPTNeoXConfig has no grouped-query attention; Megatron's GPT with
+  // --group-query-attention is the same network with fewer key/value heads, spelled so here.
+  m.num_kv_heads = r.has("num_key_value_heads") ? width(r, "num_key_value_heads") : m.num_heads;
   m.vocab_size = static_cast<int>(r.int_in("vocab_size", 1, kMaxTokens));
   m.max_seq_len = static_cast<int>(r.int_in("max_position_embeddings", 1, kMaxTokens));
   m.activation = activation(r, "hidden_act", "gelu");  // relu2 (Nemotron-3) too: same GEMMs
@@ -302,16 +304,22 @@ LayerParams layer_params(const ModelSpec& m, LayerKind kind) {
     up += rkv * heads * (nope + v);
     p.attention = down + up + m.attn_out_dim() * h + (m.out_bias ? h : 0);
     p.attention_replicated = down + (m.out_bias ? h : 0);
+    // q_a (or q), q_a_layernorm, q_b, kv_a, kv_a_layernorm, kv_b, o, and their biases.
+    p.tensors = (rq > 0 ? 3 : 1) + 3 + 1 + (m.qkv_bias ? (rq > 0 ? 2 : 1) : 0) + (m.out_bias ? 1 : 0);
   } else {
     // q: h x q, k and v: h x kv each, o: q x h.
     p.attention = h * (q + 2 * kv) + q * h + (m.qkv_bias ? q + 2 * kv : 0) + (m.out_bias ? h : 0);
     p.attention_replicated = m.out_bias ? h : 0;  // the row-parallel output's bias
+    p.tensors = 2 + (m.qkv_bias ? 1 : 0) + (m.out_bias ? 1 : 0);  // fused QKV, output projection
   }
   if (m.qk_norm) {
     p.attention += 2.0 * m.head_dim;  // Qwen3 q_norm, k_norm: RMSNorm(head_dim), shared by heads
     p.attention_replicated += 2.0 * m.head_dim;
   }
+  if (m.qk_norm) p.tensors += 2;
   if (m.attention_sinks) p.attention += heads;  // gpt-oss: self_attn.sinks, one per head
+  if (m.attention_sinks) p.tensors += 1;
+  const double mlp_tensors = 2 + (m.mlp_bias ? 2 : 0);  // fc1 (gate and up fused) and fc2
   if (kind == LayerKind::moe && m.is_moe()) {
     // Router (gate) h x E, with E biases where the family has them; shared experts are one dense
     // MLP of their summed width, with qwen2_moe's h x 1 sigmoid gate.
@@ -319,11 +327,15 @@ LayerParams layer_params(const ModelSpec& m, LayerKind kind) {
     if (m.shared_expert_ffn_size > 0)
       p.mlp += mlp_params(m, m.shared_expert_ffn_size) + (m.shared_expert_gate ? h : 0);
     p.experts = m.num_experts * mlp_params(m, m.ffn_hidden_size);
+    p.tensors += 1 + (m.router_bias ? 1 : 0) + m.num_experts * mlp_tensors +
+                 (m.shared_expert_ffn_size > 0 ? mlp_tensors + (m.shared_expert_gate ? 1 : 0) : 0);
   } else {
     p.mlp = mlp_params(m, m.is_moe() ? m.dense_ffn_hidden_size : m.ffn_hidden_size);
+    p.tensors += mlp_tensors;
   }
   double norm = m.norm == NormKind::layernorm ? 2.0 * h : h;  // LayerNorm: weight + bias
   p.norms = 2 * norm;
+  p.tensors += m.norm == NormKind::layernorm ? 4 : 2;
   return p;
 }
 
@@ -334,7 +346,7 @@ LayerParams layer_params(const ModelSpec& m) {
   const LayerParams d = layer_params(m, LayerKind::dense), e = layer_params(m, LayerKind::moe);
   auto mix = [&](double a, double b) { return (1 - moe) * a + moe * b; };
   return {mix(d.attention, e.attention), mix(d.mlp, e.mlp), mix(d.experts, e.experts), mix(d.norms, e.norms),
-          mix(d.attention_replicated, e.attention_replicated)};
+          mix(d.attention_replicated, e.attention_replicated), mix(d.tensors, e.tensors)};
 }
 
 double num_params(const ModelSpec& m, int vocab_size) {

@@ -52,11 +52,15 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
                             const MemoryEstimate& mem, const OverlapOptions& overlap) {
   const ClusterSpec& cluster = net.cluster();
   const CoreSharing sharing(cluster, p);
-  const GpuSpec gpu = sharing.device(cluster.gpu);
+  // The engine's kernels at their pace against the profile's (engine.h): the GEMMs' and
+  // attention's sustained fraction, the element-wise work's HBM efficiency.
+  GpuSpec gpu = sharing.device(cluster.gpu);
+  gpu.sustained_fraction *= t.engine.gemm_scale;
+  gpu.memory_efficiency *= t.engine.elementwise_scale;
   const double hide = cluster.comm_overlap_fraction;
   const LayerTimes lt = layer_times(m, gpu, t, p);
   const LayerComm comm{tensor_parallel_comm(m, net, t, p), context_parallel_comm(m, net, t, p, lt, hide),
-                       expert_parallel_comm_s(m, net, t, p), zero3_comm(net, t, p, mem, lt, hide)};
+                       expert_parallel_comm_s(m, net, t, p), zero3_comm(m, net, gpu, t, p, mem, lt, hide)};
   const std::vector<StageTime> stages = stage_times(m, gpu, t, p, lt, comm, overlap);
   const int critical = critical_stage(stages);
   const StageTime& c = stages[critical];

@@ -130,29 +130,50 @@ double local_optimizer_params(const ParallelConfig& p, const MemoryEstimate& mem
 }  // namespace
 
 // ZeRO-3: every layer's parameters are gathered before its forward and its backward, and its
-// gradients reduce-scattered after backward; the next layer's gather is prefetched under the
-// current layer's compute (FSDP / DeepSpeed), so only the excess and the first gather show.
-Zero3Comm zero3_comm(const Network& net, const TrainingSpec& t, const ParallelConfig& p, const MemoryEstimate& mem,
-                     const LayerTimes& lt, double hide) {
+// gradients reduce-scattered after backward, as the plan's engine runs them (engine.h,
+// ShardedDataParallel):
+//  - one collective per layer, or one per parameter tensor (LayerParams::tensors), each paying its
+//    latency at the group's size (the ring's n - 1 steps, collectives.cpp);
+//  - with per-rank copies, each collective also launches one copy kernel per rank of its group and
+//    moves its bytes through HBM once more (read and write);
+//  - prefetched, the next gather runs under the current layer's compute (FSDP, DeepSpeed today), so
+//    only the excess and the first gather show; not prefetched (a device synchronize before each
+//    gather), all of it shows;
+//  - an engine that gathers again for the recompute pays a third gather under full recompute.
+Zero3Comm zero3_comm(const ModelSpec& m, const Network& net, const GpuSpec& gpu, const TrainingSpec& t,
+                     const ParallelConfig& p, const MemoryEstimate& mem, const LayerTimes& lt, double hide) {
   Zero3Comm c;
   // MoE: a layer's experts gather and reduce-scatter over their expert data-parallel group, beside
   // the dense part's over dp*cp (dense_and_expert_cost).
   const Mesh mesh(p);
-  if (p.zero_stage >= 3 && (mesh.data_parallel_shape().size > 1 || mesh.shape(Dim::edp).size > 1)) {
-    const BytesPerParam bpp = bytes_per_param(t);
-    const StageMemory& s0 = mem.stages[0];
-    const double layers = std::max(1, s0.num_layers);
-    const double expert_params = s0.expert_params / layers, dense_params = (s0.num_params - s0.expert_params) / layers;
-    double gather = dense_and_expert_cost(net, Collective::all_gather, p, dense_params * bpp.weights,
-                                          expert_params * bpp.weights);
-    double scatter = dense_and_expert_cost(net, Collective::reduce_scatter, p, dense_params * bpp.grads,
-                                           expert_params * bpp.grads);
-    double fwd = exposed_s(gather, lt.forward_s, 0, hide), bwd = exposed_s(gather + scatter, lt.backward_s, 0, hide);
-    c.layer_s = fwd + bwd;
-    c.layer_forward_s = fwd;
-    c.first_s = gather;
-    c.hidden_layer_s = 2 * gather + scatter - c.layer_s;
-  }
+  if (p.zero_stage < 3 || (mesh.data_parallel_shape().size <= 1 && mesh.shape(Dim::edp).size <= 1)) return c;
+  const ShardedDataParallel& engine = t.engine.sharded;
+  const BytesPerParam bpp = bytes_per_param(t);
+  const StageMemory& s0 = mem.stages[0];
+  const double layers = std::max(1, s0.num_layers);
+  const double expert_params = s0.expert_params / layers, dense_params = (s0.num_params - s0.expert_params) / layers;
+  const double collectives = engine.unit == ShardUnit::parameter ? std::max(1.0, layer_params(m).tensors) : 1.0;
+  auto collective_s = [&](Collective op, double bytes_per_param) {
+    double s = dense_and_expert_cost(net, op, p, dense_params * bytes_per_param, expert_params * bytes_per_param,
+                                     collectives);
+    if (engine.per_rank_copies) {
+      const double ranks = mesh.data_parallel_shape().size, bytes = (dense_params + expert_params) * bytes_per_param;
+      s += collectives * ranks * gpu.kernel_overhead_s +
+           2 * bytes / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_efficiency);
+    }
+    return s;
+  };
+  const double gather = collective_s(Collective::all_gather, bpp.weights);
+  const double scatter = collective_s(Collective::reduce_scatter, bpp.grads);
+  const double regather = engine.regather_for_recompute && p.recompute == Recompute::full ? gather : 0;
+  const double overlap = engine.prefetch ? hide : 0;
+  const double fwd = exposed_s(gather, lt.forward_s, 0, overlap);
+  const double bwd = exposed_s(gather + scatter, lt.backward_s, 0, overlap);
+  const double rec = exposed_s(regather, lt.recompute_s, 0, overlap);
+  c.layer_s = fwd + bwd + rec;
+  c.layer_forward_s = fwd;
+  c.first_s = gather;
+  c.hidden_layer_s = 2 * gather + scatter + regather - c.layer_s;
   return c;
 }
 

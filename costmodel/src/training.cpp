@@ -705,7 +705,8 @@ json to_json(const TrainingSpec& t) {
               {"attention", to_string(t.attention)},
               {"fp32_grads", t.fp32_grads},
               {"vocab_pad_multiple", t.vocab_pad_multiple},
-              {"bucket_mib", t.bucket_bytes / kMiB}};
+              {"bucket_mib", t.bucket_bytes / kMiB},
+              {"engine", engine_label(t.engine)}};
 }
 
 json to_json(const ParallelConfig& p) {
@@ -744,6 +745,16 @@ TrainingSpec training_from_json(const json& j, const std::string& file, const st
   t.fp32_grads = r.boolean("fp32_grads");
   t.vocab_pad_multiple = static_cast<int>(r.int_in("vocab_pad_multiple", 1, 1 << 16));
   t.bucket_bytes = r.number_in("bucket_mib", 1e-3, 1e6) * kMiB;
+  // "megatron" or "deepspeed@v0.3" (engine.h); plans written before engines were priced have none:
+  // Megatron-LM, which they were priced as.
+  if (r.has("engine")) {
+    const std::string label = r.string("engine");
+    try {
+      t.engine = engine_mechanics_from_label(label);
+    } catch (const InputError& e) {
+      throw InputError(r.where("engine") + ": " + e.what());
+    }
+  }
   r.finish();
   return t;
 }

@@ -59,6 +59,7 @@ struct Options {
   std::optional<int> seq;
   std::string precision = "bf16";
   std::string attention = "flash";
+  std::string engine = "megatron";  // costmodel/engine.h: whose implementation is priced
   bool fp32_grads = false;
   bool json = false;
   std::string output;               // -o plan.json
@@ -96,6 +97,7 @@ Inputs load_inputs(const Options& o, const ProfileStore& store) {
   in.training.precision = precision_from_string(o.precision);
   in.training.attention = attention_from_string(o.attention);
   in.training.fp32_grads = o.fp32_grads;
+  in.training.engine = costmodel::engine_mechanics_from_label(o.engine);
   // The model's sequence length: max_position_embeddings, capped at 8192 for long-context
   // checkpoints whose pre-training ran at 8192 (Llama 3.1, Mistral).
   in.training.seq_len = o.seq.value_or(std::min(in.model.max_seq_len, kDefaultSeqCap));
@@ -524,6 +526,14 @@ CLI::Option* add_common(CLI::App& app, Options& o) {
   app.add_option("--seq", o.seq, "sequence length (default: the model's, at most 8192)")->check(sizes_up_to(kMaxSeqLen));
   app.add_option("--precision", o.precision, "bf16, fp16, fp8 or fp32")->capture_default_str();
   app.add_option("--attention", o.attention, "flash or standard")->capture_default_str();
+  app.add_option("--engine", o.engine,
+                 [] {
+                   std::string names;
+                   for (const std::string& n : costmodel::engine_names()) names += (names.empty() ? "" : ", ") + n;
+                   return "the engine whose implementation is priced: " + names +
+                          "; NAME@VERSION for an older version's (docs/cost-model.md, Engines)";
+                 }())
+      ->capture_default_str();
   app.add_option("--tokens", o.tokens, "tokens to train, for the time-to-train line")
       ->capture_default_str()
       ->check(CLI::Range(1.0, 1e18));
@@ -553,7 +563,7 @@ std::string export_description() {
   std::string files, launches;
   for (const EngineDescriptor& d : engines()) {
     std::string& list = d.runs_dplan_worker ? launches : files;
-    list += (list.empty() ? "" : d.runs_dplan_worker ? " / " : ", ") + std::string(d.name);
+    list += (list.empty() ? "" : d.runs_dplan_worker ? " / " : ", ") + std::string(to_string(d.id));
   }
   return "the plan as an engine's own files (" + files + ") or a " + launches + " launch of dplan-worker";
 }

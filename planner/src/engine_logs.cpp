@@ -377,7 +377,7 @@ void read_deepspeed_log(const std::vector<std::string>& lines, EngineLog& log, s
 
 }  // namespace detail
 
-const char* to_string(LogFormat format) { return format.engine ? descriptor(*format.engine).name : kRunName; }
+const char* to_string(LogFormat format) { return format.engine ? to_string(*format.engine) : kRunName; }
 const char* engine_name(LogFormat format) {
   return format.engine ? descriptor(*format.engine).display_name : kRunDisplayName;
 }
@@ -385,7 +385,7 @@ const char* engine_name(LogFormat format) {
 std::vector<std::string> log_format_names() {
   std::vector<std::string> names;
   for (const EngineDescriptor& d : engines())
-    if (d.log) names.push_back(d.name);
+    if (d.log) names.push_back(to_string(d.id));
   names.push_back(kRunName);
   return names;
 }
@@ -437,7 +437,7 @@ EngineLog parse_engine_log(const std::string& text, const std::string& file, std
                        "; is it empty or cut short?");
     std::optional<LogFormat> seen = is_json_object_text(text) ? std::optional(LogFormat::run) : detect_lines(lines);
     if (seen)
-      throw InputError(file + ": no " + d.display_name + " " + step_lines(reader) + " in it (--format " + d.name +
+      throw InputError(file + ": no " + d.display_name + " " + step_lines(reader) + " in it (--format " + to_string(d.id) +
                        "); it reads as " + reads_as(*seen) + ": --format " + to_string(*seen));
     throw InputError(foreign_message(file));
   }

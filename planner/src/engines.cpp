@@ -59,7 +59,6 @@ constexpr LogReader kDeepSpeedLog{
 
 constexpr EngineDescriptor kEngines[] = {
     {.id = Engine::megatron,
-     .name = "megatron",
      .display_name = "Megatron-LM",
      .version = "core_v0.15.0",
      .head_version = nullptr,
@@ -70,7 +69,6 @@ constexpr EngineDescriptor kEngines[] = {
      .rules = megatron_rules,
      .log = &kMegatronLog},
     {.id = Engine::torchtitan,
-     .name = "torchtitan",
      .display_name = "torchtitan",
      .version = "v0.2.2",
      .head_version = "0.3.0",
@@ -82,7 +80,6 @@ constexpr EngineDescriptor kEngines[] = {
      .rules = torchtitan_rules,
      .log = &kTorchtitanLog},
     {.id = Engine::deepspeed,
-     .name = "deepspeed",
      .display_name = "DeepSpeed",
      .version = "38327e07f6",
      .head_version = nullptr,
@@ -93,7 +90,6 @@ constexpr EngineDescriptor kEngines[] = {
      .rules = deepspeed_rules,
      .log = &kDeepSpeedLog},
     {.id = Engine::accelerate,
-     .name = "accelerate",
      .display_name = "Accelerate",
      .version = "16cb6eb80d",
      .head_version = nullptr,
@@ -104,7 +100,6 @@ constexpr EngineDescriptor kEngines[] = {
      .rules = accelerate_rules,
      .log = nullptr},
     {.id = Engine::torchrun,
-     .name = "torchrun",
      .display_name = "torchrun",
      .version = "1.13 and 2.x",
      .head_version = nullptr,
@@ -115,7 +110,6 @@ constexpr EngineDescriptor kEngines[] = {
      .rules = dplan_worker_rules,
      .log = nullptr},
     {.id = Engine::slurm,
-     .name = "slurm",
      .display_name = "Slurm",
      .version = "sbatch/srun",
      .head_version = nullptr,
@@ -144,19 +138,6 @@ const EngineDescriptor& descriptor(Engine engine) {
   return kEngines[i];
 }
 
-std::vector<std::string> engine_names() {
-  std::vector<std::string> names;
-  for (const EngineDescriptor& d : kEngines) names.push_back(d.name);
-  return names;
-}
-
-const char* to_string(Engine engine) { return descriptor(engine).name; }
-
-std::optional<Engine> engine_from_string(std::string_view name) {
-  for (const EngineDescriptor& d : kEngines)
-    if (name == d.name) return d.id;
-  return std::nullopt;
-}
 
 std::string with_versions(const std::string& text, const EngineDescriptor& d) {
   std::string out = text;

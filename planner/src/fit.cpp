@@ -8,7 +8,7 @@
 namespace dplan::planner::detail {
 
 std::vector<double> minimize_in_box(const std::function<double(const std::vector<double>&)>& error,
-                                    std::vector<double> start, const std::vector<Bounds>& bounds) {
+                                    std::vector<double> start, const std::vector<Bounds>& bounds, int sweeps) {
   std::vector<double> x;  // logs
   for (size_t i = 0; i < start.size(); ++i) x.push_back(std::log(std::clamp(start[i], bounds[i].lo, bounds[i].hi)));
   auto at = [&](const std::vector<double>& logs) {
@@ -17,7 +17,7 @@ std::vector<double> minimize_in_box(const std::function<double(const std::vector
     return error(v);
   };
   double best = at(x);
-  for (int sweep = 0; sweep < 30; ++sweep) {
+  for (int sweep = 0; sweep < sweeps; ++sweep) {
     const double before = best;
     for (size_t i = 0; i < x.size(); ++i) {
       auto along = [&](double value) {

@@ -19,7 +19,7 @@ struct Bounds {
 // `error` takes the parameters themselves (not their logs); `start` is clamped into the bounds.
 // Returns the best parameters found.
 std::vector<double> minimize_in_box(const std::function<double(const std::vector<double>&)>& error,
-                                    std::vector<double> start, const std::vector<Bounds>& bounds);
+                                    std::vector<double> start, const std::vector<Bounds>& bounds, int sweeps = 30);
 
 // sqrt(mean(ln(model / measured)^2)): the error every probe fit and calibration minimises.
 double rms_log_error(const std::vector<double>& model, const std::vector<double>& measured);

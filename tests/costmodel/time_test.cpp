@@ -414,18 +414,54 @@ TEST_CASE("ZeRO-3 phase: a layer's gather forward, gather + reduce-scatter backw
   const double gather = net.cost(Collective::all_gather, layer_params * 2, dp).time_s;    // bf16 weights
   const double scatter = net.cost(Collective::reduce_scatter, layer_params * 2, dp).time_s;  // bf16 grads
   // No compute to hide under: everything shows.
-  Zero3Comm bare = zero3_comm(net, t, p, mem, LayerTimes{}, 1.0);
+  Zero3Comm bare = zero3_comm(m, net, c.gpu, t, p, mem, LayerTimes{}, 1.0);
   CHECK(bare.layer_forward_s == gather);
   CHECK(bare.layer_s == gather + (gather + scatter));
   CHECK(bare.first_s == gather);
   CHECK(bare.hidden_layer_s == 0);
   // Compute longer than the traffic hides it all, but the first layer's gather.
-  Zero3Comm hidden = zero3_comm(net, t, p, mem, LayerTimes{.forward_s = 1, .backward_s = 2}, 1.0);
+  Zero3Comm hidden = zero3_comm(m, net, c.gpu, t, p, mem, LayerTimes{.forward_s = 1, .backward_s = 2}, 1.0);
   CHECK(hidden.layer_s == 0);
   CHECK(hidden.first_s == gather);
   CHECK_THAT(hidden.hidden_layer_s, WithinRel(2 * gather + scatter, 1e-12));
   p.zero_stage = 2;
-  CHECK(zero3_comm(net, t, p, mem, LayerTimes{}, 1.0).layer_s == 0);
+  CHECK(zero3_comm(m, net, c.gpu, t, p, mem, LayerTimes{}, 1.0).layer_s == 0);
+}
+
+TEST_CASE("ZeRO-3 as each engine runs it: per-parameter collectives, per-rank copies, no prefetch, the recompute's "
+          "gather",
+          "[time][phases][engine]") {
+  ModelSpec m = store().load_model("gpt-529.6b");
+  ClusterSpec c = store().load_cluster("dgx-a100-80g");
+  TrainingSpec t{.seq_len = 2048, .global_batch = 2240, .precision = Precision::fp16};
+  ParallelConfig p{.tp = 1, .pp = 1, .dp = 2240, .micro_batch = 1, .zero_stage = 3, .recompute = Recompute::full};
+  Network net(c, 2240);
+  const MemoryEstimate mem = estimate_memory(m, c, t, p);
+  const LayerTimes compute{.forward_s = 0.1, .backward_s = 0.2, .recompute_s = 0.1};
+  // Megatron-FSDP: one gather a layer, prefetched: compute hides most of it.
+  t.engine = engine_mechanics(Engine::megatron);
+  const Zero3Comm layer = zero3_comm(m, net, c.gpu, t, p, mem, compute, 1.0);
+  // DeepSpeed's first ZeRO-3: a collective per parameter tensor (12 for a GPT layer with biases and
+  // LayerNorms), a copy kernel per rank for each, a synchronize before each gather (nothing hides),
+  // and the recompute's gather.
+  REQUIRE(layer_params(m).tensors == 12);
+  t.engine = engine_mechanics(Engine::deepspeed, "v0.3");
+  const Zero3Comm legacy = zero3_comm(m, net, c.gpu, t, p, mem, compute, 1.0);
+  CHECK(legacy.hidden_layer_s == 0);
+  CHECK(legacy.layer_s > 3 * legacy.first_s);  // two gathers, the recompute's, a reduce-scatter
+  CHECK(legacy.first_s > 12 * 2240 * c.gpu.kernel_overhead_s);
+  CHECK(legacy.layer_s > 5 * layer.layer_s);
+  // Without recompute there is no third gather.
+  ParallelConfig none = p;
+  none.recompute = Recompute::none;
+  const Zero3Comm no_recompute = zero3_comm(m, net, c.gpu, t, none, mem, compute, 1.0);
+  CHECK_THAT(legacy.layer_s - no_recompute.layer_s, WithinRel(legacy.first_s, 1e-12));
+  // The per-rank copies grow with the group: half the ranks, less per collective.
+  ParallelConfig half = p;
+  half.dp = 1120;
+  Network half_net(c, 1120);
+  CHECK(zero3_comm(m, half_net, c.gpu, t, half, estimate_memory(m, c, t, half), compute, 1.0).first_s <
+        legacy.first_s);
 }
 
 TEST_CASE("compute phase: a stage's layers, its edge, and the communication inside a micro-batch",

@@ -61,13 +61,13 @@ TEST_CASE("engines: each descriptor is its id's, found by its name, with its ver
   std::set<std::string> names;
   for (size_t i = 0; i < engines().size(); ++i) {
     const EngineDescriptor& d = engines()[i];
-    CAPTURE(d.name);
+    CAPTURE(to_string(d.id));
     CHECK(static_cast<size_t>(d.id) == i);
     CHECK(&descriptor(d.id) == &d);
-    CHECK(names.insert(d.name).second);
-    CHECK(engine_from_string(d.name) == d.id);
-    CHECK(std::string(to_string(d.id)) == d.name);
-    CHECK(engine_names().at(i) == d.name);
+    CHECK(names.insert(to_string(d.id)).second);
+    CHECK(engine_from_string(to_string(d.id)) == d.id);
+    CHECK(std::string(to_string(d.id)) == costmodel::engine_names().at(i));
+    CHECK(engine_names().at(i) == to_string(d.id));
     CHECK(!std::string(d.display_name).empty());
     CHECK(!std::string(d.version).empty());
     // The version line names the version and has no placeholder left.
@@ -82,11 +82,11 @@ TEST_CASE("engines: each engine's rules and exporter run, its files name it and 
           "[engines][export]") {
   const Plan plan = plan_every_engine_runs();
   for (const EngineDescriptor& d : engines()) {
-    CAPTURE(d.name);
+    CAPTURE(to_string(d.id));
     const RuleReport report = check_engine_rules(plan, d.id);
     CHECK(report.ok());
     CHECK(report.rules_checked >= 2);  // the launch rule and at least one of the engine's own
-    CHECK_THAT(rules_ok_line(plan, d.id, report), StartsWith(std::string(d.name) + ": ok: "));
+    CHECK_THAT(rules_ok_line(plan, d.id, report), StartsWith(std::string(to_string(d.id)) + ": ok: "));
     const Exported e = export_plan(plan, d.id, to_json(plan).dump(1), "plan.json");
     const auto launch = std::find_if(e.files.begin(), e.files.end(), [&](const ExportFile& f) { return f.name == d.launch_file; });
     REQUIRE(launch != e.files.end());
@@ -94,19 +94,19 @@ TEST_CASE("engines: each engine's rules and exporter run, its files name it and 
     CHECK_THAT(e.launch_line, Contains(d.launch_file));
     const auto readme = std::find_if(e.files.begin(), e.files.end(), [](const ExportFile& f) { return f.name == "README.export"; });
     REQUIRE(readme != e.files.end());
-    CHECK_THAT(readme->content, StartsWith(std::string("dplan export --to ") + d.name + " of plan.json"));
+    CHECK_THAT(readme->content, StartsWith(std::string("dplan export --to ") + to_string(d.id) + " of plan.json"));
     CHECK_THAT(readme->content, Contains("spellings: " + engine_version(d.id) + "\n"));
-    CHECK(default_export_dir("runs/plan.json", d.id) == std::string("runs/plan-") + d.name);
+    CHECK(default_export_dir("runs/plan.json", d.id) == std::string("runs/plan-") + std::string(to_string(d.id)));
   }
   // A plan no engine launches (12 ranks on nodes of 8): each failure line starts with the engine's name.
   const Plan ragged = make_plan(testing::store().load_model("llama-3-8b"), testing::store().load_cluster("dgx-h100"),
                                 TrainingSpec{.seq_len = 8192, .global_batch = 96}, ParallelConfig{.dp = 12, .zero_stage = 2},
                                 OverlapOptions{}, MemoryEstimate{}, TimeBreakdown{});
   for (const EngineDescriptor& d : engines()) {
-    CAPTURE(d.name);
+    CAPTURE(to_string(d.id));
     const RuleReport report = check_engine_rules(ragged, d.id);
     REQUIRE(!report.ok());
-    for (const std::string& failure : report.failures) CHECK_THAT(failure, StartsWith(std::string(d.name) + ": "));
+    for (const std::string& failure : report.failures) CHECK_THAT(failure, StartsWith(std::string(std::string(to_string(d.id))) + ": "));
     CHECK_THROWS_AS(export_plan(ragged, d.id, "{}", "plan.json"), InputError);
   }
 }
@@ -115,17 +115,17 @@ TEST_CASE("engines: each engine with a log reader has a --format name and a samp
           "[engines][engine_logs]") {
   std::vector<std::string> expected_formats;
   for (const EngineDescriptor& d : engines()) {
-    CAPTURE(d.name);
+    CAPTURE(to_string(d.id));
     if (!d.log) {
-      CHECK_THROWS_AS(log_format_from_string(d.name), InputError);
+      CHECK_THROWS_AS(log_format_from_string(std::string(to_string(d.id))), InputError);
       continue;
     }
-    expected_formats.push_back(d.name);
+    expected_formats.push_back(std::string(to_string(d.id)));
     const LogFormat format{d.id};
-    CHECK(log_format_from_string(d.name) == format);
-    CHECK(std::string(to_string(format)) == d.name);
+    CHECK(log_format_from_string(std::string(to_string(d.id))) == format);
+    CHECK(std::string(to_string(format)) == std::string(to_string(d.id)));
     CHECK(std::string(engine_name(format)) == d.display_name);
-    const std::vector<std::string> samples = sample_logs(d.name);
+    const std::vector<std::string> samples = sample_logs(std::string(to_string(d.id)));
     CHECK(!samples.empty());
     for (const std::string& path : samples) {
       CAPTURE(path);
@@ -152,7 +152,7 @@ TEST_CASE("engines: the CLI's help lists the engines of the table", "[engines][c
   std::string files, launches;
   for (const EngineDescriptor& d : engines()) {
     std::string& list = d.runs_dplan_worker ? launches : files;
-    list += (list.empty() ? "" : d.runs_dplan_worker ? " / " : ", ") + std::string(d.name);
+    list += (list.empty() ? "" : d.runs_dplan_worker ? " / " : ", ") + std::string(std::string(to_string(d.id)));
   }
   CHECK_THAT(top, Contains("own files (" + files + ") or a " + launches + " launch of dplan-worker"));
   // The measurement readers: every --format name and every engine whose log dplan reads.

@@ -89,6 +89,10 @@ struct LayerParams {
   double experts = 0;     // all experts of an MoE layer (0 for dense)
   double norms = 0;       // the two norms
   double attention_replicated = 0;  // the part of `attention` tensor parallel does not split
+  // Parameter tensors (weights, biases, norm scales) as Megatron's modules hold them: fused QKV, the
+  // MLP's fc1 with gate and up fused, one fc1 and fc2 per expert. What an engine that gathers
+  // parameter by parameter (engine.h, ShardUnit::parameter) runs one collective for.
+  double tensors = 0;
   double total() const { return attention + mlp + experts + norms; }
 };
 

@@ -56,8 +56,9 @@ struct Zero3Comm {
   double first_s = 0;          // the first layer's gather, never prefetched
   double hidden_layer_s = 0;   // hidden under the layer's compute
 };
-Zero3Comm zero3_comm(const Network& network, const TrainingSpec& training, const ParallelConfig& parallel,
-                     const MemoryEstimate& memory, const LayerTimes& layer, double overlap_fraction);
+Zero3Comm zero3_comm(const ModelSpec& model, const Network& network, const GpuSpec& gpu, const TrainingSpec& training,
+                     const ParallelConfig& parallel, const MemoryEstimate& memory, const LayerTimes& layer,
+                     double overlap_fraction);
 
 // The communication inside one micro-batch's layers.
 struct LayerComm {

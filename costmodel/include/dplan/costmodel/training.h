@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "dplan/costmodel/engine.h"
 #include "dplan/costmodel/hardware.h"
 #include "dplan/costmodel/model.h"
 #include "dplan/costmodel/units.h"
@@ -31,6 +32,8 @@ struct TrainingSpec {
   bool fp32_grads = false;                // keep 16-bit training's gradients in fp32 (Megatron main_grad)
   int vocab_pad_multiple = 128;           // Megatron --make-vocab-size-divisible-by (times tp)
   double bucket_bytes = 25.0 * kMiB;      // gradient bucket (PyTorch DDP bucket_cap_mb = 25)
+  // The engine that runs the plan and how it implements it (engine.h); Megatron-LM unless said.
+  EngineMechanics engine = engine_mechanics(Engine::megatron);
   bool operator==(const TrainingSpec&) const = default;
 };
 

@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dplan/costmodel/engine.h"
 #include "dplan/costmodel/plan_file.h"
 
 namespace dplan::planner {
@@ -25,8 +26,8 @@ struct ExportInput;  // planner/src/export_engines.h
 class Rules;         // planner/src/engine_parts.h
 }  // namespace detail
 
-// An engine's id: the index of its descriptor in the table.
-enum class Engine { megatron, torchtitan, deepspeed, accelerate, torchrun, slurm };
+// An engine's id (costmodel/engine.h owns the ids and names): the index of its descriptor here.
+using costmodel::Engine;
 
 // How a log's step lines give the step time.
 enum class StepTime {
@@ -52,8 +53,7 @@ struct LogReader {
 };
 
 struct EngineDescriptor {
-  Engine id;
-  const char* name;          // on the command line: --to, --engine, --format
+  Engine id;                 // its name on the command line (--to, --engine, --format) is costmodel's
   const char* display_name;  // in messages: "Megatron-LM"
   const char* version;       // the engine version whose spellings and rules dplan follows: "core_v0.15.0"
   const char* head_version;  // a later version an export also writes spellings of, or nullptr
@@ -71,9 +71,9 @@ std::span<const EngineDescriptor> engines();
 const EngineDescriptor& descriptor(Engine engine);
 
 // "megatron", "torchtitan", "deepspeed", "accelerate", "torchrun", "slurm": the names in table order.
-std::vector<std::string> engine_names();
-const char* to_string(Engine engine);
-std::optional<Engine> engine_from_string(std::string_view name);
+using costmodel::engine_from_string;
+using costmodel::engine_names;
+using costmodel::to_string;
 
 // The version line of `engine`'s files: its spellings with the versions filled in, e.g.
 // "Megatron-LM core_v0.15.0 (megatron/training/arguments.py)".

@@ -1,0 +1,75 @@
+// The engine a plan runs on, as far as its cost goes: each engine implements the same layout its
+// own way (how sharded data parallel gathers parameters, what overlaps with what, how fast its
+// kernels are), so a prediction names the engine it prices. The engines are those dplan hands plans
+// to (planner/engines.h describes their files, rules and logs); this header owns their ids, their
+// names and how each implements a layout, one row per engine version whose code was read.
+#pragma once
+
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dplan::costmodel {
+
+// An engine's id (the planner's engine table is in this order).
+enum class Engine { megatron, torchtitan, deepspeed, accelerate, torchrun, slurm };
+
+// "megatron", "torchtitan", "deepspeed", "accelerate", "torchrun", "slurm"
+const char* to_string(Engine engine);
+std::vector<std::string> engine_names();
+std::optional<Engine> engine_from_string(std::string_view name);
+
+// What one all-gather or reduce-scatter of sharded data parallel (ZeRO-3, FSDP) covers.
+enum class ShardUnit {
+  layer,      // one collective per transformer layer (FSDP's wrapped block, a flat bucket)
+  parameter,  // one collective per parameter tensor (DeepSpeed ZeRO-3's partitioned parameters)
+};
+
+// How an engine runs ZeRO-3 / FSDP: the parameters of each unit are all-gathered before its
+// forward and its backward, and its gradients reduce-scattered after its backward.
+struct ShardedDataParallel {
+  ShardUnit unit = ShardUnit::layer;
+  // The collective's output is a list of one tensor per rank: the process group gathers into one
+  // buffer and copies it out rank by rank, one copy kernel each (and the same copies in for a
+  // reduce-scatter), so each collective costs a kernel launch per rank of its group.
+  bool per_rank_copies = false;
+  // Gathers are prefetched under the compute of the layer before; false: the engine synchronizes
+  // the device before each gather, so none of it hides.
+  bool prefetch = true;
+  // Full recompute runs a layer's forward again inside its backward; true: the engine gathers the
+  // layer's parameters again for it (it released them after the first forward).
+  bool regather_for_recompute = false;
+  bool operator==(const ShardedDataParallel&) const = default;
+};
+
+// One engine at one version: how it implements a layout, with the code it was read from.
+struct EngineMechanics {
+  Engine engine = Engine::megatron;
+  const char* version = "";  // the version this row follows: what --engine NAME@VERSION names
+  const char* source = "";   // the engine's code or docs at that version
+  ShardedDataParallel sharded;
+  // The pace of the engine's kernels against the GPU profile's, whose figures were fitted on
+  // Megatron-LM runs (docs/cost-model.md): 1 for Megatron. GEMMs and attention (the profile's
+  // sustained fraction), and element-wise work (norms, activations, dropout, residuals: its HBM
+  // efficiency; unfused kernels move the same tensors more often). Properties of the engine, fitted
+  // where published runs of it exist (planner/validation.h, fit_parameters).
+  double gemm_scale = 1.0;
+  double elementwise_scale = 1.0;
+  bool operator==(const EngineMechanics&) const = default;
+};
+
+// Every row, engines in Engine order and each engine's versions oldest first.
+std::span<const EngineMechanics> engine_mechanics_table();
+
+// The row of `engine` at `version`; an empty version is the engine's newest row (the version
+// dplan exports). An unknown version throws InputError naming the engine's versions.
+const EngineMechanics& engine_mechanics(Engine engine, std::string_view version = {});
+
+// "deepspeed" or "deepspeed@v0.3.16": the engine, and the version when it is not the newest row.
+std::string engine_label(const EngineMechanics& mechanics);
+// Reads "NAME" or "NAME@VERSION" (engine_label's form); throws InputError naming the choices.
+const EngineMechanics& engine_mechanics_from_label(std::string_view label);
+
+}  // namespace dplan::costmodel

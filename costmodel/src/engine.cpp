@@ -11,6 +11,19 @@ namespace {
 
 constexpr const char* kNames[] = {"megatron", "torchtitan", "deepspeed", "accelerate", "torchrun", "slurm"};
 
+// The fitted scales (planner/validation.h fit_parameters on every run of the validation files,
+// docs/cost-model.md "What was fitted, and on what"): DeepSpeed's from Narayanan et al. 2021's
+// ZeRO-3 runs, BLOOM and MT-NLG (Megatron-DeepSpeed, 2021-2022), one figure for both rows;
+// Accelerate's (PyTorch FSDP) from llm-foundry's FSDP runs.
+constexpr double kDeepSpeedGemmScale = 0.798;
+constexpr double kFsdpGemmScale = 0.991;
+constexpr double kFsdpElementwiseScale = 0.788;
+// DeepSpeed v0.3's per-rank copies: PyTorch's list all-gather copies each of the group's outputs
+// with its own copy_ (ProcessGroupNCCL::allgather, PyTorch 1.8), dispatched from the host.
+constexpr double kDeepSpeedV03PerRankS = 1.28e-6;
+// The part of PyTorch FSDP's (FULL_SHARD) gathers and reduce-scatters its compute hides.
+constexpr double kFsdpPrefetchOverlap = 0.122;
+
 constexpr EngineMechanics kMechanics[] = {
     // Megatron-LM / Megatron-Core (NeMo runs it too). The GPU profiles' fitted figures were fitted on
     // its runs, so its kernels are the reference. Sharded data parallel is Megatron-FSDP
@@ -19,7 +32,7 @@ constexpr EngineMechanics kMechanics[] = {
     {.engine = Engine::megatron,
      .version = "core_v0.15.0",
      .source = "megatron/core/distributed/fsdp/src/megatron_fsdp (core_v0.15.0)",
-     .sharded = {.unit = ShardUnit::layer, .per_rank_copies = false, .prefetch = true,
+     .sharded = {.unit = ShardUnit::layer, .per_rank_s = 0, .prefetch_overlap = 1,
                  .regather_for_recompute = false},
      .gemm_scale = 1.0,
      .elementwise_scale = 1.0},
@@ -31,7 +44,7 @@ constexpr EngineMechanics kMechanics[] = {
     {.engine = Engine::torchtitan,
      .version = "v0.2.2",
      .source = "torchtitan/models/llama3/infra/parallelize.py apply_fsdp, apply_ac (v0.2.2)",
-     .sharded = {.unit = ShardUnit::layer, .per_rank_copies = false, .prefetch = true,
+     .sharded = {.unit = ShardUnit::layer, .per_rank_s = 0, .prefetch_overlap = 1,
                  .regather_for_recompute = false},
      .gemm_scale = 1.0,
      .elementwise_scale = 1.0},
@@ -44,9 +57,9 @@ constexpr EngineMechanics kMechanics[] = {
     {.engine = Engine::deepspeed,
      .version = "v0.3",
      .source = "deepspeed/runtime/zero/partition_parameters.py _allgather_param, stage3.py (v0.3.x, 2021)",
-     .sharded = {.unit = ShardUnit::parameter, .per_rank_copies = true, .prefetch = false,
+     .sharded = {.unit = ShardUnit::parameter, .per_rank_s = kDeepSpeedV03PerRankS, .prefetch_overlap = 0,
                  .regather_for_recompute = true},
-     .gemm_scale = 1.0,
+     .gemm_scale = kDeepSpeedGemmScale,
      .elementwise_scale = 1.0},
     // DeepSpeed ZeRO-3 today: still one fetch per sub-module's parameters, coalesced
     // (partition_parameters.py _all_gather_dtype: all_gather_into_tensor, one flat buffer) and
@@ -56,9 +69,9 @@ constexpr EngineMechanics kMechanics[] = {
     {.engine = Engine::deepspeed,
      .version = "38327e07f6",
      .source = "deepspeed/runtime/zero/partition_parameters.py, partitioned_param_coordinator.py (38327e07f6)",
-     .sharded = {.unit = ShardUnit::parameter, .per_rank_copies = false, .prefetch = true,
+     .sharded = {.unit = ShardUnit::parameter, .per_rank_s = 0, .prefetch_overlap = 1,
                  .regather_for_recompute = true},
-     .gemm_scale = 1.0,
+     .gemm_scale = kDeepSpeedGemmScale,
      .elementwise_scale = 1.0},
     // Accelerate's FSDP plugin runs PyTorch FSDP (FullyShardedDataParallel, FULL_SHARD) with the
     // transformer block as the auto-wrap unit (accelerate/utils/dataclasses.py
@@ -68,23 +81,23 @@ constexpr EngineMechanics kMechanics[] = {
      .version = "16cb6eb80d",
      .source = "accelerate/utils/dataclasses.py FullyShardedDataParallelPlugin (16cb6eb80d); "
                "torch/distributed/fsdp/_runtime_utils.py",
-     .sharded = {.unit = ShardUnit::layer, .per_rank_copies = false, .prefetch = true,
+     .sharded = {.unit = ShardUnit::layer, .per_rank_s = 0, .prefetch_overlap = kFsdpPrefetchOverlap,
                  .regather_for_recompute = false},
-     .gemm_scale = 1.0,
-     .elementwise_scale = 1.0},
+     .gemm_scale = kFsdpGemmScale,
+     .elementwise_scale = kFsdpElementwiseScale},
     // dplan's own executor under torchrun or Slurm: ZeRO-3 gathers each layer's parameters before its
     // forward and backward (executor/src/grad_sync.cpp), the recompute inside the backward's gather.
     {.engine = Engine::torchrun,
      .version = "dplan",
      .source = "executor/src/grad_sync.cpp",
-     .sharded = {.unit = ShardUnit::layer, .per_rank_copies = false, .prefetch = true,
+     .sharded = {.unit = ShardUnit::layer, .per_rank_s = 0, .prefetch_overlap = 1,
                  .regather_for_recompute = false},
      .gemm_scale = 1.0,
      .elementwise_scale = 1.0},
     {.engine = Engine::slurm,
      .version = "dplan",
      .source = "executor/src/grad_sync.cpp",
-     .sharded = {.unit = ShardUnit::layer, .per_rank_copies = false, .prefetch = true,
+     .sharded = {.unit = ShardUnit::layer, .per_rank_s = 0, .prefetch_overlap = 1,
                  .regather_for_recompute = false},
      .gemm_scale = 1.0,
      .elementwise_scale = 1.0},

@@ -134,11 +134,11 @@ double local_optimizer_params(const ParallelConfig& p, const MemoryEstimate& mem
 // ShardedDataParallel):
 //  - one collective per layer, or one per parameter tensor (LayerParams::tensors), each paying its
 //    latency at the group's size (the ring's n - 1 steps, collectives.cpp);
-//  - with per-rank copies, each collective also launches one copy kernel per rank of its group and
-//    moves its bytes through HBM once more (read and write);
+//  - with per-rank copies, each collective also costs the engine's per_rank_s per rank of its group
+//    (a copy_ each) and moves its bytes through HBM once more (read and write);
 //  - prefetched, the next gather runs under the current layer's compute (FSDP, DeepSpeed today), so
 //    only the excess and the first gather show; not prefetched (a device synchronize before each
-//    gather), all of it shows;
+//    gather), all of it shows; between the two, the engine's prefetch_overlap of it can hide;
 //  - an engine that gathers again for the recompute pays a third gather under full recompute.
 Zero3Comm zero3_comm(const ModelSpec& m, const Network& net, const GpuSpec& gpu, const TrainingSpec& t,
                      const ParallelConfig& p, const MemoryEstimate& mem, const LayerTimes& lt, double hide) {
@@ -156,17 +156,16 @@ Zero3Comm zero3_comm(const ModelSpec& m, const Network& net, const GpuSpec& gpu,
   auto collective_s = [&](Collective op, double bytes_per_param) {
     double s = dense_and_expert_cost(net, op, p, dense_params * bytes_per_param, expert_params * bytes_per_param,
                                      collectives);
-    if (engine.per_rank_copies) {
+    if (engine.per_rank_s > 0) {
       const double ranks = mesh.data_parallel_shape().size, bytes = (dense_params + expert_params) * bytes_per_param;
-      s += collectives * ranks * gpu.kernel_overhead_s +
-           2 * bytes / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_efficiency);
+      s += collectives * ranks * engine.per_rank_s + 2 * bytes / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_efficiency);
     }
     return s;
   };
   const double gather = collective_s(Collective::all_gather, bpp.weights);
   const double scatter = collective_s(Collective::reduce_scatter, bpp.grads);
   const double regather = engine.regather_for_recompute && p.recompute == Recompute::full ? gather : 0;
-  const double overlap = engine.prefetch ? hide : 0;
+  const double overlap = hide * engine.prefetch_overlap;
   const double fwd = exposed_s(gather, lt.forward_s, 0, overlap);
   const double bwd = exposed_s(gather + scatter, lt.backward_s, 0, overlap);
   const double rec = exposed_s(regather, lt.recompute_s, 0, overlap);

@@ -395,9 +395,18 @@ Route Network::Impl::cached_route(Pattern pattern, GroupShape shape) const {
 }
 
 Network::Network(const ClusterSpec& cluster, int world_size)
-    : impl_(std::make_shared<Impl>(cluster, world_size)) {}
+    : impl_(std::make_shared<Impl>(cluster, world_size)),
+      cluster_(std::shared_ptr<const ClusterSpec>(impl_, &impl_->cluster)) {}
 
-const ClusterSpec& Network::cluster() const { return impl_->cluster; }
+Network Network::with_gpu(const GpuSpec& gpu) const {
+  Network copy = *this;
+  auto cluster = std::make_shared<ClusterSpec>(*cluster_);
+  cluster->gpu = gpu;
+  copy.cluster_ = std::move(cluster);
+  return copy;
+}
+
+const ClusterSpec& Network::cluster() const { return *cluster_; }
 int Network::world_size() const { return impl_->world_size; }
 int Network::num_nodes() const { return impl_->num_nodes; }
 

@@ -699,14 +699,17 @@ void validate(const ModelSpec& model, const ClusterSpec& cluster, const Training
 }
 
 json to_json(const TrainingSpec& t) {
-  return json{{"seq_len", t.seq_len},
+  json j{{"seq_len", t.seq_len},
               {"global_batch", t.global_batch},
               {"precision", to_string(t.precision)},
               {"attention", to_string(t.attention)},
               {"fp32_grads", t.fp32_grads},
               {"vocab_pad_multiple", t.vocab_pad_multiple},
-              {"bucket_mib", t.bucket_bytes / kMiB},
-              {"engine", engine_label(t.engine)}};
+              {"bucket_mib", t.bucket_bytes / kMiB}};
+  // The engine where it is not Megatron-LM's (which plans without the key were priced as), so that
+  // such plans read back and write byte for byte as before.
+  if (!(t.engine == engine_mechanics(Engine::megatron))) j["engine"] = engine_label(t.engine);
+  return j;
 }
 
 json to_json(const ParallelConfig& p) {

@@ -8,7 +8,8 @@
 namespace dplan::planner::detail {
 
 std::vector<double> minimize_in_box(const std::function<double(const std::vector<double>&)>& error,
-                                    std::vector<double> start, const std::vector<Bounds>& bounds, int sweeps) {
+                                    std::vector<double> start, const std::vector<Bounds>& bounds,
+                                    const SearchEffort& effort) {
   std::vector<double> x;  // logs
   for (size_t i = 0; i < start.size(); ++i) x.push_back(std::log(std::clamp(start[i], bounds[i].lo, bounds[i].hi)));
   auto at = [&](const std::vector<double>& logs) {
@@ -17,7 +18,7 @@ std::vector<double> minimize_in_box(const std::function<double(const std::vector
     return error(v);
   };
   double best = at(x);
-  for (int sweep = 0; sweep < sweeps; ++sweep) {
+  for (int sweep = 0; sweep < effort.sweeps; ++sweep) {
     const double before = best;
     for (size_t i = 0; i < x.size(); ++i) {
       auto along = [&](double value) {
@@ -27,7 +28,7 @@ std::vector<double> minimize_in_box(const std::function<double(const std::vector
       };
       // The error need not be unimodal along one parameter (the model takes the fastest of ring,
       // tree and NVLS): a coarse scan picks the basin, Brent's method refines inside it.
-      constexpr int kGrid = 24;
+      const int kGrid = effort.grid;
       const double lo = std::log(bounds[i].lo), hi = std::log(bounds[i].hi), step = (hi - lo) / kGrid;
       int best_k = 0;
       double best_grid = along(lo);
@@ -38,8 +39,10 @@ std::vector<double> minimize_in_box(const std::function<double(const std::vector
           best_k = k;
         }
       }
+      std::uintmax_t iterations = effort.brent_iterations;
       auto [value, err] = boost::math::tools::brent_find_minima(along, lo + std::max(0, best_k - 1) * step,
-                                                                lo + std::min(kGrid, best_k + 1) * step, 40);
+                                                                lo + std::min(kGrid, best_k + 1) * step,
+                                                                effort.brent_bits, iterations);
       if (err < best) {
         best = err;
         x[i] = value;

@@ -4,6 +4,7 @@
 // stops improving.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -16,10 +17,21 @@ struct Bounds {
   double lo, hi;
 };
 
+// How hard minimize_in_box searches: sweeps over the coordinates (it stops earlier when a sweep
+// stops improving), points of the coarse scan per coordinate, and Brent's precision (bits of the
+// logarithm) and iterations.
+struct SearchEffort {
+  int sweeps = 30;
+  int grid = 24;
+  int brent_bits = 40;
+  std::uintmax_t brent_iterations = 200;
+};
+
 // `error` takes the parameters themselves (not their logs); `start` is clamped into the bounds.
 // Returns the best parameters found.
 std::vector<double> minimize_in_box(const std::function<double(const std::vector<double>&)>& error,
-                                    std::vector<double> start, const std::vector<Bounds>& bounds, int sweeps = 30);
+                                    std::vector<double> start, const std::vector<Bounds>& bounds,
+                                    const SearchEffort& effort = {});
 
 // sqrt(mean(ln(model / measured)^2)): the error every probe fit and calibration minimises.
 double rms_log_error(const std::vector<double>& model, const std::vector<double>& measured);

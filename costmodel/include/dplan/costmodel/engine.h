@@ -31,13 +31,16 @@ enum class ShardUnit {
 // forward and its backward, and its gradients reduce-scattered after its backward.
 struct ShardedDataParallel {
   ShardUnit unit = ShardUnit::layer;
-  // The collective's output is a list of one tensor per rank: the process group gathers into one
-  // buffer and copies it out rank by rank, one copy kernel each (and the same copies in for a
-  // reduce-scatter), so each collective costs a kernel launch per rank of its group.
-  bool per_rank_copies = false;
-  // Gathers are prefetched under the compute of the layer before; false: the engine synchronizes
-  // the device before each gather, so none of it hides.
-  bool prefetch = true;
+  // Seconds per rank of the group that each collective costs besides its transfer: where the
+  // collective's output is a list of one tensor per rank, the process group gathers into one buffer
+  // and copies it out rank by rank (and in, for a reduce-scatter), one copy_ each, launched from
+  // the host. 0: one flat buffer, no per-rank work. Fitted where an engine has it (engine.cpp).
+  double per_rank_s = 0;
+  // The part of a layer's gathers and reduce-scatters its compute can hide (times the cluster's
+  // comm_overlap_fraction): 1 where the next gather is prefetched under the current layer's compute;
+  // 0 where the engine synchronizes the device before each gather. Fitted where an engine's
+  // published runs show less (engine.cpp).
+  double prefetch_overlap = 1;
   // Full recompute runs a layer's forward again inside its backward; true: the engine gathers the
   // layer's parameters again for it (it released them after the first forward).
   bool regather_for_recompute = false;

@@ -69,10 +69,15 @@ class Network {
   int world_size() const;
   int num_nodes() const;
 
+  // The same links and routes (its cache shared) with another device in cluster(): what a fit of
+  // the GPU's figures prices each trial with, without routing the topology again.
+  Network with_gpu(const GpuSpec& gpu) const;
+
   struct Impl;  // the Boost graph and the cache (src/topology.h)
 
  private:
   std::shared_ptr<Impl> impl_;
+  std::shared_ptr<const ClusterSpec> cluster_;  // impl_'s, or a copy with another gpu (with_gpu)
 };
 
 const char* to_string(Collective op);

@@ -6,8 +6,11 @@
 // the published runs").
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "dplan/costmodel/network.h"
 
 #include "dplan/planner/plan.h"
 #include "dplan/planner/profiles.h"
@@ -21,6 +24,9 @@ struct PublishedRun {
   PlanInputs inputs;   // model, cluster, training (the engine the source ran included), layout, overlap
   int gpus = 0;
   double target_step_s = 0;  // the iteration time derived from the published figure
+  // The cluster's links routed once (predicted_step_s fills it): fits vary GPU and engine figures,
+  // never a link's, so every trial reuses it.
+  mutable std::shared_ptr<const costmodel::Network> network;
 };
 
 // Reads a validation file in either form: published.json's ({"runs": [...]}: Narayanan et al.
@@ -48,6 +54,8 @@ enum class FittedField {
   attention_backward_efficiency,  // GPU: the flash-attention backward's fraction of peak
   gemm_scale,                     // engine: its GEMMs' and attention's pace against the profile's
   elementwise_scale,              // engine: its element-wise work's pace against the profile's
+  per_rank_s,                     // engine: per rank and collective of its ZeRO-3, where it has any
+  prefetch_overlap,               // engine: the part of its ZeRO-3 traffic compute can hide
 };
 struct FittedParameter {
   FittedField field;

@@ -4,6 +4,9 @@
 #   bench/run.sh            search speed, the probe, the closed loop's accuracy, the examples walk-through
 #   bench/run.sh --torch    also dplan's executor against PyTorch 2.x's DDP, FSDP2 and tensor parallel
 #                           (bench/torch_vs_dplan.sh: 3 rounds of 8 runs; DPLAN_TORCH_VENV or PYTHON names the torch)
+#   bench/run.sh --rank     also whether dplan orders layouts as this machine does (bench/rank_layouts.py:
+#                           30 layouts of gpt-small on 8 ranks, 2 rounds; 45 to 60 minutes on 2 idle cores)
+# The options combine (bench/run.sh --torch --rank).
 # Needs the full build (./setup.sh --all). Environment: BUILD_DIR (default build).
 # Exit status: 0 when every benchmark ran and met its bounds, 1 when one did not (the others still
 # run), 2 on bad usage.
@@ -11,11 +14,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 torch=0
-case "${1:-}" in
-  "") ;;
-  --torch) torch=1 ;;
-  *) echo "bench/run.sh: unknown option '$1'; valid: --torch" >&2; exit 2 ;;
-esac
+rank=0
+for option in "$@"; do
+  case "$option" in
+    --torch) torch=1 ;;
+    --rank) rank=1 ;;
+    *) echo "bench/run.sh: unknown option '$option'; valid: --torch, --rank" >&2; exit 2 ;;
+  esac
+done
 build=${BUILD_DIR:-build}
 for program in "$build/dplan" "$build/dplan-worker" "$build/bench/search_bench" "$build/bench/machine_bench"; do
   if [[ ! -x $program ]]; then
@@ -44,6 +50,7 @@ bench "probe" "$build/bench/machine_bench" "[probe]"
 bench "accuracy" "$build/bench/machine_bench" "[accuracy]"
 bench "examples walk-through" env DPLAN="$build/dplan" examples/run_all.sh
 if ((torch)); then bench "executor vs PyTorch" bench/torch_vs_dplan.sh; fi
+if ((rank)); then bench "layout ranking" env BUILD_DIR="$build" python3 bench/rank_layouts.py; fi
 
 if ((${#failed[@]})); then
   echo "bench/run.sh: failed: ${failed[*]}"

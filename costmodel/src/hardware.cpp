@@ -16,7 +16,7 @@ void check_format_version(ObjectReader& r) {
   if (r.positive_int("format_version") != 1) r.fail("format_version", "1");
 }
 
-const std::vector<std::string> kIntraKinds = {"nvswitch", "pcie", "xgmi", "shared-memory"};
+const std::vector<std::string> kIntraKinds = {"nvswitch", "pcie", "xgmi", "shared-memory", "nvlink-bridge"};
 
 // An achieved / line-rate ratio: in (0, 1].
 // Ranges of the figures a profile gives: wide enough for a CPU core as a device and for GPUs
@@ -33,6 +33,7 @@ IntraNodeKind intra_kind_from_string(const std::string& s) {
   if (s == "nvswitch") return IntraNodeKind::nvswitch;
   if (s == "pcie") return IntraNodeKind::pcie;
   if (s == "xgmi") return IntraNodeKind::xgmi;
+  if (s == "nvlink-bridge") return IntraNodeKind::nvlink_bridge;
   return IntraNodeKind::shared_memory;
 }
 
@@ -106,6 +107,7 @@ const char* to_string(IntraNodeKind k) {
     case IntraNodeKind::pcie: return "pcie";
     case IntraNodeKind::xgmi: return "xgmi";
     case IntraNodeKind::shared_memory: return "shared-memory";
+    case IntraNodeKind::nvlink_bridge: return "nvlink-bridge";
   }
   return "?";
 }

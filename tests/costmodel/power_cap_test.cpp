@@ -49,7 +49,7 @@ TEST_CASE("the throughput fraction is (limit / TDP)^0.56", "[power]") {
 }
 
 TEST_CASE("a power limit at the TDP leaves the datasheet profile as it is", "[power]") {
-  for (const char* name : {"h100-sxm5-80gb", "a100-sxm4-80gb", "h100-pcie-80gb", "h200-sxm-141gb"}) {
+  for (const char* name : {"h100-sxm5-80gb", "a100-sxm4-80gb", "h100-nvl-94gb", "h800-sxm5-80gb"}) {
     INFO(name);
     const GpuSpec g = store().load_gpu(name);
     REQUIRE(g.tdp_w > 0);
@@ -58,8 +58,9 @@ TEST_CASE("a power limit at the TDP leaves the datasheet profile as it is", "[po
 }
 
 TEST_CASE("a lower power limit is never faster, and leaves memory as it was", "[power][law]") {
-  const std::string name = GENERATE(as<std::string>{}, "h100-sxm5-80gb", "h100-pcie-80gb", "h200-sxm-141gb",
-                                    "a100-sxm4-40gb", "a100-sxm4-80gb");
+  const std::string name = GENERATE(as<std::string>{}, "h100-sxm5-80gb", "h100-pcie-80gb", "h100-nvl-94gb",
+                                    "h800-sxm5-80gb", "h100-sxm5-96gb-hbm2e", "h200-sxm-141gb", "a100-sxm4-40gb",
+                                    "a100-sxm4-80gb");
   INFO(name);
   const GpuSpec g = store().load_gpu(name);
   REQUIRE(g.min_power_limit_w > 0);

@@ -76,7 +76,10 @@ struct GpuSpec {
   bool operator==(const GpuSpec&) const = default;
 };
 
-enum class IntraNodeKind { nvswitch, pcie, xgmi, shared_memory };
+// How a node's GPUs reach each other: through one NVSwitch or PCIe switch (or the host's memory
+// for CPU ranks), or over direct links, a full mesh (AMD's XGMI; NVLink bridges, which join two
+// H100 NVL or PCIe cards, four H200 NVL).
+enum class IntraNodeKind { nvswitch, pcie, xgmi, shared_memory, nvlink_bridge };
 
 enum class Collective { all_reduce, all_gather, reduce_scatter, all_to_all, send_recv };
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "dplan/costmodel/errors.h"
+#include "dplan/costmodel/power_cap.h"
 #include "dplan/costmodel/training.h"
 #include "dplan/costmodel/units.h"
 
@@ -15,7 +16,7 @@ void check_format_version(ObjectReader& r) {
   if (r.positive_int("format_version") != 1) r.fail("format_version", "1");
 }
 
-const std::vector<std::string> kIntraKinds = {"nvswitch", "pcie", "xgmi", "shared-memory"};
+const std::vector<std::string> kIntraKinds = {"nvswitch", "pcie", "xgmi", "shared-memory", "nvlink-bridge"};
 
 // An achieved / line-rate ratio: in (0, 1].
 // Ranges of the figures a profile gives: wide enough for a CPU core as a device and for GPUs
@@ -24,6 +25,7 @@ const std::vector<std::string> kIntraKinds = {"nvswitch", "pcie", "xgmi", "share
 constexpr double kMinEfficiency = 1e-3;   // of a peak: below 0.1% nothing is being modelled
 constexpr double kMaxMicroseconds = 1e6;  // latencies and overheads: a second is no latency
 constexpr double kMaxMiB = 1e6;           // half-bandwidth message sizes
+constexpr double kMaxPowerW = 1e5;        // a board's power: 100 kW is no accelerator
 
 double efficiency_fraction(ObjectReader& r, const std::string& key) { return r.number_in(key, kMinEfficiency, 1); }
 
@@ -31,6 +33,7 @@ IntraNodeKind intra_kind_from_string(const std::string& s) {
   if (s == "nvswitch") return IntraNodeKind::nvswitch;
   if (s == "pcie") return IntraNodeKind::pcie;
   if (s == "xgmi") return IntraNodeKind::xgmi;
+  if (s == "nvlink-bridge") return IntraNodeKind::nvlink_bridge;
   return IntraNodeKind::shared_memory;
 }
 
@@ -104,6 +107,7 @@ const char* to_string(IntraNodeKind k) {
     case IntraNodeKind::pcie: return "pcie";
     case IntraNodeKind::xgmi: return "xgmi";
     case IntraNodeKind::shared_memory: return "shared-memory";
+    case IntraNodeKind::nvlink_bridge: return "nvlink-bridge";
   }
   return "?";
 }
@@ -182,8 +186,22 @@ GpuSpec gpu_from_json(const json& j, const std::string& file) {
   // Of the GEMM rate; above 1 only where `dplan calibrate` found measured runs outpacing a probe's
   // table (a probe taken while the machine was slower).
   g.sustained_fraction = r.number_in("sustained_fraction", kMinEfficiency, 2);
+  if (r.has("power")) {
+    // The board's power limits in watts: the TDP (default and maximum limit) the figures above
+    // hold at, the lowest limit it accepts, and, in a derived profile (power_cap.h), the limit
+    // the figures were derived for.
+    ObjectReader power = r.object("power");
+    g.tdp_w = power.number_in("tdp_w", 1, kMaxPowerW);
+    if (power.has("min_limit_w")) g.min_power_limit_w = power.number_in("min_limit_w", 1, g.tdp_w);
+    if (power.has("limit_w")) {
+      g.power_limit_w = power.number_in("limit_w", g.min_power_limit_w > 0 ? g.min_power_limit_w : 1, g.tdp_w);
+      if (g.power_limit_w == g.tdp_w) g.power_limit_w = 0;  // at the TDP: the datasheet's figures
+    }
+    power.finish();
+  }
   g.sources = r.raw("sources");
   if (!g.sources.is_object()) r.fail("sources", "an object of source strings");
+  if (g.tdp_w > 0 && !g.sources.contains("power")) r.fail("sources", "a \"power\" source for the power block");
   r.finish();
   top.finish();
   return g;
@@ -197,6 +215,14 @@ ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuL
   c.name = r.string("name");
   c.description = r.string("description");
   c.gpu = load_gpu(r.string("gpu"));
+  // The GPUs' configured power limit (nvidia-smi -pl): the GPU's figures derived for it.
+  if (r.has("power_limit_w")) {
+    try {
+      c.gpu = power_capped(c.gpu, r.number_in("power_limit_w", 1, kMaxPowerW));
+    } catch (const InputError& e) {
+      throw InputError(r.where("power_limit_w") + ": " + e.what());
+    }
+  }
   c.gpus_per_node = static_cast<int>(r.int_in("gpus_per_node", 1, 4096));
 
   ObjectReader intra = r.object("intra_node");
@@ -330,6 +356,12 @@ json to_json(const GpuSpec& g) {
     out["attention"] = {{"forward_efficiency", g.attention_forward_efficiency},
                         {"backward_efficiency", g.attention_backward_efficiency},
                         {"half_keys", g.attention_half_keys}};
+  if (g.tdp_w > 0) {
+    json power = {{"tdp_w", g.tdp_w}};
+    if (g.min_power_limit_w > 0) power["min_limit_w"] = g.min_power_limit_w;
+    if (g.power_limit_w > 0) power["limit_w"] = g.power_limit_w;
+    out["power"] = power;
+  }
   return out;
 }
 

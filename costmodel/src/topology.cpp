@@ -1,11 +1,13 @@
 // The cluster as a graph and the routing of communication groups over it.
 //
 // Vertices: one per GPU; per node one switch vertex (the NVSwitch for kind nvswitch, a PCIe switch
-// for pcie, the host for shared-memory; none for xgmi, whose GPUs are a full mesh of direct links);
+// for pcie, the host for shared-memory; none for xgmi and nvlink-bridge, whose GPUs are a full mesh
+// of direct links);
 // nics_per_node NICs per node; one leaf switch per nodes_per_leaf nodes; one logical spine.
 // Edges come in pairs, one per direction, each with a capacity = line rate x the tier's efficiency:
 //   GPU <-> node switch   intra_node bandwidth (per GPU, per direction)
-//   GPU <-> GPU (xgmi)    intra_node bandwidth / (gpus_per_node - 1): 448 GB/s = 7 x 64 GB/s links
+//   GPU <-> GPU (xgmi, nvlink-bridge)  intra_node bandwidth / (gpus_per_node - 1): 448 GB/s = 7 x
+//                         64 GB/s links; an NVLink-bridged pair, one link of the whole bandwidth
 //   GPU <-> NIC           NIC bandwidth (GPU i uses NIC i*nics/gpus_per_node over PCIe; the PCIe
 //                         attachment is assumed never slower than the NIC). For pcie and
 //                         shared-memory nodes the NIC hangs off the node switch, so a GPU's NIC
@@ -33,7 +35,7 @@ void require(bool ok, const ClusterSpec& c, const std::string& what) {
   if (!ok) throw InputError("cluster " + c.name + ": " + what);
 }
 
-bool star_kind(IntraNodeKind k) { return k != IntraNodeKind::xgmi; }
+bool star_kind(IntraNodeKind k) { return k != IntraNodeKind::xgmi && k != IntraNodeKind::nvlink_bridge; }
 bool nic_on_switch(IntraNodeKind k) {
   return k == IntraNodeKind::pcie || k == IntraNodeKind::shared_memory;
 }

@@ -1,7 +1,7 @@
 // dplan: plan, estimate and explain distributed training layouts.
 //   dplan --model 70B --gpus 64             search every layout, print the best and why
 //   dplan estimate --model M --gpus N ...   one layout: memory per stage, step time by phase
-//   dplan list                               presets, size shorthands, clusters
+//   dplan list                               presets, size shorthands, clusters, GPUs
 //   dplan run plan.json                      train with that layout (executor), write run.json
 //   dplan compare plan.json run.json         predicted vs measured, phase by phase
 //   dplan explain plan.json                  why MFU is low, and the changes that recover the most
@@ -380,6 +380,13 @@ int run_plan(const Options& o, const ProfileStore& store) {
   return 0;
 }
 
+// `value` printed with `decimals` decimals.
+std::string with_decimals(double value, int decimals) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, value);
+  return buf;
+}
+
 int run_list(const ProfileStore& store) {
   std::cout << "model presets (--model NAME, or a path to a Hugging Face config.json):\n";
   for (const auto& name : store.model_names()) {
@@ -393,8 +400,21 @@ int run_list(const ProfileStore& store) {
   std::cout << std::flush << "clusters (--cluster NAME, or a path to a cluster JSON):\n";
   for (const auto& name : store.cluster_names()) {
     ClusterSpec c = store.load_cluster(name);
-    std::printf("  %-14s %d x %s per node: %s\n", name.c_str(), c.gpus_per_node, c.gpu.name.c_str(),
+    std::printf("  %-16s %d x %s per node: %s\n", name.c_str(), c.gpus_per_node, c.gpu.name.c_str(),
                 c.description.c_str());
+  }
+  // Each GPU as its profile states it: dense 16-bit peak and power at the TDP (a cluster's
+  // power_limit_w derives the figures for a lower limit, costmodel/power_cap.h).
+  std::cout << std::flush << "GPUs (a cluster profile's \"gpu\", or a path to a GPU JSON; a cluster's \"power_limit_w\" "
+                             "derives one for a lower power limit):\n";
+  std::printf("  %-22s %9s %15s %8s  %s\n", "name", "HBM (GB)", "bf16 (TFLOP/s)", "TDP (W)", "description");
+  for (const auto& name : store.gpu_names()) {
+    const GpuSpec g = store.load_gpu(name);
+    const auto bf16 = g.peak_flops_per_s.find("bf16");
+    const std::string peak = bf16 == g.peak_flops_per_s.end() ? "-" : with_decimals(bf16->second / 1e12, 1);
+    const std::string tdp = g.tdp_w > 0 ? with_decimals(g.tdp_w, 0) : "-";
+    std::printf("  %-22s %9s %15s %8s  %s\n", name.c_str(), with_decimals(g.hbm_bytes / kGB, 0).c_str(), peak.c_str(),
+                tdp.c_str(), g.description.c_str());
   }
   return 0;
 }
@@ -657,7 +677,7 @@ void add_commands(CLI::App& app, Options& o, Commands& c) {
   add_search_options(app, o, c);
   c.estimate = add_estimate_command(app, o);
 
-  c.list = app.add_subcommand("list", "model presets, size shorthands and clusters");
+  c.list = app.add_subcommand("list", "model presets, size shorthands, clusters and GPUs");
   add_profiles(*c.list, o);
 
   c.run = app.add_subcommand("run", "train with a plan's layout on this machine and measure every phase");

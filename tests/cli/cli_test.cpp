@@ -389,6 +389,27 @@ TEST_CASE("dplan list names every cluster and every model preset", "[cli]") {
   CHECK_THAT(r.out, Contains("70b"));
 }
 
+TEST_CASE("dplan list names every GPU with its memory, dense bf16 peak and TDP", "[cli]") {
+  Result r = run_dplan({"list"});
+  INFO("stderr: " << r.err);
+  REQUIRE(r.status == 0);
+  const auto gpus = r.out.find("GPUs (");
+  REQUIRE(gpus != std::string::npos);
+  const std::string table = r.out.substr(gpus);
+  CHECK_THAT(table, Contains("HBM (GB)  bf16 (TFLOP/s)  TDP (W)  description"));
+  for (const auto& name : profile_names("gpus")) CHECK_THAT(table, Contains("\n  " + name + " "));
+  // Rows as profiles/gpus/SOURCES.md section 2 and section 6 give them: name, GB, dense bf16, W.
+  for (const char* row : {"  h100-sxm5-80gb                80           989.0      700  NVIDIA H100 SXM5 80GB",
+                          "  h100-nvl-94gb                 94           835.0      400  NVIDIA H100 NVL 94GB",
+                          "  h800-sxm5-80gb                80           989.0      700  NVIDIA H800 SXM5 80GB",
+                          "  h100-sxm5-96gb-hbm2e          96           989.0      700  NVIDIA H100 SXM5 96GB HBM2e",
+                          "  a100-sxm4-40gb                40           312.0      400  NVIDIA A100 SXM4 40GB",
+                          "  b200                         180          2250.0     1000  NVIDIA B200",
+                          "  mi300x                       192          1300.0      750  AMD Instinct MI300X"})
+    CHECK_THAT(table, Contains(row));
+  CHECK_THAT(table, Contains("  cpu-core                      24"));  // no TDP: a dash
+}
+
 // ---------------------------------------------------------------------------------------------
 // Examples
 

@@ -172,7 +172,7 @@ TEST_CASE("faster links never slow any collective", "[network][law]") {
 TEST_CASE("bigger messages never take less time", "[network][law]") {
   const Collective op = GENERATE(Collective::all_reduce, Collective::all_gather, Collective::reduce_scatter,
                                  Collective::all_to_all, Collective::send_recv);
-  const char* name = GENERATE("dgx-h100", "dgx-a100-80g", "mi300x-8", "pcie-h100");
+  const char* name = GENERATE("dgx-h100", "dgx-a100-80g", "mi300x-8", "pcie-h100", "h100-nvl-pairs");
   Network net(store().load_cluster(name), 64);
   for (GroupShape shape : {GroupShape{8, 1}, GroupShape{2, 1}, GroupShape{16, 1}, GroupShape{8, 8}, GroupShape{4, 16}}) {
     double previous = 0;
@@ -229,6 +229,19 @@ TEST_CASE("an XGMI mesh gives a group of k GPUs k-1 links", "[network]") {
   CHECK_THAT(net.path_bandwidth(Collective::all_reduce, {2, 1}).intra_node_bytes_per_s, WithinRel(64e9, 1e-12));
   CHECK_THAT(net.path_bandwidth(Collective::all_reduce, {8, 1}).intra_node_bytes_per_s, WithinRel(448e9, 1e-12));
   CHECK_THAT(net.path_bandwidth(Collective::send_recv, {2, 4}).intra_node_bytes_per_s, WithinRel(64e9, 1e-12));
+}
+
+TEST_CASE("an NVLink-bridged pair is one direct link, and pairs reach each other through their NICs", "[network]") {
+  // h100-nvl-pairs: a node is one bridged pair, 300 GB/s x 0.39 = 117 GB/s; two 400 Gb/s NICs per
+  // pair at 50 GB/s x 0.94 = 47 GB/s each.
+  Network net(store().load_cluster("h100-nvl-pairs"), 8);
+  CHECK_THAT(net.path_bandwidth(Collective::all_reduce, {2, 1}).intra_node_bytes_per_s, WithinRel(117e9, 1e-12));
+  CHECK(net.path_bandwidth(Collective::all_reduce, {2, 1}).inter_node_bytes_per_s == 0);
+  // tp 4 over two pairs: the ring leaves each pair through both its NICs, half a unit each: 2 x 47.
+  CHECK_THAT(net.path_bandwidth(Collective::all_reduce, {4, 1}).inter_node_bytes_per_s, WithinRel(94e9, 1e-12));
+  // send/recv inside a pair takes the bridge; from one pair to the next, one NIC.
+  CHECK_THAT(net.path_bandwidth(Collective::send_recv, {2, 1}).intra_node_bytes_per_s, WithinRel(117e9, 1e-12));
+  CHECK_THAT(net.path_bandwidth(Collective::send_recv, {2, 2}).inter_node_bytes_per_s, WithinRel(47e9, 1e-12));
 }
 
 TEST_CASE("on a PCIe node a GPU's NIC traffic shares its PCIe link", "[network]") {
@@ -321,7 +334,8 @@ TEST_CASE("the measured all-reduce tables of profiles/clusters/SOURCES.md are re
   };
   // 8x A100 all_reduce_perf (ml-eng); 8x H200 NVLS sweep (ml-eng); 8x H100 NVLS ~480 GB/s at large
   // sizes (nccl-tests#212); P6-B200 1 node and 4 nodes x 8 over EFA (ml-eng); 2 DGX A100 nodes
-  // 192 GB/s (NVIDIA/nccl#812); MI300X 8 GPUs and a 2-GPU group (ml-eng).
+  // 192 GB/s (NVIDIA/nccl#812); MI300X 8 GPUs and a 2-GPU group (ml-eng); 2 H100 over an NVLink
+  // bridge (NVIDIA/nccl#1161).
   const std::vector<Row> rows = {
       {"dgx-a100-80g", 8, 1 * kMiB, 18.0e9},    {"dgx-a100-80g", 8, 64 * kMiB, 171.5e9},
       {"dgx-a100-80g", 8, kGiB, 229.0e9},       {"dgx-a100-80g", 8, 16 * kGiB, 234.9e9},
@@ -330,7 +344,8 @@ TEST_CASE("the measured all-reduce tables of profiles/clusters/SOURCES.md are re
       {"dgx-h100", 8, 16 * kGiB, 480e9},        {"dgx-b200", 8, 64 * kMiB, 400.60e9},
       {"dgx-b200", 8, kGiB, 723.34e9},          {"dgx-b200", 8, 16 * kGiB, 845.67e9},
       {"dgx-a100-80g", 16, 16 * kGiB, 192e9},   {"mi300x-8", 8, 4 * kGiB, 312.9e9},
-      {"mi300x-8", 2, 4 * kGiB, 47.7e9},
+      {"mi300x-8", 2, 4 * kGiB, 47.7e9},        {"h100-nvl-pairs", 2, kGiB, 115.37e9},
+      {"h100-nvl-pairs", 2, 4 * kGiB, 116.26e9},
       {"dgx-b200", 32, 1 * kMiB, 5.37e9},       {"dgx-b200", 32, 64 * kMiB, 156.74e9},
       {"dgx-b200", 32, kGiB, 361.99e9},         {"dgx-b200", 32, 16 * kGiB, 381.80e9},
   };

@@ -67,11 +67,19 @@ struct GpuSpec {
   std::vector<MeasuredGemm> matmul_measured;
   double memory_efficiency = 0;   // achieved / datasheet HBM bandwidth, element-wise kernels
   double sustained_fraction = 1;  // of the matmul maximum, sustained over a training step
+  // Board power (optional "power" in a profile). The figures above hold at power_limit_w, or at
+  // tdp_w when power_limit_w is 0; power_cap.h derives the figures at a lower limit.
+  double tdp_w = 0;              // the board's default and maximum power limit; 0: not given
+  double min_power_limit_w = 0;  // the lowest limit the board accepts; 0: not given
+  double power_limit_w = 0;      // the limit the figures hold at, when below tdp_w; 0: at tdp_w
   json sources;                   // free-form: figure -> source text
   bool operator==(const GpuSpec&) const = default;
 };
 
-enum class IntraNodeKind { nvswitch, pcie, xgmi, shared_memory };
+// How a node's GPUs reach each other: through one NVSwitch or PCIe switch (or the host's memory
+// for CPU ranks), or over direct links, a full mesh (AMD's XGMI; NVLink bridges, which join two
+// H100 NVL or PCIe cards, four H200 NVL).
+enum class IntraNodeKind { nvswitch, pcie, xgmi, shared_memory, nvlink_bridge };
 
 enum class Collective { all_reduce, all_gather, reduce_scatter, all_to_all, send_recv };
 
@@ -167,7 +175,8 @@ double core_share(const ClusterSpec& cluster, int world_size);
 
 // Profile files: {"format_version": 1, "gpu": {...}} and {"format_version": 1,
 // "cluster": {...}}. A cluster names its GPU; `load_gpu` resolves that name to
-// a GpuSpec. Strict: unknown keys, missing keys and out-of-range values throw
+// a GpuSpec, which the cluster's optional "power_limit_w" derives for that limit
+// (power_cap.h). Strict: unknown keys, missing keys and out-of-range values throw
 // InputError naming file and key.
 using GpuLoader = std::function<GpuSpec(const std::string& gpu_name)>;
 GpuSpec gpu_from_json(const json& j, const std::string& file);

@@ -9,8 +9,10 @@
 //  - leave-one-source-out: each source predicted within 10 % on average by the figures fitted
 //    without it, and the shipped figures where the routine puts them on all of the runs.
 // Nothing else is fitted or tested here.
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -213,4 +215,24 @@ TEST_CASE("dplan estimate --engine prices what the library prices", "[validation
   INFO(out);
   REQUIRE(json::accept(out));
   CHECK_THAT(json::parse(out)["step_time_s"].get<double>(), Catch::WithinRel(predicted_step_s(*run), 1e-12));
+}
+
+TEST_CASE("an unknown engine or engine version is refused in one line naming the choices", "[validation][cli]") {
+  for (const auto& [engine, expected] :
+       {std::pair<std::string, std::string>{"bogus", "unknown engine \"bogus\"; valid: megatron, torchtitan, deepspeed, "
+                                                     "accelerate, torchrun, slurm"},
+        {"deepspeed@v9", "engine deepspeed has no version \"v9\" dplan prices; valid: v0.3, "}}) {
+    const std::string command = std::string("DPLAN_PROFILES='") + DPLAN_PROFILES_DIR + "' '" + DPLAN_BINARY +
+                                "' estimate --model 8b --gpus 8 --engine '" + engine + "' 2>&1";
+    FILE* pipe = popen(command.c_str(), "r");
+    REQUIRE(pipe);
+    std::string out;
+    char buf[4096];
+    while (size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+    const int status = pclose(pipe);
+    CAPTURE(out);
+    CHECK(WEXITSTATUS(status) == 2);
+    CHECK(out.find(expected) != std::string::npos);
+    CHECK(std::count(out.begin(), out.end(), '\n') == 1);
+  }
 }

@@ -57,6 +57,13 @@ int run_export(const ExportArgs& args) {
   const std::vector<std::string> written = write_export(exported, dir, args.force);
   for (const std::string& path : written) std::cout << "wrote " << path << "\n";
   std::cout << "launch: cd " << dir << " && " << exported.launch_line << "\n";
+  // The plan's prediction priced one engine's implementation (costmodel/engine.h); exported to
+  // another, the same layout runs at that engine's pace: said, not refused.
+  const costmodel::Engine priced = plan.training.engine.engine;
+  if (priced != engine && !descriptor(engine).runs_dplan_worker)
+    std::cout << "note: the plan was priced for " << costmodel::engine_label(plan.training.engine) << ", not "
+              << to_string(engine) << "; for " << to_string(engine) << "'s step time re-estimate with --engine "
+              << to_string(engine) << "\n";
   return 0;
 }
 

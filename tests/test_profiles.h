@@ -2,8 +2,10 @@
 // a CMake-defined absolute path).
 #pragma once
 
+#include <functional>
 #include <string>
 
+#include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/plan_file.h"
 #include "dplan/planner/profiles.h"
 
@@ -22,6 +24,16 @@ inline costmodel::Plan local_plan(const std::string& model, const costmodel::Par
   training.global_batch = global_batch;
   return costmodel::make_plan(store().load_model(model), store().load_cluster("local-cpu"), training, p, {},
                               costmodel::MemoryEstimate{}, costmodel::TimeBreakdown{});
+}
+
+// What `f` throws as InputError (its one line), or "(no error)".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 }  // namespace dplan::testing

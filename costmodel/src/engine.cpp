@@ -24,6 +24,11 @@ constexpr double kDeepSpeedV03PerRankS = 1.28e-6;
 // The part of PyTorch FSDP's (FULL_SHARD) gathers and reduce-scatters its compute hides.
 constexpr double kFsdpPrefetchOverlap = 0.122;
 
+// One collective per layer, the next layer's prefetched under the current one's compute, the
+// recompute inside the backward's gather: Megatron-FSDP, FSDP2 and dplan's executor.
+constexpr ShardedDataParallel kLayerPrefetched{
+    .unit = ShardUnit::layer, .per_rank_s = 0, .prefetch_overlap = 1, .regather_for_recompute = false};
+
 constexpr EngineMechanics kMechanics[] = {
     // Megatron-LM / Megatron-Core (NeMo runs it too). The GPU profiles' fitted figures were fitted on
     // its runs, so its kernels are the reference. Sharded data parallel is Megatron-FSDP
@@ -32,8 +37,7 @@ constexpr EngineMechanics kMechanics[] = {
     {.engine = Engine::megatron,
      .version = "core_v0.15.0",
      .source = "megatron/core/distributed/fsdp/src/megatron_fsdp (core_v0.15.0)",
-     .sharded = {.unit = ShardUnit::layer, .per_rank_s = 0, .prefetch_overlap = 1,
-                 .regather_for_recompute = false},
+     .sharded = kLayerPrefetched,
      .gemm_scale = 1.0,
      .elementwise_scale = 1.0},
     // torchtitan: FSDP2 fully_shard per transformer block (torchtitan/models/llama3/infra/parallelize.py
@@ -44,8 +48,7 @@ constexpr EngineMechanics kMechanics[] = {
     {.engine = Engine::torchtitan,
      .version = "v0.2.2",
      .source = "torchtitan/models/llama3/infra/parallelize.py apply_fsdp, apply_ac (v0.2.2)",
-     .sharded = {.unit = ShardUnit::layer, .per_rank_s = 0, .prefetch_overlap = 1,
-                 .regather_for_recompute = false},
+     .sharded = kLayerPrefetched,
      .gemm_scale = 1.0,
      .elementwise_scale = 1.0},
     // DeepSpeed ZeRO-3 as first released (March 2021; Narayanan et al. 2021, Table 2, ran it):
@@ -90,15 +93,13 @@ constexpr EngineMechanics kMechanics[] = {
     {.engine = Engine::torchrun,
      .version = "dplan",
      .source = "executor/src/grad_sync.cpp",
-     .sharded = {.unit = ShardUnit::layer, .per_rank_s = 0, .prefetch_overlap = 1,
-                 .regather_for_recompute = false},
+     .sharded = kLayerPrefetched,
      .gemm_scale = 1.0,
      .elementwise_scale = 1.0},
     {.engine = Engine::slurm,
      .version = "dplan",
      .source = "executor/src/grad_sync.cpp",
-     .sharded = {.unit = ShardUnit::layer, .per_rank_s = 0, .prefetch_overlap = 1,
-                 .regather_for_recompute = false},
+     .sharded = kLayerPrefetched,
      .gemm_scale = 1.0,
      .elementwise_scale = 1.0},
 };

@@ -6,9 +6,11 @@
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/hardware.h"
 #include "dplan/costmodel/json_io.h"
+#include "test_profiles.h"
 
 using namespace dplan;
 using namespace dplan::costmodel;
+using dplan::testing::error_of;
 using Catch::Matchers::Contains;
 using Catch::Matchers::Equals;
 
@@ -19,14 +21,6 @@ json h100_profile() {
       "peak_tflops": {"bf16": 989, "fp32": 67}, "framework_reserve_gib": 2,
       "matmul": {"max_efficiency": 0.8, "sm_count": 132, "kernel_overhead_us": 4}, "memory_efficiency": 0.85, "sustained_fraction": 0.85,
       "sources": {"all": "test"}}})");
-}
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 }  // namespace
 

@@ -12,20 +12,13 @@
 
 using namespace dplan;
 using namespace dplan::costmodel;
+using dplan::testing::error_of;
 using dplan::testing::store;
 using Catch::Matchers::Contains;
 using Catch::Matchers::WithinRel;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 // The dgx-h100 cluster file with its GPUs' power limit set to `limit_w`.
 json dgx_h100_at(double limit_w) {

@@ -26,16 +26,13 @@
 
 #include "dplan/costmodel/json_io.h"
 #include "dplan/planner/validation.h"
+#include "test_profiles.h"
 
 using namespace dplan;
 using namespace dplan::planner;
+using dplan::testing::store;
 
 namespace {
-
-const ProfileStore& store() {
-  static const ProfileStore s(DPLAN_PROFILES_DIR);
-  return s;
-}
 
 const std::vector<PublishedRun>& runs_of(const std::string& name) {
   static std::map<std::string, std::vector<PublishedRun>> cache;

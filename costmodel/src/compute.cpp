@@ -451,6 +451,19 @@ EdgeTimes edge_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpec&
   return e;
 }
 
+double unfused_accumulation_s(const GpuSpec& gpu, const TrainingSpec& t, double num_params) {
+  if (t.gradient_accumulation_fusion) return 0;
+  // Megatron-Core's DistributedDataParallel backward hook (core_v0.15.0,
+  // distributed/distributed_data_parallel.py _make_backward_post_hook): with the fusion off the
+  // weight-gradient GEMM writes param.grad in the parameter's type and the hook adds it into
+  // main_grad (the gradient buffer: fp32 with fp32 gradients, else the parameter's type): read the
+  // gradient, read and write main_grad. The fused GEMM's own read of main_grad is not priced
+  // (GEMMs are priced with beta = 0), so this pass is the difference.
+  const double param_bytes = t.precision == Precision::fp32 ? 4 : 2;
+  const double buffer_bytes = t.precision == Precision::fp32 || t.fp32_grads ? 4 : 2;
+  return memory_time_s(gpu, (param_bytes + 2 * buffer_bytes) * num_params);
+}
+
 double optimizer_step_s(const GpuSpec& gpu, const TrainingSpec& t, double num_params) {
   // Mixed precision: read grad (2 or 4), fp32 master, m, v (12); write master, m, v (12) and the
   // 16-bit weights (2). fp32: read grad, w, m, v (16), write w, m, v (12).

@@ -15,14 +15,14 @@ constexpr const char* kNames[] = {"megatron", "torchtitan", "deepspeed", "accele
 // docs/cost-model.md "What was fitted, and on what"): DeepSpeed's from Narayanan et al. 2021's
 // ZeRO-3 runs, BLOOM and MT-NLG (Megatron-DeepSpeed, 2021-2022), one figure for both rows;
 // Accelerate's (PyTorch FSDP) from llm-foundry's FSDP runs.
-constexpr double kDeepSpeedGemmScale = 0.798;
-constexpr double kFsdpGemmScale = 0.991;
-constexpr double kFsdpElementwiseScale = 0.788;
+constexpr double kDeepSpeedGemmScale = 0.796;
+constexpr double kFsdpGemmScale = 0.997;
+constexpr double kFsdpElementwiseScale = 1.0;
 // DeepSpeed v0.3's per-rank copies: PyTorch's list all-gather copies each of the group's outputs
 // with its own copy_ (ProcessGroupNCCL::allgather, PyTorch 1.8), dispatched from the host.
 constexpr double kDeepSpeedV03PerRankS = 1.28e-6;
 // The part of PyTorch FSDP's (FULL_SHARD) gathers and reduce-scatters its compute hides.
-constexpr double kFsdpPrefetchOverlap = 0.122;
+constexpr double kFsdpPrefetchOverlap = 0.069;
 
 // One collective per layer, the next layer's prefetched under the current one's compute, the
 // recompute inside the backward's gather: Megatron-FSDP, FSDP2 and dplan's executor.

@@ -709,6 +709,7 @@ json to_json(const TrainingSpec& t) {
   // The engine where it is not Megatron-LM's (which plans without the key were priced as), so that
   // such plans read back and write byte for byte as before.
   if (!(t.engine == engine_mechanics(Engine::megatron))) j["engine"] = engine_label(t.engine);
+  if (!t.gradient_accumulation_fusion) j["gradient_accumulation_fusion"] = false;  // written where off, likewise
   return j;
 }
 
@@ -746,6 +747,7 @@ TrainingSpec training_from_json(const json& j, const std::string& file, const st
   t.precision = precision_from_string(r.one_of("precision", {"fp32", "bf16", "fp16", "fp8"}));
   t.attention = attention_from_string(r.one_of("attention", {"flash", "standard"}));
   t.fp32_grads = r.boolean("fp32_grads");
+  if (r.has("gradient_accumulation_fusion")) t.gradient_accumulation_fusion = r.boolean("gradient_accumulation_fusion");
   t.vocab_pad_multiple = static_cast<int>(r.int_in("vocab_pad_multiple", 1, 1 << 16));
   t.bucket_bytes = r.number_in("bucket_mib", 1e-3, 1e6) * kMiB;
   // "megatron" or "deepspeed@v0.3" (engine.h); plans written before engines were priced have none:

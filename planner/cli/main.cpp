@@ -61,6 +61,7 @@ struct Options {
   std::string attention = "flash";
   std::string engine = "megatron";  // costmodel/engine.h: whose implementation is priced
   bool fp32_grads = false;
+  bool no_grad_accumulation_fusion = false;
   bool json = false;
   std::string output;               // -o plan.json
   double tokens = 1e12;             // tokens to train, for days-to-train
@@ -97,6 +98,7 @@ Inputs load_inputs(const Options& o, const ProfileStore& store) {
   in.training.precision = precision_from_string(o.precision);
   in.training.attention = attention_from_string(o.attention);
   in.training.fp32_grads = o.fp32_grads;
+  in.training.gradient_accumulation_fusion = !o.no_grad_accumulation_fusion;
   in.training.engine = costmodel::engine_mechanics_from_label(o.engine);
   // The model's sequence length: max_position_embeddings, capped at 8192 for long-context
   // checkpoints whose pre-training ran at 8192 (Llama 3.1, Mistral).
@@ -558,6 +560,8 @@ CLI::Option* add_common(CLI::App& app, Options& o) {
       ->capture_default_str()
       ->check(CLI::Range(1.0, 1e18));
   app.add_flag("--fp32-grads", o.fp32_grads, "keep gradients in fp32 (Megatron main_grad)");
+  app.add_flag("--no-gradient-accumulation-fusion", o.no_grad_accumulation_fusion,
+               "add each micro-batch's gradients in a pass of their own, not in the weight-gradient GEMM (Megatron's flag)");
   app.add_flag("--no-overlap-grad-reduce", o.no_overlap_grad, "reduce gradients after backward, not during");
   app.add_flag("--no-overlap-param-gather", o.no_overlap_param, "all-gather parameters after the step, not under forward");
   app.add_flag("--tp-comm-overlap", o.tp_overlap, "overlap tensor-parallel collectives with GEMMs (needs --sp)");

@@ -194,6 +194,8 @@ void sharding_arguments(Args& a, const Plan& plan) {
     add(a, flag::data_parallel_sharding_strategy, p.zero_stage == 3 ? "optim_grads_params" : "optim_grads");
     add(a, flag::no_gradient_accumulation_fusion);
     add(a, flag::ckpt_format, "fsdp_dtensor");
+  } else if (!plan.training.gradient_accumulation_fusion) {
+    add(a, flag::no_gradient_accumulation_fusion);
   }
   if (sharded_optimizer) add(a, flag::use_distributed_optimizer);
   if (p.offload_optimizer) {

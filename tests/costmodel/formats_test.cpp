@@ -57,6 +57,17 @@ TEST_CASE("plan.json: every plan dplan wrote reads strictly and writes back the 
   }
 }
 
+TEST_CASE("plan.json: gradient-accumulation fusion is written only where it is off, and reads back", "[formats]") {
+  Plan plan = dplan::testing::local_plan("gpt-small", {.dp = 2}, 128, 8);
+  CHECK_FALSE(to_json(plan)["training"].contains("gradient_accumulation_fusion"));
+  plan.training.gradient_accumulation_fusion = false;
+  const json j = to_json(plan);
+  CHECK(j["training"]["gradient_accumulation_fusion"] == false);
+  CHECK_FALSE(plan_from_json(j, "plan.json").training.gradient_accumulation_fusion);
+  CHECK(plan_from_json(to_json(dplan::testing::local_plan("gpt-small", {.dp = 2}, 128, 8)), "plan.json")
+            .training.gradient_accumulation_fusion);
+}
+
 TEST_CASE("plan.json: the written plan of an interleaved layout round-trips with its model chunks", "[formats]") {
   const ModelSpec model = dplan::testing::store().load_model("gpt-small");
   const Plan plan = dplan::testing::local_plan(

@@ -626,6 +626,38 @@ TEST_CASE("optimizer phase: AdamW over the local shard, or the host's step and P
   CHECK_THAT(offloaded.offload_s, WithinRel(local * 4 / 25e9 + local * 28 * 8 / 100e9, 1e-12));
 }
 
+TEST_CASE("without gradient-accumulation fusion each micro-batch adds its gradients in a pass of its own",
+          "[time][phases]") {
+  // Megatron-LM CI's 7B speed test layout (public3-NOTES.md section 16), with a smaller model: the
+  // pass reads the 16-bit gradient and reads and writes the 16-bit buffer, 6 bytes a local
+  // parameter, once per micro-batch, on the critical stage's backward; nothing else moves.
+  const ModelSpec m = store().load_model("llama-2-7b");
+  const ClusterSpec c = store().load_cluster("dgx-h100");
+  const Network net(c, 8);
+  for (const ParallelConfig& p : {ParallelConfig{.tp = 4, .dp = 2, .micro_batch = 2, .distributed_optimizer = true},
+                                  ParallelConfig{.pp = 4, .dp = 2, .vpp = 4, .distributed_optimizer = true,
+                                                 .schedule = Schedule::interleaved}}) {
+    TrainingSpec t{.seq_len = 4096, .global_batch = 16};
+    const MemoryEstimate mem = estimate_memory(m, c, t, p);
+    const TimeBreakdown fused = estimate_time(m, net, t, p);
+    t.gradient_accumulation_fusion = false;
+    const TimeBreakdown unfused = estimate_time(m, net, t, p);
+    double most_params = 0;
+    for (const StageMemory& s : mem.stages) most_params = std::max(most_params, s.num_params);
+    const double pass_s = most_params * 6 / (c.gpu.hbm_bandwidth_bytes_per_s * c.gpu.memory_efficiency);
+    CAPTURE(p.tp, p.pp);
+    CHECK(unfused_accumulation_s(c.gpu, t, most_params) == Approx(pass_s).epsilon(1e-12));
+    CHECK(fused.backward_s < unfused.backward_s);
+    // The critical stage's pass each micro-batch (the pipeline may pick another critical stage,
+    // and its bubble slots grow with its chunks, so the step grows by at least the pass).
+    CHECK(unfused.step_time_s - fused.step_time_s >= num_microbatches(t, p) * pass_s * 0.5);
+    CHECK(unfused.step_time_s - fused.step_time_s <= num_microbatches(t, p) * pass_s * 1.5);
+    // (The SMs hidden communication takes are shared out over forward and backward by their times.)
+    CHECK_THAT(unfused.forward_s, WithinRel(fused.forward_s, 1e-3));
+    CHECK(unfused.optimizer_s == fused.optimizer_s);
+  }
+}
+
 TEST_CASE("summary: the step is the phases' sum, MFU and HFU follow from it", "[time][phases]") {
   Setup s = llama70b({.tp = 8, .pp = 4, .dp = 2, .recompute = Recompute::full});
   TimeBreakdown r;

@@ -399,6 +399,10 @@ TEST_CASE("megatron export: tp x pp x vpp with ZeRO-1 and full recompute in core
   CHECK(a.at("--recompute-method") == "uniform");
   CHECK(a.at("--recompute-num-layers") == "1");
   CHECK(a.count("--num-experts") == 0);
+  CHECK(a.count("--no-gradient-accumulation-fusion") == 0);
+  Plan unfused = plan;
+  unfused.training.gradient_accumulation_fusion = false;
+  CHECK(megatron_args(exported(unfused, Engine::megatron)).count("--no-gradient-accumulation-fusion") == 1);
   const std::string& args_text = file(e, "megatron.args").content;
   CHECK(args_text.rfind("# dplan export --to megatron of plan.json", 0) == 0);
   CHECK_THAT(args_text, Contains("core_v0.15.0"));

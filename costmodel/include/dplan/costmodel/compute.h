@@ -81,6 +81,12 @@ struct EdgeTimes {
 EdgeTimes edge_times(const ModelSpec& model, const GpuSpec& gpu, const TrainingSpec& training,
                      const ParallelConfig& parallel);
 
+// One micro-batch's gradients added into the gradient buffer by a pass of their own, over
+// `num_params` local parameters: what Megatron does with --no-gradient-accumulation-fusion (its
+// DDP's backward hook, main_grad.add_(grad)), 0 with the fusion (the weight-gradient GEMM
+// accumulates into main_grad in its epilogue).
+double unfused_accumulation_s(const GpuSpec& gpu, const TrainingSpec& training, double num_params);
+
 // AdamW step over `num_params` local parameters: memory-bound, reading and writing fp32 master
 // weights, momentum, variance, the gradient and the 16-bit weights.
 double optimizer_step_s(const GpuSpec& gpu, const TrainingSpec& training, double num_params);

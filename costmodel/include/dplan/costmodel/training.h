@@ -30,6 +30,10 @@ struct TrainingSpec {
   Precision precision = Precision::bf16;
   Attention attention = Attention::flash;
   bool fp32_grads = false;                // keep 16-bit training's gradients in fp32 (Megatron main_grad)
+  // Megatron's weight-gradient GEMMs accumulate straight into the gradient buffer (main_grad);
+  // false: --no-gradient-accumulation-fusion, each micro-batch's gradients added in a pass of their
+  // own (unfused_accumulation_s).
+  bool gradient_accumulation_fusion = true;
   int vocab_pad_multiple = 128;           // Megatron --make-vocab-size-divisible-by (times tp)
   double bucket_bytes = 25.0 * kMiB;      // gradient bucket (PyTorch DDP bucket_cap_mb = 25)
   // The engine that runs the plan and how it implements it (engine.h); Megatron-LM unless said.

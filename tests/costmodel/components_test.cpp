@@ -105,7 +105,7 @@ TEST_CASE("one GEMM's rate against published MAMF and per-shape tables", "[compo
     const double m = in.at("m"), n = in.at("n"), k = in.at("k"), batch = in.at("batch");
     const double time_s = gemm_time_s(gpu, precision_of(in.at("precision")), m, n, k, batch);
     Compared c{shape_label(in), 2 * m * n * k * batch / time_s / 1e12, r.at("measured").get<double>(), 0.10};
-    // Misses (tests/data/components/README.md lists them with their likely causes):
+    // Misses, each with its likely cause:
     const bool deepgemm = in.at("gpu") == "h800-sxm5-80gb";
     // the best MAMF shapes of Hopper FP8 lose a partial wave of 128x128 tiles and the 4 us overhead
     // on top of a MAMF that already holds both; the H100 PCIe takes the SXM's MAMF fraction;

@@ -123,8 +123,12 @@ double gemm_time_s(const GpuSpec& gpu, Precision precision, double m, double n, 
                                     : gpu.matmul_max_efficiency;
   const double compute_s =
       flops / (peak_flops_per_s(gpu, precision) * max_efficiency * gpu.sustained_fraction * wave_efficiency);
-  const double element = precision == Precision::fp32 ? 4.0 : precision == Precision::fp8 ? 1.0 : 2.0;
-  const double bytes = element * batch * (m * k + k * n + m * n);
+  // FP8 GEMMs read 1-byte inputs but write their output in 16 bits: Transformer Engine's FP8 GEMMs
+  // return the activations' type (transformer_engine/pytorch/cpp_extensions/gemm.py, out_dtype),
+  // and DeepGEMM writes BF16 (its README).
+  const double in_bytes = precision == Precision::fp32 ? 4.0 : precision == Precision::fp8 ? 1.0 : 2.0;
+  const double out_bytes = precision == Precision::fp32 ? 4.0 : 2.0;
+  const double bytes = batch * (in_bytes * (m * k + k * n) + out_bytes * m * n);
   return std::max(compute_s, memory_time_s(gpu, bytes)) + gpu.kernel_overhead_s;
 }
 

@@ -113,14 +113,16 @@ TEST_CASE("one GEMM's rate against published MAMF and per-shape tables", "[compo
     if (in.at("gpu") == "h100-pcie-80gb") c.bound_fraction = 0.25, c.miss = true;
     // the MI300X MAMF of the Optuna search (758) above the profile's (668);
     if (in.at("gpu") == "mi300x" && r.at("measured").get<double>() > 700) c.bound_fraction = 0.15, c.miss = true;
-    // DeepGEMM on H800: m <= 128 fills few 128-row tiles and meets the HBM roofline at the fitted
-    // element-wise memory_efficiency (1.5 TB/s, where DeepGEMM streams 1.5-2.7 TB/s); FP8 GEMMs'
-    // BF16 output counted as 1 byte (k <= 2048 rows above the measurement); grouped m 256.
+    // DeepGEMM on H800: at m <= 128 a GEMM is HBM-bound; with the measured copy bandwidth (0.81)
+    // and the BF16 output written in 2 bytes most rows land within 8 %, but n = 2112 and 4096 at
+    // k = 7168 still run 30-55 % slower in dplan (DeepGEMM's split-k / block scheduling for few
+    // tiles is not modelled); short k (512-2048) runs 15-115 % faster in dplan than measured (a
+    // tile's fixed prologue and epilogue, not modelled); grouped m 256 +20-24 %.
     if (deepgemm && m <= 128) c.bound_fraction = 0.60, c.miss = true;
-    if (deepgemm && m > 128) c.bound_fraction = k <= 512 ? 1.30 : 0.45, c.miss = true;
+    if (deepgemm && m > 128) c.bound_fraction = k <= 512 ? 1.30 : 0.40, c.miss = true;
     rows.push_back(c);
   }
-  report("GEMM rate by shape and precision (gemm_time_s, sustained_fraction 1)", "TFLOP/s", rows, 0.27);
+  report("GEMM rate by shape and precision (gemm_time_s, sustained_fraction 1)", "TFLOP/s", rows, 0.19);
 }
 
 // nccl-tests' busbw (doc/PERFORMANCE.md factors: all-reduce 2(n-1)/n, all-gather and

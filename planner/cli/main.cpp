@@ -25,6 +25,7 @@
 #include "dplan/costmodel/run_record.h"
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/time.h"
+#include "dplan/planner/engine_rules.h"
 #include "dplan/planner/engines.h"
 #include "dplan/planner/explain.h"
 #include "dplan/planner/plan.h"
@@ -275,8 +276,11 @@ std::optional<Planned> plan_best(const Options& o, const ProfileStore& store) {
     throw InputError("no parallel layout of " + std::to_string(o.gpus) + " GPUs divides global batch " +
                      std::to_string(in.training.global_batch) + " of " + in.model.name +
                      "; choose a --global-batch with more factors of 2 or another --gpus");
-  pl.result = search(layouts, dplan_cost_function(in.model, net, in.training, in.overlap, o.headroom, goodput_inputs),
-                     o.top_k, rank_by);
+  // Every layout that fits is ranked, then those the engine priced cannot run are taken out
+  // (keep_engine_runnable) before the best top_k are kept.
+  const CostFunction cost = dplan_cost_function(in.model, net, in.training, in.overlap, o.headroom, goodput_inputs);
+  pl.result = search(layouts, cost, static_cast<int>(layouts.size()), rank_by);
+  keep_engine_runnable(pl.result, in.model, in.cluster, in.training, in.overlap, in.training.engine.engine, o.top_k);
   pl.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (pl.result.ranked.empty()) {
     std::string reasons;
@@ -287,7 +291,10 @@ std::optional<Planned> plan_best(const Options& o, const ProfileStore& store) {
     return std::nullopt;
   }
   pl.best = pl.result.ranked[0].parallel;
-  pl.mem = pl.result.ranked[0].evaluation.memory;  // the search's evaluation, not recomputed
+  // The search keeps the memory estimate of its own winner only; one the engine's rules promoted
+  // is priced again.
+  if (pl.result.ranked[0].evaluation.memory.stages.empty()) pl.result.ranked[0].evaluation = cost(pl.best);
+  pl.mem = pl.result.ranked[0].evaluation.memory;  // the search's evaluation
   pl.time = pl.result.ranked[0].evaluation.time;
   return pl;
 }

@@ -555,6 +555,30 @@ RuleReport check_engine_rules(const Plan& plan, Engine engine) {
   return report;
 }
 
+void keep_engine_runnable(SearchResult& result, const costmodel::ModelSpec& model,
+                          const costmodel::ClusterSpec& cluster, const costmodel::TrainingSpec& training,
+                          const costmodel::OverlapOptions& overlap, Engine engine, int top_k) {
+  auto runs = [&](const ParallelConfig& p) {
+    const Plan plan = costmodel::make_plan(model, cluster, training, p, overlap, costmodel::MemoryEstimate{},
+                                           costmodel::TimeBreakdown{});
+    return check_engine_rules(plan, engine).ok();
+  };
+  std::vector<Candidate> kept;
+  long refused = 0;
+  for (Candidate& c : result.ranked) {
+    if (static_cast<int>(kept.size()) >= top_k) break;
+    if (runs(c.parallel))
+      kept.push_back(std::move(c));
+    else
+      ++refused;
+  }
+  // Beyond the top_k kept the rest are not checked: they are neither ranked nor counted as refused.
+  result.ranked = std::move(kept);
+  std::erase_if(result.pareto, [&](const Candidate& c) { return !runs(c.parallel); });
+  result.feasible -= refused;
+  if (refused) result.rejected[std::string(to_string(engine)) + "'s rules refuse it"] += refused;
+}
+
 std::string rules_ok_line(const Plan& plan, Engine engine, const RuleReport& report) {
   const ParallelConfig& p = plan.parallel;
   const LaunchShape s = launch_shape(plan);

@@ -10,6 +10,7 @@
 
 #include "dplan/costmodel/plan_file.h"
 #include "dplan/planner/engines.h"
+#include "dplan/planner/search.h"
 
 namespace dplan::planner {
 
@@ -45,6 +46,14 @@ struct RuleReport {
   bool ok() const { return failures.empty(); }
 };
 RuleReport check_engine_rules(const costmodel::Plan& plan, Engine engine);
+
+// The search's ranking (best first) less the layouts `engine` cannot run: each candidate's plan goes
+// through check_engine_rules, from the best down, until `top_k` pass; those that fail are dropped
+// from `ranked`, `pareto` and `feasible` and counted in `rejected` under "<engine>'s rules refuse
+// it". So a search priced for an engine picks a layout that engine runs and its export takes.
+void keep_engine_runnable(SearchResult& result, const costmodel::ModelSpec& model,
+                          const costmodel::ClusterSpec& cluster, const costmodel::TrainingSpec& training,
+                          const costmodel::OverlapOptions& overlap, Engine engine, int top_k);
 
 // "ok" summary line of `dplan check`: "megatron: ok: 21 rules pass (tp 2 x pp 2 x dp 4, 16
 // ranks = 2 nodes x 8)".

@@ -423,6 +423,8 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
   x.gemm_forward_s = qkv.forward_s + core.forward_s + out.forward_s + mlp.forward_s;
   x.gemm_backward_s = qkv.backward_s + out.backward_s + mlp.backward_s + core.backward_s;
   x.attention_core_s = core.forward_s + attention_elementwise_s;
+  x.mlp_forward_s = mlp.forward_s;
+  x.mlp_backward_s = mlp.backward_s;
   x.forward_s = x.gemm_forward_s + elementwise_s + attention_elementwise_s + fp8_cast.forward_s;
   x.backward_s = x.gemm_backward_s + 2 * (elementwise_s + attention_elementwise_s) + fp8_cast.backward_s;
   switch (p.recompute) {

@@ -19,6 +19,12 @@ std::optional<std::string> executor_refusal(const ModelSpec& model, const Traini
     return executor_does_not_run("latent attention, q/k norms, attention sinks or sliding windows");
   if (model.mlp == MlpKind::plain ? model.activation.rfind("gelu", 0) != 0 : model.activation != "silu")
     return executor_does_not_run("the " + model.activation + " activation in a " + to_string(model.mlp) + " MLP");
+  // Its MoE layers send tokens with one all-to-all over ep and run one micro-batch at a time
+  // (executor/src/moe.h, trainer.cpp): neither DeepEP's kernels nor Megatron-Core's combined 1F1B.
+  if (p.moe_dispatcher != MoeDispatcher::alltoall || p.overlap_ep_comm)
+    return std::string(p.overlap_ep_comm ? "the EP overlap (--overlap-ep-comm)" : "the DeepEP dispatcher") +
+           " is not run (the executor's MoE layers send tokens with one all-to-all, one micro-batch at a time); "
+           "drop --overlap-ep-comm and use --moe-dispatcher alltoall";
   // Context parallel runs the blockwise ring whatever --attention says (ring_attention.h).
   if (p.cp > 1 && model.attention_dropout > 0)
     return "context parallel with attention dropout " + std::to_string(model.attention_dropout) +

@@ -59,8 +59,9 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
   gpu.memory_efficiency *= t.engine.elementwise_scale;
   const double hide = cluster.comm_overlap_fraction;
   const LayerTimes lt = layer_times(m, gpu, t, p);
-  const LayerComm comm{tensor_parallel_comm(m, net, t, p), context_parallel_comm(m, net, t, p, lt, hide),
-                       expert_parallel_comm_s(m, net, t, p), zero3_comm(m, net, gpu, t, p, mem, lt, hide)};
+  LayerComm comm{tensor_parallel_comm(m, net, t, p), context_parallel_comm(m, net, t, p, lt, hide),
+                 expert_parallel_comm_s(m, net, t, p), zero3_comm(m, net, gpu, t, p, mem, lt, hide)};
+  if (p.overlap_ep_comm) comm.ep_pair_hidden_s = ep_overlap_pair_hidden_s(m, moe_dispatch_combine(m, net, t, p), lt, hide);
   std::vector<StageTime> stages = stage_times(m, gpu, t, p, lt, comm, overlap);
   // Without gradient-accumulation fusion each micro-batch adds its gradients in a pass of its own,
   // after each chunk's backward (its layers' share of the stage's parameters).
@@ -86,6 +87,7 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
   r.ep_comm_s = microbatches * c.ep_s;
   r.param_gather_s = microbatches * c.zero3_s;
   r.hidden_comm_s = microbatches * c.hidden_s;
+  const double ep_hidden_s = microbatches * c.ep_hidden_s;
   const double gemm_s = microbatches * c.gemm_s;
 
   const PipelineTime pipeline = pipeline_time(m, net, t, p, stages, critical, sharing);
@@ -116,10 +118,13 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
   // (a few channels per ring; TE's userbuffers reserve up to 16 SMs); the validation runs cannot
   // separate it (public2.json: 0 / 4 / 8 / 16 SMs gave a mean error of 4.7 / 4.7 / 4.7 / 4.8 %
   // once refitted; docs/cost-model.md). Not on a CPU machine, where ranks sharing cores are
-  // CoreSharing's business.
+  // CoreSharing's business. DeepEP's dispatch and combine hidden by the EP overlap take
+  // kDeepepSms (time_phases.h) instead.
   if (cluster.intra_node_kind != IntraNodeKind::shared_memory && gpu.sm_count > 0) {
     constexpr double kCommSms = 8;
-    r.comm_contention_s = r.hidden_comm_s * std::min(1.0, kCommSms / gpu.sm_count);
+    const double ep_sms = p.moe_dispatcher == MoeDispatcher::deepep ? kDeepepSms : kCommSms;
+    r.comm_contention_s = (r.hidden_comm_s - ep_hidden_s) * std::min(1.0, kCommSms / gpu.sm_count) +
+                          ep_hidden_s * std::min(1.0, ep_sms / gpu.sm_count);
     const double compute_s = r.forward_s + r.backward_s;
     if (compute_s > 0) {
       const double forward_share = r.forward_s / compute_s;

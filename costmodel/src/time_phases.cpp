@@ -81,19 +81,121 @@ ContextParallelComm context_parallel_comm(const ModelSpec& m, const Network& net
 // the gradients; full recompute replays the forward's. Routing is taken as balanced (Megatron's
 // load-balancing auxiliary loss keeps it near; the imbalance left is not priced), so each rank
 // receives what it sends. Token dropping / capacity factors are not modelled (Megatron's default
-// is dropless).
-double expert_parallel_comm_s(const ModelSpec& m, const Network& net, const TrainingSpec& t, const ParallelConfig& p) {
+// is dropless). With DeepEP (MoeDispatcher::deepep) the dispatch and combine are deepep_transfer_s.
+DispatchCombine moe_dispatch_combine(const ModelSpec& m, const Network& net, const TrainingSpec& t,
+                                     const ParallelConfig& p) {
+  DispatchCombine r;
   const int etp = p.expert_tp();
-  if (!m.is_moe() || (p.ep <= 1 && etp <= 1)) return 0;
+  if (!m.is_moe() || (p.ep <= 1 && etp <= 1)) return r;
+  if (p.moe_dispatcher == MoeDispatcher::deepep) {
+    r.dispatch_s = r.combine_s = deepep_transfer_s(m, net, t, p);
+    return r;
+  }
   const double bytes = tokens_per_microbatch(t, p) / p.tp * m.experts_per_token * m.hidden_size *
                        activation_bytes(t.precision);
   const Mesh mesh(p);
-  double forward_s = 2 * net.cost(Collective::all_to_all, bytes, mesh.shape(Dim::ep)).time_s;
-  if (etp > 1)
-    forward_s += net.cost(Collective::all_gather, etp * bytes, mesh.shape(Dim::etp)).time_s +
-                 net.cost(Collective::reduce_scatter, etp * bytes, mesh.shape(Dim::etp)).time_s;
+  const double all_to_all = net.cost(Collective::all_to_all, bytes, mesh.shape(Dim::ep)).time_s;
+  r.dispatch_s = r.combine_s = all_to_all;
+  if (etp > 1) {
+    r.dispatch_s += net.cost(Collective::all_gather, etp * bytes, mesh.shape(Dim::etp)).time_s;
+    r.combine_s += net.cost(Collective::reduce_scatter, etp * bytes, mesh.shape(Dim::etp)).time_s;
+  }
+  return r;
+}
+
+// DeepEP's normal (high-throughput) kernels as Megatron-Core's flex dispatcher runs them
+// (token_dispatcher.py MoEFlexTokenDispatcher at core_v0.14.0: one group over the etp x ep ranks, a
+// token's k experts as etp*k targets among etp*E), priced by what they move and over which link
+// (deepseek-ai/DeepEP@0297fc8017 docs/legacy.md, the V1 kernels Megatron calls through
+// fused_a2a.py's deep_ep.Buffer; DeepSeek-V3 report, arXiv 2412.19437, Sec. 3.2.2):
+//  - a token goes once to every rank that holds one of its experts' shards, not once per expert
+//    (the alltoall dispatcher's k copies): with k of E experts drawn evenly, E/ep a rank, a token
+//    reaches ep (1 - C(E - E/ep, k) / C(E, k)) ep ranks, times etp;
+//  - across nodes it crosses the network once per node holding any of them (RDMA to the same
+//    local rank there), then NVLink forwards it inside that node: nodes (1 - C(E - E_node, k) /
+//    C(E, k)) node copies, E_node the experts of one node's ranks;
+//  - the two stages run pipelined, so the slower sets the time: RDMA copies over the GPU's NIC
+//    share, NVLink copies over its NVLink, each at the fraction of line rate DeepEP's README
+//    measured, counted as DeepEP counts them (every copy, the rank's own included: "logical
+//    bandwidth"): intranode EP8 dispatch 153 GB/s (combine 158) of the H800's 200 GB/s NVLink
+//    line rate per direction (hgx-h800.json) = 0.765; internode RDMA on 50 GB/s CX7 NICs: EP16
+//    (2 nodes) 43 GB/s, EP32 (4 nodes) 57, EP64 (8 nodes) 50 (the smaller of dispatch and
+//    combine), used for 2-3, 4-7 and 8 or more nodes;
+//  - latency: one NVLink hop, and one network hop across nodes. Not priced: the CPU's wait for the
+//    receive counts before each dispatch (docs/legacy.md, "implicit CPU wait"), FP8 dispatch
+//    (Megatron's flex dispatcher sends the activations' dtype), DeepSeek's node-limited routing.
+double deepep_transfer_s(const ModelSpec& m, const Network& net, const TrainingSpec& t, const ParallelConfig& p) {
+  const int etp = p.expert_tp();
+  const int ranks = p.ep * etp;
+  if (!m.is_moe() || ranks < 2) return 0;
+  const ClusterSpec& c = net.cluster();
+  const int per_node = std::max(1, std::min(ranks, c.gpus_per_node));
+  const int nodes = (ranks + per_node - 1) / per_node;
+  const double E = m.num_experts, k = m.experts_per_token;
+  // P(none of a token's k distinct experts among `held` of the E): C(E - held, k) / C(E, k).
+  auto missed = [&](double held) {
+    double q = 1;
+    for (int i = 0; i < int(k); ++i) q *= std::max(0.0, (E - held - i) / (E - i));
+    return q;
+  };
+  const double row_bytes = tokens_per_microbatch(t, p) / p.tp * m.hidden_size * activation_bytes(t.precision);
+  const double rank_copies = etp * p.ep * (1 - missed(E / p.ep));
+  const double nvlink_bytes_per_s = c.intra_node.bandwidth_bytes_per_s * kDeepepNvlinkFraction;
+  double time_s = row_bytes * rank_copies / nvlink_bytes_per_s + c.intra_node.latency_s;
+  if (nodes > 1) {
+    const double node_experts = std::min(E, std::max(E / p.ep, E * per_node / ranks));
+    const double node_copies = nodes * (1 - missed(node_experts));
+    const double fraction = nodes >= 8 ? 50.0 / 50 : nodes >= 4 ? 57.0 / 50 : 43.0 / 50;
+    const double nic_bytes_per_s = c.nics_per_node * c.nic_bandwidth_bytes_per_s / c.gpus_per_node * fraction;
+    time_s = std::max(time_s, row_bytes * node_copies / nic_bytes_per_s + c.intra_node.latency_s) +
+             c.inter_node_latency_s;
+  }
+  return time_s;
+}
+
+double expert_parallel_comm_s(const ModelSpec& m, const Network& net, const TrainingSpec& t, const ParallelConfig& p) {
+  const DispatchCombine dc = moe_dispatch_combine(m, net, t, p);
   // Per mean layer (ModelSpec): the dense layers of an MoE model dispatch nothing.
-  return m.moe_layer_fraction() * forward_s * (2 + (p.recompute == Recompute::full ? 1 : 0));
+  return m.moe_layer_fraction() * (dc.dispatch_s + dc.combine_s) * (2 + (p.recompute == Recompute::full ? 1 : 0));
+}
+
+// Megatron-Core's EP overlap (--overlap-moe-expert-parallel-comm; core_v0.14.0
+// models/common/model_chunk_schedule_plan.py TransformerLayerSchedulePlan.run): a layer's forward
+// of one micro-batch and its backward of another run together, the communication on its own
+// stream beside the computation:
+//   comm:    combine_bwd        | dispatch_fwd    dispatch_bwd | combine_fwd
+//   compute: attention fwd      | MLP bwd (dW)    MLP fwd      | attention bwd
+// Each of the four transfers hides behind the compute beside it, as far as the cluster's overlap
+// fraction lets a window hide communication (exposed_s); what shows is the rest. The attention side
+// is the layer's time outside the MLP's GEMMs (element-wise work included; selective recompute's
+// replay runs before the attention backward). Per mean layer: the dense layers of an MoE model
+// have nothing to hide.
+double ep_overlap_pair_hidden_s(const ModelSpec& m, const DispatchCombine& dc, const LayerTimes& lt,
+                                double overlap_fraction) {
+  if (dc.dispatch_s + dc.combine_s <= 0) return 0;
+  const double attention_forward_s = std::max(0.0, lt.forward_s - lt.mlp_forward_s);
+  const double attention_backward_s = std::max(0.0, lt.backward_s - lt.mlp_backward_s) + lt.recompute_s;
+  // The backward of a combine is a dispatch of the gradients, and the backward of a dispatch a combine.
+  const std::pair<double, double> pairs[] = {{dc.dispatch_s, attention_forward_s},
+                                             {dc.dispatch_s, lt.mlp_backward_s},
+                                             {dc.combine_s, lt.mlp_forward_s},
+                                             {dc.combine_s, attention_backward_s}};
+  double hidden_s = 0;
+  for (const auto& [comm_s, window_s] : pairs) hidden_s += comm_s - exposed_s(comm_s, window_s, 0, overlap_fraction);
+  return m.moe_layer_fraction() * hidden_s;
+}
+
+double ep_overlap_paired_fraction(const TrainingSpec& t, const ParallelConfig& p, int stage) {
+  if (!p.overlap_ep_comm) return 0;
+  const int m = num_microbatches(t, p);
+  const int v = p.schedule == Schedule::interleaved ? p.vpp : 1;
+  const long long total = static_cast<long long>(m) * v;
+  // Megatron-Core schedules.py get_pp_rank_microbatches (core_v0.14.0): 2(pp - rank - 1) +
+  // (v - 1) pp warm-up forwards, one more with the overlap; none but the first without a pipeline
+  // (combined_1f1b_schedule_for_no_pipelining). Capped at every forward.
+  const long long warmup =
+      p.pp == 1 ? 1 : std::min<long long>(total, 2LL * (p.pp - stage - 1) + (v - 1LL) * p.pp + 1);
+  return total > 0 ? double(total - warmup) / total : 0;
 }
 
 namespace {
@@ -186,13 +288,17 @@ std::vector<StageTime> stage_times(const ModelSpec& m, const GpuSpec& gpu, const
   const std::vector<std::vector<ModelChunk>> chunks = assign_chunks(m.num_layers, p);
   const EdgeTimes et = edge_times(m, gpu, t, p);
   const double ep_forward_share = p.recompute == Recompute::full ? 1.0 / 3 : 0.5;  // see expert_parallel_comm_s
-  // One layer's part of a chunk's time: what one costs on this stage (LayerTimes and LayerComm); the
-  // rest of a chunk is its edge (embedding, LM head).
-  const double layer_s = lt.forward_s + lt.backward_s + lt.recompute_s + comm.cp.layer_s + comm.ep_s +
-                         comm.zero3.layer_s + (overlap.tp_comm && p.sequence_parallel ? 0 : comm.tp.layer_s);
   std::vector<StageTime> st(p.pp);
   for (int i = 0; i < p.pp; ++i) {
     StageTime& s = st[i];
+    // The EP overlap hides each layer's transfers in the steps that pair a forward with a backward
+    // (ep_overlap_paired_fraction of this stage's), spread over its micro-batches.
+    const double ep_hidden = ep_overlap_paired_fraction(t, p, i) * comm.ep_pair_hidden_s;
+    const double ep_exposed = comm.ep_s - ep_hidden;
+    // One layer's part of a chunk's time: what one costs on this stage (LayerTimes and LayerComm); the
+    // rest of a chunk is its edge (embedding, LM head).
+    const double layer_s = lt.forward_s + lt.backward_s + lt.recompute_s + comm.cp.layer_s + ep_exposed +
+                           comm.zero3.layer_s + (overlap.tp_comm && p.sequence_parallel ? 0 : comm.tp.layer_s);
     const size_t n_chunks = chunks[i].size();  // the search prices many layouts: one allocation each
     s.chunk_forward_s.reserve(n_chunks);
     s.chunk_backward_s.reserve(n_chunks);
@@ -216,12 +322,14 @@ std::vector<StageTime> stage_times(const ModelSpec& m, const GpuSpec& gpu, const
         s.forward_comm_s += n * comm.tp.layer_forward_s + (first ? comm.tp.edge_s : 0) + (last ? comm.tp.edge_s : 0);
       }
       s.cp_s += n * comm.cp.layer_s;
-      s.ep_s += n * comm.ep_s;
+      s.ep_s += n * ep_exposed;
+      s.ep_hidden_s += n * ep_hidden;
+      s.hidden_s += n * ep_hidden;
       // ZeRO-3's first gather is not hidden: once a stage, before its first chunk.
       const double zero3_first = j == 0 ? comm.zero3.first_s : 0;
       s.zero3_s += n * comm.zero3.layer_s + zero3_first;
       s.forward_comm_s +=
-          n * (comm.cp.layer_forward_s + comm.ep_s * ep_forward_share + comm.zero3.layer_forward_s) + zero3_first;
+          n * (comm.cp.layer_forward_s + ep_exposed * ep_forward_share + comm.zero3.layer_forward_s) + zero3_first;
       s.hidden_s += n * (comm.cp.hidden_layer_s + comm.zero3.hidden_layer_s);
       const double forward = (s.forward_s + s.forward_comm_s) - forward_before;
       const double chunk_s = s.total_s() - total_before;

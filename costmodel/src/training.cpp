@@ -12,9 +12,9 @@
 namespace dplan::costmodel {
 namespace {
 
-std::string divisors_of(int n) {
+std::string divisors_of(int n, int from = 1) {
   std::vector<std::string> out;
-  for (int d = 1; d <= n; ++d)
+  for (int d = from; d <= n; ++d)
     if (n % d == 0) out.push_back(std::to_string(d));
   return join_choices(out);
 }
@@ -33,6 +33,26 @@ const char* to_string(Recompute r) {
 }
 const char* to_string(Schedule s) {
   return s == Schedule::gpipe ? "gpipe" : s == Schedule::one_f_one_b ? "1f1b" : "interleaved";
+}
+
+const char* to_string(MoeDispatcher d) { return d == MoeDispatcher::deepep ? "deepep" : "alltoall"; }
+
+MoeDispatcher moe_dispatcher_from_string(const std::string& s) {
+  if (s == "alltoall") return MoeDispatcher::alltoall;
+  if (s == "deepep") return MoeDispatcher::deepep;
+  bad("unknown MoE dispatcher \"" + s + "\"; choose alltoall or deepep");
+}
+
+std::optional<std::string> moe_dispatcher_problem(const ClusterSpec& cluster, MoeDispatcher dispatcher) {
+  // DeepEP validates the complete peer-access matrix of a node's GPUs over NVLink before it
+  // allocates its buffer and refuses a partial one (deepseek-ai/DeepEP@0297fc8017 docs/legacy.md,
+  // Requirements: "NVLink with full directed CUDA peer access between every pair"); NVSwitch
+  // nodes give that, PCIe, NVLink bridges between pairs, XGMI and CPU cores do not.
+  if (dispatcher != MoeDispatcher::deepep || cluster.intra_node_kind == IntraNodeKind::nvswitch ||
+      cluster.gpus_per_node <= 1)
+    return std::nullopt;
+  return "--moe-dispatcher deepep needs NVLink between every pair of a node's GPUs (an NVSwitch node); cluster " +
+         cluster.name + " has none: use --moe-dispatcher alltoall";
 }
 
 Precision precision_from_string(const std::string& s) {
@@ -339,7 +359,10 @@ int padded_vocab(const ModelSpec& m, const TrainingSpec& t, int tp) {
 }
 
 double microbatches_in_flight(const ParallelConfig& p, int stage, int m) {
-  if (p.pp == 1) return 1.0;
+  // Megatron-Core's EP overlap (combined_1f1b.py): micro-batch i+1's forward beside i's backward
+  // without a pipeline; one extra warm-up forward with one (schedules.py).
+  const int extra = p.overlap_ep_comm ? 1 : 0;
+  if (p.pp == 1) return std::min(1 + extra, std::max(1, m));
   switch (p.schedule) {
     case Schedule::gpipe:
       return m;
@@ -350,7 +373,7 @@ double microbatches_in_flight(const ParallelConfig& p, int stage, int m) {
       // first backward; with only pp micro-batches every forward is warm-up (Megatron-Core's
       // schedules.py). A test checks this against the order itself.
       int v = p.vpp;
-      int chunks = m == p.pp ? m * v : std::min(2 * (p.pp - stage - 1) + (v - 1) * p.pp + 1, m * v);
+      int chunks = m == p.pp ? m * v : std::min(2 * (p.pp - stage - 1) + (v - 1) * p.pp + 1 + extra, m * v);
       return double(chunks) / v;
     }
   }
@@ -572,14 +595,76 @@ const Rule kSequenceRules[] = {
      [](const LayoutView&) -> std::string { return "sequence parallel (--sp) needs tp >= 2"; }},
 };
 
+// Megatron-Core's MoE communication options: the flex dispatcher with DeepEP
+// (transformer_config.py, token_dispatcher.py MoEFlexTokenDispatcher: "Flex token dispatcher
+// requires TPxEP > 1") and --overlap-moe-expert-parallel-comm (transformer_config.py
+// __post_init__ at core_v0.14.0: ep > 1, alltoall or flex dispatcher, a virtual pipeline when
+// pp > 1, no full recompute, a bf16 or fp16 model).
+bool overlap(const LayoutView& v) { return v.p.overlap_ep_comm; }
+const Rule kMoeCommRules[] = {
+    {LayoutRule::deepep_needs_moe,
+     [](const LayoutView& v) { return v.p.moe_dispatcher == MoeDispatcher::deepep && !v.model.is_moe(); },
+     [](const LayoutView& v) {
+       return "--moe-dispatcher deepep needs a mixture-of-experts model; " + v.model.name +
+              " is dense: use --moe-dispatcher alltoall (the default)";
+     }},
+    {LayoutRule::deepep_needs_expert_groups,
+     [](const LayoutView& v) {
+       return v.p.moe_dispatcher == MoeDispatcher::deepep && static_cast<long long>(v.p.ep) * v.p.expert_tp() < 2;
+     },
+     [](const LayoutView& v) -> std::string {
+       return "--moe-dispatcher deepep needs ep*etp > 1 (Megatron-Core's flex dispatcher runs over the etp x ep "
+              "group and asserts TPxEP > 1); choose --ep among " +
+              divisors_of(v.model.num_experts, 2) + ", or --moe-dispatcher alltoall";
+     }},
+    {LayoutRule::moe_comm_needs_megatron,
+     [](const LayoutView& v) {
+       return (overlap(v) || v.p.moe_dispatcher != MoeDispatcher::alltoall) && v.t.engine.engine != Engine::megatron;
+     },
+     [](const LayoutView& v) {
+       return std::string(overlap(v) ? "--overlap-ep-comm" : "--moe-dispatcher deepep") +
+              " is Megatron-Core's (its combined 1F1B schedule, its flex dispatcher); the plan's engine is " +
+              engine_label(v.t.engine) + ": use --engine megatron";
+     }},
+    {LayoutRule::ep_overlap_needs_moe, [](const LayoutView& v) { return overlap(v) && !v.model.is_moe(); },
+     [](const LayoutView& v) {
+       return "--overlap-ep-comm needs a mixture-of-experts model; " + v.model.name + " is dense: drop it";
+     }},
+    {LayoutRule::ep_overlap_needs_ep, [](const LayoutView& v) { return overlap(v) && v.p.ep < 2; },
+     [](const LayoutView& v) -> std::string {
+       return "--overlap-ep-comm needs ep > 1 (Megatron-Core asserts expert_model_parallel_size > 1); choose --ep "
+              "among " + divisors_of(v.model.num_experts, 2) + ", or drop --overlap-ep-comm";
+     }},
+    {LayoutRule::ep_overlap_needs_schedule,
+     [](const LayoutView& v) { return overlap(v) && v.p.pp > 1 && v.p.schedule != Schedule::interleaved; },
+     [](const LayoutView& v) {
+       return "--overlap-ep-comm with pp " + std::to_string(v.p.pp) + " needs --schedule interleaved with --vpp >= 2 "
+              "(Megatron-Core runs its combined 1F1B without a pipeline or interleaved, and asserts a virtual "
+              "pipeline size when pp > 1); the schedule is " + to_string(v.p.schedule);
+     }},
+    {LayoutRule::ep_overlap_no_full_recompute,
+     [](const LayoutView& v) { return overlap(v) && v.p.recompute == Recompute::full; },
+     [](const LayoutView&) -> std::string {
+       return "--overlap-ep-comm does not run with full recompute (Megatron-Core asserts recompute_granularity != "
+              "full); use --recompute none or selective";
+     }},
+    {LayoutRule::ep_overlap_needs_16bit,
+     [](const LayoutView& v) { return overlap(v) && v.t.precision == Precision::fp32; },
+     [](const LayoutView&) -> std::string {
+       return "--overlap-ep-comm needs bf16, fp16 or fp8 training (Megatron-Core asserts a bf16 or fp16 model); "
+              "use --precision bf16";
+     }},
+};
+
 const Rule kVocabRules[] = {
     {LayoutRule::vocab_pad_positive, [](const LayoutView& v) { return v.t.vocab_pad_multiple < 1; },
      [](const LayoutView&) -> std::string { return "vocab padding multiple must be positive"; }},
 };
 
 // The rules check_layout checks after the sizes, tp and the pipeline split, in order.
-const std::span<const Rule> kRulesAfterSplit[] = {kBatchRules,    kScheduleRules, kContextRules,  kPositionRules,
-                                                  kExpertRules,   kShardingRules, kSequenceRules, kVocabRules};
+const std::span<const Rule> kRulesAfterSplit[] = {kBatchRules,    kScheduleRules, kContextRules,
+                                                  kPositionRules, kExpertRules,   kShardingRules,
+                                                  kSequenceRules, kVocabRules,    kMoeCommRules};
 
 LayoutRule first_broken(std::span<const Rule> rules, const LayoutView& v) {
   for (const Rule& r : rules)
@@ -642,6 +727,10 @@ LayoutRule check_sequence_parallel(const ParallelConfig& p) {
   return first_broken(kSequenceRules, LayoutView{no_model(), no_training(), p, p.world_size()});
 }
 
+LayoutRule check_moe_comm(const ModelSpec& model, const TrainingSpec& t, const ParallelConfig& p) {
+  return first_broken(kMoeCommRules, LayoutView{model, t, p, p.world_size()});
+}
+
 long long bounded_world_size(long long tp, long long pp, long long dp, long long cp) {
   long long world = 1;
   for (long long size : {tp, pp, dp, cp}) {
@@ -685,6 +774,12 @@ std::optional<std::string> pipeline_split_problem(const ModelSpec& model, const 
   return rule_message(rule, LayoutView{model, TrainingSpec{}, p, p.world_size()});
 }
 
+std::optional<std::string> moe_comm_problem(const ModelSpec& model, const TrainingSpec& t, const ParallelConfig& p) {
+  const LayoutRule rule = check_moe_comm(model, t, p);
+  if (rule == LayoutRule::ok) return std::nullopt;
+  return rule_message(rule, LayoutView{model, t, p, p.world_size()});
+}
+
 std::optional<std::string> layout_problem(const ModelSpec& model, const TrainingSpec& t, const ParallelConfig& p) {
   const LayoutRule rule = check_layout(model, t, p, p.world_size());
   if (rule == LayoutRule::ok) return std::nullopt;
@@ -695,6 +790,7 @@ void validate(const ModelSpec& model, const ClusterSpec& cluster, const Training
               int gpus) {
   if (LayoutRule rule = check_layout(model, t, p, gpus); rule != LayoutRule::ok)
     bad(rule_message(rule, LayoutView{model, t, p, gpus}));
+  if (auto problem = moe_dispatcher_problem(cluster, p.moe_dispatcher)) bad(*problem);
   peak_flops_per_s(cluster.gpu, t.precision);  // throws if the GPU lacks this precision
 }
 
@@ -736,6 +832,9 @@ json to_json(const ParallelConfig& p) {
   if (p.last_stage_layers) j["last_stage_layers"] = p.last_stage_layers;
   if (p.account_for_embedding) j["account_for_embedding"] = true;
   if (p.account_for_loss) j["account_for_loss"] = true;
+  // MoE communication: written where not the default, so that other plans stay as they were.
+  if (p.moe_dispatcher != MoeDispatcher::alltoall) j["moe_dispatcher"] = to_string(p.moe_dispatcher);
+  if (p.overlap_ep_comm) j["overlap_ep_comm"] = true;
   return j;
 }
 
@@ -793,6 +892,9 @@ ParallelConfig parallel_from_json(const json& j, const std::string& file, const 
   if (r.has("last_stage_layers")) p.last_stage_layers = static_cast<int>(r.int_in("last_stage_layers", 0, 1 << 16));
   if (r.has("account_for_embedding")) p.account_for_embedding = r.boolean("account_for_embedding");
   if (r.has("account_for_loss")) p.account_for_loss = r.boolean("account_for_loss");
+  // Absent: the alltoall dispatcher without the EP overlap (what plans before them were priced as).
+  if (r.has("moe_dispatcher")) p.moe_dispatcher = moe_dispatcher_from_string(r.one_of("moe_dispatcher", {"alltoall", "deepep"}));
+  if (r.has("overlap_ep_comm")) p.overlap_ep_comm = r.boolean("overlap_ep_comm");
   r.finish();
   return p;
 }

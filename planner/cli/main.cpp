@@ -24,6 +24,7 @@
 #include "dplan/costmodel/checkpoint_cost.h"
 #include "dplan/costmodel/run_record.h"
 #include "dplan/costmodel/errors.h"
+#include "dplan/costmodel/executor_support.h"
 #include "dplan/costmodel/time.h"
 #include "dplan/planner/engine_rules.h"
 #include "dplan/planner/engines.h"
@@ -78,6 +79,9 @@ struct Options {
   bool dist_opt = false, sp = false, offload = false;
   std::string recompute = "none";
   std::string schedule;
+  // MoE communication (both the search and estimate; costmodel ParallelConfig).
+  std::string moe_dispatcher = "alltoall";
+  bool overlap_ep_comm = false;
   int first_stage_layers = 0, last_stage_layers = 0;  // Megatron's uneven split (0: not given)
   bool account_embedding = false, account_loss = false;
   // Checkpoints and failures (costmodel/checkpoint_cost.h): the report's goodput block, --rank-by.
@@ -173,6 +177,8 @@ int run_estimate(const Options& o, const ProfileStore& store) {
   p.last_stage_layers = o.last_stage_layers;
   p.account_for_embedding = o.account_embedding;
   p.account_for_loss = o.account_loss;
+  p.moe_dispatcher = moe_dispatcher_from_string(o.moe_dispatcher);
+  p.overlap_ep_comm = o.overlap_ep_comm;
   p.schedule = o.schedule.empty() ? (o.vpp > 1 ? Schedule::interleaved : Schedule::one_f_one_b)
                                   : schedule_from_string(o.schedule);
   const long long model_parallel = bounded_world_size(p.tp, p.pp, 1, p.cp);  // each flag is at most kMaxGpus
@@ -239,6 +245,8 @@ std::string tricks(const ParallelConfig& p) {
   if (p.recompute != Recompute::none) s += std::string(", ") + to_string(p.recompute) + " recompute";
   if (p.sequence_parallel) s += ", sp";
   if (p.offload_optimizer) s += ", offload";
+  if (p.moe_dispatcher == MoeDispatcher::deepep) s += ", deepep";
+  if (p.overlap_ep_comm) s += ", ep overlap";
   return s;
 }
 
@@ -270,6 +278,18 @@ std::optional<Planned> plan_best(const Options& o, const ProfileStore& store) {
   }
   SearchSpace space = o.runnable ? SearchSpace::runnable_by_executor(o.gpus, in.model, in.training) : SearchSpace{};
   space.gpus = o.gpus;
+  space.moe_dispatcher = moe_dispatcher_from_string(o.moe_dispatcher);
+  space.overlap_ep_comm = o.overlap_ep_comm;
+  if (auto problem = moe_dispatcher_problem(in.cluster, space.moe_dispatcher)) throw InputError(*problem);
+  // The search applies them to the MoE layouts that take them (SearchSpace); what refuses them
+  // whatever the layout (a dense model, another engine, fp32, the executor) is refused here, once.
+  if (space.moe_dispatcher != MoeDispatcher::alltoall || space.overlap_ep_comm) {
+    ParallelConfig asked;
+    asked.dp = 2, asked.ep = 2, asked.moe_dispatcher = space.moe_dispatcher, asked.overlap_ep_comm = space.overlap_ep_comm;
+    if (auto problem = moe_comm_problem(in.model, in.training, asked)) throw InputError(*problem);
+    if (o.runnable)
+      if (auto why = executor_refusal(in.model, in.training, asked)) throw InputError(*why);
+  }
   auto start = std::chrono::steady_clock::now();
   std::vector<ParallelConfig> layouts = enumerate_layouts(in.model, in.training, space);
   if (layouts.empty())
@@ -572,6 +592,15 @@ CLI::Option* add_common(CLI::App& app, Options& o) {
   app.add_flag("--no-overlap-grad-reduce", o.no_overlap_grad, "reduce gradients after backward, not during");
   app.add_flag("--no-overlap-param-gather", o.no_overlap_param, "all-gather parameters after the step, not under forward");
   app.add_flag("--tp-comm-overlap", o.tp_overlap, "overlap tensor-parallel collectives with GEMMs (needs --sp)");
+  app.add_option("--moe-dispatcher", o.moe_dispatcher,
+                 "MoE token dispatcher: alltoall (NCCL all-to-all) or deepep (DeepEP kernels, Megatron's flex "
+                 "dispatcher; needs ep*etp > 1 and NVSwitch nodes)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"alltoall", "deepep"}));
+  app.add_flag("--overlap-ep-comm", o.overlap_ep_comm,
+               "hide one micro-batch's MoE dispatch/combine behind another's compute (Megatron-Core "
+               "--overlap-moe-expert-parallel-comm; needs ep > 1, pp 1 or --schedule interleaved, no full "
+               "recompute; default off)");
   app.add_option("--headroom", o.headroom,
                  "fraction of HBM a plan must leave free (allocator fragmentation, NCCL buffers)")
       ->capture_default_str()

@@ -410,7 +410,22 @@ void megatron_rules(const Plan& plan, Rules& r) {
   megatron_model_rules(plan, r);
 }
 
+// Megatron-Core's MoE communication options (ParallelConfig::moe_dispatcher, overlap_ep_comm): the
+// other engines' files at the versions dplan writes have no key for them.
+void megatron_moe_comm_rules(const Plan& plan, Rules& r) {
+  const ParallelConfig& p = plan.parallel;
+  r.rule(p.moe_dispatcher == MoeDispatcher::alltoall, [&] {
+    return std::string("cannot express the DeepEP dispatcher (Megatron-Core's flex dispatcher); use "
+                       "--moe-dispatcher alltoall or the megatron export");
+  });
+  r.rule(!p.overlap_ep_comm, [&] {
+    return std::string("cannot express the EP overlap (Megatron-Core's combined 1F1B, "
+                       "--overlap-moe-expert-parallel-comm); drop --overlap-ep-comm or use the megatron export");
+  });
+}
+
 void torchtitan_rules(const Plan& plan, Rules& r) {
+  megatron_moe_comm_rules(plan, r);
   torchtitan_model_rules(plan, r);
   torchtitan_data_parallel_rules(plan, r);
   torchtitan_tensor_rules(plan, r);
@@ -422,6 +437,7 @@ void torchtitan_rules(const Plan& plan, Rules& r) {
 
 void deepspeed_rules(const Plan& plan, Rules& r) {
   const ParallelConfig& p = plan.parallel;
+  megatron_moe_comm_rules(plan, r);
   deepspeed_config_rules(plan, r);
   if (p.pp > 1) {
     r.rule(p.zero_stage < 2, [&] {
@@ -456,6 +472,7 @@ void deepspeed_rules(const Plan& plan, Rules& r) {
 
 void accelerate_rules(const Plan& plan, Rules& r) {
   const ParallelConfig& p = plan.parallel;
+  megatron_moe_comm_rules(plan, r);
   r.rule(p.pp == 1, [&] {
     return "cannot express pipeline parallel (pp " + str(p.pp) +
            "): its config has no pipeline key; use --pp 1 or the megatron / torchtitan export";

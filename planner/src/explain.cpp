@@ -120,6 +120,8 @@ std::vector<std::pair<std::string, std::string>> flag_list(const PlanCase& c) {
   f.push_back({"--recompute", to_string(p.recompute)});
   if (p.sequence_parallel) f.push_back({"--sp", ""});
   if (p.offload_optimizer) f.push_back({"--offload", ""});
+  if (p.moe_dispatcher != MoeDispatcher::alltoall) f.push_back({"--moe-dispatcher", to_string(p.moe_dispatcher)});
+  if (p.overlap_ep_comm) f.push_back({"--overlap-ep-comm", ""});
   if (c.overlap.tp_comm) f.push_back({"--tp-comm-overlap", ""});
   if (!c.overlap.grad_reduce) f.push_back({"--no-overlap-grad-reduce", ""});
   if (!c.overlap.param_gather) f.push_back({"--no-overlap-param-gather", ""});
@@ -228,6 +230,21 @@ void add_tensor_parallel_changes(ChangeList& list, const PlanCase& plan) {
     list.add("sequence parallel", [](PlanCase& c) { c.parallel.sequence_parallel = true; });
 }
 
+// MoE communication (Megatron-Core's): the EP overlap, and DeepEP's dispatcher. Where the rules
+// refuse one (pp without interleaving, full recompute, a PCIe node) evaluate_change drops it.
+void add_expert_parallel_changes(ChangeList& list, const PlanCase& plan) {
+  const ParallelConfig& p = plan.parallel;
+  if (!plan.model.is_moe()) return;
+  list.kind("ep-overlap");
+  if (p.ep > 1 && !p.overlap_ep_comm)
+    list.add("hide the expert-parallel dispatch and combine behind another micro-batch's compute (EP overlap)",
+             [](PlanCase& c) { c.parallel.overlap_ep_comm = true; });
+  list.kind("moe-dispatcher");
+  if (p.ep * p.expert_tp() > 1 && p.moe_dispatcher == MoeDispatcher::alltoall)
+    list.add("DeepEP's dispatch and combine kernels (was the alltoall dispatcher)",
+             [](PlanCase& c) { c.parallel.moe_dispatcher = MoeDispatcher::deepep; });
+}
+
 // Less recompute, where it still fits.
 void add_recompute_changes(ChangeList& list, const PlanCase& plan) {
   const ParallelConfig& p = plan.parallel;
@@ -326,6 +343,7 @@ std::vector<Suggestion> suggest_changes(const PlanCase& plan, const TimeBreakdow
   ChangeList list(plan);
   add_pipeline_changes(list, plan);
   add_tensor_parallel_changes(list, plan);
+  add_expert_parallel_changes(list, plan);
   add_recompute_changes(list, plan);
   add_data_parallel_changes(list, plan);
   add_global_batch_change(list, plan);

@@ -4,6 +4,7 @@
 #include <sstream>
 #include <utility>
 
+#include "dplan/costmodel/time_phases.h"
 #include "export_engines.h"
 
 namespace dplan::planner::detail {
@@ -44,6 +45,9 @@ constexpr const char* moe_shared_expert_intermediate_size = "--moe-shared-expert
 constexpr const char* moe_layer_freq = "--moe-layer-freq";
 constexpr const char* moe_token_dispatcher_type = "--moe-token-dispatcher-type";
 constexpr const char* moe_grouped_gemm = "--moe-grouped-gemm";
+constexpr const char* moe_enable_deepep = "--moe-enable-deepep";        // needs --moe-token-dispatcher-type flex
+constexpr const char* moe_deepep_num_sms = "--moe-deepep-num-sms";      // default 20
+constexpr const char* overlap_moe_expert_parallel_comm = "--overlap-moe-expert-parallel-comm";
 constexpr const char* expert_model_parallel_size = "--expert-model-parallel-size";
 constexpr const char* expert_tensor_parallel_size = "--expert-tensor-parallel-size";
 // _add_distributed_args
@@ -122,7 +126,9 @@ void model_arguments(Args& a, const ModelSpec& m, const TrainingSpec& t) {
   add(a, flag::hidden_dropout, number(m.hidden_dropout));
 }
 
-void moe_arguments(Args& a, const ModelSpec& m) {
+void moe_arguments(Args& a, const Plan& plan) {
+  const ModelSpec& m = plan.model;
+  const ParallelConfig& p = plan.parallel;
   if (!m.is_moe()) return;
   add(a, flag::num_experts, num(m.num_experts));
   add(a, flag::moe_router_topk, num(m.experts_per_token));
@@ -130,8 +136,19 @@ void moe_arguments(Args& a, const ModelSpec& m) {
   if (m.shared_expert_ffn_size > 0) add(a, flag::moe_shared_expert_intermediate_size, num(m.shared_expert_ffn_size));
   if (m.num_dense_layers > 0)  // DeepSeek's first_k_dense_replace (engine_rules: other families refused)
     add(a, flag::moe_layer_freq, "([0]*" + num(m.num_dense_layers) + "+[1]*" + num(m.num_moe_layers()) + ")");
-  add(a, flag::moe_token_dispatcher_type, "alltoall");
+  // The plan's dispatcher: alltoall, or DeepEP through the flex dispatcher (transformer_config.py:
+  // "DeepEP backend is only supported with flex token dispatcher") with the SMs dplan priced
+  // (costmodel kDeepepSms, Megatron's default written out).
+  if (p.moe_dispatcher == MoeDispatcher::deepep) {
+    add(a, flag::moe_token_dispatcher_type, "flex");
+    add(a, flag::moe_enable_deepep);
+    add(a, flag::moe_deepep_num_sms, num(static_cast<int>(kDeepepSms)));
+  } else {
+    add(a, flag::moe_token_dispatcher_type, "alltoall");
+  }
   add(a, flag::moe_grouped_gemm);
+  // The EP overlap (combined 1F1B); the layout rules (check_moe_comm) hold Megatron-Core's asserts.
+  if (p.overlap_ep_comm) add(a, flag::overlap_moe_expert_parallel_comm);
 }
 
 // The parallel layout.
@@ -224,7 +241,7 @@ void recompute_arguments(Args& a, const ParallelConfig& p) {
 Args megatron_arguments(const Plan& plan) {
   Args a;
   model_arguments(a, plan.model, plan.training);
-  moe_arguments(a, plan.model);
+  moe_arguments(a, plan);
   parallel_arguments(a, plan);
   batch_and_precision_arguments(a, plan);
   sharding_arguments(a, plan);

@@ -106,6 +106,8 @@ std::string describe_layout(const ModelSpec& model, const TrainingSpec& t, const
   std::ostringstream o;
   o << "tp " << p.tp << " · pp " << p.pp << " · dp " << p.dp << " · cp " << p.cp;
   if (model.is_moe()) o << " · ep " << p.ep << " · etp " << p.expert_tp();
+  if (p.moe_dispatcher == MoeDispatcher::deepep) o << " · DeepEP";
+  if (p.overlap_ep_comm) o << " · EP overlap";
   if (p.schedule == Schedule::interleaved) o << " · vpp " << p.vpp;
   // Megatron's uneven pipeline split, named by its flags.
   if (p.first_stage_layers) o << " (first stage " << p.first_stage_layers << " layers)";

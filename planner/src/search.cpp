@@ -134,8 +134,8 @@ std::vector<ParallelConfig> schedule_choices(const ModelSpec& m, const TrainingS
 // Appends `split` (the sizes, micro-batch, schedule and layer split chosen) with the expert sizes
 // `expert` = (ep, etp) and every sharding, recompute, sequence-parallel and offload choice the
 // space allows. Throws InputError past kMaxLayouts.
-void add_layouts(std::vector<ParallelConfig>& out, const ParallelConfig& split, std::pair<int, int> expert,
-                 const SearchSpace& space) {
+void add_layouts(std::vector<ParallelConfig>& out, const ModelSpec& m, const TrainingSpec& t,
+                 const ParallelConfig& split, std::pair<int, int> expert, const SearchSpace& space) {
   for (int zero = 0; zero <= 4; ++zero) {  // 4 stands for the distributed optimizer
     // Sharding over one data-parallel rank changes nothing: left out.
     if (split.dp * split.cp == 1 && zero > 0) continue;
@@ -155,6 +155,15 @@ void add_layouts(std::vector<ParallelConfig>& out, const ParallelConfig& split, 
           q.distributed_optimizer = zero == 4;
           q.offload_optimizer = offload;
           q.recompute = rc;
+          // The MoE communication asked for, where the layout takes it (SearchSpace).
+          q.moe_dispatcher = MoeDispatcher::alltoall;
+          q.overlap_ep_comm = false;
+          if (m.is_moe() && space.moe_dispatcher == MoeDispatcher::deepep && q.ep * q.expert_tp() > 1)
+            q.moe_dispatcher = MoeDispatcher::deepep;
+          if (m.is_moe() && space.overlap_ep_comm) {
+            q.overlap_ep_comm = true;
+            if (!ok(check_moe_comm(m, t, q))) q.overlap_ep_comm = false;
+          }
           if (out.size() == kMaxLayouts)
             throw InputError("the search space holds more than " + std::to_string(kMaxLayouts) + " layouts for " +
                              std::to_string(space.gpus) +
@@ -189,7 +198,7 @@ std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const Training
           p.micro_batch = mbs;
           const std::vector<ParallelConfig> schedules = schedule_choices(m, t, space, p);
           for (auto expert : eps)
-            for (const ParallelConfig& split : schedules) add_layouts(out, split, expert, space);
+            for (const ParallelConfig& split : schedules) add_layouts(out, m, t, split, expert, space);
         }
       }
     }

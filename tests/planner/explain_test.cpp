@@ -169,6 +169,36 @@ TEST_CASE("a plan with full recompute that fits without it is told to recompute 
   CHECK(less->flags.find("--recompute") != std::string::npos);
 }
 
+TEST_CASE("an MoE plan whose all-to-all crosses nodes is told of the EP overlap and DeepEP, each with its flag",
+          "[explain][moe]") {
+  // Mixtral on 4 nodes, tp 4 (etp 4) x ep 8: the ep group spans the 4 nodes, 32 micro-batches.
+  const PlanCase c = make_case("mixtral-8x7b", {.seq_len = 4096, .global_batch = 256},
+                               {.tp = 4, .dp = 8, .ep = 8, .distributed_optimizer = true, .sequence_parallel = true});
+  const Estimated base = estimate_case(c);
+  REQUIRE(base.memory.fits);
+  REQUIRE(base.time.ep_comm_s > 0.1 * base.time.step_time_s);
+  const std::vector<Suggestion> suggestions = suggest_changes(c, base.time, 10);
+  auto find = [&](const std::string& flag) {
+    return std::find_if(suggestions.begin(), suggestions.end(),
+                        [&](const Suggestion& s) { return s.flags.find(flag) != std::string::npos; });
+  };
+  const auto overlap = find("--overlap-ep-comm"), deepep = find("--moe-dispatcher deepep");
+  REQUIRE(overlap != suggestions.end());
+  REQUIRE(deepep != suggestions.end());
+  CHECK(overlap->changed.parallel.overlap_ep_comm);
+  CHECK(deepep->changed.parallel.moe_dispatcher == MoeDispatcher::deepep);
+  CHECK(overlap->gain > 0);
+  CHECK(deepep->gain > 0);
+  // A plan that has them is not told again.
+  PlanCase both = c;
+  both.parallel.overlap_ep_comm = true;
+  both.parallel.moe_dispatcher = MoeDispatcher::deepep;
+  for (const Suggestion& s : suggest_changes(both, estimate_case(both).time, 10)) {
+    CHECK(s.flags.find("--overlap-ep-comm") == std::string::npos);
+    CHECK(s.flags.find("--moe-dispatcher") == std::string::npos);
+  }
+}
+
 TEST_CASE("the estimate's fit verdict keeps the headroom free", "[explain][headroom]") {
   const PlanCase c = make_case("llama-3-8b", {.seq_len = 4096, .global_batch = 64},
                                {.tp = 2, .dp = 4, .distributed_optimizer = true, .sequence_parallel = true,

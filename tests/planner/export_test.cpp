@@ -462,6 +462,40 @@ TEST_CASE("megatron export: cp with ZeRO-3 and selective recompute / ep with ZeR
   CHECK(file(pe, "launch-megatron.sh").content.find("CUDA_DEVICE_MAX_CONNECTIONS") == std::string::npos);
 }
 
+TEST_CASE("megatron export: the DeepEP dispatcher and the EP overlap as core_v0.15.0 flags; the others refuse them",
+          "[export][files][rules][moe]") {
+  const TrainingSpec t{.seq_len = 4096, .global_batch = 64};
+  const ParallelConfig layout{.dp = 8, .ep = 8, .etp = 1};
+  ParallelConfig both = layout;
+  both.moe_dispatcher = MoeDispatcher::deepep;
+  both.overlap_ep_comm = true;
+  const Plan plain = plan_of("mixtral-8x7b", t, layout), asked = plan_of("mixtral-8x7b", t, both);
+  REQUIRE(failures(asked, Engine::megatron).empty());
+  const auto a = megatron_args(exported(asked, Engine::megatron));
+  CHECK(a.at("--moe-token-dispatcher-type") == "flex");
+  CHECK(a.count("--moe-enable-deepep") == 1);
+  CHECK(a.at("--moe-deepep-num-sms") == "20");  // the SMs the time model charges (kDeepepSms)
+  CHECK(a.count("--overlap-moe-expert-parallel-comm") == 1);
+  const auto p = megatron_args(exported(plain, Engine::megatron));
+  CHECK(p.at("--moe-token-dispatcher-type") == "alltoall");
+  CHECK(p.count("--moe-enable-deepep") == 0);
+  CHECK(p.count("--moe-deepep-num-sms") == 0);
+  CHECK(p.count("--overlap-moe-expert-parallel-comm") == 0);
+  // The overlap alone keeps the alltoall dispatcher.
+  ParallelConfig overlap_only = layout;
+  overlap_only.overlap_ep_comm = true;
+  const auto o = megatron_args(exported(plan_of("mixtral-8x7b", t, overlap_only), Engine::megatron));
+  CHECK(o.at("--moe-token-dispatcher-type") == "alltoall");
+  CHECK(o.count("--overlap-moe-expert-parallel-comm") == 1);
+  // The other engines' files cannot say them; dplan-worker does not run them.
+  for (Engine e : {Engine::torchtitan, Engine::deepspeed, Engine::accelerate}) {
+    require_rule(e, plain, asked, "cannot express the DeepEP dispatcher");
+    require_rule(e, plain, asked, "cannot express the EP overlap");
+  }
+  require_rule(Engine::torchrun, plain, asked, "drop --overlap-ep-comm and use --moe-dispatcher alltoall");
+  CHECK_THROWS_WITH(exported(asked, Engine::torchtitan), Contains("cannot express the DeepEP dispatcher"));
+}
+
 TEST_CASE("torchtitan export: degrees and schedule and batch and checkpointing in the TOML and the overrides", "[export][files]") {
   const Plan plan = plan_of("llama-3-8b", {.seq_len = 8192, .global_batch = 16},
                             {.tp = 2, .pp = 2, .dp = 2, .vpp = 2, .zero_stage = 3, .sequence_parallel = true,

@@ -67,6 +67,8 @@ struct LayerTimes {
   double attention_core_s = 0;     // forward of the attention core (overlaps context-parallel exchange)
   double gemm_forward_s = 0;       // the matrix multiplies (attention core included) inside forward_s
   double gemm_backward_s = 0;      // and inside backward_s
+  double mlp_forward_s = 0;        // the MLP's GEMMs (experts, router, shared experts) inside gemm_forward_s
+  double mlp_backward_s = 0;       // and inside gemm_backward_s
   double forward_flops = 0;        // executed on this GPU
 };
 LayerTimes layer_times(const ModelSpec& model, const GpuSpec& gpu, const TrainingSpec& training,

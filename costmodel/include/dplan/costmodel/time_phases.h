@@ -45,9 +45,46 @@ ContextParallelComm context_parallel_comm(const ModelSpec& model, const Network&
                                           const ParallelConfig& parallel, const LayerTimes& layer,
                                           double overlap_fraction);
 
-// Expert-parallel all-to-alls of one layer and micro-batch, forward and backward.
+// One MoE layer's forward dispatch (tokens to their experts) and combine (back), per micro-batch,
+// with the plan's dispatcher (ParallelConfig::moe_dispatcher): the alltoall dispatcher's all-to-all
+// over ep (with etp > 1 also the etp all-gather before the experts and reduce-scatter after), or
+// DeepEP's kernels (deepep_transfer_s). The backward runs each again on the gradients.
+struct DispatchCombine {
+  double dispatch_s = 0, combine_s = 0;
+};
+DispatchCombine moe_dispatch_combine(const ModelSpec& model, const Network& network, const TrainingSpec& training,
+                                     const ParallelConfig& parallel);
+
+// DeepEP's published figures (deepseek-ai/DeepEP@0297fc8017 docs/legacy.md, V1 normal kernels on
+// H800): intranode EP8 dispatch reached 153 GB/s of the H800's 200 GB/s NVLink line rate per
+// direction. The SMs its kernels take while they run: Megatron-Core's --moe-deepep-num-sms
+// default (core_v0.14.0 arguments.py: 20), DeepSeek-V3's own split (arXiv 2412.19437 Sec. 3.2.2:
+// "only 20 SMs" of the H800's 132 for communication).
+inline constexpr double kDeepepNvlinkFraction = 153.0 / 200.0;
+inline constexpr double kDeepepSms = 20;
+
+// One DeepEP dispatch (or combine: the same bytes) of one MoE layer and micro-batch over the etp x ep
+// group: a token once to each node and each rank that holds one of its experts, RDMA across nodes
+// and NVLink inside them, the slower of the two pipelined stages (time_phases.cpp). 0 for a dense
+// model or ep*etp 1.
+double deepep_transfer_s(const ModelSpec& model, const Network& network, const TrainingSpec& training,
+                         const ParallelConfig& parallel);
+
+// Expert-parallel dispatch and combine of one (mean) layer and micro-batch, forward and backward
+// (and full recompute's replay), before any overlap hides them.
 double expert_parallel_comm_s(const ModelSpec& model, const Network& network, const TrainingSpec& training,
                               const ParallelConfig& parallel);
+
+// Megatron-Core's EP overlap: what one (mean) layer hides when its forward of one micro-batch runs
+// beside its backward of another (the four transfers, each behind the compute beside it; at most
+// the four, 2 (dispatch + combine)). `overlap_fraction` as exposed_s's.
+double ep_overlap_pair_hidden_s(const ModelSpec& model, const DispatchCombine& transfers, const LayerTimes& layer,
+                                double overlap_fraction);
+
+// The share of pipeline stage `stage`'s forward steps (micro-batches times model chunks) that the
+// EP overlap pairs with a backward: all but Megatron-Core's warm-up forwards (and so as many
+// cool-down backwards); 0 without parallel.overlap_ep_comm.
+double ep_overlap_paired_fraction(const TrainingSpec& training, const ParallelConfig& parallel, int stage);
 
 // ZeRO-3 parameter gathers and gradient reduce-scatters, per layer and micro-batch.
 struct Zero3Comm {
@@ -66,6 +103,7 @@ struct LayerComm {
   ContextParallelComm cp;
   double ep_s = 0;
   Zero3Comm zero3;
+  double ep_pair_hidden_s = 0;  // ep_overlap_pair_hidden_s (0 without the EP overlap)
 };
 
 // One pipeline stage's time per micro-batch: compute and the exposed communication inside it.
@@ -73,6 +111,7 @@ struct StageTime {
   double forward_s = 0, backward_s = 0, recompute_s = 0;
   double tp_s = 0, cp_s = 0, ep_s = 0, zero3_s = 0;
   double hidden_s = 0;        // communication hidden under compute
+  double ep_hidden_s = 0;     // of which expert-parallel dispatch and combine (the EP overlap)
   double forward_comm_s = 0;  // the part of tp + cp + ep + zero3 in the forward pass
   double gemm_s = 0;          // the matrix multiplies inside forward_s + backward_s
   // Per model chunk (one unless interleaved): its part of forward_s + forward_comm_s, and of the

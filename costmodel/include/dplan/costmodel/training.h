@@ -23,6 +23,12 @@ namespace dplan::costmodel {
 enum class Attention { flash, standard };
 enum class Recompute { none, selective, full };
 enum class Schedule { gpipe, one_f_one_b, interleaved };
+// How MoE layers move tokens to their experts and back (Megatron-Core's token dispatcher):
+// alltoall: NCCL all-to-all over the ep group (--moe-token-dispatcher-type alltoall);
+// deepep: DeepEP's dispatch/combine kernels over the etp*ep group, NVLink inside a node and RDMA
+// between nodes, each token sent once per node and once per GPU (--moe-token-dispatcher-type flex
+// --moe-enable-deepep). time_phases.cpp prices both.
+enum class MoeDispatcher { alltoall, deepep };
 
 struct TrainingSpec {
   int seq_len = 0;
@@ -66,6 +72,12 @@ struct ParallelConfig {
   int last_stage_layers = 0;
   bool account_for_embedding = false;
   bool account_for_loss = false;
+  // MoE communication (time_phases.cpp expert_parallel_comm): the token dispatcher, and Megatron-Core's
+  // expert-parallel overlap (--overlap-moe-expert-parallel-comm): one micro-batch's forward runs
+  // beside another's backward, layer by layer, so each one's dispatch and combine hide behind the
+  // other's compute (combined 1F1B; needs ep > 1, pp 1 or the interleaved schedule, no full recompute).
+  MoeDispatcher moe_dispatcher = MoeDispatcher::alltoall;
+  bool overlap_ep_comm = false;
 
   int world_size() const { return tp * pp * dp * cp; }
   int expert_tp() const { return etp > 0 ? etp : tp; }
@@ -129,6 +141,9 @@ int padded_vocab(const ModelSpec& model, const TrainingSpec& training, int tp);
 //   interleaved with v chunks: min(2(pp-stage-1) + (v-1)pp + 1, m v) chunk-micro-batches of 1/v
 //   stage each (Megatron's warm-up count + 1), i.e. stage 0 holds L(1 + (p-1)/(p v)) layers'
 //   worth (Korthikanti et al. 2022, Sec. 4.2.3). With pp = 1 one micro-batch at a time.
+//   With overlap_ep_comm one more (Megatron-Core schedules.py: one extra warm-up forward so that
+//   every 1F1B step pairs independent micro-batches; with pp 1, micro-batch i+1's forward runs
+//   beside i's backward: 2 at a time).
 double microbatches_in_flight(const ParallelConfig& parallel, int stage, int num_microbatches);
 
 // Layer-micro-batches whose activations stage `stage` holds at its peak: its layers times
@@ -186,6 +201,14 @@ enum class LayoutRule {
   dist_opt_needs_zero_0_or_1,
   sp_needs_tp,
   vocab_pad_positive,
+  deepep_needs_moe,               // --moe-dispatcher deepep: a mixture-of-experts model,
+  deepep_needs_expert_groups,     //   and ep*etp > 1 (Megatron's flex dispatcher asserts TPxEP > 1)
+  moe_comm_needs_megatron,        // either: the plan's engine Megatron-LM
+  ep_overlap_needs_moe,           // --overlap-ep-comm: a mixture-of-experts model,
+  ep_overlap_needs_ep,            //   ep > 1,
+  ep_overlap_needs_schedule,      //   pp 1 or the interleaved schedule,
+  ep_overlap_no_full_recompute,   //   no full recompute,
+  ep_overlap_needs_16bit,         //   and bf16, fp16 or fp8 training (Megatron-Core transformer_config.py)
 };
 
 LayoutRule check_tensor_parallel(const ModelSpec& model, int tp);
@@ -196,6 +219,10 @@ LayoutRule check_context_parallel(const TrainingSpec& training, int cp);
 LayoutRule check_expert_parallel(const ModelSpec& model, const ParallelConfig& parallel);  // ep, etp, tp, dp, cp
 LayoutRule check_sharding(const ParallelConfig& parallel);                                 // ZeRO, dist-opt
 LayoutRule check_sequence_parallel(const ParallelConfig& parallel);
+LayoutRule check_moe_comm(const ModelSpec& model, const TrainingSpec& training, const ParallelConfig& parallel);
+// check_moe_comm's one-line message (naming the valid choices), or nullopt.
+std::optional<std::string> moe_comm_problem(const ModelSpec& model, const TrainingSpec& training,
+                                            const ParallelConfig& parallel);
 // Every rule, the sizes' positivity and tp*pp*dp*cp == gpus first.
 LayoutRule check_layout(const ModelSpec& model, const TrainingSpec& training, const ParallelConfig& parallel,
                         int gpus);
@@ -233,6 +260,12 @@ const char* to_string(Attention a);
 bool blockwise_attention(const TrainingSpec& t, const ParallelConfig& p);
 const char* to_string(Recompute r);
 const char* to_string(Schedule s);
+const char* to_string(MoeDispatcher d);
+MoeDispatcher moe_dispatcher_from_string(const std::string& s);  // "alltoall" or "deepep"; throws InputError listing them
+// Why the cluster cannot run DeepEP's kernels (they need NVLink with peer access between every pair
+// of a node's GPUs: NVSwitch), one line naming the choices, or nullopt. validate() checks it; so
+// does the CLI before a search.
+std::optional<std::string> moe_dispatcher_problem(const ClusterSpec& cluster, MoeDispatcher dispatcher);
 Precision precision_from_string(const std::string& s);    // throws InputError listing choices
 Attention attention_from_string(const std::string& s);
 Recompute recompute_from_string(const std::string& s);

@@ -43,6 +43,11 @@ struct SearchSpace {
   bool allow_distributed_optimizer = true;
   bool allow_recompute = true;                 // selective and full
   bool allow_expert_parallel = true;
+  // The MoE communication every MoE layout gets (--moe-dispatcher, --overlap-ep-comm): DeepEP
+  // wherever ep*etp > 1, the EP overlap wherever Megatron-Core accepts it (check_moe_comm: ep > 1,
+  // pp 1 or interleaved, no full recompute, 16-bit); the other layouts keep the defaults.
+  costmodel::MoeDispatcher moe_dispatcher = costmodel::MoeDispatcher::alltoall;
+  bool overlap_ep_comm = false;
 
   // Only what `dplan run` executes (costmodel::executor_refusal, the one definition): each
   // dimension the executor refuses for this model is closed (today only context parallel, for a

@@ -9,6 +9,7 @@
 
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/executor_support.h"
+#include "dplan/planner/engine_rules.h"
 #include "dplan/planner/profiles.h"
 #include "test_profiles.h"
 #include "dplan/planner/search.h"
@@ -51,6 +52,46 @@ TEST_CASE("exact ties go to the simpler layout", "[search]") {
   CHECK(r.ranked[1].parallel.tp == 2);
   CHECK(r.ranked[1].parallel.pp == 1);
   CHECK(layout_complexity(ParallelConfig{}) == 0);
+}
+
+TEST_CASE("a search priced for an engine keeps only the layouts that engine's rules accept", "[search][engine]") {
+  // Llama 3 8B on 16 H100 at a batch the pipeline likes: Megatron's best layouts include tensor and
+  // pipeline parallel, which Accelerate (no pipeline) and DeepSpeed refuse; the ranking each keeps
+  // is the rest in the same order, every one passing its rules, and the count refused shows.
+  const ModelSpec m = store().load_model("llama-3-8b");
+  const ClusterSpec c = store().load_cluster("dgx-h100");
+  Network net(c, 16);
+  for (const Engine engine : {Engine::accelerate, Engine::deepspeed, Engine::megatron}) {
+    TrainingSpec t{.seq_len = 8192, .global_batch = 64};
+    t.engine = engine_mechanics(engine);
+    const std::vector<ParallelConfig> layouts = enumerate_layouts(m, t, SearchSpace{.gpus = 16});
+    SearchResult all = search(layouts, dplan_cost_function(m, net, t, OverlapOptions{}), static_cast<int>(layouts.size()));
+    const std::vector<Candidate> before = all.ranked;
+    const long feasible = all.feasible;
+    keep_engine_runnable(all, m, c, t, OverlapOptions{}, engine, 5);
+    CAPTURE(to_string(engine));
+    REQUIRE(all.ranked.size() == 5);
+    size_t from = 0;
+    long refused = 0;
+    for (const Candidate& k : all.ranked) {
+      const Plan plan = make_plan(m, c, t, k.parallel, OverlapOptions{}, MemoryEstimate{}, TimeBreakdown{});
+      CHECK(check_engine_rules(plan, engine).ok());
+      // Kept in the search's order; whatever was skipped before it was refused by the rules.
+      while (!(before[from].parallel == k.parallel)) {
+        const Plan skipped = make_plan(m, c, t, before[from].parallel, OverlapOptions{}, MemoryEstimate{}, TimeBreakdown{});
+        CHECK_FALSE(check_engine_rules(skipped, engine).ok());
+        ++refused, ++from;
+      }
+      ++from;
+    }
+    const std::string key = std::string(to_string(engine)) + "'s rules refuse it";
+    CHECK(all.feasible == feasible - refused);
+    if (engine == Engine::accelerate) {
+      CHECK(refused > 0);  // Megatron's fastest layouts use a pipeline
+      for (const Candidate& k : all.ranked) CHECK(k.parallel.pp == 1);
+    }
+    CHECK((refused > 0 ? all.rejected.at(key) : 0) == refused);
+  }
 }
 
 TEST_CASE("every enumerated layout is valid, and the chosen one is never slower than any evaluated", "[search][law]") {

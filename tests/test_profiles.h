@@ -36,4 +36,22 @@ inline std::string error_of(const std::function<void()>& f) {
   return "(no error)";
 }
 
+// What validate() says of the layout on its own world size (its one line), or "" when it accepts it.
+inline std::string validate_error(const costmodel::ModelSpec& m, const costmodel::ClusterSpec& c,
+                                  const costmodel::TrainingSpec& t, const costmodel::ParallelConfig& p) {
+  try {
+    costmodel::validate(m, c, t, p, p.world_size());
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Mixtral 8x7B with 64 experts, so that ep can reach across nodes of 8 GPUs.
+inline costmodel::ModelSpec many_experts() {
+  costmodel::ModelSpec m = store().load_model("mixtral-8x7b");
+  m.num_experts = 64;
+  return m;
+}
+
 }  // namespace dplan::testing

@@ -1,5 +1,7 @@
 #include "dplan/costmodel/time.h"
 
+#include <numeric>
+
 #include "dplan/costmodel/core_sharing.h"
 #include "dplan/costmodel/memory.h"
 #include "dplan/costmodel/time_phases.h"
@@ -65,15 +67,15 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
   std::vector<StageTime> stages = stage_times(m, gpu, t, p, lt, comm, overlap);
   // Without gradient-accumulation fusion each micro-batch adds its gradients in a pass of its own,
   // after each chunk's backward (its layers' share of the stage's parameters).
-  for (size_t i = 0; i < stages.size() && !t.gradient_accumulation_fusion; ++i) {
-    StageTime& s = stages[i];
-    const double add_s = unfused_accumulation_s(gpu, t, mem.stages[i].num_params);
-    s.backward_s += add_s;
-    int layers = 0;
-    for (int n : s.chunk_layers) layers += n;
-    for (size_t j = 0; j < s.chunk_backward_s.size(); ++j)
-      s.chunk_backward_s[j] += layers > 0 ? add_s * s.chunk_layers[j] / layers : add_s / s.chunk_backward_s.size();
-  }
+  if (!t.gradient_accumulation_fusion)
+    for (size_t i = 0; i < stages.size(); ++i) {
+      StageTime& s = stages[i];
+      const double add_s = unfused_accumulation_s(gpu, t, mem.stages[i].num_params);
+      s.backward_s += add_s;
+      const int layers = std::accumulate(s.chunk_layers.begin(), s.chunk_layers.end(), 0);
+      for (size_t j = 0; j < s.chunk_backward_s.size(); ++j)
+        s.chunk_backward_s[j] += layers > 0 ? add_s * s.chunk_layers[j] / layers : add_s / s.chunk_backward_s.size();
+    }
   const int critical = critical_stage(stages);
   const StageTime& c = stages[critical];
 

@@ -14,27 +14,13 @@
 
 using namespace dplan;
 using namespace dplan::costmodel;
+using dplan::testing::many_experts;
 using dplan::testing::store;
+using dplan::testing::validate_error;
 using Catch::Matchers::Contains;
 using Catch::Matchers::WithinRel;
 
 namespace {
-
-std::string error_of(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t, const ParallelConfig& p) {
-  try {
-    validate(m, c, t, p, p.world_size());
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
-
-// Mixtral with 64 experts, so that ep can reach across nodes of 8 GPUs.
-ModelSpec many_experts() {
-  ModelSpec m = store().load_model("mixtral-8x7b");
-  m.num_experts = 64;
-  return m;
-}
 
 TimeBreakdown step(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t, const ParallelConfig& p) {
   validate(m, c, t, p, p.world_size());
@@ -248,9 +234,9 @@ TEST_CASE("the MoE communication options are refused in one line where Megatron-
   const ClusterSpec c = store().load_cluster("dgx-h100");
   const TrainingSpec t{.seq_len = 4096, .global_batch = 64};
   const ParallelConfig ok{.dp = 8, .ep = 8, .etp = 1};
-  CHECK(error_of(moe, c, t, with(ok, MoeDispatcher::deepep, true)).empty());
+  CHECK(validate_error(moe, c, t, with(ok, MoeDispatcher::deepep, true)).empty());
   auto line = [&](const ModelSpec& m, const ClusterSpec& cl, const TrainingSpec& tr, const ParallelConfig& p) {
-    const std::string e = error_of(m, cl, tr, p);
+    const std::string e = validate_error(m, cl, tr, p);
     CHECK(e.find('\n') == std::string::npos);
     return e;
   };

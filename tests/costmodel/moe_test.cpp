@@ -12,47 +12,31 @@
 
 using namespace dplan;
 using namespace dplan::costmodel;
+using dplan::testing::many_experts;
 using dplan::testing::store;
+using dplan::testing::validate_error;
 using Catch::Matchers::Contains;
 using Catch::Matchers::WithinRel;
-
-namespace {
-std::string error_of(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t, const ParallelConfig& p) {
-  try {
-    validate(m, c, t, p, p.world_size());
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
-
-// Mixtral with 64 experts, so that ep can reach across nodes of 8 GPUs.
-ModelSpec many_experts() {
-  ModelSpec m = store().load_model("mixtral-8x7b");
-  m.num_experts = 64;
-  return m;
-}
-}  // namespace
 
 TEST_CASE("MoE folding: ep may exceed dp*cp when ep*etp divides tp*cp*dp", "[moe][training]") {
   ModelSpec m = store().load_model("mixtral-8x7b");
   ClusterSpec c = store().load_cluster("dgx-h100");
   TrainingSpec t{.seq_len = 4096, .global_batch = 256};
   // tp 4 x dp 2 = 8 ranks per stage: ep 8 with etp 1 folds over all of them, ep > dp.
-  CHECK(error_of(m, c, t, ParallelConfig{.tp = 4, .pp = 2, .dp = 2, .ep = 8, .etp = 1}) == "");
-  CHECK(error_of(m, c, t, ParallelConfig{.tp = 4, .pp = 2, .dp = 2, .ep = 2}) == "");  // etp as tp: 2*4 = 8
-  const std::string line = error_of(m, c, t, ParallelConfig{.tp = 4, .pp = 2, .dp = 2, .ep = 4, .etp = 4});
+  CHECK(validate_error(m, c, t, ParallelConfig{.tp = 4, .pp = 2, .dp = 2, .ep = 8, .etp = 1}) == "");
+  CHECK(validate_error(m, c, t, ParallelConfig{.tp = 4, .pp = 2, .dp = 2, .ep = 2}) == "");  // etp as tp: 2*4 = 8
+  const std::string line = validate_error(m, c, t, ParallelConfig{.tp = 4, .pp = 2, .dp = 2, .ep = 4, .etp = 4});
   CHECK_THAT(line, Contains("ep*etp = 4*4 must divide tp*cp*dp = 8"));
   CHECK_THAT(line, Contains("valid ep*etp: 1, 2, 4 or 8"));
   CHECK(line.find('\n') == std::string::npos);
-  CHECK_THAT(error_of(m, c, t, ParallelConfig{.tp = 1, .dp = 8, .ep = 1, .etp = 3}),
+  CHECK_THAT(validate_error(m, c, t, ParallelConfig{.tp = 1, .dp = 8, .ep = 1, .etp = 3}),
              Contains("etp 3 does not divide the expert FFN size 14336"));
   CHECK(check_expert_parallel(m, ParallelConfig{.dp = 8, .etp = -1}) == LayoutRule::etp_positive);
   // A dense model has no expert groups: etp other than tp is refused, etp = tp (the default) is not.
   ModelSpec dense = store().load_model("llama-2-7b");
-  CHECK_THAT(error_of(dense, c, t, ParallelConfig{.tp = 1, .dp = 8, .etp = 2}),
+  CHECK_THAT(validate_error(dense, c, t, ParallelConfig{.tp = 1, .dp = 8, .etp = 2}),
              Contains("--etp 2 needs a mixture-of-experts model"));
-  CHECK(error_of(dense, c, t, ParallelConfig{.tp = 2, .dp = 4, .etp = 2}) == "");
+  CHECK(validate_error(dense, c, t, ParallelConfig{.tp = 2, .dp = 4, .etp = 2}) == "");
 }
 
 TEST_CASE("MoE folding: the expert groups tile each stage's tp*cp*dp ranks, etp fastest", "[moe][network]") {

@@ -29,7 +29,12 @@
 //        NVLS is not forced above a size: it wins by the min-time rule from ~1.5 MiB up on H100,
 //        where NCCL itself switches (RING/LL <= 1 MiB, NVLS >= 2 MiB on 8x H200,
 //        profiles/clusters/SOURCES.md section 5).
-// Only the Simple protocol is modelled: LL/LL128 would lower the latency of messages below ~1 MiB.
+//   NVLS only from kNvlsMinRanks GPUs: below that NCCL keeps the ring (the 4-7 GPU sweep on 8x
+//        H200 in tests/data/components/nccl.json: 4 GPUs reach the ring's busbw, 5 NVLS's).
+// Only the Simple protocol is modelled. NCCL's LL and LL128 (tuning.cc's latencies, x0.5 and x0.92
+// bandwidth) were tried against the component sweeps: with the fitted fill time they move the mean
+// from 7.8 % to 7.7 %, without it small messages come out 2-5x too fast; the fill time, not the
+// protocol, sets a small message's time in this model.
 // Not modelled: NCCL's 2-node tree boost (intra-node bandwidth on <= 2 nodes; nccl-tests#196),
 // the ring "plateau" latency factor 1.9 and the tree correction table.
 //
@@ -63,6 +68,7 @@ constexpr double kNvlsLatency_s = 25e-6;       // tuning.cc hwLat NVLink NVLS/Si
 constexpr double kTreeBandwidthFraction = 0.92;  // ncclTopoTuneModel: Tree AllReduce busBw x 0.92
 constexpr double kPatBaseLatency_s = 8.0e-6;     // tuning.cc baseLat PAT
 constexpr double kPatBandwidthFraction = 0.75;   // ncclTopoTuneModel: PAT busBw x 0.75
+constexpr int kNvlsMinRanks = 5;                 // measured: see the top of this file
 
 Pattern pattern_of(Collective op) {
   switch (op) {
@@ -175,7 +181,7 @@ CollectiveCost Network::cost(Collective op, double bytes, GroupShape shape) cons
       time_s = std::min(time_s, pat_s);
     }
     const double nvls_algbw = c.nvls_efficiency_fraction * c.intra_node.bandwidth_bytes_per_s;
-    if (all_reduce && N == 1 && c.nvls && c.intra_node_kind == IntraNodeKind::nvswitch && nvls_algbw > 0) {
+    if (all_reduce && N == 1 && n >= kNvlsMinRanks && c.nvls && c.intra_node_kind == IntraNodeKind::nvswitch && nvls_algbw > 0) {
       const double nvls_s = kNvlsLatency_s + (bytes + c.nvls_half_bandwidth_bytes) / nvls_algbw;
       time_s = std::min(time_s, nvls_s);
     }

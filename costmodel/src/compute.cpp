@@ -457,8 +457,15 @@ EdgeTimes edge_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpec&
   return e;
 }
 
-double unfused_accumulation_s(const GpuSpec& gpu, const TrainingSpec& t, double num_params) {
-  if (t.gradient_accumulation_fusion) return 0;
+bool gradient_accumulation_fused(const TrainingSpec& t, const ParallelConfig& p) {
+  // Megatron-FSDP (core_v0.15.0) asserts the fusion off: its ZeRO-2/3 strategies keep their own
+  // gradient buffers, which the fused GEMM cannot write (export_megatron.cpp, sharding_arguments).
+  if (t.engine.engine == Engine::megatron && p.zero_stage >= 2) return false;
+  return t.gradient_accumulation_fusion;
+}
+
+double unfused_accumulation_s(const GpuSpec& gpu, const TrainingSpec& t, const ParallelConfig& p, double num_params) {
+  if (gradient_accumulation_fused(t, p)) return 0;
   // Megatron-Core's DistributedDataParallel backward hook (core_v0.15.0,
   // distributed/distributed_data_parallel.py _make_backward_post_hook): with the fusion off the
   // weight-gradient GEMM writes param.grad in the parameter's type and the hook adds it into

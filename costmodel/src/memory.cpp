@@ -80,7 +80,7 @@ std::vector<StageParams> stage_params(const ModelSpec& m, const ParallelConfig& 
   const double positions = m.position == PositionKind::learned ? double(m.max_seq_len) * h : 0;
   std::vector<StageParams> out;
   for (int stage = 0; stage < p.pp; ++stage) {
-    const bool first = stage == 0, last = stage == p.pp - 1;
+    const bool first = holds_embedding(chunks[stage]), last = holds_loss(chunks[stage]);
     int layers = 0;
     for (const ModelChunk& chunk : chunks[stage]) layers += chunk.num_layers;
     // Layers, plus the vocabulary-parallel embedding (and learned positions, replicated over tp)
@@ -175,7 +175,7 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
   est.headroom_fraction = headroom_fraction;
   est.host_capacity_bytes = c.host_memory_bytes;
   for (int stage = 0; stage < p.pp; ++stage) {
-    const bool first = stage == 0, last = stage == p.pp - 1;
+    const bool first = holds_embedding(chunks[stage]), last = holds_loss(chunks[stage]);
     StageMemory s;
     s.stage = stage;
     for (const ModelChunk& chunk : chunks[stage]) s.num_layers += chunk.num_layers;

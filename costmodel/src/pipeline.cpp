@@ -11,6 +11,8 @@
 namespace dplan::costmodel {
 
 std::vector<PipelineOp> pipeline_order(Schedule schedule, int stage, int stages, int microbatches, int chunks) {
+  if (schedule == Schedule::dualpipe)
+    throw InputError("the dualpipe schedule has no order to play or run: its time is a closed form (time_phases.cpp)");
   if (schedule != Schedule::interleaved) chunks = 1;
   std::vector<PipelineOp> ops;
   if (schedule == Schedule::gpipe) {

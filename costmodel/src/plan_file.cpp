@@ -198,9 +198,11 @@ Plan plan_from_json(const json& j, const std::string& file) {
     layers += s.num_layers;
     plan.stages.push_back(s);
   }
-  if (layers != plan.model.num_layers)
+  // DualPipe's ranks hold every stage twice (assign_chunks).
+  const int copies = p.schedule == Schedule::dualpipe ? 2 : 1;
+  if (layers != copies * plan.model.num_layers)
     throw InputError(file + ": /stages: hold " + std::to_string(layers) + " layers, the model has " +
-                     std::to_string(plan.model.num_layers));
+                     std::to_string(plan.model.num_layers) + (copies > 1 ? " (held twice under dualpipe)" : ""));
   plan.prediction = r.raw("prediction");
   if (!plan.prediction.is_object()) r.fail("prediction", "an object");
   r.finish();

@@ -120,7 +120,7 @@ RunLayout read_layout(ObjectReader& r) {
   l.num_microbatches = positive(layout, "num_microbatches", kMaxGlobalBatch);
   l.global_batch = positive(layout, "global_batch", kMaxGlobalBatch);
   l.seq_len = positive(layout, "seq_len", kMaxSeqLen);
-  l.schedule = schedule_from_string(layout.one_of("schedule", {"gpipe", "1f1b", "interleaved"}));
+  l.schedule = schedule_from_string(layout.one_of("schedule", schedule_names()));
   l.zero_stage = static_cast<int>(layout.int_in("zero_stage", 0, 3));
   l.recompute = recompute_from_string(layout.one_of("recompute", {"none", "selective", "full"}));
   l.sequence_parallel = layout.boolean("sequence_parallel");

@@ -67,10 +67,10 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
   std::vector<StageTime> stages = stage_times(m, gpu, t, p, lt, comm, overlap);
   // Without gradient-accumulation fusion each micro-batch adds its gradients in a pass of its own,
   // after each chunk's backward (its layers' share of the stage's parameters).
-  if (!t.gradient_accumulation_fusion)
+  if (!gradient_accumulation_fused(t, p))
     for (size_t i = 0; i < stages.size(); ++i) {
       StageTime& s = stages[i];
-      const double add_s = unfused_accumulation_s(gpu, t, mem.stages[i].num_params);
+      const double add_s = unfused_accumulation_s(gpu, t, p, mem.stages[i].num_params);
       s.backward_s += add_s;
       const int layers = std::accumulate(s.chunk_layers.begin(), s.chunk_layers.end(), 0);
       for (size_t j = 0; j < s.chunk_backward_s.size(); ++j)
@@ -80,7 +80,9 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
   const StageTime& c = stages[critical];
 
   TimeBreakdown r;
-  const int microbatches = num_microbatches(t, p);
+  // How often the critical stage runs all its chunks: once per micro-batch, half as often under
+  // dualpipe, where each micro-batch passes one of a rank's two stages.
+  const double microbatches = num_microbatches(t, p) / (p.schedule == Schedule::dualpipe ? 2.0 : 1.0);
   r.forward_s = microbatches * c.forward_s;
   r.backward_s = microbatches * c.backward_s;
   r.recompute_s = microbatches * c.recompute_s;
@@ -111,7 +113,7 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
   r.hidden_comm_s += dp.grad_reduce_hidden_s;
   r.param_gather_s += dp.param_gather_s;
   r.hidden_comm_s += dp.param_gather_hidden_s;
-  r.dp_comm_s += dp.tied_embedding_s;
+  r.dp_comm_s += dp.tied_embedding_s + dp.mirror_grad_s;
 
   // Hidden communication still takes SMs: NCCL runs each channel as one thread block on an SM
   // (NCCL environment docs, NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS), and Transformer Engine's

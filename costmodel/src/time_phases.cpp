@@ -188,6 +188,12 @@ double ep_overlap_pair_hidden_s(const ModelSpec& m, const DispatchCombine& dc, c
 double ep_overlap_paired_fraction(const TrainingSpec& t, const ParallelConfig& p, int stage) {
   if (!p.overlap_ep_comm) return 0;
   const int m = num_microbatches(t, p);
+  if (p.schedule == Schedule::dualpipe) {
+    // dualpipe.py step(): step 4 runs m/2 - pp + half_rank + 1 rounds of two overlapped
+    // forward-backward pairs (F0B1, F1B0) among the rank's m forwards; half_rank = min(i, pp-1-i).
+    const int half_rank = std::min(stage, p.pp - 1 - stage);
+    return m > 0 ? std::clamp(2.0 * (m / 2 - p.pp + half_rank + 1) / m, 0.0, 1.0) : 0;
+  }
   const int v = p.schedule == Schedule::interleaved ? p.vpp : 1;
   const long long total = static_cast<long long>(m) * v;
   // Megatron-Core schedules.py get_pp_rank_microbatches (core_v0.14.0): 2(pp - rank - 1) +
@@ -385,7 +391,17 @@ PipelineTime pipeline_time(const ModelSpec& m, const Network& net, const Trainin
   const StageTime& c = st[critical];
   const int microbatches = num_microbatches(t, p);
   const double v = p.schedule == Schedule::interleaved ? p.vpp : 1;
-  if (sharing.fills_waits()) {
+  const bool dualpipe = p.schedule == Schedule::dualpipe;
+  if (dualpipe) {
+    // DeepSeek-V3 report (arXiv 2412.19437) Table 2: DualPipe's bubble is (pp/2 - 1)(F&B + B - 3W)
+    // in one chunk's (one model stage's) times: F its forward, B its whole backward, W the
+    // weight-gradient part of B, F&B a forward and a backward run together. Here F and B are the
+    // critical rank's mean over its two stages; F&B = F + B (the EP transfers the pair hides are
+    // the EP overlap's, stage_times); W = half the backward's GEMMs (each linear layer's dW GEMM
+    // has the FLOPs of its dX GEMM), a third of the chunk's GEMM time.
+    const double f = (c.forward_s + c.forward_comm_s) / 2, b = c.total_s() / 2 - f, w = c.gemm_s / 6;
+    r.bubble_s = (p.pp / 2 - 1) * (f + b + b - 3 * w);
+  } else if (sharing.fills_waits()) {
     std::vector<PipelineStage> stages;
     for (const StageTime& s : st)
       stages.push_back({s.forward_s + s.forward_comm_s, s.total_s() - s.forward_s - s.forward_comm_s,
@@ -403,8 +419,15 @@ PipelineTime pipeline_time(const ModelSpec& m, const Network& net, const Trainin
   // rank sends its 1/tp slice (Megatron's scatter/gather optimisation, Sec. 4.1).
   double message = tokens_per_microbatch(t, p) * m.hidden_size * activation_bytes(t.precision) / p.tp;
   double hop = net.cost(Collective::send_recv, message, Mesh(p).shape(Dim::pp)).time_s;
-  const double hops = v * microbatches + p.pp - 1;
-  if (p.schedule == Schedule::interleaved) {
+  // Each micro-batch crosses a rank once each way: under dualpipe through one of its two stages.
+  const double hops = (dualpipe ? microbatches / 2.0 : v * microbatches) + p.pp - 1;
+  if (dualpipe) {
+    // DualPipe hides the pipeline's send/recv under the chunk beside it (DeepSeek-V3 report,
+    // Sec. 3.2.1); the fill's and drain's pp - 1 hops each way wait in full.
+    const double steady = exposed_s(hop, (c.forward_s + c.forward_comm_s) / 2, 0, net.cluster().comm_overlap_fraction);
+    r.p2p_s = 2 * (steady * microbatches / 2.0 + hop * (p.pp - 1));
+    r.p2p_hidden_s = 2 * hop * hops - r.p2p_s;
+  } else if (p.schedule == Schedule::interleaved) {
     // Megatron-LM's interleaved schedule overlaps each send/recv with the next model chunk's
     // compute (--overlap-p2p-communication, on by default and required for pp 2:
     // megatron/training/arguments.py), so in the steady state only what a chunk's forward cannot
@@ -476,6 +499,17 @@ DataParallelComm data_parallel_comm(const ModelSpec& m, const Network& net, cons
     double bytes = double(padded_vocab(m, t, p.tp)) / p.tp * m.hidden_size * bpp.grads;
     if (p.zero_stage >= 2) bytes /= p.dp * p.cp;
     r.tied_embedding_s = net.cost(Collective::all_reduce, bytes, embedding_group_shape(p)).time_s;
+  }
+  // DualPipe: every model stage lives on two ranks (i and pp-1-i), whose gradients of it are summed
+  // once per step. DeepSeek-V3's report does not say how; priced as an all-reduce of the rank's
+  // (shard of its) gradients over the pair, hidden under the backward as the data-parallel reduce is.
+  if (p.schedule == Schedule::dualpipe) {
+    double bytes = s0.num_params * bpp.grads;
+    if (p.zero_stage >= 2) bytes /= p.dp * p.cp;
+    const double comm = net.cost(Collective::all_reduce, bytes, embedding_group_shape(p)).time_s;
+    const double exposed = overlap.grad_reduce ? exposed_s(comm, c.backward_s + c.recompute_s, 0, hide) : comm;
+    r.mirror_grad_s = exposed;
+    r.grad_reduce_hidden_s += comm - exposed;
   }
   return r;
 }

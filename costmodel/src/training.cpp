@@ -32,7 +32,18 @@ const char* to_string(Recompute r) {
   return r == Recompute::none ? "none" : r == Recompute::selective ? "selective" : "full";
 }
 const char* to_string(Schedule s) {
-  return s == Schedule::gpipe ? "gpipe" : s == Schedule::one_f_one_b ? "1f1b" : "interleaved";
+  switch (s) {
+    case Schedule::gpipe: return "gpipe";
+    case Schedule::one_f_one_b: return "1f1b";
+    case Schedule::interleaved: return "interleaved";
+    case Schedule::dualpipe: return "dualpipe";
+  }
+  return "?";
+}
+
+const std::vector<std::string>& schedule_names() {
+  static const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved", "dualpipe"};
+  return names;
 }
 
 const char* to_string(MoeDispatcher d) { return d == MoeDispatcher::deepep ? "deepep" : "alltoall"; }
@@ -74,10 +85,9 @@ Recompute recompute_from_string(const std::string& s) {
   bad("unknown recompute \"" + s + "\"; choose none, selective or full");
 }
 Schedule schedule_from_string(const std::string& s) {
-  if (s == "gpipe") return Schedule::gpipe;
-  if (s == "1f1b") return Schedule::one_f_one_b;
-  if (s == "interleaved") return Schedule::interleaved;
-  bad("unknown schedule \"" + s + "\"; choose gpipe, 1f1b or interleaved");
+  for (Schedule x : {Schedule::gpipe, Schedule::one_f_one_b, Schedule::interleaved, Schedule::dualpipe})
+    if (s == to_string(x)) return x;
+  bad("unknown schedule \"" + s + "\"; choose gpipe, 1f1b, interleaved or dualpipe");
 }
 
 double activation_bytes(Precision precision) { return precision == Precision::fp32 ? 4.0 : 2.0; }
@@ -307,7 +317,21 @@ std::vector<std::vector<ModelChunk>> assign_chunks(int num_layers, const Paralle
       next += c.num_layers;
     }
   DPLAN_CHECK(next == num_layers);
+  if (p.schedule == Schedule::dualpipe) {
+    // Rank i holds model stage i and, as its second chunk, stage pp-1-i (DualPipe's mirror): the
+    // end ranks hold the embedding and the loss both.
+    std::vector<std::vector<ModelChunk>> mirrored(p.pp);
+    for (int i = 0; i < p.pp; ++i) mirrored[i] = {chunks[i][0], chunks[p.pp - 1 - i][0]};
+    return mirrored;
+  }
   return chunks;
+}
+
+bool holds_embedding(const std::vector<ModelChunk>& stage_chunks) {
+  return std::any_of(stage_chunks.begin(), stage_chunks.end(), [](const ModelChunk& c) { return c.embedding; });
+}
+bool holds_loss(const std::vector<ModelChunk>& stage_chunks) {
+  return std::any_of(stage_chunks.begin(), stage_chunks.end(), [](const ModelChunk& c) { return c.loss; });
 }
 
 std::vector<int> assign_layers(int num_layers, const ParallelConfig& p) {
@@ -368,6 +392,10 @@ double microbatches_in_flight(const ParallelConfig& p, int stage, int m) {
       return m;
     case Schedule::one_f_one_b:
       return std::min(p.pp - stage, m);
+    case Schedule::dualpipe:
+      // DeepSeek-V3 report Table 2: pp + 1 micro-batches' activations of one stage, on every rank;
+      // a rank's two chunks are two stages, so (pp + 1) / 2 micro-batches of both.
+      return std::min(double(p.pp + 1) / 2, double(m));
     case Schedule::interleaved: {
       // The warm-up forwards of pipeline_order (pipeline.h) and the one more that runs before the
       // first backward; with only pp micro-batches every forward is warm-up (Megatron-Core's
@@ -510,6 +538,24 @@ const Rule kScheduleRules[] = {
      }},
     {LayoutRule::vpp_needs_interleaved, [](const LayoutView& v) { return !interleaved(v.p) && v.p.vpp != 1; },
      [](const LayoutView& v) { return "--vpp " + std::to_string(v.p.vpp) + " needs --schedule interleaved"; }},
+    // deepseek-ai/DualPipe@bb214e8 dualpipe.py step(): num_ranks % 2 == 0, num_chunks % 2 == 0 and
+    // num_chunks >= num_ranks * 2.
+    {LayoutRule::dualpipe_needs_even_pp,
+     [](const LayoutView& v) { return v.p.schedule == Schedule::dualpipe && (v.p.pp < 2 || v.p.pp % 2 != 0); },
+     [](const LayoutView& v) {
+       return "the dualpipe schedule needs an even pp >= 2 (rank i holds stages i and pp-1-i), got pp " +
+              std::to_string(v.p.pp);
+     }},
+    {LayoutRule::dualpipe_needs_microbatches,
+     [](const LayoutView& v) {
+       const int m = num_microbatches(v.t, v.p);
+       return v.p.schedule == Schedule::dualpipe && (m % 2 != 0 || m < 2 * v.p.pp);
+     },
+     [](const LayoutView& v) {
+       return "the dualpipe schedule needs an even number of micro-batches per pipeline, at least 2 x pp = " +
+              std::to_string(2 * v.p.pp) + " (global batch / (micro-batch x dp)), got " +
+              std::to_string(num_microbatches(v.t, v.p));
+     }},
 };
 
 const Rule kContextRules[] = {
@@ -636,11 +682,13 @@ const Rule kMoeCommRules[] = {
               "among " + divisors_of(v.model.num_experts, 2) + ", or drop --overlap-ep-comm";
      }},
     {LayoutRule::ep_overlap_needs_schedule,
-     [](const LayoutView& v) { return overlap(v) && v.p.pp > 1 && v.p.schedule != Schedule::interleaved; },
+     [](const LayoutView& v) {
+       return overlap(v) && v.p.pp > 1 && v.p.schedule != Schedule::interleaved && v.p.schedule != Schedule::dualpipe;
+     },
      [](const LayoutView& v) {
        return "--overlap-ep-comm with pp " + std::to_string(v.p.pp) + " needs --schedule interleaved with --vpp >= 2 "
               "(Megatron-Core runs its combined 1F1B without a pipeline or interleaved, and asserts a virtual "
-              "pipeline size when pp > 1); the schedule is " + to_string(v.p.schedule);
+              "pipeline size when pp > 1) or --schedule dualpipe; the schedule is " + to_string(v.p.schedule);
      }},
     {LayoutRule::ep_overlap_no_full_recompute,
      [](const LayoutView& v) { return overlap(v) && v.p.recompute == Recompute::full; },
@@ -878,7 +926,7 @@ ParallelConfig parallel_from_json(const json& j, const std::string& file, const 
   p.sequence_parallel = r.boolean("sequence_parallel");
   p.offload_optimizer = r.boolean("offload_optimizer");
   p.recompute = recompute_from_string(r.one_of("recompute", {"none", "selective", "full"}));
-  p.schedule = schedule_from_string(r.one_of("schedule", {"gpipe", "1f1b", "interleaved"}));
+  p.schedule = schedule_from_string(r.one_of("schedule", schedule_names()));
   const json& layers = r.raw("layers_per_stage");
   if (!layers.is_array()) r.fail("layers_per_stage", "a list of layer counts");
   for (const auto& n : layers) {

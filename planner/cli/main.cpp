@@ -599,7 +599,7 @@ CLI::Option* add_common(CLI::App& app, Options& o) {
       ->check(CLI::IsMember({"alltoall", "deepep"}));
   app.add_flag("--overlap-ep-comm", o.overlap_ep_comm,
                "hide one micro-batch's MoE dispatch/combine behind another's compute (Megatron-Core "
-               "--overlap-moe-expert-parallel-comm; needs ep > 1, pp 1 or --schedule interleaved, no full "
+               "--overlap-moe-expert-parallel-comm; needs ep > 1, pp 1, --schedule interleaved or dualpipe, no full "
                "recompute; default off)");
   app.add_option("--headroom", o.headroom,
                  "fraction of HBM a plan must leave free (allocator fragmentation, NCCL buffers)")
@@ -677,7 +677,9 @@ CLI::App* add_estimate_command(CLI::App& app, Options& o) {
   estimate->add_option("--recompute", o.recompute, "none, selective or full")->capture_default_str();
   estimate->add_flag("--sp", o.sp, "sequence parallel");
   estimate->add_flag("--offload", o.offload, "optimizer states in host memory");
-  estimate->add_option("--schedule", o.schedule, "gpipe, 1f1b or interleaved (default 1f1b; interleaved with --vpp)");
+  estimate->add_option("--schedule", o.schedule,
+                       "gpipe, 1f1b, interleaved or dualpipe (default 1f1b; interleaved with --vpp; dualpipe is "
+                       "priced, not run or exported)");
   // Megatron-LM's uneven pipeline split (--decoder-first/last-pipeline-num-layers,
   // --account-for-embedding/loss-in-pipeline-split); training.h assign_chunks.
   estimate->add_option("--first-stage-layers", o.first_stage_layers,

@@ -60,8 +60,13 @@ std::string divisors(int n, int limit = 64) {
 int data_parallel(const ParallelConfig& p) { return p.dp; }
 
 // Rules every engine's launch shares: the launchers (torchrun, deepspeed, accelerate, srun) start
-// the same number of processes on every node.
+// the same number of processes on every node; and none of the engines runs DualPipe (DeepSeek's
+// runs in its own framework; deepseek-ai/DualPipe is a module, not a trainer).
 void launch_rules(const Plan& plan, Rules& r) {
+  r.rule(plan.parallel.schedule != costmodel::Schedule::dualpipe, [] {
+    return std::string("cannot run the dualpipe schedule (no engine dplan exports to has a bidirectional pipeline; "
+                       "dplan prices it for comparison); use --schedule 1f1b or interleaved");
+  });
   const LaunchShape s = launch_shape(plan);
   r.rule(s.homogeneous, [&] {
     return "the plan's " + str(s.world) + " ranks do not fill whole nodes of " + str(s.per_node) +

@@ -209,11 +209,10 @@ void sharding_arguments(Args& a, const Plan& plan) {
   if (fsdp) {
     add(a, flag::use_megatron_fsdp);
     add(a, flag::data_parallel_sharding_strategy, p.zero_stage == 3 ? "optim_grads_params" : "optim_grads");
-    add(a, flag::no_gradient_accumulation_fusion);
     add(a, flag::ckpt_format, "fsdp_dtensor");
-  } else if (!plan.training.gradient_accumulation_fusion) {
-    add(a, flag::no_gradient_accumulation_fusion);
   }
+  // The cost model's rule (compute.h), Megatron-FSDP's off included.
+  if (!gradient_accumulation_fused(plan.training, p)) add(a, flag::no_gradient_accumulation_fusion);
   if (sharded_optimizer) add(a, flag::use_distributed_optimizer);
   if (p.offload_optimizer) {
     add(a, flag::optimizer_cpu_offload);

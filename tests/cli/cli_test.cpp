@@ -228,7 +228,7 @@ TEST_CASE("An unknown choice for an option is an error listing the choices", "[c
   SECTION("--schedule") {
     std::string line = require_one_error_line(run_dplan(with({"--schedule", "zigzag"})));
     CHECK_THAT(line, Contains("\"zigzag\""));
-    CHECK_THAT(line, Contains("gpipe, 1f1b or interleaved"));
+    CHECK_THAT(line, Contains("gpipe, 1f1b, interleaved or dualpipe"));
   }
   SECTION("--attention") {
     std::string line = require_one_error_line(run_dplan(with({"--attention", "sparse"})));

@@ -181,7 +181,7 @@ TEST_CASE("run.json: a newer format, a missing key and a wrong type are one line
   j = good;
   j["layout"]["schedule"] = 1;
   CHECK(error_of([&] { run_record_from_json(j, "run.json"); }) ==
-        "run.json: /layout/schedule: expected one of gpipe, 1f1b or interleaved, got 1");
+        "run.json: /layout/schedule: expected one of gpipe, 1f1b, interleaved or dualpipe, got 1");
   j = good;
   j["memory"]["3"]["peak"] = "big";
   CHECK(error_of([&] { run_record_from_json(j, "run.json"); }) == "run.json: /memory/3/peak: expected an integer from 0 to 9007199254740992, got \"big\"");

@@ -646,7 +646,7 @@ TEST_CASE("without gradient-accumulation fusion each micro-batch adds its gradie
     for (const StageMemory& s : mem.stages) most_params = std::max(most_params, s.num_params);
     const double pass_s = most_params * 6 / (c.gpu.hbm_bandwidth_bytes_per_s * c.gpu.memory_efficiency);
     CAPTURE(p.tp, p.pp);
-    CHECK(unfused_accumulation_s(c.gpu, t, most_params) == Approx(pass_s).epsilon(1e-12));
+    CHECK(unfused_accumulation_s(c.gpu, t, p, most_params) == Approx(pass_s).epsilon(1e-12));
     CHECK(fused.backward_s < unfused.backward_s);
     // The critical stage's pass each micro-batch (the pipeline may pick another critical stage,
     // and its bubble slots grow with its chunks, so the step grows by at least the pass).
@@ -656,6 +656,22 @@ TEST_CASE("without gradient-accumulation fusion each micro-batch adds its gradie
     CHECK_THAT(unfused.forward_s, WithinRel(fused.forward_s, 1e-3));
     CHECK(unfused.optimizer_s == fused.optimizer_s);
   }
+}
+
+TEST_CASE("Megatron-FSDP runs without gradient-accumulation fusion: priced so, as its export passes it",
+          "[time][phases]") {
+  const ModelSpec m = store().load_model("llama-2-7b");
+  const ClusterSpec c = store().load_cluster("dgx-h100");
+  const Network net(c, 8);
+  const TrainingSpec fused{.seq_len = 4096, .global_batch = 32};  // gradient_accumulation_fusion on
+  TrainingSpec unfused = fused;
+  unfused.gradient_accumulation_fusion = false;
+  const ParallelConfig fsdp{.dp = 8, .zero_stage = 3}, dist_opt{.dp = 8, .distributed_optimizer = true};
+  CHECK_FALSE(gradient_accumulation_fused(fused, fsdp));
+  CHECK(gradient_accumulation_fused(fused, dist_opt));
+  // Megatron-FSDP: the plan's flag changes nothing, the pass is priced either way.
+  CHECK(estimate_time(m, net, fused, fsdp).step_time_s == estimate_time(m, net, unfused, fsdp).step_time_s);
+  CHECK(estimate_time(m, net, fused, dist_opt).step_time_s < estimate_time(m, net, unfused, dist_opt).step_time_s);
 }
 
 TEST_CASE("summary: the step is the phases' sum, MFU and HFU follow from it", "[time][phases]") {

@@ -87,7 +87,12 @@ EdgeTimes edge_times(const ModelSpec& model, const GpuSpec& gpu, const TrainingS
 // `num_params` local parameters: what Megatron does with --no-gradient-accumulation-fusion (its
 // DDP's backward hook, main_grad.add_(grad)), 0 with the fusion (the weight-gradient GEMM
 // accumulates into main_grad in its epilogue).
-double unfused_accumulation_s(const GpuSpec& gpu, const TrainingSpec& training, double num_params);
+double unfused_accumulation_s(const GpuSpec& gpu, const TrainingSpec& training, const ParallelConfig& parallel,
+                              double num_params);
+// Whether the weight-gradient GEMMs add into the gradient buffer themselves: the plan's
+// gradient_accumulation_fusion, except under Megatron-FSDP (--engine megatron with ZeRO 2 or 3),
+// which runs without the fusion (export_megatron.cpp passes --no-gradient-accumulation-fusion).
+bool gradient_accumulation_fused(const TrainingSpec& training, const ParallelConfig& parallel);
 
 // AdamW step over `num_params` local parameters: memory-bound, reading and writing fp32 master
 // weights, momentum, variance, the gradient and the 16-bit weights.

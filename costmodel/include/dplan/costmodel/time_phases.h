@@ -154,6 +154,7 @@ struct DataParallelComm {
   double grad_reduce_s = 0, grad_reduce_hidden_s = 0;
   double param_gather_s = 0, param_gather_hidden_s = 0;
   double tied_embedding_s = 0;
+  double mirror_grad_s = 0;  // dualpipe: the two copies of each stage's gradients summed (exposed part)
 };
 DataParallelComm data_parallel_comm(const ModelSpec& model, const Network& network, const TrainingSpec& training,
                                     const ParallelConfig& parallel, const MemoryEstimate& memory,

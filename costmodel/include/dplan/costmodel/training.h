@@ -22,7 +22,11 @@ namespace dplan::costmodel {
 
 enum class Attention { flash, standard };
 enum class Recompute { none, selective, full };
-enum class Schedule { gpipe, one_f_one_b, interleaved };
+// dualpipe: DeepSeek's bidirectional pipeline (DeepSeek-V3 report, arXiv 2412.19437, Sec. 3.2.1;
+// deepseek-ai/DualPipe@bb214e8 dualpipe.py): rank i holds model stages i and pp-1-i, half the
+// micro-batches enter at each end, and a forward of one direction runs beside a backward of the
+// other. Priced by its closed form (time_phases.cpp); no engine dplan exports to runs it.
+enum class Schedule { gpipe, one_f_one_b, interleaved, dualpipe };
 // How MoE layers move tokens to their experts and back (Megatron-Core's token dispatcher):
 // alltoall: NCCL all-to-all over the ep group (--moe-token-dispatcher-type alltoall);
 // deepep: DeepEP's dispatch/combine kernels over the etp*ep group, NVLink inside a node and RDMA
@@ -120,6 +124,9 @@ struct ModelChunk {
 //    chunk of the last stage.
 // REQUIRES: check_pipeline_parallel and check_schedule give ok (DPLAN_CHECK otherwise).
 std::vector<std::vector<ModelChunk>> assign_chunks(int num_layers, const ParallelConfig& parallel);
+// Whether a stage's chunks hold the embedding (first stage; both end stages under dualpipe), the loss.
+bool holds_embedding(const std::vector<ModelChunk>& stage_chunks);
+bool holds_loss(const std::vector<ModelChunk>& stage_chunks);
 
 // Transformer layers per pipeline stage (its chunks' sum), from assign_chunks.
 std::vector<int> assign_layers(int num_layers, const ParallelConfig& parallel);
@@ -190,6 +197,8 @@ enum class LayoutRule {
   chunks_hold_a_layer,            // every chunk holding a layer, the embedding or the loss,
   interleaved_needs_microbatches, // and a multiple of pp micro-batches (Megatron's groups of pp)
   vpp_needs_interleaved,          // vpp > 1 only with the interleaved schedule
+  dualpipe_needs_even_pp,         // dualpipe: an even pp >= 2 (dualpipe.py asserts num_ranks % 2 == 0),
+  dualpipe_needs_microbatches,    //   an even number of micro-batches, at least 2 pp (num_chunks >= 2 num_ranks)
   cp_divides_seq,                 // 2*cp divides the sequence
   seq_within_positions,           // learned positions cover the sequence
   etp_positive,                   // etp 0 (as tp) or positive
@@ -206,7 +215,7 @@ enum class LayoutRule {
   moe_comm_needs_megatron,        // either: the plan's engine Megatron-LM
   ep_overlap_needs_moe,           // --overlap-ep-comm: a mixture-of-experts model,
   ep_overlap_needs_ep,            //   ep > 1,
-  ep_overlap_needs_schedule,      //   pp 1 or the interleaved schedule,
+  ep_overlap_needs_schedule,      //   pp 1, the interleaved schedule or dualpipe,
   ep_overlap_no_full_recompute,   //   no full recompute,
   ep_overlap_needs_16bit,         //   and bf16, fp16 or fp8 training (Megatron-Core transformer_config.py)
 };
@@ -270,5 +279,7 @@ Precision precision_from_string(const std::string& s);    // throws InputError l
 Attention attention_from_string(const std::string& s);
 Recompute recompute_from_string(const std::string& s);
 Schedule schedule_from_string(const std::string& s);
+// "gpipe", "1f1b", "interleaved", "dualpipe": the names plan and run files and the CLI accept.
+const std::vector<std::string>& schedule_names();
 
 }  // namespace dplan::costmodel

@@ -799,7 +799,8 @@ def training_result(plan, run, comparison):
             "predicted": {"step_s": pred["step_time_s"], "mfu": pred.get("mfu"),
                           "step_error": prediction_error(pred["step_time_s"], measured_s)},
             "memory": memory, "peak_allocated_bytes": rank0.get("peak"),
-            "reserved_peak_bytes": rank0.get("reserved_peak"), "phases": comparison.get("phases")}
+            "reserved_peak_bytes": rank0.get("reserved_peak"),
+            "outside_allocator_bytes": rank0.get("outside_allocator"), "phases": comparison.get("phases")}
 
 
 class Parser(argparse.ArgumentParser):

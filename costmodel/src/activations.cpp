@@ -134,18 +134,16 @@ double stored_activation_bytes_per_layer(const ModelSpec& m, const TrainingSpec&
 // executor do not). Its output is stored activation memory already. Under sequence parallel one
 // more full-sequence [tokens, h] tensor is live: fc2's output gradient all-gathered, or the LM
 // head's input gathered again (Megatron's sequence-parallel linear). On the last stage that GEMM
-// is the LM head, and afterwards its fp32 logits are freed, so fc2's set only counts beyond them;
-// with 16-bit activations the logits' fp32 gradient is cast back to 16 bits first (its dY).
+// is the LM head; with 16-bit activations the logits' fp32 gradient is cast back to 16 bits first
+// (its dY). fc2's set comes later there, after the logits are freed: memory.cpp weighs the two.
 double backward_working_set_bytes(const ModelSpec& m, const TrainingSpec& t, const ParallelConfig& p, bool last_stage) {
   const Shape x = shape_of(m, t, p);
   const double tokens = x.s * x.b;
   const double gathered = x.sp > 1 ? x.act * tokens * x.h : 0.0;
-  const double fc2 = x.act * (tokens * x.f_local + x.h * x.f_local) + gathered;  // dX [t, F/tp], dW [h, F/tp]
-  if (!last_stage) return fc2;
+  if (!last_stage) return x.act * (tokens * x.f_local + x.h * x.f_local) + gathered;  // fc2: dX [t, F/tp], dW [h, F/tp]
   const double vocab_local = padded_vocab(m, t, p.tp) / p.tp;
   const double head_dy = x.act < 4 ? x.act * tokens * vocab_local : 0.0;
-  const double head = x.act * (tokens * x.h + vocab_local * x.h) + gathered + head_dy;  // dX [t, h], dW [V/tp, h]
-  return std::max(head, fc2 - 4.0 * tokens * vocab_local);
+  return x.act * (tokens * x.h + vocab_local * x.h) + gathered + head_dy;  // dX [t, h], dW [V/tp, h]
 }
 
 }  // namespace dplan::costmodel

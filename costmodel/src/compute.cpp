@@ -1,5 +1,7 @@
 #include "dplan/costmodel/compute.h"
 
+#include "dplan/costmodel/memory.h"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -473,15 +475,15 @@ double unfused_accumulation_s(const GpuSpec& gpu, const TrainingSpec& t, const P
   // gradient, read and write main_grad. The fused GEMM's own read of main_grad is not priced
   // (GEMMs are priced with beta = 0), so this pass is the difference.
   const double param_bytes = t.precision == Precision::fp32 ? 4 : 2;
-  const double buffer_bytes = t.precision == Precision::fp32 || t.fp32_grads ? 4 : 2;
+  const double buffer_bytes = bytes_per_param(t).grads;
   return memory_time_s(gpu, (param_bytes + 2 * buffer_bytes) * num_params);
 }
 
 double optimizer_step_s(const GpuSpec& gpu, const TrainingSpec& t, double num_params) {
   // Mixed precision: read grad (2 or 4), fp32 master, m, v (12); write master, m, v (12) and the
   // 16-bit weights (2). fp32: read grad, w, m, v (16), write w, m, v (12).
-  double bytes_per_param = t.precision == Precision::fp32 ? 28.0 : (t.fp32_grads ? 4.0 : 2.0) + 12 + 12 + 2;
-  return memory_time_s(gpu, bytes_per_param * num_params) + gpu.kernel_overhead_s;
+  const double bytes = t.precision == Precision::fp32 ? 28.0 : bytes_per_param(t).grads + 12 + 12 + 2;
+  return memory_time_s(gpu, bytes * num_params) + gpu.kernel_overhead_s;
 }
 
 }  // namespace dplan::costmodel

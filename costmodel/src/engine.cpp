@@ -34,12 +34,16 @@ constexpr EngineMechanics kMechanics[] = {
     // its runs, so its kernels are the reference. Sharded data parallel is Megatron-FSDP
     // (megatron/core/distributed/fsdp: one bucket per layer, prefetched; the recompute runs inside
     // the layer's backward, whose gather already holds the parameters).
+    // With bf16 it accumulates and reduces gradients in fp32 unless told otherwise
+    // (megatron/training/arguments.py: "bfloat16 requires gradient accumulation and all-reduce to be
+    // done in fp32", accumulate_allreduce_grads_in_fp32; NVIDIA/Megatron-LM@d98e8a64dd lines 1204-1217).
     {.engine = Engine::megatron,
      .version = "core_v0.15.0",
-     .source = "megatron/core/distributed/fsdp/src/megatron_fsdp (core_v0.15.0)",
+     .source = "megatron/core/distributed/fsdp/src/megatron_fsdp (core_v0.15.0); megatron/training/arguments.py",
      .sharded = kLayerPrefetched,
      .gemm_scale = 1.0,
-     .elementwise_scale = 1.0},
+     .elementwise_scale = 1.0,
+     .bf16_grads_in_fp32 = true},
     // torchtitan: FSDP2 fully_shard per transformer block (torchtitan/models/llama3/infra/parallelize.py
     // apply_fsdp), all_gather_into_tensor into one buffer per block, the next block's gather
     // prefetched (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py); activation checkpointing

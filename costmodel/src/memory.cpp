@@ -122,12 +122,17 @@ BytesPerParam bytes_per_param(const TrainingSpec& t) {
     case Precision::fp32:
       return {4, 4, 8};  // fp32 weights and grads, Adam momentum and variance
     case Precision::bf16:
+      return {2, t.fp32_grads || t.engine.bf16_grads_in_fp32 ? 4.0 : 2.0, 12};  // ZeRO's K = 12: fp32 master, momentum, variance
     case Precision::fp16:
-      return {2, t.fp32_grads ? 4.0 : 2.0, 12};  // ZeRO's K = 12: fp32 master, momentum, variance
+      return {2, t.fp32_grads ? 4.0 : 2.0, 12};
     case Precision::fp8:
-      return {3, t.fp32_grads ? 4.0 : 2.0, 12};  // bf16 weights + fp8 copy for the GEMMs
+      return {3, t.fp32_grads || t.engine.bf16_grads_in_fp32 ? 4.0 : 2.0, 12};  // bf16 weights + fp8 copy for the GEMMs
   }
   return {};
+}
+
+double gradient_reduce_bytes(const TrainingSpec& t) {
+  return t.precision == Precision::fp32 || t.fp32_grads ? 4.0 : 2.0;
 }
 
 ModelStateBytes model_state_bytes(double n, int shard_ranks, const TrainingSpec& t, const ParallelConfig& p) {
@@ -194,24 +199,44 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
     s.host_bytes = dense_state.host_optimizer_bytes + expert_state.host_optimizer_bytes;
 
     // Activations: what each layer stores, for every micro-batch in flight (per chunk where the
-    // interleaved chunks differ: layer_microbatches_in_flight), plus the working set of the one
-    // layer being recomputed in backward.
+    // interleaved chunks differ: layer_microbatches_in_flight), plus the largest of the working
+    // sets that come one at a time on top of them.
     s.activations_bytes = stored_per_layer * layer_microbatches_in_flight(p, chunks[stage], stage, microbatches);
-    if (p.recompute != Recompute::none) s.activations_bytes += full_layer.total() - stored_per_layer;
-    // With full recompute the gradient arriving at that layer's output is live beside its
-    // recomputed activations (the stored input is all the layer kept).
-    if (p.recompute == Recompute::full && s.num_layers > 0) s.activations_bytes += act * tokens * h / sp;
-    if (s.num_layers > 0 || last) s.activations_bytes += backward_working_set_bytes(m, t, p, last);
+    // A layer's backward: the layer being recomputed (its full set beyond what it stored), with
+    // full recompute the gradient arriving at its output (the stored input is all it kept), and
+    // the gradients of its first backward GEMM (fc2).
+    double layer_backward = 0;
+    if (s.num_layers > 0) {
+      if (p.recompute != Recompute::none) layer_backward += full_layer.total() - stored_per_layer;
+      if (p.recompute == Recompute::full) layer_backward += act * tokens * h / sp;
+      layer_backward += backward_working_set_bytes(m, t, p, false);
+    }
+    double working = layer_backward;
     // Embedding dropout mask per in-flight micro-batch (Korthikanti Sec. 4.3: sbhp/t).
     if (first && m.hidden_dropout > 0) s.activations_bytes += tokens * h / sp * s.microbatches_in_flight;
     if (last) {
-      // Final norm input and LM-head input per in-flight micro-batch (Korthikanti: 4sbh/t) ...
-      s.activations_bytes += 2 * act * tokens * h / sp * s.microbatches_in_flight;
-      // ... and fp32 logits kept for the cross-entropy backward (4sbv/t), plus the transient
-      // 16-bit logits of the micro-batch being computed.
-      s.logits_bytes = 4.0 * tokens * vocab / p.tp * s.microbatches_in_flight +
-                       (act < 4 ? act * tokens * vocab / p.tp : 0.0);
+      // The micro-batches whose forward through the loss chunk is held: the stage's in-flight
+      // count, but for the interleaved order only the last chunk's (chunk_microbatches_in_flight).
+      const std::vector<double> per_chunk =
+          chunk_microbatches_in_flight(p, int(chunks[stage].size()), stage, microbatches);
+      double loss_in_flight = 0;
+      for (size_t j = 0; j < chunks[stage].size(); ++j)
+        if (chunks[stage][j].loss) loss_in_flight = per_chunk[j];
+      // Final norm input and LM-head input per such micro-batch (Korthikanti: 4sbh/t) ...
+      s.activations_bytes += 2 * act * tokens * h / sp * loss_in_flight;
+      // ... and the fp32 logits each keeps for its cross-entropy backward (4sbv/t).
+      const double logits_one = 4.0 * tokens * vocab / p.tp;
+      s.logits_bytes = logits_one * loss_in_flight;
+      // The last stage's moments, one at a time (autograd frees a tensor when its last use is
+      // done): the loss's forward, where the head's 16-bit logits are cast to fp32 beside them; the
+      // head's backward (its dX, dW and 16-bit dY; backward_working_set_bytes), the micro-batch's
+      // fp32 logits still counted; then the layers' backward, after that micro-batch's fp32 logits
+      // are freed. Measured on one H100 (scripts/gpu-check.sh, llama-3.2-1b, seq 4096, mbs 4): the
+      // sum of all three over-counted full recompute's activations by 44 %.
+      const double logits16 = act < 4 ? act * tokens * vocab / p.tp : 0.0;
+      working = std::max({logits16, backward_working_set_bytes(m, t, p, true), layer_backward - logits_one});
     }
+    s.activations_bytes += std::max(0.0, working);
 
     // Buffers. Stages 0 and 1 reduce the gradients where they live (Megatron's contiguous grad
     // buffer, DDP's gradient_as_bucket_view): nothing extra. ZeRO-2 makes a bucket's unsharded

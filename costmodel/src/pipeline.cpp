@@ -32,8 +32,9 @@ std::vector<PipelineOp> pipeline_order(Schedule schedule, int stage, int stages,
       }
   }
   const int total = microbatches * chunks;
+  // Megatron-Core schedules.py get_pp_rank_microbatches (NVIDIA/Megatron-LM@d98e8a64dd): capped
+  // at every forward, with no special case for m == pp (earlier versions ran all-warm-up there).
   int warmup = chunks == 1 ? stages - stage - 1 : 2 * (stages - stage - 1) + (chunks - 1) * stages;
-  if (chunks > 1 && microbatches == stages) warmup = total;
   warmup = std::min(warmup, total);
   for (int k = 0; k < warmup; ++k) ops.push_back(forwards[k]);
   for (int k = 0; k < total - warmup; ++k) {

@@ -271,7 +271,7 @@ Zero3Comm zero3_comm(const ModelSpec& m, const Network& net, const GpuSpec& gpu,
     return s;
   };
   const double gather = collective_s(Collective::all_gather, bpp.weights);
-  const double scatter = collective_s(Collective::reduce_scatter, bpp.grads);
+  const double scatter = collective_s(Collective::reduce_scatter, gradient_reduce_bytes(t));
   const double regather = engine.regather_for_recompute && p.recompute == Recompute::full ? gather : 0;
   const double overlap = hide * engine.prefetch_overlap;
   const double fwd = exposed_s(gather, lt.forward_s, 0, overlap);
@@ -448,7 +448,7 @@ PipelineTime pipeline_time(const ModelSpec& m, const Network& net, const Trainin
 // engines use the plan's bucket (PyTorch DDP's bucket_cap_mb, 25 MiB by default).
 double gradient_bucket_bytes(const TrainingSpec& t, const ParallelConfig& p) {
   if (!p.distributed_optimizer) return t.bucket_bytes;
-  return std::max(40e6, 1e6 * p.dp * p.cp) * bytes_per_param(t).grads;
+  return std::max(40e6, 1e6 * p.dp * p.cp) * gradient_reduce_bytes(t);
 }
 
 // Data-parallel gradient reduction of the stage that finishes last (stage 0 in 1F1B), in buckets
@@ -463,7 +463,7 @@ DataParallelComm data_parallel_comm(const ModelSpec& m, const Network& net, cons
   const Mesh mesh(p);
   const GroupShape dp_shape = mesh.data_parallel_shape();
   const StageMemory& s0 = mem.stages[0];
-  double grad_bytes = s0.num_params * bpp.grads;
+  double grad_bytes = s0.num_params * gradient_reduce_bytes(t);
   // MoE: the experts' gradients reduce over their expert data-parallel group, the rest over dp*cp
   // (dense_and_expert_cost).
   const double dense_params = s0.num_params - s0.expert_params;
@@ -476,7 +476,7 @@ DataParallelComm data_parallel_comm(const ModelSpec& m, const Network& net, cons
     // One collective per bucket, each paying its latency: at hundreds of ranks a ring's latency
     // ((n-1) hops) rivals its transfer, so the bucket count matters as much as the bytes.
     const double buckets = std::max(1.0, std::ceil(grad_bytes / gradient_bucket_bytes(t, p)));
-    double comm = dp_and_edp(sharded ? Collective::reduce_scatter : Collective::all_reduce, bpp.grads, buckets);
+    double comm = dp_and_edp(sharded ? Collective::reduce_scatter : Collective::all_reduce, gradient_reduce_bytes(t), buckets);
     double exposed = overlap.grad_reduce ? exposed_s(comm, c.backward_s + c.recompute_s, comm / buckets, hide) : comm;
     // ZeRO-2 keeps only its gradient shard, so every micro-batch's gradients are reduce-scattered in
     // its backward (Rajbhandari et al. 2020, Sec. 5.2; DeepSpeed stage 2 with gradient
@@ -496,7 +496,7 @@ DataParallelComm data_parallel_comm(const ModelSpec& m, const Network& net, cons
   // exposed (Megatron-LM's embedding group, Narayanan et al. 2021 Sec. 4; finalize_model_grads).
   // ZeRO-2 and -3 keep only their shard of the gradient, so they sum the shard.
   if (p.pp > 1 && m.tied_embeddings) {
-    double bytes = double(padded_vocab(m, t, p.tp)) / p.tp * m.hidden_size * bpp.grads;
+    double bytes = double(padded_vocab(m, t, p.tp)) / p.tp * m.hidden_size * gradient_reduce_bytes(t);
     if (p.zero_stage >= 2) bytes /= p.dp * p.cp;
     r.tied_embedding_s = net.cost(Collective::all_reduce, bytes, embedding_group_shape(p)).time_s;
   }
@@ -504,7 +504,7 @@ DataParallelComm data_parallel_comm(const ModelSpec& m, const Network& net, cons
   // once per step. DeepSeek-V3's report does not say how; priced as an all-reduce of the rank's
   // (shard of its) gradients over the pair, hidden under the backward as the data-parallel reduce is.
   if (p.schedule == Schedule::dualpipe) {
-    double bytes = s0.num_params * bpp.grads;
+    double bytes = s0.num_params * gradient_reduce_bytes(t);
     if (p.zero_stage >= 2) bytes /= p.dp * p.cp;
     const double comm = net.cost(Collective::all_reduce, bytes, embedding_group_shape(p)).time_s;
     const double exposed = overlap.grad_reduce ? exposed_s(comm, c.backward_s + c.recompute_s, 0, hide) : comm;

@@ -398,32 +398,38 @@ double microbatches_in_flight(const ParallelConfig& p, int stage, int m) {
       return std::min(double(p.pp + 1) / 2, double(m));
     case Schedule::interleaved: {
       // The warm-up forwards of pipeline_order (pipeline.h) and the one more that runs before the
-      // first backward; with only pp micro-batches every forward is warm-up (Megatron-Core's
-      // schedules.py). A test checks this against the order itself.
+      // first backward, capped at every forward (Megatron-Core's schedules.py). A test checks this
+      // against the order itself.
       int v = p.vpp;
-      int chunks = m == p.pp ? m * v : std::min(2 * (p.pp - stage - 1) + (v - 1) * p.pp + 1 + extra, m * v);
+      int chunks = std::min(2 * (p.pp - stage - 1) + (v - 1) * p.pp + 1 + extra, m * v);
       return double(chunks) / v;
     }
   }
   return m;
 }
 
-double layer_microbatches_in_flight(const ParallelConfig& p, const std::vector<ModelChunk>& chunks, int stage,
-                                    int m) {
-  int layers = 0;
-  for (const ModelChunk& c : chunks) layers += c.num_layers;
+std::vector<double> chunk_microbatches_in_flight(const ParallelConfig& p, int chunks, int stage, int m) {
   const double in_flight = microbatches_in_flight(p, stage, m);
-  const int v = int(chunks.size());
-  if (p.pp == 1 || p.schedule != Schedule::interleaved || v == 1) return layers * in_flight;
+  std::vector<double> counts(chunks, in_flight);
+  if (p.pp == 1 || p.schedule != Schedule::interleaved || chunks == 1) return counts;
   // The first in_flight * v forwards of the stage, in schedules.py's order.
-  long long left = std::llround(in_flight * v), sum = 0;
+  std::fill(counts.begin(), counts.end(), 0.0);
+  long long left = std::llround(in_flight * chunks);
   for (int first = 0; first < m && left > 0; first += p.pp)
-    for (int c = 0; c < v && left > 0; ++c) {
+    for (int c = 0; c < chunks && left > 0; ++c) {
       const long long n = std::min<long long>(left, std::min(p.pp, m - first));
-      sum += n * chunks[c].num_layers;
+      counts[c] += double(n);
       left -= n;
     }
-  return double(sum);
+  return counts;
+}
+
+double layer_microbatches_in_flight(const ParallelConfig& p, const std::vector<ModelChunk>& chunks, int stage,
+                                    int m) {
+  const std::vector<double> counts = chunk_microbatches_in_flight(p, int(chunks.size()), stage, m);
+  double sum = 0;
+  for (size_t c = 0; c < chunks.size(); ++c) sum += counts[c] * chunks[c].num_layers;
+  return sum;
 }
 
 namespace {

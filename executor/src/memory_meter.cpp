@@ -202,6 +202,18 @@ int64_t MemoryMeter::reserved_peak_bytes() const {
   return -1;
 }
 
+int64_t MemoryMeter::outside_allocator_bytes() const {
+#ifdef DPLAN_WITH_CUDA
+  if (cuda_device_ >= 0) {
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return -1;
+    const int64_t reserved = c10::cuda::CUDACachingAllocator::getDeviceStats(cuda_device_).reserved_bytes[0].current;
+    return static_cast<int64_t>(total_bytes - free_bytes) - reserved;
+  }
+#endif
+  return -1;
+}
+
 std::string MemoryMeter::source() const {
   return cuda_device_ >= 0 ? "CUDA caching allocator statistics (allocated bytes)"
                            : "counting CPU allocator (exact tensor bytes)";

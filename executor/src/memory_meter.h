@@ -76,6 +76,10 @@ class MemoryMeter {
   // CUDA: the caching allocator's reserved bytes at their peak since the last reset_peak(); -1 on
   // the CPU (the counting allocator reserves nothing beyond what tensors hold).
   int64_t reserved_peak_bytes() const;
+  // CUDA: the device memory in use (cudaMemGetInfo: total less free) beyond what the caching
+  // allocator holds now: the CUDA context, the libraries' workspaces (cuBLAS, cuDNN), NCCL's
+  // buffers; and another process's, should one share the device. -1 on the CPU.
+  int64_t outside_allocator_bytes() const;
 
  private:
   friend class detail::CountingCpuAllocator;

@@ -261,6 +261,7 @@ TrainLog train_steps(const RunOptions& args, const Place& place, const ExecPlan&
     log.peaks.peak_bytes = std::max(log.peaks.peak_bytes, meter.peak_bytes());
     log.peaks.host_peak_bytes = meter.host_peak_bytes();  // over the run
     log.peaks.reserved_peak_bytes = std::max(log.peaks.reserved_peak_bytes, meter.reserved_peak_bytes());
+    log.peaks.outside_allocator_bytes = std::max(log.peaks.outside_allocator_bytes, meter.outside_allocator_bytes());
     // Activations: the high-water mark of what a step allocates above what it started with,
     // communication buffers (counted apart) excluded; the first step also creates the
     // optimizer states, so it is left out.

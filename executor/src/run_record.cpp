@@ -86,6 +86,8 @@ json rank_report(int rank, int stage_index, const std::vector<StepRecord>& steps
   // CUDA: the caching allocator's reserved peak (segments held from the device, fragmentation
   // included): what nvidia-smi sees of this process beside the CUDA context.
   if (peaks.reserved_peak_bytes >= 0) memory["reserved_peak"] = peaks.reserved_peak_bytes;
+  // CUDA: what the device holds beyond the allocator (context, library workspaces, NCCL buffers).
+  if (peaks.outside_allocator_bytes >= 0) memory["outside_allocator"] = peaks.outside_allocator_bytes;
   if (grads.offloaded()) {  // docs/run-json.md: host memory of an offloaded optimizer, apart from the device's
     const int64_t moments = optimizer_bytes(optimizer), master = grads.host_master_bytes(),
                   gradients = grads.host_gradient_bytes();

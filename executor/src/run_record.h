@@ -34,6 +34,7 @@ struct MemoryPeaks {
   int64_t buffers_bytes = 0;      // communication buffers; steps after the first
   int64_t peak_bytes = 0;         // everything, over the run
   int64_t host_peak_bytes = -1;   // offload: host memory under a HostScope, over the run (-1: not metered, CUDA)
+  int64_t outside_allocator_bytes = -1;  // CUDA: device memory in use beyond the allocator's (MemoryMeter), at most over the steps
   int64_t reserved_peak_bytes = -1;  // CUDA: what the caching allocator reserved from the device, over the run (-1: CPU)
 };
 

@@ -18,6 +18,7 @@
 #include <iomanip>
 #include <numeric>
 #include <optional>
+#include <sstream>
 
 #include <CLI/CLI.hpp>
 
@@ -240,6 +241,33 @@ std::string short_layout(const ParallelConfig& p) {
   return o.str();
 }
 
+// The headroom at which a near miss fits, or nullopt when it needs more than the HBM itself:
+// 1 - peak / capacity, rounded down to the hundredth (--headroom's own resolution).
+std::optional<double> headroom_that_fits(const Evaluation& e) {
+  if (e.capacity_bytes <= 0 || e.peak_bytes > e.capacity_bytes) return std::nullopt;
+  return std::floor(100 * (1 - e.peak_bytes / e.capacity_bytes)) / 100;
+}
+
+std::string tricks(const ParallelConfig& p);
+
+// The fastest layout rejected for memory, in one line: what it would gain against `best_step_s`
+// (0: nothing fits), by how much it missed, the component that decided it, and what admits it.
+std::string closest_call(const Candidate& c, double best_step_s) {
+  const Evaluation& e = c.evaluation;
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(1) << "closest call: " << short_layout(c.parallel) << ", mbs "
+    << c.parallel.micro_batch << ", " << tricks(c.parallel);
+  if (best_step_s > 0) o << ", " << 100 * (1 - e.step_time_s / best_step_s) << " % faster";
+  o << ": its worst stage needs " << e.peak_bytes / kGiB << " GiB of " << e.usable_bytes / kGiB << " usable, "
+    << e.miss_bytes / kGiB << " GiB over (largest part: " << e.largest_part << " " << e.largest_part_bytes / kGiB
+    << " GiB); ";
+  if (const std::optional<double> h = headroom_that_fits(e))
+    o << std::setprecision(2) << "it fits with --headroom " << *h;
+  else
+    o << "beyond the HBM itself: more recompute, sharding or GPUs";
+  return o.str();
+}
+
 std::string tricks(const ParallelConfig& p) {
   std::string s = p.distributed_optimizer ? "dist-opt" : "zero " + std::to_string(p.zero_stage);
   if (p.recompute != Recompute::none) s += std::string(", ") + to_string(p.recompute) + " recompute";
@@ -305,6 +333,7 @@ std::optional<Planned> plan_best(const Options& o, const ProfileStore& store) {
   if (pl.result.ranked.empty()) {
     std::string reasons;
     for (const auto& [why, n] : pl.result.rejected) reasons += "; " + std::to_string(n) + " " + why;
+    if (!pl.result.near_misses.empty()) reasons += "; " + closest_call(pl.result.near_misses[0], 0);
     std::cerr << "dplan: error: none of the " << pl.result.evaluated << " layouts of " << in.model.name << " on "
               << o.gpus << " x " << in.cluster.gpu.name << " fits in memory with " << std::lround(100 * o.headroom)
               << " % headroom" << reasons << "; add GPUs, pick a GPU with more memory or lower --headroom\n";
@@ -350,8 +379,17 @@ int run_plan(const Options& o, const ProfileStore& store) {
       if (o.rank_by == "goodput")
         ranked.back()["time_to_train_with_failures_s"] = c.evaluation.time_to_train_with_failures_s;
     }
+    json near = json::array();
+    for (const Candidate& c : result.near_misses) {
+      const Evaluation& e = c.evaluation;
+      const std::optional<double> h = headroom_that_fits(e);
+      near.push_back({{"parallel", to_json(c.parallel)}, {"step_time_s", e.step_time_s}, {"peak_bytes", e.peak_bytes},
+                      {"usable_bytes", e.usable_bytes}, {"miss_bytes", e.miss_bytes}, {"largest_part", e.largest_part},
+                      {"largest_part_bytes", e.largest_part_bytes},
+                      {"fits_with_headroom", h ? json(*h) : json(nullptr)}});
+    }
     out["search"] = {{"evaluated", result.evaluated}, {"feasible", result.feasible}, {"rejected", result.rejected},
-                     {"ranked", ranked}, {"seconds", search_s}, {"rank_by", o.rank_by}};
+                     {"near_misses", near}, {"ranked", ranked}, {"seconds", search_s}, {"rank_by", o.rank_by}};
     out.update(to_json(checkpoint_report(in.model, in.cluster, in.training, best, time, o.failures, o.tokens), false));
     std::cout << out.dump(2) << "\n";
     write_plan(o, in, best, mem, time);
@@ -364,6 +402,8 @@ int run_plan(const Options& o, const ProfileStore& store) {
             << result.feasible << " layouts that fit, of " << result.evaluated
             << " evaluated in " << std::fixed << std::setprecision(2) << search_s << " s\n";
   for (const auto& [why, n] : result.rejected) std::cout << "     " << n << " rejected: " << why << "\n";
+  if (!result.near_misses.empty())
+    std::cout << "     " << closest_call(result.near_misses[0], result.ranked[0].evaluation.step_time_s) << "\n";
   if (result.ranked.size() > 1 && o.rank_by == "goodput") {
     const Candidate& second = result.ranked[1];
     std::cout << "     the runner-up (" << short_layout(second.parallel) << ", mbs " << second.parallel.micro_batch << ", "

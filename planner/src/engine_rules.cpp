@@ -597,6 +597,8 @@ void keep_engine_runnable(SearchResult& result, const costmodel::ModelSpec& mode
   // Beyond the top_k kept the rest are not checked: they are neither ranked nor counted as refused.
   result.ranked = std::move(kept);
   std::erase_if(result.pareto, [&](const Candidate& c) { return !runs(c.parallel); });
+  // (search() kept the near misses that beat its winner, so they beat any the filter promotes.)
+  std::erase_if(result.near_misses, [&](const Candidate& c) { return !runs(c.parallel); });
   result.feasible -= refused;
   if (refused) result.rejected[std::string(to_string(engine)) + "'s rules refuse it"] += refused;
 }

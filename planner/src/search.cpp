@@ -241,6 +241,7 @@ SearchResult search(const std::vector<ParallelConfig>& layouts, const CostFuncti
     ++r.evaluated;
     if (!e.fits) {
       ++r.rejected[e.reject_reason];
+      if (e.step_time_s > 0) r.near_misses.push_back({p, std::move(e), layout_complexity(p)});
       continue;
     }
     Candidate c{p, std::move(e), layout_complexity(p)};
@@ -264,6 +265,12 @@ SearchResult search(const std::vector<ParallelConfig>& layouts, const CostFuncti
   size_t k = std::min<size_t>(std::max(top_k, 1), order.size());
   std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
   for (size_t i = 0; i < k; ++i) r.ranked.push_back(*order[i]);
+  // The near misses worth naming: faster than the best that fits, the fastest few.
+  std::sort(r.near_misses.begin(), r.near_misses.end(), better);
+  if (!r.ranked.empty())
+    std::erase_if(r.near_misses, [&](const Candidate& c) { return !better(c, r.ranked[0]); });
+  if (r.near_misses.size() > kNearMissesKept) r.near_misses.resize(kNearMissesKept);
+  for (Candidate& c : r.near_misses) c.evaluation.memory = {};
   // Pareto frontier of (step time, peak memory): sweep by time, keep strictly smaller peaks.
   std::sort(order.begin(), order.end(), before);
   double best_peak = 1e300;
@@ -280,25 +287,40 @@ CostFunction dplan_cost_function(const ModelSpec& m, const Network& net, const T
                                  std::optional<GoodputInputs> goodput_inputs) {
   return [&m, &net, t, overlap, headroom_fraction, goodput_inputs](const ParallelConfig& p) {
     Evaluation e;
+    // The step (and, asked, the time to train with failures) of a layout that fits or nearly does.
+    auto price = [&](const MemoryEstimate& mem) {
+      e.time = estimate_time(m, net, t, p, mem, overlap);
+      e.step_time_s = e.time.step_time_s;
+      if (goodput_inputs) {
+        const CheckpointCost checkpoint = checkpoint_cost(m, net.cluster(), t, p, /*per_rank=*/false);
+        e.time_to_train_with_failures_s = goodput(checkpoint, goodput_inputs->failures, p.world_size(),
+                                                  e.step_time_s, goodput_inputs->tokens, e.time.tokens_per_s)
+                                              .time_to_train_with_failures_s;
+      }
+    };
     MemoryEstimate mem = estimate_memory(m, net.cluster(), t, p, headroom_fraction);
     e.peak_bytes = mem.peak_bytes;
     if (!mem.fits) {
-      const char* largest = largest_part(mem.stages[mem.worst_stage]).name;
+      const LargestPart largest = largest_part(mem.stages[mem.worst_stage]);
       e.reject_reason = mem.peak_bytes <= mem.usable_bytes() ? "offloaded optimizer exceeds host memory"
                         : mem.peak_bytes <= mem.capacity_bytes
-                            ? std::string("leaves less than the headroom free, largest part ") + largest
-                            : std::string("exceeds HBM, largest part ") + largest;
+                            ? std::string("leaves less than the headroom free, largest part ") + largest.name
+                            : std::string("exceeds HBM, largest part ") + largest.name;
+      if (mem.peak_bytes > mem.usable_bytes()) {
+        e.miss_bytes = mem.peak_bytes - mem.usable_bytes();
+        e.usable_bytes = mem.usable_bytes();
+        e.capacity_bytes = mem.capacity_bytes;
+        e.largest_part = largest.name;
+        e.largest_part_bytes = largest.bytes;
+        // A near miss is priced, for the report's "closest call" (SearchResult::near_misses).
+        if (e.miss_bytes <= kNearMissFraction * mem.usable_bytes() &&
+            mem.host_bytes_per_node <= mem.host_capacity_bytes)
+          price(mem);
+      }
       return e;
     }
     e.fits = true;
-    e.time = estimate_time(m, net, t, p, mem, overlap);
-    e.step_time_s = e.time.step_time_s;
-    if (goodput_inputs) {
-      const CheckpointCost checkpoint = checkpoint_cost(m, net.cluster(), t, p, /*per_rank=*/false);
-      e.time_to_train_with_failures_s = goodput(checkpoint, goodput_inputs->failures, p.world_size(), e.step_time_s,
-                                                goodput_inputs->tokens, e.time.tokens_per_s)
-                                            .time_to_train_with_failures_s;
-    }
+    price(mem);
     e.memory = std::move(mem);
     return e;
   };

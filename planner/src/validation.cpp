@@ -341,7 +341,9 @@ std::vector<SourceFold> leave_one_source_out(const std::vector<PublishedRun>& ru
   for (const std::string& source : sources) {
     std::vector<PublishedRun> in, out;
     for (const PublishedRun& r : runs) (r.source == source ? out : in).push_back(r);
-    SourceFold f{.source = source, .runs = static_cast<int>(out.size())};
+    SourceFold f;
+    f.source = source;
+    f.runs = static_cast<int>(out.size());
     f.in_sample_error = mean_abs_error(with_parameters(out, params, all.values));
     // The fold fits on the runs it keeps. A figure none of them constrains keeps its prior: an
     // engine scale 1, a GPU figure the held-out runs' own profile value (NaN: left as it is).

@@ -533,7 +533,7 @@ TEST_CASE("dplan explain of a missing or foreign file is one error line naming i
 TEST_CASE("the search's pick keeps --headroom free and the report states it", "[cli][headroom]") {
   Result text = run_dplan({"--model", "70B", "--gpus", "64"});
   REQUIRE(text.status == 0);
-  CHECK_THAT(text.out, Contains("plans keep 10 % of HBM free"));
+  CHECK_THAT(text.out, Contains("plans keep 5 % of HBM free"));
   CHECK_THAT(text.out, Contains("why MFU is"));
   for (const char* headroom : {"0.05", "0.25"}) {
     Result r = run_dplan({"--model", "70B", "--gpus", "64", "--headroom", headroom, "--json", "--top", "3"});

@@ -22,10 +22,13 @@
 #include "dplan/costmodel/json_io.h"
 #include "dplan/costmodel/network.h"
 #include "dplan/planner/nccl_tests.h"
+#include "compared_table.h"
 #include "test_profiles.h"
 
 using namespace dplan;
 using namespace dplan::costmodel;
+using dplan::testing::Compared;
+using dplan::testing::report;
 using dplan::testing::store;
 
 namespace {
@@ -40,39 +43,6 @@ Precision precision_of(const std::string& s) {
   if (s == "fp8") return Precision::fp8;
   if (s == "fp32") return Precision::fp32;
   throw std::runtime_error("components test: unknown precision " + s);
-}
-
-// One printed and checked row: dplan's figure, the measurement, and the bound on |error|.
-struct Compared {
-  std::string label;
-  double dplan = 0, measured = 0;
-  double bound_fraction = 0;  // |dplan / measured - 1| must stay within this
-  bool miss = false;          // a known miss: bound looser than the case's own
-  double error() const { return dplan / measured - 1; }
-};
-
-// Prints `rows` as a Markdown table and checks each row's bound and the mean |error|.
-void report(const std::string& title, const std::string& unit, const std::vector<Compared>& rows,
-            double mean_bound_fraction) {
-  REQUIRE(!rows.empty());
-  std::printf("\n### %s\n\n| inputs | dplan (%s) | measured (%s) | error | bound |\n|---|---:|---:|---:|---:|\n",
-              title.c_str(), unit.c_str(), unit.c_str());
-  double sum = 0;
-  for (const Compared& r : rows) {
-    std::printf("| %s | %.4g | %.4g | %+.1f %% | %s%.0f %% |\n", r.label.c_str(), r.dplan, r.measured, 100 * r.error(),
-                r.miss ? "miss, " : "", 100 * r.bound_fraction);
-    sum += std::abs(r.error());
-  }
-  const double mean = sum / rows.size();
-  std::printf("\nmean |error| %.1f %% over %zu rows (bound %.0f %%)\n", 100 * mean, rows.size(),
-              100 * mean_bound_fraction);
-  for (const Compared& r : rows) {
-    INFO(title << ": " << r.label << ": dplan " << r.dplan << ", measured " << r.measured);
-    CHECK(std::isfinite(r.dplan));
-    CHECK(std::abs(r.error()) <= r.bound_fraction);
-  }
-  INFO(title);
-  CHECK(mean <= mean_bound_fraction);
 }
 
 std::string shape_label(const json& in) {

@@ -104,14 +104,15 @@ TEST_CASE("interleaved schedule: Megatron's warm-up and order", "[pipeline][sche
   const auto last = pipeline_schedule(Schedule::interleaved, 4, 2, 2, 1);
   CHECK(last[2] == PipelineOp{true, 1, 0});
   CHECK(last[3] == PipelineOp{false, 1, 0});
-  // With only pp micro-batches every stage runs every forward first (Megatron-Core's
-  // schedules.py: all warm-up when num_microbatches == pipeline size); the cost model and the
-  // executor disagreed here before they shared this order.
-  for (int stage = 0; stage < 2; ++stage) {
-    const auto few = pipeline_schedule(Schedule::interleaved, 2, 2, 2, stage);
-    for (int k = 0; k < 4; ++k) CHECK(few[k].forward);
-    for (int k = 4; k < 8; ++k) CHECK_FALSE(few[k].forward);
-  }
+  // With only pp micro-batches the warm-up is still 2(pp - stage - 1) + (v - 1) pp, capped at every
+  // forward (Megatron-Core's schedules.py at d98e8a64dd; earlier versions ran all of them first):
+  // stage 0 runs all 4 forwards first, the last stage 2 and then alternates.
+  const auto first = pipeline_schedule(Schedule::interleaved, 2, 2, 2, 0);
+  for (int k = 0; k < 4; ++k) CHECK(first[k].forward);
+  const auto few = pipeline_schedule(Schedule::interleaved, 2, 2, 2, 1);
+  const std::vector<PipelineOp> last_order = {{true, 0, 0},  {true, 0, 1},  {true, 1, 0},  {false, 1, 0},
+                                              {true, 1, 1},  {false, 1, 1}, {false, 0, 0}, {false, 0, 1}};
+  CHECK(few == last_order);
 }
 
 TEST_CASE("memory's micro-batches in flight are the pipeline order's peak of forwards awaiting their backward",

@@ -144,8 +144,9 @@ TEST_CASE("dplan estimate --json lists each rank's checkpoint bytes", "[goodput]
 
 TEST_CASE("ranking by goodput orders the search by time to train with failures", "[goodput][cli]") {
   // mistral-7b on 8 H100s with a 50 MB/s filesystem and a failure every 12.5 GPU-hours: the
-  // fastest step is ZeRO-2's, but a restart reads back under ZeRO-3 only an eighth of the
-  // weights each rank reads under ZeRO-2, so ZeRO-3 trains sooner.
+  // fastest step (cp 2 x dp 4) is not the layout that trains soonest, which takes a slower step
+  // for a restart that reads back less per rank (a pipeline split or ZeRO-3 shards what each
+  // rank loads).
   TempDir dir;
   const std::string cluster = slow_storage_cluster(dir);
   const std::vector<std::string> common = {"--model", "mistral-7b", "--gpus", "8", "--cluster", cluster,
@@ -161,7 +162,8 @@ TEST_CASE("ranking by goodput orders the search by time to train with failures",
     CHECK(ranked[i - 1].at("time_to_train_with_failures_s").get<double>() <=
           ranked[i].at("time_to_train_with_failures_s").get<double>());
   CHECK(g.at("search").at("ranked")[0].at("parallel") != s.at("search").at("ranked")[0].at("parallel"));
-  CHECK(g.at("search").at("ranked")[0].at("parallel").at("zero_stage") == 3);
+  CHECK(g.at("search").at("ranked")[0].at("step_time_s").get<double>() >
+        s.at("search").at("ranked")[0].at("step_time_s").get<double>());
   CHECK(g.at("parallel") == g.at("search").at("ranked")[0].at("parallel"));  // the plan is the goodput winner
 }
 

@@ -24,6 +24,7 @@
 #include <catch2/catch.hpp>
 
 #include "dplan/costmodel/json_io.h"
+#include "dplan/costmodel/memory.h"
 #include "dplan/planner/validation.h"
 #include "test_profiles.h"
 
@@ -174,6 +175,46 @@ TEST_CASE("leave one source out: each source within 10 % from the figures fitted
               100 * refit.mean_abs_error);
   for (size_t i = 0; i < params.size(); ++i) std::printf("  %s: shipped %.3g, refitted %.3g\n", params[i].name().c_str(), shipped[i], refit.values[i]);
   CHECK(shipped_error - refit.mean_abs_error < 0.002);
+}
+
+// Every published run trained on the hardware it names, so each must fit under the default
+// headroom. The runs that do not yet are listed with the reason, and must still miss (a run that
+// starts to fit is taken off the list); every other run must fit. Issue-level target: no list.
+TEST_CASE("every published run fits under the default headroom (the runs that do not yet are listed)",
+          "[validation][memory][law]") {
+  const std::map<std::string, std::string> known_misses = {
+      {"nemo2407-gpt3-20b-64gpu", "NeMo's FP8 recipe settings (FP8 primary weights, bf16 gradient reduce) are not in "
+                                  "the file; with Megatron's defaults the model states alone take 69.6 GiB"},
+      {"nemo2407-gpt3-175b-512gpu", "as above; over by 1 %"},
+      {"nemo2407-gpt3-175b-128gpu", "as above; 0.1 % short of the headroom"},
+      {"nemo2407-nemotron-340b-128gpu", "as above: 69.9 GiB of model states at tp 8 pp 8 dp 2"},
+      {"nemo2407-llama3-8b-8gpu", "as above: 63.5 GiB of model states at dp 4 cp 2"},
+      {"megatron2021-t2-zero3-529.6b-640gpu",
+       "DeepSpeed ZeRO-3 of 2021: 37.5 GiB of gathered-parameter buffers and 51.7 GiB of activations "
+       "(full recompute, standard attention) as dplan counts them; its live-parameter limits and "
+       "checkpoint partitioning are not modelled"},
+      {"megatron2021-t2-zero3-529.6b-1120gpu", "as above; over by 0.3 %"},
+  };
+  int fit = 0, listed = 0;
+  for (const char* file : {"published.json", "public2.json", "public3.json"})
+    for (const PublishedRun& r : runs_of(file)) {
+      const PlanInputs& in = r.inputs;
+      const costmodel::MemoryEstimate mem = costmodel::estimate_memory(in.model, in.cluster, in.training, in.parallel);
+      INFO(r.id << ": worst stage " << mem.peak_bytes / kGiB << " GiB of "
+                << mem.usable_bytes() / kGiB << " usable");
+      const auto miss = known_misses.find(r.id);
+      if (miss == known_misses.end()) {
+        CHECK(mem.fits);
+        fit += mem.fits;
+      } else {
+        std::printf("does not fit yet: %s (%.1f GiB of %.1f usable): %s\n", r.id.c_str(), mem.peak_bytes / kGiB,
+                    mem.usable_bytes() / kGiB, miss->second.c_str());
+        CHECK_FALSE(mem.fits);
+        ++listed;
+      }
+    }
+  std::printf("%d published runs fit under the default headroom; %d listed do not yet\n", fit, listed);
+  CHECK(listed == int(known_misses.size()));
 }
 
 TEST_CASE("dplan estimate --engine prices what the library prices", "[validation][cli]") {

@@ -60,6 +60,9 @@ struct EngineMechanics {
   // where published runs of it exist (planner/validation.h, fit_parameters).
   double gemm_scale = 1.0;
   double elementwise_scale = 1.0;
+  // bf16 training (FP8's included, whose parameters are bf16) keeps its gradient buffer in fp32,
+  // and accumulates and reduces it there, as if --fp32-grads were given (Megatron-LM).
+  bool bf16_grads_in_fp32 = false;
   bool operator==(const EngineMechanics&) const = default;
 };
 

@@ -20,6 +20,12 @@ struct BytesPerParam {
   double weights = 0, grads = 0, optimizer = 0;
 };
 BytesPerParam bytes_per_param(const TrainingSpec& training);
+// The bytes per gradient the data-parallel collectives move, as the time model prices them: 4 with
+// --fp32-grads or fp32 training, else 2. An engine that keeps bf16 gradients in fp32
+// (EngineMechanics::bf16_grads_in_fp32, Megatron-LM) holds and steps them in fp32 (bytes_per_param)
+// but its fp32 reduce is not priced yet: with it, the Megatron-Core README's weak-scaling runs came
+// out up to 37 % slow (docs/cost-model.md, "What the time model counts").
+double gradient_reduce_bytes(const TrainingSpec& training);
 
 // Model-state bytes of `num_params` parameters on one GPU, sharded over `shard_ranks` data-parallel
 // ranks as the ZeRO stage says (Rajbhandari et al. 2020, Sec. 5: P_os = 2Ψ + 2Ψ + KΨ/Nd,
@@ -65,8 +71,8 @@ LayerActivations activations_per_layer(const ModelSpec& model, const TrainingSpe
 double stored_activation_bytes_per_layer(const ModelSpec& model, const TrainingSpec& training,
                                          const ParallelConfig& parallel);
 
-// The transient working set of backward on top of what is stored: the gradients of the stage's
-// first GEMM in backward (the LM head on the last stage, the last layer's fc2 elsewhere).
+// The transient working set of backward on top of what is stored: the gradients of a backward
+// GEMM, the LM head's on the last stage (`last_stage`), a layer's fc2 otherwise.
 double backward_working_set_bytes(const ModelSpec& model, const TrainingSpec& training, const ParallelConfig& parallel,
                                   bool last_stage);
 
@@ -98,19 +104,18 @@ struct LargestPart {
 };
 LargestPart largest_part(const StageMemory& stage);
 
-// The fraction of HBM a plan leaves free, beyond the profile's framework reserve: what a run needs
-// to survive the caching allocator's fragmentation (reserved-but-unallocated blocks, which PyTorch
-// documents and `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` reduces but does not remove:
-// https://pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf),
-// NCCL's lazily created communicator buffers, and the variance of activation sizes between steps.
-// No training framework publishes a margin. The one engine that ships a default fraction of HBM
-// to plan into is vLLM: --gpu-memory-utilization defaults to 0.9 ("the fraction of GPU memory to
-// be used for the model executor", vllm EngineArgs; vllm-project/vllm#2162), leaving 10 % for the
-// same allocator, CUDA-context and NCCL costs. We take its 10 %, also the margin under which dplan
-// already warned: activations and buffers are counted here, not guessed, so no wider margin is
-// taken. A plan with less than this free is reported as not fitting. --headroom sets it per
-// command.
-inline constexpr double kDefaultHeadroomFraction = 0.10;
+// The fraction of HBM a plan leaves free, beyond the profile's framework reserve (the CUDA
+// context, the libraries' workspaces and NCCL's buffers, outside the allocator): the caching
+// allocator's fragmentation, reserved but unallocated. Measured on one H100 (scripts/gpu-check.sh's
+// training steps, dplan's executor, PyTorch 2.11) as the allocator's reserved peak over its
+// allocated peak: with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which Megatron-Core
+// recommends "to prevent memory fragmentation" (megatron/core/transformer/moe/README.md at
+// NVIDIA/Megatron-LM@d98e8a64dd), 0.7 % dense, 1.1 % with full recompute, 4.4 % MoE; without it
+// 4.7-28 %. So 5 % covers a run with expandable segments; without them, or with optimizer offload
+// (32 % measured, its staging copies), give --headroom 0.15 to 0.3. The reserve beside it was
+// measured too: 0.75-0.84 GiB outside the allocator on one rank (context, cuBLAS, cuDNN; NCCL's
+// peer buffers come on top with more ranks). docs/cli.md, "Memory headroom".
+inline constexpr double kDefaultHeadroomFraction = 0.05;
 // The largest --headroom accepted: beyond it no layout of any model fits.
 inline constexpr double kMaxHeadroomFraction = 0.9;
 

@@ -34,7 +34,8 @@ struct PipelineOp {
 //     get_schedule_table with microbatch_group_size_per_vp_stage = stages): the forwards take the
 //     micro-batches in groups of `stages`, every chunk in turn per group, the backwards the same
 //     groups with the chunks reversed; warm-up 2 (stages - stage - 1) + (chunks - 1) stages
-//     forwards, and all of them when there are only `stages` micro-batches.
+//     forwards, capped at all of them (Megatron-Core at d98e8a64dd; earlier versions ran every
+//     forward as warm-up when there were only `stages` micro-batches).
 // Every (chunk, micro-batch) appears once forward and once backward, each chunk's micro-batches in
 // increasing order. `chunks` counts only for the interleaved schedule.
 std::vector<PipelineOp> pipeline_order(Schedule schedule, int stage, int stages, int microbatches, int chunks);

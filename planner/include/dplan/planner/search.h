@@ -20,8 +20,14 @@ namespace dplan::planner {
 struct Evaluation {
   bool fits = false;
   std::string reject_reason;      // when it does not fit: a short category ("activations exceed HBM")
-  double step_time_s = 0;
+  double step_time_s = 0;         // also for a near miss (below), so the report can say what it would gain
   double peak_bytes = 0;
+  // Rejected for device memory: the worst stage's bytes beyond what the headroom leaves usable, the
+  // GPU's HBM, and the component that decided it (its largest part). A near miss, at most
+  // kNearMissFraction beyond the usable bytes, is priced too (step_time_s, time).
+  double miss_bytes = 0, usable_bytes = 0, capacity_bytes = 0;
+  std::string largest_part;
+  double largest_part_bytes = 0;
   // The cost model's whole answer for a layout that fits (dplan_cost_function fills them; a toy
   // cost model may leave them empty): what the report prints of the winner, never recomputed.
   // search() keeps `memory` only for the winner (ranked[0]) and the layouts exactly tied with it.
@@ -65,13 +71,23 @@ struct Candidate {
   int complexity = 0;
 };
 
+// A layout rejected for memory by at most this fraction of the usable bytes is still priced, so
+// the report can name the fastest of them (SearchResult::near_misses).
+inline constexpr double kNearMissFraction = 0.12;
+
 struct SearchResult {
   std::vector<Candidate> ranked;                 // best first, at most top_k
   std::vector<Candidate> pareto;                 // memory vs step time frontier, fastest first
   std::map<std::string, long> rejected;          // reason -> count
+  // The fastest layouts rejected for device memory by at most kNearMissFraction (priced by a cost
+  // function that prices near misses, as dplan_cost_function does), fastest first, at most
+  // kNearMissesKept; only those faster than the best that fits.
+  std::vector<Candidate> near_misses;
   long evaluated = 0;
   long feasible = 0;
 };
+
+inline constexpr size_t kNearMissesKept = 8;
 
 // Global batch (sequences) closest to `tokens` tokens, at least 1.
 int global_batch_for_tokens(double tokens, int seq_len);

@@ -43,6 +43,50 @@ TEST_CASE("the search ranks by step time, drops what does not fit and counts why
   CHECK(r.pareto[0].parallel.tp == 4);
 }
 
+TEST_CASE("the search keeps the near misses that beat its pick, fastest first, and the report names the closest",
+          "[search][memory]") {
+  // Toy costs as above; the rejected pp 1 layouts are near misses priced at 40 s (tp 4) and 90 s
+  // (tp 1): only the first beats the 65 s pick.
+  std::vector<ParallelConfig> layouts = {{.tp = 1, .pp = 1}, {.tp = 1, .pp = 2}, {.tp = 2, .pp = 2},
+                                         {.tp = 4, .pp = 1}, {.tp = 4, .pp = 4}};
+  CostFunction toy = [](const ParallelConfig& p) {
+    Evaluation e;
+    e.fits = p.pp > 1;
+    e.step_time_s = p.pp > 1 ? 100.0 / p.tp + 10 * p.pp : (p.tp == 4 ? 40.0 : 90.0);
+    if (!e.fits) e.reject_reason = "over", e.miss_bytes = 1, e.peak_bytes = 11, e.usable_bytes = 10, e.capacity_bytes = 12;
+    return e;
+  };
+  const SearchResult r = search(layouts, toy, 3);
+  REQUIRE(r.ranked[0].parallel.tp == 4);
+  REQUIRE(r.near_misses.size() == 1);
+  CHECK(r.near_misses[0].parallel.tp == 4);
+  CHECK(r.near_misses[0].parallel.pp == 1);
+  // dplan's own cost function prices a near miss (within kNearMissFraction of the usable bytes) and
+  // says by how much and why it missed; the CLI prints it ("closest call") when it beats the pick.
+  const ModelSpec m = store().load_model("llama-3-70b");
+  const ClusterSpec c = store().load_cluster("dgx-h100");
+  const Network net(c, 16);
+  const TrainingSpec t{.seq_len = 8192, .global_batch = 64};
+  const CostFunction cost = dplan_cost_function(m, net, t, OverlapOptions{}, 0.05);
+  // Llama 3 70B on 16 H100: tp 4 pp 2 cp 2, vpp 8, optimizer offloaded, misses by about 3 GiB.
+  ParallelConfig tight{.tp = 4, .pp = 2, .dp = 1, .cp = 2, .vpp = 8, .distributed_optimizer = true,
+                       .sequence_parallel = true, .offload_optimizer = true, .schedule = Schedule::interleaved};
+  Evaluation e = cost(tight);
+  const MemoryEstimate mem = estimate_memory(m, c, t, tight, 0.05);
+  REQUIRE_FALSE(e.fits);
+  CHECK(e.miss_bytes == Approx(mem.peak_bytes - mem.usable_bytes()));
+  CHECK(e.miss_bytes <= kNearMissFraction * mem.usable_bytes());
+  CHECK(e.step_time_s > 0);
+  CHECK(e.step_time_s == Approx(estimate_time(m, net, t, tight, mem, OverlapOptions{}).step_time_s));
+  CHECK(std::string(e.largest_part) == largest_part(mem.stages[mem.worst_stage]).name);
+  // A layout far beyond the HBM is not priced.
+  const ParallelConfig huge{.tp = 1, .pp = 1, .dp = 16};
+  e = cost(huge);
+  REQUIRE_FALSE(e.fits);
+  CHECK(e.miss_bytes > kNearMissFraction * e.usable_bytes);
+  CHECK(e.step_time_s == 0);
+}
+
 TEST_CASE("exact ties go to the simpler layout", "[search]") {
   std::vector<ParallelConfig> layouts = {{.tp = 2, .pp = 2, .sequence_parallel = true}, {.tp = 1, .pp = 1},
                                          {.tp = 2, .pp = 1}};

@@ -27,7 +27,7 @@ std::optional<std::string> executor_refusal(const ModelSpec& model, const Traini
            "drop --overlap-ep-comm and use --moe-dispatcher alltoall";
   // Its pipeline plays pipeline_order (pipeline.h), which has no bidirectional schedule.
   if (p.schedule == Schedule::dualpipe)
-    return executor_does_not_run("the dualpipe schedule (--schedule dualpipe); use --schedule 1f1b or interleaved");
+    return executor_does_not_run("the dualpipe schedule (--schedule dualpipe)");
   // Context parallel runs the blockwise ring whatever --attention says (ring_attention.h).
   if (p.cp > 1 && model.attention_dropout > 0)
     return "context parallel with attention dropout " + std::to_string(model.attention_dropout) +

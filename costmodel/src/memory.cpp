@@ -217,11 +217,13 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
     if (last) {
       // The micro-batches whose forward through the loss chunk is held: the stage's in-flight
       // count, but for the interleaved order only the last chunk's (chunk_microbatches_in_flight).
-      const std::vector<double> per_chunk =
-          chunk_microbatches_in_flight(p, int(chunks[stage].size()), stage, microbatches);
-      double loss_in_flight = 0;
-      for (size_t j = 0; j < chunks[stage].size(); ++j)
-        if (chunks[stage][j].loss) loss_in_flight = per_chunk[j];
+      double loss_in_flight = s.microbatches_in_flight;
+      if (p.schedule == Schedule::interleaved && chunks[stage].size() > 1) {
+        const std::vector<double> per_chunk =
+            chunk_microbatches_in_flight(p, int(chunks[stage].size()), stage, microbatches);
+        for (size_t j = 0; j < chunks[stage].size(); ++j)
+          if (chunks[stage][j].loss) loss_in_flight = per_chunk[j];
+      }
       // Final norm input and LM-head input per such micro-batch (Korthikanti: 4sbh/t) ...
       s.activations_bytes += 2 * act * tokens * h / sp * loss_in_flight;
       // ... and the fp32 logits each keeps for its cross-entropy backward (4sbv/t).

@@ -426,6 +426,12 @@ std::vector<double> chunk_microbatches_in_flight(const ParallelConfig& p, int ch
 
 double layer_microbatches_in_flight(const ParallelConfig& p, const std::vector<ModelChunk>& chunks, int stage,
                                     int m) {
+  if (p.pp == 1 || p.schedule != Schedule::interleaved || chunks.size() == 1) {
+    // Every chunk holds the stage's count (the search prices many layouts: no allocation here).
+    int layers = 0;
+    for (const ModelChunk& c : chunks) layers += c.num_layers;
+    return layers * microbatches_in_flight(p, stage, m);
+  }
   const std::vector<double> counts = chunk_microbatches_in_flight(p, int(chunks.size()), stage, m);
   double sum = 0;
   for (size_t c = 0; c < chunks.size(); ++c) sum += counts[c] * chunks[c].num_layers;

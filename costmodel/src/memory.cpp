@@ -218,12 +218,9 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
       // The micro-batches whose forward through the loss chunk is held: the stage's in-flight
       // count, but for the interleaved order only the last chunk's (chunk_microbatches_in_flight).
       double loss_in_flight = s.microbatches_in_flight;
-      if (p.schedule == Schedule::interleaved && chunks[stage].size() > 1) {
-        const std::vector<double> per_chunk =
-            chunk_microbatches_in_flight(p, int(chunks[stage].size()), stage, microbatches);
-        for (size_t j = 0; j < chunks[stage].size(); ++j)
-          if (chunks[stage][j].loss) loss_in_flight = per_chunk[j];
-      }
+      for (size_t j = 0; j < chunks[stage].size(); ++j)
+        if (chunks[stage][j].loss)
+          loss_in_flight = chunk_microbatches_in_flight(p, int(chunks[stage].size()), int(j), stage, microbatches);
       // Final norm input and LM-head input per such micro-batch (Korthikanti: 4sbh/t) ...
       s.activations_bytes += 2 * act * tokens * h / sp * loss_in_flight;
       // ... and the fp32 logits each keeps for its cross-entropy backward (4sbv/t).

@@ -408,33 +408,26 @@ double microbatches_in_flight(const ParallelConfig& p, int stage, int m) {
   return m;
 }
 
-std::vector<double> chunk_microbatches_in_flight(const ParallelConfig& p, int chunks, int stage, int m) {
+double chunk_microbatches_in_flight(const ParallelConfig& p, int chunks, int chunk, int stage, int m) {
   const double in_flight = microbatches_in_flight(p, stage, m);
-  std::vector<double> counts(chunks, in_flight);
-  if (p.pp == 1 || p.schedule != Schedule::interleaved || chunks == 1) return counts;
-  // The first in_flight * v forwards of the stage, in schedules.py's order.
-  std::fill(counts.begin(), counts.end(), 0.0);
-  long long left = std::llround(in_flight * chunks);
+  if (p.pp == 1 || p.schedule != Schedule::interleaved || chunks == 1) return in_flight;
+  // The first in_flight * v forwards of the stage, in schedules.py's order: groups of pp
+  // micro-batches through chunk 0, 1, ... in turn.
+  long long left = std::llround(in_flight * chunks), held = 0;
   for (int first = 0; first < m && left > 0; first += p.pp)
     for (int c = 0; c < chunks && left > 0; ++c) {
       const long long n = std::min<long long>(left, std::min(p.pp, m - first));
-      counts[c] += double(n);
+      if (c == chunk) held += n;
       left -= n;
     }
-  return counts;
+  return double(held);
 }
 
 double layer_microbatches_in_flight(const ParallelConfig& p, const std::vector<ModelChunk>& chunks, int stage,
                                     int m) {
-  if (p.pp == 1 || p.schedule != Schedule::interleaved || chunks.size() == 1) {
-    // Every chunk holds the stage's count (the search prices many layouts: no allocation here).
-    int layers = 0;
-    for (const ModelChunk& c : chunks) layers += c.num_layers;
-    return layers * microbatches_in_flight(p, stage, m);
-  }
-  const std::vector<double> counts = chunk_microbatches_in_flight(p, int(chunks.size()), stage, m);
   double sum = 0;
-  for (size_t c = 0; c < chunks.size(); ++c) sum += counts[c] * chunks[c].num_layers;
+  for (size_t c = 0; c < chunks.size(); ++c)
+    sum += chunks[c].num_layers * chunk_microbatches_in_flight(p, int(chunks.size()), int(c), stage, m);
   return sum;
 }
 

@@ -241,14 +241,22 @@ std::string short_layout(const ParallelConfig& p) {
   return o.str();
 }
 
+std::string tricks(const ParallelConfig& p) {
+  std::string s = p.distributed_optimizer ? "dist-opt" : "zero " + std::to_string(p.zero_stage);
+  if (p.recompute != Recompute::none) s += std::string(", ") + to_string(p.recompute) + " recompute";
+  if (p.sequence_parallel) s += ", sp";
+  if (p.offload_optimizer) s += ", offload";
+  if (p.moe_dispatcher == MoeDispatcher::deepep) s += ", deepep";
+  if (p.overlap_ep_comm) s += ", ep overlap";
+  return s;
+}
+
 // The headroom at which a near miss fits, or nullopt when it needs more than the HBM itself:
 // 1 - peak / capacity, rounded down to the hundredth (--headroom's own resolution).
 std::optional<double> headroom_that_fits(const Evaluation& e) {
   if (e.capacity_bytes <= 0 || e.peak_bytes > e.capacity_bytes) return std::nullopt;
   return std::floor(100 * (1 - e.peak_bytes / e.capacity_bytes)) / 100;
 }
-
-std::string tricks(const ParallelConfig& p);
 
 // The fastest layout rejected for memory, in one line: what it would gain against `best_step_s`
 // (0: nothing fits), by how much it missed, the component that decided it, and what admits it.
@@ -266,16 +274,6 @@ std::string closest_call(const Candidate& c, double best_step_s) {
   else
     o << "beyond the HBM itself: more recompute, sharding or GPUs";
   return o.str();
-}
-
-std::string tricks(const ParallelConfig& p) {
-  std::string s = p.distributed_optimizer ? "dist-opt" : "zero " + std::to_string(p.zero_stage);
-  if (p.recompute != Recompute::none) s += std::string(", ") + to_string(p.recompute) + " recompute";
-  if (p.sequence_parallel) s += ", sp";
-  if (p.offload_optimizer) s += ", offload";
-  if (p.moe_dispatcher == MoeDispatcher::deepep) s += ", deepep";
-  if (p.overlap_ep_comm) s += ", ep overlap";
-  return s;
 }
 
 // The search's best layout for o.gpus; nullopt (after saying why) when none fits in memory.

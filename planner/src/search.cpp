@@ -270,7 +270,6 @@ SearchResult search(const std::vector<ParallelConfig>& layouts, const CostFuncti
   if (!r.ranked.empty())
     std::erase_if(r.near_misses, [&](const Candidate& c) { return !better(c, r.ranked[0]); });
   if (r.near_misses.size() > kNearMissesKept) r.near_misses.resize(kNearMissesKept);
-  for (Candidate& c : r.near_misses) c.evaluation.memory = {};
   // Pareto frontier of (step time, peak memory): sweep by time, keep strictly smaller peaks.
   std::sort(order.begin(), order.end(), before);
   double best_peak = 1e300;

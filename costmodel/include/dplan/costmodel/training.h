@@ -160,10 +160,10 @@ double microbatches_in_flight(const ParallelConfig& parallel, int stage, int num
 // Equal chunks give num_layers * microbatches_in_flight exactly.
 double layer_microbatches_in_flight(const ParallelConfig& parallel, const std::vector<ModelChunk>& stage_chunks,
                                     int stage, int num_microbatches);
-// The same peak per model chunk of the stage: how many micro-batches' forwards through each chunk
-// it holds (every chunk microbatches_in_flight, but for the interleaved schedule's order).
-std::vector<double> chunk_microbatches_in_flight(const ParallelConfig& parallel, int chunks, int stage,
-                                                 int num_microbatches);
+// The same peak for model chunk `chunk` of the stage's `chunks`: how many micro-batches' forwards
+// through it the stage holds (microbatches_in_flight, but for the interleaved schedule's order).
+double chunk_microbatches_in_flight(const ParallelConfig& parallel, int chunks, int chunk, int stage,
+                                    int num_microbatches);
 
 // Bounds on sizes, checked where a size is read (flags, files) and by check_layout, so that every
 // product of sizes the model forms fits in int and the search stays finite. A larger size is

@@ -23,6 +23,10 @@ constexpr double kFsdpElementwiseScale = 1.0;
 constexpr double kDeepSpeedV03PerRankS = 1.28e-6;
 // The part of PyTorch FSDP's (FULL_SHARD) gathers and reduce-scatters its compute hides.
 constexpr double kFsdpPrefetchOverlap = 0.069;
+// DeepSpeed ZeRO-3's default stage3_max_live_parameters, 1e9 since ZeRO-3's first release
+// (deepspeed/runtime/zero/constants.py ZERO_OPTIMIZATION_MAX_LIVE_PARAMETERS_DEFAULT in v0.3.x;
+// deepspeed/runtime/zero/config.py max_live_parameters at 38327e07f6).
+constexpr double kDeepSpeedMaxLiveParams = 1e9;
 
 // One collective per layer, the next layer's prefetched under the current one's compute, the
 // recompute inside the backward's gather: Megatron-FSDP, FSDP2 and dplan's executor.
@@ -65,7 +69,7 @@ constexpr EngineMechanics kMechanics[] = {
      .version = "v0.3",
      .source = "deepspeed/runtime/zero/partition_parameters.py _allgather_param, stage3.py (v0.3.x, 2021)",
      .sharded = {.unit = ShardUnit::parameter, .per_rank_s = kDeepSpeedV03PerRankS, .prefetch_overlap = 0,
-                 .regather_for_recompute = true},
+                 .regather_for_recompute = true, .max_live_params = kDeepSpeedMaxLiveParams},
      .gemm_scale = kDeepSpeedGemmScale,
      .elementwise_scale = 1.0},
     // DeepSpeed ZeRO-3 today: still one fetch per sub-module's parameters, coalesced
@@ -77,7 +81,7 @@ constexpr EngineMechanics kMechanics[] = {
      .version = "38327e07f6",
      .source = "deepspeed/runtime/zero/partition_parameters.py, partitioned_param_coordinator.py (38327e07f6)",
      .sharded = {.unit = ShardUnit::parameter, .per_rank_s = 0, .prefetch_overlap = 1,
-                 .regather_for_recompute = true},
+                 .regather_for_recompute = true, .max_live_params = kDeepSpeedMaxLiveParams},
      .gemm_scale = kDeepSpeedGemmScale,
      .elementwise_scale = 1.0},
     // Accelerate's FSDP plugin runs PyTorch FSDP (FullyShardedDataParallel, FULL_SHARD) with the

@@ -140,6 +140,7 @@ GpuSpec gpu_from_json(const json& j, const std::string& file) {
   g.name = r.string("name");
   g.description = r.string("description");
   g.hbm_bytes = r.number_in("hbm_gb", 0.01, 1e5) * kGB;
+  if (r.has("device_memory_bytes")) g.device_memory_bytes = r.number_in("device_memory_bytes", 1e6, 1e14);
   g.hbm_bandwidth_bytes_per_s = r.number_in("hbm_gbytes_per_s", 0.01, 1e6) * kGB;
   ObjectReader peaks = r.object("peak_tflops");
   for (const char* key : {"fp32", "tf32", "bf16", "fp16", "fp8"})
@@ -147,7 +148,9 @@ GpuSpec gpu_from_json(const json& j, const std::string& file) {
   peaks.finish();
   if (g.peak_flops_per_s.empty()) r.fail("peak_tflops", "at least one of fp32, tf32, bf16, fp16, fp8");
   g.framework_reserve_bytes = r.non_negative_number("framework_reserve_gib") * kGiB;
-  if (g.framework_reserve_bytes >= g.hbm_bytes) r.fail("framework_reserve_gib", "less than the HBM capacity");
+  if (r.has("nccl_buffers_per_communicator_mib"))
+    g.nccl_buffers_per_communicator_bytes = r.number_in("nccl_buffers_per_communicator_mib", 0, 1e5) * kMiB;
+  if (g.framework_reserve_bytes >= g.memory_capacity_bytes()) r.fail("framework_reserve_gib", "less than the HBM capacity");
   ObjectReader matmul = r.object("matmul");
   g.matmul_max_efficiency = efficiency_fraction(matmul, "max_efficiency");
   if (matmul.has("fp8_max_efficiency")) g.fp8_matmul_max_efficiency = efficiency_fraction(matmul, "fp8_max_efficiency");
@@ -352,6 +355,9 @@ json to_json(const GpuSpec& g) {
            {"memory_efficiency", g.memory_efficiency},
            {"sustained_fraction", g.sustained_fraction},
            {"sources", g.sources}};
+  if (g.device_memory_bytes > 0) out["device_memory_bytes"] = static_cast<long long>(g.device_memory_bytes);
+  if (g.nccl_buffers_per_communicator_bytes > 0)
+    out["nccl_buffers_per_communicator_mib"] = g.nccl_buffers_per_communicator_bytes / kMiB;
   if (g.attention_forward_efficiency > 0)
     out["attention"] = {{"forward_efficiency", g.attention_forward_efficiency},
                         {"backward_efficiency", g.attention_backward_efficiency},

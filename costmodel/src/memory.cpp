@@ -70,7 +70,27 @@ GpuLayerParams gpu_layer_params(const ModelSpec& m, const ParallelConfig& p) {
           mix(d.expert_replicated, e.expert_replicated)};
 }
 
+// The largest parameter tensor one GPU holds, as Megatron's modules hold them (LayerParams::tensors):
+// the fused QKV projection (at most the attention's weights) or the MLP's fc1 with gate and up
+// fused, each split over tp.
+double largest_tensor_params(const ModelSpec& m, const ParallelConfig& p) {
+  const double gated = m.mlp == MlpKind::swiglu ? 2.0 : 1.0;
+  const double ffn = m.is_moe() && m.moe_layer_fraction() < 1 ? m.dense_ffn_hidden_size : m.ffn_hidden_size;
+  const LayerParams lp = layer_params(m);
+  return std::max(gated * m.hidden_size * ffn, lp.attention - lp.attention_replicated) / p.tp;
+}
+
 }  // namespace
+
+int nccl_communicators(const ParallelConfig& p) {
+  int n = 0;
+  for (int ranks : {p.tp, p.cp, p.dp * p.cp, p.pp, p.ep, p.ep > 1 ? p.expert_dp() : 1}) n += ranks > 1;
+  return n;
+}
+
+double outside_allocator_bytes(const GpuSpec& gpu, const ParallelConfig& p) {
+  return gpu.framework_reserve_bytes + nccl_communicators(p) * gpu.nccl_buffers_per_communicator_bytes;
+}
 
 std::vector<StageParams> stage_params(const ModelSpec& m, const ParallelConfig& p, int vocab_size) {
   const std::vector<std::vector<ModelChunk>> chunks = assign_chunks(m.num_layers, p);
@@ -117,16 +137,24 @@ LargestPart largest_part(const StageMemory& s) {
                            [](const LargestPart& a, const LargestPart& b) { return a.bytes < b.bytes; });
 }
 
+bool gradients_in_fp32(const TrainingSpec& t) {
+  // fp16 keeps the engine's fp16 gradients (its loss scaling is sized for them); bf16 and fp8,
+  // whose parameters are bf16, take the engine's rule.
+  const bool bf16_params = t.precision == Precision::bf16 || t.precision == Precision::fp8;
+  return t.precision == Precision::fp32 || t.fp32_grads ||
+         (bf16_params && t.engine.bf16_grads_in_fp32 && !t.grad_reduce_in_bf16);
+}
+
 BytesPerParam bytes_per_param(const TrainingSpec& t) {
+  const double grads = gradients_in_fp32(t) ? 4.0 : 2.0;
   switch (t.precision) {
     case Precision::fp32:
       return {4, 4, 8};  // fp32 weights and grads, Adam momentum and variance
     case Precision::bf16:
-      return {2, t.fp32_grads || t.engine.bf16_grads_in_fp32 ? 4.0 : 2.0, 12};  // ZeRO's K = 12: fp32 master, momentum, variance
     case Precision::fp16:
-      return {2, t.fp32_grads ? 4.0 : 2.0, 12};
+      return {2, grads, 12};  // ZeRO's K = 12: fp32 master, momentum, variance
     case Precision::fp8:
-      return {3, t.fp32_grads || t.engine.bf16_grads_in_fp32 ? 4.0 : 2.0, 12};  // bf16 weights + fp8 copy for the GEMMs
+      return {3, grads, 12};  // bf16 weights + fp8 copy for the GEMMs
   }
   return {};
 }
@@ -176,7 +204,7 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
   const int expert_shards = p.expert_dp();
 
   MemoryEstimate est;
-  est.capacity_bytes = c.gpu.hbm_bytes;
+  est.capacity_bytes = c.gpu.memory_capacity_bytes();
   est.headroom_fraction = headroom_fraction;
   est.host_capacity_bytes = c.host_memory_bytes;
   for (int stage = 0; stage < p.pp; ++stage) {
@@ -249,11 +277,21 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
       s.buffers_bytes += std::min(2 * bucket, stage_grads) + bucket / dense_shards;
     } else if (p.zero_stage >= 3) {
       const double layer_params = s.num_layers > 0 ? layer.dense + layer.expert : dense + expert;
-      s.buffers_bytes += 2 * layer_params * (bpp.weights + bpp.grads) + layer_params * bpp.grads / dense_shards;
+      double gathered = 2 * layer_params, unsharded_grads = 2 * layer_params;
+      if (t.engine.sharded.max_live_params > 0) {
+        // Parameter by parameter (DeepSpeed ZeRO-3, partitioned_param_coordinator.py): gathered
+        // parameters stay live up to max_live_params, and the tensor in use is gathered whole
+        // beyond it; gradients fill a reduce bucket (reduce_bucket_size, the plan's bucket) beside
+        // the tensor whose gradient is being made (stage3.py's ipg bucket).
+        const double largest = largest_tensor_params(m, p);
+        gathered = std::min(gathered, t.engine.sharded.max_live_params + largest);
+        unsharded_grads = std::min(unsharded_grads, t.bucket_bytes / bpp.grads + largest);
+      }
+      s.buffers_bytes += gathered * bpp.weights + unsharded_grads * bpp.grads + layer_params * bpp.grads / dense_shards;
     }
     // Pipeline send and receive buffers for one activation tensor each way.
     if (p.pp > 1) s.buffers_bytes += 2 * act * tokens * h / sp;
-    s.reserve_bytes = c.gpu.framework_reserve_bytes;
+    s.reserve_bytes = outside_allocator_bytes(c.gpu, p);
     est.stages.push_back(s);
   }
 

@@ -844,6 +844,8 @@ void validate(const ModelSpec& model, const ClusterSpec& cluster, const Training
   if (LayoutRule rule = check_layout(model, t, p, gpus); rule != LayoutRule::ok)
     bad(rule_message(rule, LayoutView{model, t, p, gpus}));
   if (auto problem = moe_dispatcher_problem(cluster, p.moe_dispatcher)) bad(*problem);
+  if (t.fp32_grads && t.grad_reduce_in_bf16)
+    bad("fp32 gradients and a bf16 gradient reduce contradict each other; choose --fp32-grads or --grad-reduce-in-bf16");
   peak_flops_per_s(cluster.gpu, t.precision);  // throws if the GPU lacks this precision
 }
 
@@ -859,6 +861,7 @@ json to_json(const TrainingSpec& t) {
   // such plans read back and write byte for byte as before.
   if (!(t.engine == engine_mechanics(Engine::megatron))) j["engine"] = engine_label(t.engine);
   if (!t.gradient_accumulation_fusion) j["gradient_accumulation_fusion"] = false;  // written where off, likewise
+  if (t.grad_reduce_in_bf16) j["grad_reduce_in_bf16"] = true;  // written where set, likewise
   return j;
 }
 
@@ -899,6 +902,7 @@ TrainingSpec training_from_json(const json& j, const std::string& file, const st
   t.precision = precision_from_string(r.one_of("precision", {"fp32", "bf16", "fp16", "fp8"}));
   t.attention = attention_from_string(r.one_of("attention", {"flash", "standard"}));
   t.fp32_grads = r.boolean("fp32_grads");
+  if (r.has("grad_reduce_in_bf16")) t.grad_reduce_in_bf16 = r.boolean("grad_reduce_in_bf16");
   if (r.has("gradient_accumulation_fusion")) t.gradient_accumulation_fusion = r.boolean("gradient_accumulation_fusion");
   t.vocab_pad_multiple = static_cast<int>(r.int_in("vocab_pad_multiple", 1, 1 << 16));
   t.bucket_bytes = r.number_in("bucket_mib", 1e-3, 1e6) * kMiB;

@@ -28,6 +28,7 @@
 #include "data.h"
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/json_io.h"
+#include "dplan/costmodel/memory.h"
 #include "dplan/costmodel/run_record.h"
 #include "dplan/executor/executor.h"
 #include "dplan/executor/run_options.h"
@@ -175,9 +176,10 @@ DeviceChoice choose_device(const RunOptions& args, const ExecPlan& plan) {
   }
   if (d.bf16 && (plan.training.precision == costmodel::Precision::fp16 || plan.training.precision == costmodel::Precision::fp8))
     d.precision_note = std::string("ran bf16 for a ") + costmodel::to_string(plan.training.precision) + " plan";
-  // Megatron accumulates and reduces 16-bit training's gradients in fp32 (main_grad) when the
-  // plan says fp32_grads (its default for bf16); the cost model counts them the same way.
-  d.grad_dtype = !d.bf16 || plan.training.fp32_grads ? at::kFloat : at::kBFloat16;
+  // Gradients accumulate and reduce in fp32 (Megatron's main_grad) where the plan's are
+  // (costmodel::gradients_in_fp32: --fp32-grads, or an engine that keeps bf16's in fp32), as its
+  // memory was priced.
+  d.grad_dtype = !d.bf16 || costmodel::gradients_in_fp32(plan.training) ? at::kFloat : at::kBFloat16;
   return d;
 }
 

@@ -127,6 +127,7 @@ std::vector<std::pair<std::string, std::string>> flag_list(const PlanCase& c) {
   if (!c.overlap.param_gather) f.push_back({"--no-overlap-param-gather", ""});
   if (c.training.attention != Attention::flash) f.push_back({"--attention", to_string(c.training.attention)});
   if (c.training.fp32_grads) f.push_back({"--fp32-grads", ""});
+  if (c.training.grad_reduce_in_bf16) f.push_back({"--grad-reduce-in-bf16", ""});
   if (!c.training.gradient_accumulation_fusion) f.push_back({"--no-gradient-accumulation-fusion", ""});
   if (c.headroom_fraction != kDefaultHeadroomFraction) f.push_back({"--headroom", fmt("%g", c.headroom_fraction)});
   return f;

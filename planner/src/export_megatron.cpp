@@ -4,6 +4,7 @@
 #include <sstream>
 #include <utility>
 
+#include "dplan/costmodel/memory.h"
 #include "dplan/costmodel/time_phases.h"
 #include "export_engines.h"
 
@@ -196,7 +197,10 @@ void batch_and_precision_arguments(Args& a, const Plan& plan) {
       break;
     case Precision::fp32: break;
   }
-  if ((t.precision == Precision::bf16 || t.precision == Precision::fp8) && !t.fp32_grads) add(a, flag::grad_reduce_in_bf16);
+  // Megatron keeps bf16 training's gradients in fp32 unless told; the plan's say (gradients_in_fp32,
+  // which its memory was priced with).
+  if ((t.precision == Precision::bf16 || t.precision == Precision::fp8) && !gradients_in_fp32(t))
+    add(a, flag::grad_reduce_in_bf16);
 }
 
 void sharding_arguments(Args& a, const Plan& plan) {

@@ -37,6 +37,10 @@ struct SourceOf {
   // --no-gradient-accumulation-fusion (tests/functional_tests/test_cases/gpt/
   // gpt3_7b_tp{1_pp4,4_pp1}_memory_speed/model_config.yaml; public3-NOTES.md section 16).
   bool no_gradient_accumulation_fusion = false;
+  // Gradients held and reduced in bf16: NeMo 24.07's performance recipes run Apex's
+  // distributed_fused_adam with optim.grad_sync_dtype bf16 (NVIDIA/NeMo-Framework-Launcher@1e46ac6c
+  // launcher_scripts/conf/training/gpt3/{5b,20b,175b}_fp8_performance.yaml).
+  bool grad_reduce_in_bf16 = false;
 };
 constexpr SourceOf kSources[] = {
     {"", "narayanan2021", "megatron", false},
@@ -46,7 +50,7 @@ constexpr SourceOf kSources[] = {
     {"mtnlg", "mt-nlg", "deepspeed@v0.3", false},
     {"mcore", "megatron-core-ci", "megatron", false, true},
     {"llmfoundry", "llm-foundry", "accelerate", false},
-    {"nemo-24.07", "nemo-24.07", "megatron", false},
+    {"nemo-24.07", "nemo-24.07", "megatron", false, false, true},
     {"mcore-readme", "megatron-core-readme", "megatron", false},
 };
 
@@ -113,6 +117,7 @@ PublishedRun public_run(const json& run, const ProfileStore& store, const std::s
   const int zero = run.at("zero");
   t.engine = costmodel::engine_mechanics_from_label(!source.zero3_only || zero == 3 ? source.engine : "megatron");
   t.gradient_accumulation_fusion = !source.no_gradient_accumulation_fusion;
+  t.grad_reduce_in_bf16 = source.grad_reduce_in_bf16;
   costmodel::ParallelConfig& q = r.inputs.parallel;
   q.tp = run.at("tp");
   q.pp = run.at("pp");

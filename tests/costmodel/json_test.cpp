@@ -30,6 +30,19 @@ TEST_CASE("a GPU profile reads with units converted at the edge", "[json]") {
   CHECK(g.framework_reserve_bytes == 2.0 * 1073741824);  // GiB = 2^30
   CHECK(g.peak_flops_per_s.at("bf16") == 989e12);
   CHECK(peak_flops_per_s(g, Precision::bf16) == 989e12);
+  // Without the device's own figure the nominal capacity is what plans fit into; no NCCL buffers.
+  CHECK(g.memory_capacity_bytes() == 80e9);
+  CHECK(g.nccl_buffers_per_communicator_bytes == 0);
+  json j = h100_profile();
+  j["gpu"]["device_memory_bytes"] = 85045477376LL;
+  j["gpu"]["nccl_buffers_per_communicator_mib"] = 294;
+  GpuSpec d = gpu_from_json(j, "h100.json");
+  CHECK(d.hbm_bytes == 80e9);
+  CHECK(d.memory_capacity_bytes() == 85045477376.0);
+  CHECK(d.nccl_buffers_per_communicator_bytes == 294 * 1048576.0);
+  GpuSpec round = gpu_from_json(json{{"format_version", 1}, {"gpu", to_json(d)}}, "again.json");
+  CHECK(round.memory_capacity_bytes() == d.memory_capacity_bytes());
+  CHECK(round.nccl_buffers_per_communicator_bytes == d.nccl_buffers_per_communicator_bytes);
 }
 
 TEST_CASE("a negative capacity names file, key, expectation and value", "[json]") {

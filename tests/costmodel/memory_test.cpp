@@ -48,7 +48,7 @@ TEST_CASE("tp = pp = dp = 1 equals the single-GPU formula", "[memory]") {
   // working set (it holds the 16-bit dY) is the larger.
   CHECK_THAT(s.logits_bytes, WithinRel(4 * sb * 256, 1e-12));
   CHECK(s.buffers_bytes == 0);                        // nothing to reduce, no pipeline
-  CHECK(s.reserve_bytes == c.gpu.framework_reserve_bytes);
+  CHECK(s.reserve_bytes == c.gpu.framework_reserve_bytes);  // one rank: no communicator
   CHECK(e.peak_bytes == s.total_bytes());
 }
 
@@ -195,4 +195,27 @@ TEST_CASE("one GPU holds every parameter of today's models exactly once", "[memo
   const double tp8 = estimate_memory(ds, c, t, ParallelConfig{.tp = 8, .pp = 1, .dp = 1}).stages[0].num_params;
   const double down = 7168.0 * 1536 + 1536 + 7168.0 * (512 + 64) + 512;
   CHECK(tp8 * 8 - tp1 > 7 * ds.num_layers * down);
+}
+
+TEST_CASE("what a rank holds outside the allocator: the profile's reserve and NCCL's buffers per communicator",
+          "[memory]") {
+  ClusterSpec c = store().load_cluster("dgx-h100");
+  REQUIRE(c.gpu.nccl_buffers_per_communicator_bytes > 0);
+  CHECK(nccl_communicators(ParallelConfig{}) == 0);
+  CHECK(nccl_communicators(ParallelConfig{.dp = 8}) == 1);
+  // tp, cp, the gradients' dp x cp group and the pipeline's send and receive.
+  CHECK(nccl_communicators(ParallelConfig{.tp = 4, .pp = 4, .dp = 2, .cp = 2}) == 4);
+  // cp alone still reduces gradients over its dp x cp group, a communicator of its own.
+  CHECK(nccl_communicators(ParallelConfig{.cp = 2}) == 2);
+  // Experts over ep 8 of dp 8: the data-parallel and the expert group; expert dp is 1.
+  CHECK(nccl_communicators(ParallelConfig{.dp = 8, .ep = 8}) == 2);
+  CHECK(nccl_communicators(ParallelConfig{.dp = 16, .ep = 8}) == 3);
+  const ParallelConfig p{.tp = 8, .dp = 8};
+  CHECK(outside_allocator_bytes(c.gpu, p) == c.gpu.framework_reserve_bytes + 2 * c.gpu.nccl_buffers_per_communicator_bytes);
+  ModelSpec m = store().load_model("llama-3-8b");
+  TrainingSpec t{.seq_len = 4096, .global_batch = 64};
+  for (const StageMemory& s : estimate_memory(m, c, t, p).stages) CHECK(s.reserve_bytes == outside_allocator_bytes(c.gpu, p));
+  // The CPU profile's gloo keeps nothing on a device.
+  ClusterSpec cpu = store().load_cluster("local-cpu");
+  CHECK(outside_allocator_bytes(cpu.gpu, p) == cpu.gpu.framework_reserve_bytes);
 }

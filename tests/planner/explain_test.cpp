@@ -244,7 +244,7 @@ TEST_CASE("more headroom never picks a plan that needs more memory", "[explain][
       if (r.ranked.empty()) break;  // nothing fits with this much free: more headroom fits nothing either
       ++picked;
       for (const Candidate& cand : r.ranked)
-        CHECK(cand.evaluation.peak_bytes <= cluster.gpu.hbm_bytes * (1 - headroom));
+        CHECK(cand.evaluation.peak_bytes <= cluster.gpu.memory_capacity_bytes() * (1 - headroom));
       CHECK(r.ranked[0].evaluation.peak_bytes <= previous_peak);
       previous_peak = r.ranked[0].evaluation.peak_bytes;
     }

@@ -183,18 +183,12 @@ TEST_CASE("leave one source out: each source within 10 % from the figures fitted
 TEST_CASE("every published run fits under the default headroom (the runs that do not yet are listed)",
           "[validation][memory][law]") {
   const std::map<std::string, std::string> known_misses = {
-      {"nemo2407-gpt3-20b-64gpu", "NeMo's FP8 recipe settings (FP8 primary weights, bf16 gradient reduce) are not in "
-                                  "the file; with Megatron's defaults the model states alone take 69.6 GiB"},
-      {"nemo2407-gpt3-175b-512gpu", "as above"},
-      {"nemo2407-gpt3-175b-128gpu", "as above"},
-      {"nemo2407-nemotron-340b-128gpu", "as above: 69.9 GiB of model states at tp 8 pp 8 dp 2"},
-      {"nemo2407-llama3-8b-8gpu", "as above: 63.5 GiB of model states at dp 4 cp 2"},
-      {"megatron2021-t2-zero3-529.6b-640gpu",
-       "DeepSpeed ZeRO-3 of 2021: 37.5 GiB of gathered-parameter buffers and 51.7 GiB of activations "
-       "(full recompute, standard attention) as dplan counts them; its live-parameter limits and "
-       "checkpoint partitioning are not modelled"},
-      {"megatron2021-t2-zero3-529.6b-1120gpu", "as above"},
+      {"nemo2407-nemotron-340b-128gpu",
+       "tp 8 pp 8 dp 2: the first stage's bf16 weights with their FP8 copy, bf16 gradients and the fp32 master "
+       "weights and Adam moments sharded over only 2 ranks are 59 GiB before any activation; whatever NeMo's "
+       "recipe kept smaller (its launcher lists optim.dtype bf16) is not identified"},
   };
+
   int fit = 0, listed = 0;
   for (const char* file : {"published.json", "public2.json", "public3.json"})
     for (const PublishedRun& r : runs_of(file)) {

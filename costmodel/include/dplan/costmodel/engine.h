@@ -44,6 +44,10 @@ struct ShardedDataParallel {
   // Full recompute runs a layer's forward again inside its backward; true: the engine gathers the
   // layer's parameters again for it (it released them after the first forward).
   bool regather_for_recompute = false;
+  // Memory: how many gathered parameters an engine that gathers parameter by parameter keeps live
+  // (DeepSpeed's stage3_max_live_parameters): past it, parameters not in use are released. 0: the
+  // engine holds whole units (a layer in use and the next one prefetched).
+  double max_live_params = 0;
   bool operator==(const ShardedDataParallel&) const = default;
 };
 

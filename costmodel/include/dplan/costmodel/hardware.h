@@ -40,10 +40,19 @@ struct MeasuredGemm {
 struct GpuSpec {
   std::string name;
   std::string description;
-  double hbm_bytes = 0;                          // usable capacity before the framework reserve
+  double hbm_bytes = 0;                          // the vendor's nominal capacity (decimal GB)
+  // The device memory CUDA reports (cudaGetDeviceProperties' totalGlobalMem, as deviceQuery prints
+  // it): 80 GB parts carry 80 GiB of HBM and show 79.2 GiB of it. 0 where no source gives it.
+  double device_memory_bytes = 0;
+  // What the memory model fits into before the framework reserve and the headroom: the device
+  // memory where known, else the nominal capacity.
+  double memory_capacity_bytes() const { return device_memory_bytes > 0 ? device_memory_bytes : hbm_bytes; }
   double hbm_bandwidth_bytes_per_s = 0;
   std::map<std::string, double> peak_flops_per_s;  // dense, by "fp32" "tf32" "bf16" "fp16" "fp8"
-  double framework_reserve_bytes = 0;            // CUDA context, NCCL buffers, fragmentation
+  double framework_reserve_bytes = 0;            // outside the allocator on one rank: CUDA context, cuBLAS, cuDNN
+  // NCCL's device buffers for each communicator a rank runs collectives over (memory.h
+  // outside_allocator_bytes); 0 where the backend keeps none on the device (gloo on CPU).
+  double nccl_buffers_per_communicator_bytes = 0;
   // Matrix multiplies: the best large GEMM reaches matmul_max_efficiency of peak (measured MAMF);
   // smaller ones lose to wave quantization over sm_count SMs, to memory traffic (roofline) and to
   // a fixed per-kernel overhead (see compute.h).

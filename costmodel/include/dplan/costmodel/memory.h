@@ -20,6 +20,11 @@ struct BytesPerParam {
   double weights = 0, grads = 0, optimizer = 0;
 };
 BytesPerParam bytes_per_param(const TrainingSpec& training);
+// Whether the gradients a GPU holds, accumulates and steps are fp32: fp32 training, --fp32-grads,
+// or an engine that keeps bf16 training's in fp32 (EngineMechanics::bf16_grads_in_fp32) unless told
+// --grad-reduce-in-bf16. The one owner of that choice: memory, the Megatron export's flag and the
+// executor's gradient dtype follow it.
+bool gradients_in_fp32(const TrainingSpec& training);
 // The bytes per gradient the data-parallel collectives move, as the time model prices them: 4 with
 // --fp32-grads or fp32 training, else 2. An engine that keeps bf16 gradients in fp32
 // (EngineMechanics::bf16_grads_in_fp32, Megatron-LM) holds and steps them in fp32 (bytes_per_param)
@@ -76,6 +81,16 @@ double stored_activation_bytes_per_layer(const ModelSpec& model, const TrainingS
 double backward_working_set_bytes(const ModelSpec& model, const TrainingSpec& training, const ParallelConfig& parallel,
                                   bool last_stage);
 
+// The communicators one rank runs NCCL over, each a group of more than one rank: tensor, context,
+// the gradients' data-parallel group (dp x cp), pipeline send and receive, expert, and expert
+// data-parallel groups (Megatron-Core's process groups; PyTorch creates a communicator on a group's
+// first collective).
+int nccl_communicators(const ParallelConfig& parallel);
+// What a rank's device holds outside the caching allocator: the profile's framework reserve (CUDA
+// context, cuBLAS and cuDNN workspaces; measured on one H100 rank) and NCCL's buffers for each
+// communicator (GpuSpec::nccl_buffers_per_communicator_bytes, derived from NCCL's defaults).
+double outside_allocator_bytes(const GpuSpec& gpu, const ParallelConfig& parallel);
+
 struct StageMemory {
   int stage = 0;
   int num_layers = 0;
@@ -88,7 +103,7 @@ struct StageMemory {
   double activations_bytes = 0;      // stored activations of all in-flight micro-batches (+ recompute working set)
   double logits_bytes = 0;           // LM-head logits and loss (last stage)
   double buffers_bytes = 0;          // gradient buckets, ZeRO-3 gathered layers, pipeline send/recv buffers
-  double reserve_bytes = 0;          // framework reserve from the GPU profile
+  double reserve_bytes = 0;          // outside the allocator: the profile's reserve and NCCL's buffers (outside_allocator_bytes)
   double host_bytes = 0;             // offloaded optimizer states, per GPU, in host memory
   double other_bytes() const { return logits_bytes + buffers_bytes + reserve_bytes; }
   double total_bytes() const {
@@ -104,17 +119,15 @@ struct LargestPart {
 };
 LargestPart largest_part(const StageMemory& stage);
 
-// The fraction of HBM a plan leaves free, beyond the profile's framework reserve (the CUDA
-// context, the libraries' workspaces and NCCL's buffers, outside the allocator): the caching
-// allocator's fragmentation, reserved but unallocated. Measured on one H100 (scripts/gpu-check.sh's
+// The fraction of the device's memory a plan leaves free, beyond what it holds outside the allocator
+// (outside_allocator_bytes: the CUDA context, the libraries' workspaces, NCCL's buffers): the
+// caching allocator's fragmentation, reserved but unallocated. Measured on one H100 (scripts/gpu-check.sh's
 // training steps, dplan's executor, PyTorch 2.11) as the allocator's reserved peak over its
 // allocated peak: with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which Megatron-Core
 // recommends "to prevent memory fragmentation" (megatron/core/transformer/moe/README.md at
 // NVIDIA/Megatron-LM@d98e8a64dd), 0.7 % dense, 1.1 % with full recompute, 4.4 % MoE; without it
 // 4.7-28 %. So 5 % covers a run with expandable segments; without them, or with optimizer offload
-// (32 % measured, its staging copies), give --headroom 0.15 to 0.3. The reserve beside it was
-// measured too: 0.75-0.84 GiB outside the allocator on one rank (context, cuBLAS, cuDNN; NCCL's
-// peer buffers come on top with more ranks). docs/cli.md, "Memory headroom".
+// (32 % measured, its staging copies), give --headroom 0.15 to 0.3. docs/cli.md, "Memory headroom".
 inline constexpr double kDefaultHeadroomFraction = 0.05;
 // The largest --headroom accepted: beyond it no layout of any model fits.
 inline constexpr double kMaxHeadroomFraction = 0.9;

@@ -40,6 +40,10 @@ struct TrainingSpec {
   Precision precision = Precision::bf16;
   Attention attention = Attention::flash;
   bool fp32_grads = false;                // keep 16-bit training's gradients in fp32 (Megatron main_grad)
+  // 16-bit gradients where the engine would keep bf16 training's in fp32
+  // (EngineMechanics::bf16_grads_in_fp32): Megatron-LM's --grad-reduce-in-bf16, NeMo's
+  // optim.grad_sync_dtype bf16. Excludes fp32_grads. gradients_in_fp32 (memory.h) resolves both.
+  bool grad_reduce_in_bf16 = false;
   // Megatron's weight-gradient GEMMs accumulate straight into the gradient buffer (main_grad);
   // false: --no-gradient-accumulation-fusion, each micro-batch's gradients added in a pass of their
   // own (unfused_accumulation_s).

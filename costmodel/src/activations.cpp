@@ -53,6 +53,35 @@ double attention_core_quadratic_bytes(const ModelSpec& m, const TrainingSpec& t,
   return bytes;
 }
 
+// torchtitan's op-level selective checkpointing (EngineMechanics::selective, op_policy) keeps the
+// layer's input and the outputs of the ops it must save: the attention kernel's (its output and
+// fp32 log-sum-exp), every reduce-scatter's (sequence-parallel tensor parallel), and the first,
+// third, ... matrix multiply of the forward (q, v; the MLP's first up projection and, gated, its
+// down projection; a GELU MLP's fc1). Everything else is recomputed from them in backward.
+double op_policy_stored_bytes(const ModelSpec& m, const TrainingSpec& t, const ParallelConfig& p, const Shape& x) {
+  const double tokens = x.s * x.b;
+  double bytes = x.act * tokens * x.h / x.sp;                                   // the layer's input
+  bytes += x.act * tokens * (x.q_local + x.kv_local);                           // mm 1 (q) and 3 (v)
+  bytes += x.act * tokens * x.q_local + 4.0 * x.heads_local * tokens;           // attention output, lse
+  if (!blockwise_attention(t, p)) bytes += attention_core_quadratic_bytes(m, t, p, x);  // eager: its softmax
+  if (x.t > 1) bytes += 2 * x.act * tokens * x.h / x.sp;                        // two reduce-scatters
+  // The MLP's saved products: gated, up (f) and down (h, `h_share` of it on this rank); else fc1 (f).
+  // Experts as activations_per_layer counts them: k copies, f/tp inner columns, etp/tp of the h wide.
+  auto mlp = [&](double f_local, double h_share) {
+    if (f_local <= 0) return 0.0;  // no shared expert
+    return x.act * tokens * (f_local + (m.mlp == MlpKind::gelu ? 0.0 : x.h * h_share));
+  };
+  if (m.is_moe()) {
+    const double moe = m.moe_layer_fraction();
+    bytes += moe * (m.experts_per_token * mlp(x.f_local, double(p.expert_tp()) / p.tp) +
+                    mlp(m.shared_expert_ffn_size / x.t, 1.0));
+    bytes += (1 - moe) * mlp(m.dense_ffn_hidden_size / x.t, 1.0);
+  } else {
+    bytes += mlp(x.f_local, 1.0);
+  }
+  return bytes;
+}
+
 }  // namespace
 
 LayerActivations activations_per_layer(const ModelSpec& m, const TrainingSpec& t, const ParallelConfig& p) {
@@ -119,6 +148,7 @@ double stored_activation_bytes_per_layer(const ModelSpec& m, const TrainingSpec&
       // Only the layer input survives (Korthikanti Table 2: 2sbh; sequence-sharded with SP).
       return x.act * x.s * x.b * x.h / x.sp;
     case Recompute::selective:
+      if (t.engine.selective == SelectiveRecompute::op_policy) return op_policy_stored_bytes(m, t, p, x);
       // Megatron's core_attn recompute: drop the s^2 tensors (Korthikanti Eq. 3 / 6).
       return activations_per_layer(m, t, p).total() - attention_core_quadratic_bytes(m, t, p, x);
     case Recompute::none:

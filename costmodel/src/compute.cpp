@@ -411,6 +411,11 @@ CoreTimes fp8_cast_times(const ModelSpec& m, const GpuSpec& gpu, const LayerShap
 
 }  // namespace
 
+OpPolicyShares op_policy_recompute_shares(const ModelSpec& m) {
+  const double q = m.q_dim(), kv = m.kv_dim();
+  return {kv / (q + 2 * kv), 1.0, m.mlp == MlpKind::gelu ? 0.5 : 1.0 / 3};
+}
+
 LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpec& t, const ParallelConfig& p) {
   const LayerShape s = layer_shape(m, t, p);
   const LinearTimes qkv = qkv_projection_times(m, gpu, s);
@@ -431,7 +436,15 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
   x.backward_s = x.gemm_backward_s + 2 * (elementwise_s + attention_elementwise_s) + fp8_cast.backward_s;
   switch (p.recompute) {
     case Recompute::full: x.recompute_s = x.forward_s; break;
-    case Recompute::selective: x.recompute_s = x.attention_core_s; break;
+    case Recompute::selective:
+      if (t.engine.selective == SelectiveRecompute::op_policy) {
+        const OpPolicyShares share = op_policy_recompute_shares(m);
+        x.recompute_s = share.qkv * qkv.forward_s + share.out_proj * out.forward_s + share.mlp * mlp.forward_s +
+                        elementwise_s + attention_elementwise_s + fp8_cast.forward_s;
+      } else {
+        x.recompute_s = x.attention_core_s;
+      }
+      break;
     case Recompute::none: break;
   }
   LayerFlops fl = layer_forward_flops(m, s.tokens, s.seq_kv);

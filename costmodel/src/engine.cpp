@@ -53,12 +53,21 @@ constexpr EngineMechanics kMechanics[] = {
     // prefetched (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py); activation checkpointing
     // wraps the block inside its FSDP unit, so the recompute runs on the backward's gather. No
     // published torchtitan run is in the validation files: compute scale 1 is an assumption.
+    // Memory: fully_shard's MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) keeps
+    // fp32 shards (the optimizer steps them) and reduce-scatters fp32 gradients
+    // (training.mixed_precision_param / mixed_precision_reduce, the latter only "float32" in
+    // torchtitan/config/job_config.py); --recompute selective is its op-level policy
+    // (selective_ac_option "op": save every op output of _save_list, mm, the SDPA kernels,
+    // reduce_scatter, max, but every second mm; apply_ac).
     {.engine = Engine::torchtitan,
      .version = "v0.2.2",
-     .source = "torchtitan/models/llama3/infra/parallelize.py apply_fsdp, apply_ac (v0.2.2)",
+     .source = "torchtitan/models/llama3/infra/parallelize.py apply_fsdp, apply_ac; torchtitan/config/job_config.py (v0.2.2)",
      .sharded = kLayerPrefetched,
      .gemm_scale = 1.0,
-     .elementwise_scale = 1.0},
+     .elementwise_scale = 1.0,
+     .bf16_grads_in_fp32 = true,
+     .selective = SelectiveRecompute::op_policy,
+     .fp32_sharded_params = true},
     // DeepSpeed ZeRO-3 as first released (March 2021; Narayanan et al. 2021, Table 2, ran it):
     // deepspeed/runtime/zero/partition_parameters.py _allgather_param gathers each parameter on its
     // own, torch.distributed.all_gather into a list of world-size partitions (PyTorch's

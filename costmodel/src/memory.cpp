@@ -164,9 +164,11 @@ double gradient_reduce_bytes(const TrainingSpec& t) {
 }
 
 ModelStateBytes model_state_bytes(double n, int shard_ranks, const TrainingSpec& t, const ParallelConfig& p) {
-  const BytesPerParam b = bytes_per_param(t);
+  BytesPerParam b = bytes_per_param(t);
   const double nd = std::max(1, shard_ranks);
   const bool shard_optimizer = p.zero_stage >= 1 || p.distributed_optimizer;
+  // FSDP2's fp32 shards are the master weights: 4 + 4 + 8 (fp8: the 16-bit copy is the gathered unit).
+  if (p.zero_stage >= 3 && t.engine.fp32_sharded_params && t.precision != Precision::fp32) b = {4, 4, 8};
   ModelStateBytes s;
   s.weights_bytes = n * b.weights / (p.zero_stage >= 3 ? nd : 1.0);
   s.grads_bytes = n * b.grads / (p.zero_stage >= 2 ? nd : 1.0);
@@ -287,7 +289,13 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
         gathered = std::min(gathered, t.engine.sharded.max_live_params + largest);
         unsharded_grads = std::min(unsharded_grads, t.bucket_bytes / bpp.grads + largest);
       }
-      s.buffers_bytes += gathered * bpp.weights + unsharded_grads * bpp.grads + layer_params * bpp.grads / dense_shards;
+      if (t.engine.fp32_sharded_params && t.precision != Precision::fp32) {
+        // FSDP2: the gathered units are 16-bit; a unit's 16-bit gradients are cast to fp32 for the
+        // reduce-scatter (one unit at a time, both copies), whose fp32 shard is the gradient itself.
+        s.buffers_bytes += gathered * act + layer_params * (act + 4.0);
+      } else {
+        s.buffers_bytes += gathered * bpp.weights + unsharded_grads * bpp.grads + layer_params * bpp.grads / dense_shards;
+      }
     }
     // Pipeline send and receive buffers for one activation tensor each way.
     if (p.pp > 1) s.buffers_bytes += 2 * act * tokens * h / sp;

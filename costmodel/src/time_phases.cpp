@@ -565,9 +565,13 @@ void summarize(TimeBreakdown& r, const ModelSpec& m, const ClusterSpec& cluster,
   const double model_flops = model_flops_per_step(m, t);
   double tokens = double(t.global_batch) * t.seq_len;
   LayerFlops lf = layer_forward_flops(m, tokens, t.seq_len);
-  double recompute_flops = p.recompute == Recompute::full        ? m.num_layers * lf.total()
-                           : p.recompute == Recompute::selective ? m.num_layers * lf.attention
-                                                                 : 0.0;
+  double recompute_flops = p.recompute == Recompute::full ? m.num_layers * lf.total() : 0.0;
+  if (p.recompute == Recompute::selective) {
+    const OpPolicyShares share = op_policy_recompute_shares(m);
+    recompute_flops = m.num_layers * (t.engine.selective == SelectiveRecompute::op_policy
+                                          ? share.qkv * lf.qkv + share.out_proj * lf.out_proj + share.mlp * lf.mlp
+                                          : lf.attention);
+  }
   r.mfu = model_flops / (r.step_time_s * peak);
   r.hfu = (model_flops + recompute_flops) / (r.step_time_s * peak);
 }

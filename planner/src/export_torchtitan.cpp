@@ -5,6 +5,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "dplan/costmodel/memory.h"
 #include "export_engines.h"
 
 namespace dplan::planner::detail {
@@ -211,7 +212,7 @@ Exported export_torchtitan(const ExportInput& in) {
       "torchtitan " + std::string(engine.head_version) + " (HEAD): torchrun ... -m torchtitan.train $(grep -v '^#' torchtitan.overrides), its "
       "--module/--config lines picking the model" + std::string(config_function.empty() ? " (register one: see its header)" : ""),
       "torchtitan's llama3 has no rotary-base key in the TOML: the flavor's rope_theta applies"};
-  if (plan.training.precision != Precision::fp32 && !plan.training.fp32_grads)
+  if (!gradients_in_fp32(plan.training))
     notes.push_back("gradients: torchtitan " + std::string(engine.version) +
                     " reduces them in float32 (mixed_precision_reduce accepts only "
                     "\"float32\"), where the plan counted 16-bit gradients");

@@ -265,6 +265,30 @@ TEST_CASE("Megatron's first/last stage counts with the accounting flags are one 
   CHECK_THAT(line, Contains("--account-for-embedding"));
 }
 
+TEST_CASE("fp32 gradients and a bf16 gradient reduce together are one error naming both", "[cli][error]") {
+  std::string line = require_one_error_line(
+      run_dplan({"--model", "8B", "--gpus", "8", "--fp32-grads", "--grad-reduce-in-bf16"}));
+  CHECK_THAT(line, Contains("--grad-reduce-in-bf16"));
+  CHECK_THAT(line, Contains("--fp32-grads"));
+}
+
+TEST_CASE("--grad-reduce-in-bf16 halves the gradients Megatron holds and reaches the plan", "[cli]") {
+  auto grads = [](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"estimate", "--model", "8B", "--gpus", "8", "--dp", "8", "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const Result r = run_dplan(args);
+    REQUIRE(r.status == 0);
+    const json j = json::parse(r.out);
+    return std::pair{j.at("memory").at("stages").at(0).at("grads_bytes").get<double>(),
+                     j.at("training").value("grad_reduce_in_bf16", false)};
+  };
+  const auto [fp32, off] = grads({});
+  const auto [bf16, on] = grads({"--grad-reduce-in-bf16"});
+  CHECK(bf16 == Approx(fp32 / 2));
+  CHECK_FALSE(off);
+  CHECK(on);
+}
+
 TEST_CASE("estimate runs Llama-3.1-405B's 126 layers on pp 8 x vpp 8 with the embedding and loss accounted", "[cli]") {
   TempDir dir;
   const std::string plan = (fs::path(dir.path()) / "plan.json").string();

@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "dplan/costmodel/compute.h"
 #include "dplan/costmodel/memory.h"
 #include "dplan/planner/profiles.h"
 #include "test_profiles.h"
@@ -218,4 +219,88 @@ TEST_CASE("what a rank holds outside the allocator: the profile's reserve and NC
   // The CPU profile's gloo keeps nothing on a device.
   ClusterSpec cpu = store().load_cluster("local-cpu");
   CHECK(outside_allocator_bytes(cpu.gpu, p) == cpu.gpu.framework_reserve_bytes);
+}
+
+TEST_CASE("each engine's memory: gradients' dtype, FSDP2's fp32 shards, DeepSpeed's live parameters, op-level selective",
+          "[memory][engine]") {
+  const ClusterSpec c = store().load_cluster("dgx-h100");
+  const ModelSpec m = store().load_model("llama-3-8b");
+  TrainingSpec megatron{.seq_len = 4096, .global_batch = 64};
+  TrainingSpec titan = megatron, ds = megatron;
+  titan.engine = engine_mechanics(Engine::torchtitan);
+  ds.engine = engine_mechanics(Engine::deepspeed);
+
+  SECTION("gradients are fp32 where the engine keeps them so, unless told --grad-reduce-in-bf16") {
+    CHECK(gradients_in_fp32(megatron));
+    CHECK(bytes_per_param(megatron).grads == 4);
+    TrainingSpec bf16 = megatron;
+    bf16.grad_reduce_in_bf16 = true;
+    CHECK_FALSE(gradients_in_fp32(bf16));
+    CHECK(bytes_per_param(bf16).grads == 2);
+    CHECK_FALSE(gradients_in_fp32(ds));
+    CHECK(gradients_in_fp32(titan));  // FSDP2's reduce_dtype float32
+    TrainingSpec fp16 = megatron;
+    fp16.precision = Precision::fp16;
+    CHECK_FALSE(gradients_in_fp32(fp16));  // Megatron's fp32 rule is bf16's
+    CHECK(gradient_reduce_bytes(megatron) == 2);  // the time model's reduce stays 16-bit (memory.h)
+    TrainingSpec both = bf16;
+    both.fp32_grads = true;
+    CHECK_THROWS_WITH(validate(m, c, both, ParallelConfig{.dp = 8}, 8), Catch::Contains("--grad-reduce-in-bf16"));
+  }
+
+  SECTION("FSDP2 keeps fp32 shards, the master copy: the same 16 bytes per parameter, split 4 + 4 + 8") {
+    const ParallelConfig p{.dp = 8, .zero_stage = 3};
+    const ModelStateBytes fsdp2 = model_state_bytes(1e9, 8, titan, p);
+    CHECK(fsdp2.weights_bytes == 4e9 / 8);
+    CHECK(fsdp2.grads_bytes == 4e9 / 8);
+    CHECK(fsdp2.optimizer_bytes == 8e9 / 8);
+    TrainingSpec bf16_grads = megatron;
+    bf16_grads.grad_reduce_in_bf16 = true;
+    const ModelStateBytes zero3 = model_state_bytes(1e9, 8, bf16_grads, p);
+    CHECK(zero3.total_gpu_bytes() == fsdp2.total_gpu_bytes());
+    // Its buffers: two gathered 16-bit blocks, and one block's 16-bit gradients with their fp32 cast.
+    const MemoryEstimate e = estimate_memory(m, c, titan, p);
+    const double layer = layer_params(m).total();
+    CHECK_THAT(e.stages[0].buffers_bytes, WithinRel(2 * layer * 2 + layer * (2 + 4), 1e-12));
+  }
+
+  SECTION("DeepSpeed ZeRO-3 keeps at most stage3_max_live_parameters gathered, plus the tensor in use") {
+    const ModelSpec big = store().load_model("llama-3-70b");
+    const ParallelConfig p{.dp = 64, .zero_stage = 3};
+    const double live = ds.engine.sharded.max_live_params;
+    REQUIRE(live == 1e9);
+    const double fc1 = 2.0 * big.hidden_size * big.ffn_hidden_size;  // gate and up, fused
+    const double grads_bucket = ds.bucket_bytes / 2 + fc1;
+    const MemoryEstimate e = estimate_memory(big, c, ds, p);
+    const double slice = layer_params(big).total() * 2 / 64;
+    CHECK_THAT(e.stages[0].buffers_bytes, WithinRel((live + fc1) * 2 + grads_bucket * 2 + slice, 1e-12));
+    // Megatron-FSDP gathers whole layers: two of them, more than DeepSpeed's limit here.
+    const MemoryEstimate whole = estimate_memory(big, c, megatron, p);
+    CHECK(whole.stages[0].buffers_bytes > e.stages[0].buffers_bytes);
+  }
+
+  SECTION("torchtitan's selective recompute keeps the input, q, v, the attention's output, up and down") {
+    ParallelConfig p{.dp = 8, .recompute = Recompute::selective};
+    const double tokens = 4096, h = m.hidden_size, q = m.q_dim(), kv = m.kv_dim(), f = m.ffn_hidden_size;
+    const double expected = 2 * tokens * (h + q + kv + q + f + h) + 4.0 * m.num_heads * tokens;
+    CHECK(stored_activation_bytes_per_layer(m, titan, p) == Approx(expected));
+    // Megatron's selective drops only the s^2 tensors, none with flash attention.
+    ParallelConfig none = p;
+    none.recompute = Recompute::none;
+    CHECK(stored_activation_bytes_per_layer(m, megatron, p) == stored_activation_bytes_per_layer(m, megatron, none));
+    CHECK(stored_activation_bytes_per_layer(m, titan, p) < 0.6 * stored_activation_bytes_per_layer(m, titan, none));
+    // With tensor parallel the two reduce-scatters' outputs are kept too, sequence-sharded.
+    ParallelConfig tp{.tp = 2, .dp = 4, .sequence_parallel = true, .recompute = Recompute::selective};
+    const double tp_expected = 2 * tokens * (h / 2 + q / 2 + kv / 2 + q / 2 + f / 2 + h) + 4.0 * m.num_heads / 2 * tokens +
+                               2 * 2 * tokens * h / 2;
+    CHECK(stored_activation_bytes_per_layer(m, titan, tp) == Approx(tp_expected));
+    // The recompute reruns k, the output projection, w3 and the element-wise work, not the attention.
+    const OpPolicyShares share = op_policy_recompute_shares(m);
+    CHECK(share.qkv == Approx(kv / (q + 2 * kv)));
+    CHECK(share.mlp == Approx(1.0 / 3));
+    const LayerTimes op = layer_times(m, c.gpu, titan, p);
+    const LayerTimes core = layer_times(m, c.gpu, megatron, p);
+    CHECK(op.recompute_s > core.recompute_s);
+    CHECK(op.recompute_s < op.forward_s - op.attention_core_s + 1e-12);
+  }
 }

@@ -403,6 +403,11 @@ TEST_CASE("megatron export: tp x pp x vpp with ZeRO-1 and full recompute in core
   Plan unfused = plan;
   unfused.training.gradient_accumulation_fusion = false;
   CHECK(megatron_args(exported(unfused, Engine::megatron)).count("--no-gradient-accumulation-fusion") == 1);
+  // Megatron's own fp32 gradients, as the plan's memory counted them, unless the plan says bf16.
+  CHECK(a.count("--grad-reduce-in-bf16") == 0);
+  Plan bf16_grads = plan;
+  bf16_grads.training.grad_reduce_in_bf16 = true;
+  CHECK(megatron_args(exported(bf16_grads, Engine::megatron)).count("--grad-reduce-in-bf16") == 1);
   const std::string& args_text = file(e, "megatron.args").content;
   CHECK(args_text.rfind("# dplan export --to megatron of plan.json", 0) == 0);
   CHECK_THAT(args_text, Contains("core_v0.15.0"));

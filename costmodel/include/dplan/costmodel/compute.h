@@ -20,6 +20,15 @@ struct LayerFlops {
 };
 LayerFlops layer_forward_flops(const ModelSpec& model, double tokens, double seq_len);
 
+// What torchtitan's op-level selective recompute (SelectiveRecompute::op_policy, engine.h) reruns
+// of a layer's matrix multiplies, as shares of each: every second one in forward order, so k of
+// q, k, v; the output projection; the MLP's second up projection (SwiGLU's w3) or its down
+// projection (GELU's fc2). Its element-wise ops are rerun too; the attention kernel is not.
+struct OpPolicyShares {
+  double qkv = 0, out_proj = 0, mlp = 0;
+};
+OpPolicyShares op_policy_recompute_shares(const ModelSpec& model);
+
 // Forward FLOPs of the LM head (2ThV).
 double head_forward_flops(const ModelSpec& model, double tokens, double vocab);
 

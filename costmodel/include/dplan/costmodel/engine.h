@@ -51,6 +51,17 @@ struct ShardedDataParallel {
   bool operator==(const ShardedDataParallel&) const = default;
 };
 
+// What --recompute selective recomputes, as the engine implements it.
+enum class SelectiveRecompute {
+  // Megatron-LM's --recompute-granularity selective (core_attn): the attention core's s^2 tensors
+  // (Korthikanti et al. 2022, Sec. 4.2); with flash attention there are none to drop.
+  attention_core,
+  // torchtitan's op-level selective activation checkpointing (selective_ac_option "op"): a layer's
+  // forward keeps the outputs of its matrix multiplies but every second one, and the attention's,
+  // and reruns the rest (op_policy_recompute_shares, compute.h).
+  op_policy,
+};
+
 // One engine at one version: how it implements a layout, with the code it was read from.
 struct EngineMechanics {
   Engine engine = Engine::megatron;
@@ -67,6 +78,11 @@ struct EngineMechanics {
   // bf16 training (FP8's included, whose parameters are bf16) keeps its gradient buffer in fp32,
   // and accumulates and reduces it there, as if --fp32-grads were given (Megatron-LM).
   bool bf16_grads_in_fp32 = false;
+  SelectiveRecompute selective = SelectiveRecompute::attention_core;
+  // Sharded data parallel keeps the parameters' shards in fp32 and casts each gathered unit to
+  // 16 bits (FSDP2's MixedPrecisionPolicy): the shard is the master copy, so ZeRO-3 holds 4 + 4 + 8
+  // bytes per parameter over the shards instead of 2 + 2 + 12, and the gathered unit is 16-bit.
+  bool fp32_sharded_params = false;
   bool operator==(const EngineMechanics&) const = default;
 };
 

@@ -127,12 +127,12 @@ LayerActivations activations_per_layer(const ModelSpec& m, const TrainingSpec& t
     double k = m.experts_per_token, moe = m.moe_layer_fraction();
     a.mlp_bytes += x.gemm * tokens * x.h / x.sp;               // router / dispatch input
     a.mlp_bytes += moe * 4.0 * tokens * m.num_experts / x.sp;  // router probabilities
-    a.mlp_bytes += moe * (k * (x.gemm * tokens * x.h * p.expert_tp() / p.tp + inner(x.f_local)) +
-                          inner(m.shared_expert_ffn_size / x.t));
+    a.routed_expert_bytes = moe * k * (x.gemm * tokens * x.h * p.expert_tp() / p.tp + inner(x.f_local));
     // The combine: the k expert outputs of each of the rank's T/tp tokens, back from the all-to-all,
     // which the multiplication by the routing weights saves (Megatron's moe_unpermute with probs;
     // executor/src/moe.cpp).
-    a.mlp_bytes += moe * k * x.act * tokens * x.h / p.tp;
+    a.routed_expert_bytes += moe * k * x.act * tokens * x.h / p.tp;
+    a.mlp_bytes += a.routed_expert_bytes + moe * inner(m.shared_expert_ffn_size / x.t);
     a.mlp_bytes += (1 - moe) * inner(m.dense_ffn_hidden_size / x.t);
   } else {
     a.mlp_bytes += x.gemm * tokens * x.h / x.sp + inner(x.f_local);
@@ -155,6 +155,18 @@ double stored_activation_bytes_per_layer(const ModelSpec& m, const TrainingSpec&
       break;
   }
   return activations_per_layer(m, t, p).total();
+}
+
+double moe_dispatch_bytes(const ModelSpec& m, const TrainingSpec& t, const ParallelConfig& p) {
+  if (!m.is_moe()) return 0.0;
+  const Shape x = shape_of(m, t, p);
+  return 2 * m.experts_per_token * x.act * x.s * x.b * x.h * p.expert_tp() / p.tp;
+}
+
+double moe_worst_case_imbalance(const ModelSpec& m, const ParallelConfig& p) {
+  if (!m.is_moe()) return 1.0;
+  const double k = m.experts_per_token, local_experts = double(m.num_experts) / p.ep;
+  return std::max(1.0, p.ep * std::min(k, local_experts) / k);
 }
 
 // Backward starts when stored activations are at their peak, and its first GEMM Y = X W^T then

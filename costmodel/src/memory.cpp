@@ -231,7 +231,12 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
     // Activations: what each layer stores, for every micro-batch in flight (per chunk where the
     // interleaved chunks differ: layer_microbatches_in_flight), plus the largest of the working
     // sets that come one at a time on top of them.
-    s.activations_bytes = stored_per_layer * layer_microbatches_in_flight(p, chunks[stage], stage, microbatches);
+    const double layer_microbatches = layer_microbatches_in_flight(p, chunks[stage], stage, microbatches);
+    s.activations_bytes = stored_per_layer * layer_microbatches;
+    // Routed experts keep their activations unless the whole layer is recomputed (its input only).
+    if (p.recompute != Recompute::full)
+      s.moe_worst_case_extra_bytes =
+          (moe_worst_case_imbalance(m, p) - 1) * full_layer.routed_expert_bytes * layer_microbatches;
     // A layer's backward: the layer being recomputed (its full set beyond what it stored), with
     // full recompute the gradient arriving at its output (the stored input is all it kept), and
     // the gradients of its first backward GEMM (fc2).
@@ -240,6 +245,9 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
       if (p.recompute != Recompute::none) layer_backward += full_layer.total() - stored_per_layer;
       if (p.recompute == Recompute::full) layer_backward += act * tokens * h / sp;
       layer_backward += backward_working_set_bytes(m, t, p, false);
+      // An MoE layer's backward runs its dispatch and combine in reverse: the permuted and the
+      // received gradients' copies are live beside it.
+      layer_backward += moe_dispatch_bytes(m, t, p);
     }
     double working = layer_backward;
     // Embedding dropout mask per in-flight micro-batch (Korthikanti Sec. 4.3: sbhp/t).
@@ -353,6 +361,8 @@ json to_json(const MemoryEstimate& e) {
                       {"other_bytes", s.other_bytes()},
                       {"total_bytes", s.total_bytes()},
                       {"host_bytes", s.host_bytes}});
+    // MoE layouts only, so that other plans' files stay as they were.
+    if (s.moe_worst_case_extra_bytes > 0) stages.back()["moe_worst_case_extra_bytes"] = s.moe_worst_case_extra_bytes;
   }
   return json{{"fits", e.fits},
               {"peak_bytes", e.peak_bytes},

@@ -26,7 +26,7 @@ bool looks_like_path(const std::string& s) {
 const std::vector<std::pair<std::string, std::string>>& model_shorthands() {
   static const std::vector<std::pair<std::string, std::string>> kShorthands = {
       {"7b", "llama-2-7b"},         {"8b", "llama-3-8b"},           {"13b", "llama-2-13b"},
-      {"70b", "llama-3-70b"},       {"405b", "llama-3.1-405b"},     {"8x7b", "mixtral-8x7b"},
+      {"70b", "llama-3-70b"},       {"405b", "llama-3.1-405b"},     {"8x7b", "mixtral-8x7b"},    {"8x22b", "mixtral-8x22b"},
       {"175b", "gpt3-175b"},        {"1.7b", "gpt-1.7b"},           {"3.6b", "gpt-3.6b"},
       {"7.5b", "gpt-7.5b"},         {"18.4b", "gpt-18.4b"},         {"39.1b", "gpt-39.1b"},
       {"76.1b", "gpt-76.1b"},       {"145.6b", "gpt-145.6b"},       {"310.1b", "gpt-310.1b"},

@@ -1,6 +1,7 @@
 #include "dplan/planner/report.h"
 #include "dplan/costmodel/units.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -159,6 +160,13 @@ std::string memory_table(const ClusterSpec& cluster, const MemoryEstimate& mem) 
     o << "does not fit:\n";
     for (const auto& r : memory_problems(mem)) o << "  - " << r << "\n";
   }
+  const auto imbalanced = std::max_element(mem.stages.begin(), mem.stages.end(), [](const auto& a, const auto& b) {
+    return a.moe_worst_case_extra_bytes < b.moe_worst_case_extra_bytes;
+  });
+  if (imbalanced != mem.stages.end() && imbalanced->moe_worst_case_extra_bytes > 0)
+    o << "MoE routing counted balanced; dropless at worst (every token of the ep group to one rank's experts) "
+      << "adds " << fmt("%.1f", imbalanced->moe_worst_case_extra_bytes / kGiB) << " GiB to stage " << imbalanced->stage
+      << "'s activations\n";
   o << "plans keep " << fmt("%.0f", 100 * mem.headroom_fraction)
     << " % of HBM free for allocator fragmentation and communication buffers: --headroom\n";
   return o.str();

@@ -304,3 +304,31 @@ TEST_CASE("each engine's memory: gradients' dtype, FSDP2's fp32 shards, DeepSpee
     CHECK(op.recompute_s < op.forward_s - op.attention_core_s + 1e-12);
   }
 }
+
+TEST_CASE("MoE: the dispatcher's buffers at the balanced count, and dropless routing's worst case stated apart",
+          "[memory][moe]") {
+  const ClusterSpec c = store().load_cluster("dgx-h100");
+  const ModelSpec mixtral = store().load_model("mixtral-8x7b");
+  const ModelSpec dense = store().load_model("llama-3-8b");
+  const TrainingSpec t{.seq_len = 4096, .global_batch = 64};
+  const ParallelConfig p{.tp = 2, .dp = 4, .ep = 8, .etp = 1, .sequence_parallel = true};
+  CHECK(moe_dispatch_bytes(dense, t, p) == 0);
+  CHECK(moe_worst_case_imbalance(dense, p) == 1);
+  // k 2 copies of the rank's 4096 / 2 tokens (etp 1 of tp 2), permuted and received.
+  CHECK(moe_dispatch_bytes(mixtral, t, p) == Approx(2 * 2 * 2.0 * 4096 * 4096 / 2));
+  // One expert a rank (8 over ep 8): a token sends it at most 1 of its 2 copies, from all 8 ranks.
+  CHECK(moe_worst_case_imbalance(mixtral, p) == 4);
+  CHECK(moe_worst_case_imbalance(store().load_model("deepseek-v3"), ParallelConfig{.dp = 64, .ep = 64}) == 32);
+  CHECK(moe_worst_case_imbalance(mixtral, ParallelConfig{.dp = 8}) == 1);  // every expert on every rank
+  const MemoryEstimate e = estimate_memory(mixtral, c, t, p);
+  const LayerActivations a = activations_per_layer(mixtral, t, p);
+  REQUIRE(a.routed_expert_bytes > 0);
+  CHECK(a.routed_expert_bytes < a.mlp_bytes);
+  CHECK(e.stages[0].moe_worst_case_extra_bytes == Approx(3 * a.routed_expert_bytes * mixtral.num_layers));
+  CHECK(e.stages[0].moe_worst_case_extra_bytes > 0);
+  CHECK(e.stages[0].total_bytes() < e.stages[0].total_bytes() + e.stages[0].moe_worst_case_extra_bytes);
+  // Full recompute keeps only the layer's input: nothing of the experts to grow.
+  ParallelConfig full = p;
+  full.recompute = Recompute::full;
+  CHECK(estimate_memory(mixtral, c, t, full).stages[0].moe_worst_case_extra_bytes == 0);
+}

@@ -34,9 +34,17 @@ TEST_CASE("every shipped profile loads and names its sources", "[profiles]") {
   }
 }
 
+TEST_CASE("mixtral-8x22b is the 141 B model its card names, and 8x22B reaches it", "[profiles]") {
+  const costmodel::ModelSpec m = store().load_model("8x22B");
+  CHECK(m.name == "mixtral-8x22b");
+  CHECK(costmodel::num_params(m) / 1e9 == Approx(140.6).epsilon(0.002));
+  CHECK(m.num_experts == 8);
+  CHECK(m.experts_per_token == 2);
+}
+
 TEST_CASE("the shipped model presets, clusters and GPUs all load", "[profiles]") {
   for (const char* m : {"llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "llama-3.1-405b", "llama-3.2-1b",
-                        "mistral-7b", "mixtral-8x7b", "gpt3-175b", "gpt-1.7b", "gpt-3.6b", "gpt-7.5b", "gpt-18.4b",
+                        "mistral-7b", "mixtral-8x7b", "mixtral-8x22b", "gpt3-175b", "gpt-1.7b", "gpt-3.6b", "gpt-7.5b", "gpt-18.4b",
                         "gpt-39.1b", "gpt-76.1b", "gpt-145.6b", "gpt-310.1b", "gpt-529.6b", "gpt-1t", "gpt-tiny",
                         "gpt-small"})
     CHECK_NOTHROW(store().load_model(m));

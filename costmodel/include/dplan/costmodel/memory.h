@@ -66,6 +66,9 @@ std::vector<StageParams> stage_params(const ModelSpec& model, const ParallelConf
 struct LayerActivations {
   double attention_bytes = 0;   // norm input, QKV input, Q K V, scores/softmax/dropout, out-proj input, dropout mask
   double mlp_bytes = 0;         // norm input, fc1 input, activation input/output, dropout mask (x top-k for MoE)
+  // Of mlp_bytes, what the routed experts keep for the tokens this rank receives (their inputs,
+  // inner activations and the combine's saved outputs): it grows with routing imbalance.
+  double routed_expert_bytes = 0;
   double total() const { return attention_bytes + mlp_bytes; }
 };
 LayerActivations activations_per_layer(const ModelSpec& model, const TrainingSpec& training,
@@ -75,6 +78,17 @@ LayerActivations activations_per_layer(const ModelSpec& model, const TrainingSpe
 // attention core's s^2 tensors; full keeps only the layer input) for one micro-batch.
 double stored_activation_bytes_per_layer(const ModelSpec& model, const TrainingSpec& training,
                                          const ParallelConfig& parallel);
+
+// The token dispatcher's buffers while an MoE layer runs (forward or backward, one layer at a
+// time): the k copies of the rank's tokens permuted for the all-to-all and the copies it receives
+// (Megatron-Core's MoEAlltoAllTokenDispatcher: permute, all-to-all, sort_chunks_by_idxs), at the
+// expected, balanced count: 2 k T etp/tp tokens of h. 0 for dense models.
+double moe_dispatch_bytes(const ModelSpec& model, const TrainingSpec& training, const ParallelConfig& parallel);
+
+// Dropless routing bounds nothing: one rank's experts may receive more than their share. At worst
+// every token of the ep group sends it min(k, E/ep) copies, ep min(k, E/ep)/k times the expected
+// count; the routed experts' stored activations grow by that factor.
+double moe_worst_case_imbalance(const ModelSpec& model, const ParallelConfig& parallel);
 
 // The transient working set of backward on top of what is stored: the gradients of a backward
 // GEMM, the LM head's on the last stage (`last_stage`), a layer's fc2 otherwise.
@@ -105,6 +119,9 @@ struct StageMemory {
   double buffers_bytes = 0;          // gradient buckets, ZeRO-3 gathered layers, pipeline send/recv buffers
   double reserve_bytes = 0;          // outside the allocator: the profile's reserve and NCCL's buffers (outside_allocator_bytes)
   double host_bytes = 0;             // offloaded optimizer states, per GPU, in host memory
+  // Not in the total: what the stage's stored activations would add if every MoE layer's experts
+  // received the worst case of dropless routing (moe_worst_case_imbalance) instead of their share.
+  double moe_worst_case_extra_bytes = 0;
   double other_bytes() const { return logits_bytes + buffers_bytes + reserve_bytes; }
   double total_bytes() const {
     return weights_bytes + grads_bytes + optimizer_bytes + activations_bytes + other_bytes();

@@ -13,9 +13,11 @@ CheckpointBytesPerParam checkpoint_bytes_per_param(const TrainingSpec& t) {
   // GEMM (Transformer Engine), so the checkpoint holds 2 bytes. 16-bit weights are stepped through
   // an fp32 master copy (Micikevicius et al. 2018, "Mixed Precision Training"; ZeRO's K = 12 =
   // 4 master + 8 moments, Rajbhandari et al. 2020 Sec. 3.1), which the checkpoint must hold to
-  // resume bit-exactly. AdamW's two moments are fp32 in every precision.
-  if (t.precision == Precision::fp32) return {4, 0, 8};
-  return {2, 4, 8};
+  // resume bit-exactly. AdamW's two moments are fp32, or bf16 where training keeps them so
+  // (TrainingSpec::bf16_adam_moments).
+  const double moments = t.bf16_adam_moments ? 4 : 8;
+  if (t.precision == Precision::fp32) return {4, 0, moments};
+  return {2, 4, moments};
 }
 
 double host_copy_bytes_per_s(const ClusterSpec& c, int ranks_per_node) {

@@ -9,7 +9,7 @@ std::string executor_does_not_run(const std::string& what) {
          "(dplan --runnable searches only those)";
 }
 
-std::optional<std::string> executor_refusal(const ModelSpec& model, const TrainingSpec& /*training*/,
+std::optional<std::string> executor_refusal(const ModelSpec& model, const TrainingSpec& training,
                                             const ParallelConfig& p) {
   // MoE: Mixtral-style layers (executor/src/moe.h): every layer routed, no shared expert, no router bias.
   if (model.num_dense_layers > 0 || model.shared_expert_ffn_size > 0 || model.router_bias)
@@ -25,6 +25,9 @@ std::optional<std::string> executor_refusal(const ModelSpec& model, const Traini
     return std::string(p.overlap_ep_comm ? "the EP overlap (--overlap-ep-comm)" : "the DeepEP dispatcher") +
            " is not run (the executor's MoE layers send tokens with one all-to-all, one micro-batch at a time); "
            "drop --overlap-ep-comm and use --moe-dispatcher alltoall";
+  // Its AdamW keeps fp32 moments (executor/src/rank_setup.cpp build_optimizer: torch::optim::AdamW).
+  if (training.bf16_adam_moments)
+    return "bf16 Adam moments are not run (the executor's AdamW keeps them in fp32); drop --bf16-adam-moments";
   // Its pipeline plays pipeline_order (pipeline.h), which has no bidirectional schedule.
   if (p.schedule == Schedule::dualpipe)
     return executor_does_not_run("the dualpipe schedule (--schedule dualpipe)");

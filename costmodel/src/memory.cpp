@@ -147,14 +147,15 @@ bool gradients_in_fp32(const TrainingSpec& t) {
 
 BytesPerParam bytes_per_param(const TrainingSpec& t) {
   const double grads = gradients_in_fp32(t) ? 4.0 : 2.0;
+  const double moments = t.bf16_adam_moments ? 2 + 2 : 4 + 4;  // Adam's momentum and variance
   switch (t.precision) {
     case Precision::fp32:
-      return {4, 4, 8};  // fp32 weights and grads, Adam momentum and variance
+      return {4, 4, moments};  // fp32 weights and grads, stepped in place
     case Precision::bf16:
     case Precision::fp16:
-      return {2, grads, 12};  // ZeRO's K = 12: fp32 master, momentum, variance
+      return {2, grads, 4 + moments};  // ZeRO's K = 12: fp32 master, momentum, variance
     case Precision::fp8:
-      return {3, grads, 12};  // bf16 weights + fp8 copy for the GEMMs
+      return {3, grads, 4 + moments};  // bf16 weights + fp8 copy for the GEMMs
   }
   return {};
 }
@@ -168,7 +169,7 @@ ModelStateBytes model_state_bytes(double n, int shard_ranks, const TrainingSpec&
   const double nd = std::max(1, shard_ranks);
   const bool shard_optimizer = p.zero_stage >= 1 || p.distributed_optimizer;
   // FSDP2's fp32 shards are the master weights: 4 + 4 + 8 (fp8: the 16-bit copy is the gathered unit).
-  if (p.zero_stage >= 3 && t.engine.fp32_sharded_params && t.precision != Precision::fp32) b = {4, 4, 8};
+  if (p.zero_stage >= 3 && t.engine.fp32_sharded_params && t.precision != Precision::fp32) b = {4, 4, b.optimizer - 4};
   ModelStateBytes s;
   s.weights_bytes = n * b.weights / (p.zero_stage >= 3 ? nd : 1.0);
   s.grads_bytes = n * b.grads / (p.zero_stage >= 2 ? nd : 1.0);

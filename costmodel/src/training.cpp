@@ -862,6 +862,7 @@ json to_json(const TrainingSpec& t) {
   if (!(t.engine == engine_mechanics(Engine::megatron))) j["engine"] = engine_label(t.engine);
   if (!t.gradient_accumulation_fusion) j["gradient_accumulation_fusion"] = false;  // written where off, likewise
   if (t.grad_reduce_in_bf16) j["grad_reduce_in_bf16"] = true;  // written where set, likewise
+  if (t.bf16_adam_moments) j["bf16_adam_moments"] = true;
   return j;
 }
 
@@ -903,6 +904,7 @@ TrainingSpec training_from_json(const json& j, const std::string& file, const st
   t.attention = attention_from_string(r.one_of("attention", {"flash", "standard"}));
   t.fp32_grads = r.boolean("fp32_grads");
   if (r.has("grad_reduce_in_bf16")) t.grad_reduce_in_bf16 = r.boolean("grad_reduce_in_bf16");
+  if (r.has("bf16_adam_moments")) t.bf16_adam_moments = r.boolean("bf16_adam_moments");
   if (r.has("gradient_accumulation_fusion")) t.gradient_accumulation_fusion = r.boolean("gradient_accumulation_fusion");
   t.vocab_pad_multiple = static_cast<int>(r.int_in("vocab_pad_multiple", 1, 1 << 16));
   t.bucket_bytes = r.number_in("bucket_mib", 1e-3, 1e6) * kMiB;

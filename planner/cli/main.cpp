@@ -65,6 +65,7 @@ struct Options {
   std::string engine = "megatron";  // costmodel/engine.h: whose implementation is priced
   bool fp32_grads = false;
   bool grad_reduce_in_bf16 = false;
+  bool bf16_adam_moments = false;
   bool no_grad_accumulation_fusion = false;
   bool json = false;
   std::string output;               // -o plan.json
@@ -106,6 +107,7 @@ Inputs load_inputs(const Options& o, const ProfileStore& store) {
   in.training.attention = attention_from_string(o.attention);
   in.training.fp32_grads = o.fp32_grads;
   in.training.grad_reduce_in_bf16 = o.grad_reduce_in_bf16;
+  in.training.bf16_adam_moments = o.bf16_adam_moments;
   in.training.gradient_accumulation_fusion = !o.no_grad_accumulation_fusion;
   in.training.engine = costmodel::engine_mechanics_from_label(o.engine);
   // The model's sequence length: max_position_embeddings, capped at 8192 for long-context
@@ -630,6 +632,8 @@ CLI::Option* add_common(CLI::App& app, Options& o) {
   app.add_flag("--grad-reduce-in-bf16", o.grad_reduce_in_bf16,
                "keep bf16 training's gradients in bf16 where the engine keeps them in fp32 (Megatron's flag)")
       ->excludes(fp32_grads);
+  app.add_flag("--bf16-adam-moments", o.bf16_adam_moments,
+               "keep AdamW's moments in bf16 (Megatron's precision-aware optimizer; DeepSeek-V3's recipe)");
   app.add_flag("--no-gradient-accumulation-fusion", o.no_grad_accumulation_fusion,
                "add each micro-batch's gradients in a pass of their own, not in the weight-gradient GEMM (Megatron's flag)");
   app.add_flag("--no-overlap-grad-reduce", o.no_overlap_grad, "reduce gradients after backward, not during");

@@ -408,6 +408,12 @@ void megatron_rules(const Plan& plan, Rules& r) {
   r.rule(!p.offload_optimizer || p.zero_stage >= 1 || p.distributed_optimizer, [&] {
     return std::string("--optimizer-cpu-offload needs the distributed optimizer; use --dist-opt or --zero 1");
   });
+  // "--use-precision-aware-optimizer only supported with distributed optimizer"
+  // (megatron/core/optimizer/__init__.py at NVIDIA/Megatron-LM@d98e8a64dd).
+  r.rule(!plan.training.bf16_adam_moments || p.zero_stage >= 1 || p.distributed_optimizer, [&] {
+    return std::string("bf16 Adam moments (--use-precision-aware-optimizer) need the distributed optimizer; use "
+                       "--dist-opt or --zero 1");
+  });
   // These hold by construction of the exported flags (docs/export.md):
   // --sequence-parallel only with tp > 1, CUDA_DEVICE_MAX_CONNECTIONS=1 in the launch script,
   // --overlap-param-gather only with a sharded optimizer and --overlap-grad-reduce, no
@@ -415,10 +421,15 @@ void megatron_rules(const Plan& plan, Rules& r) {
   megatron_model_rules(plan, r);
 }
 
-// Megatron-Core's MoE communication options (ParallelConfig::moe_dispatcher, overlap_ep_comm): the
-// other engines' files at the versions dplan writes have no key for them.
-void megatron_moe_comm_rules(const Plan& plan, Rules& r) {
+// Megatron-Core's options the other engines' files at the versions dplan writes have no key for:
+// its MoE communication (ParallelConfig::moe_dispatcher, overlap_ep_comm) and its precision-aware
+// optimizer's bf16 moments (TrainingSpec::bf16_adam_moments).
+void megatron_only_rules(const Plan& plan, Rules& r) {
   const ParallelConfig& p = plan.parallel;
+  r.rule(!plan.training.bf16_adam_moments, [&] {
+    return std::string("keeps AdamW's moments in fp32 (no key for their dtype); drop --bf16-adam-moments or use "
+                       "the megatron export");
+  });
   r.rule(p.moe_dispatcher == MoeDispatcher::alltoall, [&] {
     return std::string("cannot express the DeepEP dispatcher (Megatron-Core's flex dispatcher); use "
                        "--moe-dispatcher alltoall or the megatron export");
@@ -430,7 +441,7 @@ void megatron_moe_comm_rules(const Plan& plan, Rules& r) {
 }
 
 void torchtitan_rules(const Plan& plan, Rules& r) {
-  megatron_moe_comm_rules(plan, r);
+  megatron_only_rules(plan, r);
   torchtitan_model_rules(plan, r);
   torchtitan_data_parallel_rules(plan, r);
   torchtitan_tensor_rules(plan, r);
@@ -442,7 +453,7 @@ void torchtitan_rules(const Plan& plan, Rules& r) {
 
 void deepspeed_rules(const Plan& plan, Rules& r) {
   const ParallelConfig& p = plan.parallel;
-  megatron_moe_comm_rules(plan, r);
+  megatron_only_rules(plan, r);
   deepspeed_config_rules(plan, r);
   if (p.pp > 1) {
     r.rule(p.zero_stage < 2, [&] {
@@ -477,7 +488,7 @@ void deepspeed_rules(const Plan& plan, Rules& r) {
 
 void accelerate_rules(const Plan& plan, Rules& r) {
   const ParallelConfig& p = plan.parallel;
-  megatron_moe_comm_rules(plan, r);
+  megatron_only_rules(plan, r);
   r.rule(p.pp == 1, [&] {
     return "cannot express pipeline parallel (pp " + str(p.pp) +
            "): its config has no pipeline key; use --pp 1 or the megatron / torchtitan export";

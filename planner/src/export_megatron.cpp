@@ -81,6 +81,8 @@ constexpr const char* optimizer_cpu_offload = "--optimizer-cpu-offload";
 // validate_args: "The optimizer cpu offload must be used in conjunction with
 // `--use-precision-aware-optimizer`" (the hybrid device optimizer runs its code path).
 constexpr const char* use_precision_aware_optimizer = "--use-precision-aware-optimizer";
+constexpr const char* exp_avg_dtype = "--exp-avg-dtype";        // fp32 | fp16 | bf16 | fp8
+constexpr const char* exp_avg_sq_dtype = "--exp-avg-sq-dtype";  // likewise
 // _add_mixed_precision_args
 constexpr const char* bf16 = "--bf16";
 constexpr const char* fp16 = "--fp16";
@@ -218,9 +220,11 @@ void sharding_arguments(Args& a, const Plan& plan) {
   // The cost model's rule (compute.h), Megatron-FSDP's off included.
   if (!gradient_accumulation_fused(plan.training, p)) add(a, flag::no_gradient_accumulation_fusion);
   if (sharded_optimizer) add(a, flag::use_distributed_optimizer);
-  if (p.offload_optimizer) {
-    add(a, flag::optimizer_cpu_offload);
-    add(a, flag::use_precision_aware_optimizer);
+  if (p.offload_optimizer) add(a, flag::optimizer_cpu_offload);
+  if (p.offload_optimizer || plan.training.bf16_adam_moments) add(a, flag::use_precision_aware_optimizer);
+  if (plan.training.bf16_adam_moments) {
+    add(a, flag::exp_avg_dtype, "bf16");
+    add(a, flag::exp_avg_sq_dtype, "bf16");
   }
   // Overlap: --overlap-param-gather needs a sharded optimizer and --overlap-grad-reduce (validate_args).
   if (plan.overlap.grad_reduce && p.dp * p.cp > 1) add(a, flag::overlap_grad_reduce);

@@ -119,7 +119,8 @@ std::string describe_layout(const ModelSpec& model, const TrainingSpec& t, const
   o << ", micro-batch " << p.micro_batch << ", global batch " << t.global_batch << " ("
     << num_microbatches(t, p) << (num_microbatches(t, p) == 1 ? " micro-batch" : " micro-batches")
     << " per pipeline), seq " << t.seq_len << "\n"
-    << "        " << to_string(t.precision) << (t.fp32_grads ? " (fp32 grads)" : "") << ", ";
+    << "        " << to_string(t.precision) << (t.fp32_grads ? " (fp32 grads)" : "")
+    << (t.grad_reduce_in_bf16 ? " (bf16 grads)" : "") << (t.bf16_adam_moments ? " (bf16 Adam moments)" : "") << ", ";
   if (p.distributed_optimizer)
     o << "distributed optimizer";
   else

@@ -289,6 +289,19 @@ TEST_CASE("--grad-reduce-in-bf16 halves the gradients Megatron holds and reaches
   CHECK(on);
 }
 
+TEST_CASE("--bf16-adam-moments keeps 8 bytes of optimizer state per parameter, not 12, and reaches the plan", "[cli]") {
+  auto optimizer = [](bool bf16) {
+    std::vector<std::string> args = {"estimate", "--model", "8B", "--gpus", "8", "--dp", "8", "--dist-opt", "--json"};
+    if (bf16) args.push_back("--bf16-adam-moments");
+    const Result r = run_dplan(args);
+    REQUIRE(r.status == 0);
+    const json j = json::parse(r.out);
+    CHECK(j.at("training").value("bf16_adam_moments", false) == bf16);
+    return j.at("memory").at("stages").at(0).at("optimizer_bytes").get<double>();
+  };
+  CHECK(optimizer(true) == Approx(optimizer(false) * 8 / 12));
+}
+
 TEST_CASE("estimate runs Llama-3.1-405B's 126 layers on pp 8 x vpp 8 with the embedding and loss accounted", "[cli]") {
   TempDir dir;
   const std::string plan = (fs::path(dir.path()) / "plan.json").string();

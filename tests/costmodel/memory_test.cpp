@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "dplan/costmodel/checkpoint_cost.h"
 #include "dplan/costmodel/compute.h"
 #include "dplan/costmodel/memory.h"
 #include "dplan/planner/profiles.h"
@@ -246,6 +247,20 @@ TEST_CASE("each engine's memory: gradients' dtype, FSDP2's fp32 shards, DeepSpee
     TrainingSpec both = bf16;
     both.fp32_grads = true;
     CHECK_THROWS_WITH(validate(m, c, both, ParallelConfig{.dp = 8}, 8), Catch::Contains("--grad-reduce-in-bf16"));
+  }
+
+  SECTION("bf16 Adam moments: 4 + 2 + 2 bytes of optimizer state, and in the checkpoint") {
+    TrainingSpec bf16_moments = megatron;
+    bf16_moments.bf16_adam_moments = true;
+    CHECK(bytes_per_param(bf16_moments).optimizer == 8);
+    CHECK(bytes_per_param(megatron).optimizer == 12);
+    TrainingSpec fp32 = bf16_moments;
+    fp32.precision = Precision::fp32;
+    CHECK(bytes_per_param(fp32).optimizer == 4);
+    bf16_moments.engine = titan.engine;  // FSDP2's fp32 shard is the master: 4 + 4 + 4
+    CHECK(model_state_bytes(8e9, 8, bf16_moments, ParallelConfig{.dp = 8, .zero_stage = 3}).optimizer_bytes == 4e9);
+    CHECK(checkpoint_bytes_per_param(bf16_moments).moments == 4);
+    CHECK(checkpoint_bytes_per_param(megatron).moments == 8);
   }
 
   SECTION("FSDP2 keeps fp32 shards, the master copy: the same 16 bytes per parameter, split 4 + 4 + 8") {

@@ -408,6 +408,22 @@ TEST_CASE("megatron export: tp x pp x vpp with ZeRO-1 and full recompute in core
   Plan bf16_grads = plan;
   bf16_grads.training.grad_reduce_in_bf16 = true;
   CHECK(megatron_args(exported(bf16_grads, Engine::megatron)).count("--grad-reduce-in-bf16") == 1);
+  // bf16 Adam moments: Megatron's precision-aware optimizer, which needs the distributed optimizer.
+  Plan moments = plan;
+  moments.training.bf16_adam_moments = true;
+  const auto m = megatron_args(exported(moments, Engine::megatron));
+  CHECK(m.count("--use-precision-aware-optimizer") == 1);
+  CHECK(m.at("--exp-avg-dtype") == "bf16");
+  CHECK(m.at("--exp-avg-sq-dtype") == "bf16");
+  CHECK(a.count("--use-precision-aware-optimizer") == 0);
+  Plan plain = moments;
+  plain.parallel.zero_stage = 0;
+  plain.parallel.distributed_optimizer = false;
+  Plan plain_fp32 = plain;
+  plain_fp32.training.bf16_adam_moments = false;
+  require_rule(Engine::megatron, plain_fp32, plain, "need the distributed optimizer");
+  for (const Engine other : {Engine::torchtitan, Engine::deepspeed, Engine::accelerate, Engine::torchrun})
+    CHECK_FALSE(matching(moments, other, "--bf16-adam-moments").empty());
   const std::string& args_text = file(e, "megatron.args").content;
   CHECK(args_text.rfind("# dplan export --to megatron of plan.json", 0) == 0);
   CHECK_THAT(args_text, Contains("core_v0.15.0"));

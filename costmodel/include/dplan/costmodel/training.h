@@ -44,6 +44,11 @@ struct TrainingSpec {
   // (EngineMechanics::bf16_grads_in_fp32): Megatron-LM's --grad-reduce-in-bf16, NeMo's
   // optim.grad_sync_dtype bf16. Excludes fp32_grads. gradients_in_fp32 (memory.h) resolves both.
   bool grad_reduce_in_bf16 = false;
+  // AdamW's two moments kept in bf16 (the fp32 master weights stay): 4 + 2 + 2 bytes of optimizer
+  // state per parameter instead of 12. DeepSeek-V3 trained so (arXiv 2412.19437, Sec. 3.3.3,
+  // "Low-Precision Optimizer States"); Megatron-LM's --use-precision-aware-optimizer --exp-avg-dtype
+  // bf16 --exp-avg-sq-dtype bf16 (core_v0.15.0, with the distributed optimizer).
+  bool bf16_adam_moments = false;
   // Megatron's weight-gradient GEMMs accumulate straight into the gradient buffer (main_grad);
   // false: --no-gradient-accumulation-fusion, each micro-batch's gradients added in a pass of their
   // own (unfused_accumulation_s).

@@ -272,7 +272,7 @@ TEST_CASE("fp32 gradients and a bf16 gradient reduce together are one error nami
   CHECK_THAT(line, Contains("--fp32-grads"));
 }
 
-TEST_CASE("--grad-reduce-in-bf16 halves the gradients Megatron holds and reaches the plan", "[cli]") {
+TEST_CASE("a bf16 gradient reduce (--grad-reduce-in-bf16) halves the gradients Megatron holds and reaches the plan", "[cli]") {
   auto grads = [](const std::vector<std::string>& extra) {
     std::vector<std::string> args = {"estimate", "--model", "8B", "--gpus", "8", "--dp", "8", "--json"};
     args.insert(args.end(), extra.begin(), extra.end());
@@ -289,7 +289,7 @@ TEST_CASE("--grad-reduce-in-bf16 halves the gradients Megatron holds and reaches
   CHECK(on);
 }
 
-TEST_CASE("--bf16-adam-moments keeps 8 bytes of optimizer state per parameter, not 12, and reaches the plan", "[cli]") {
+TEST_CASE("bf16 Adam moments (--bf16-adam-moments) keep 8 bytes of optimizer state per parameter, not 12, and reach the plan", "[cli]") {
   auto optimizer = [](bool bf16) {
     std::vector<std::string> args = {"estimate", "--model", "8B", "--gpus", "8", "--dp", "8", "--dist-opt", "--json"};
     if (bf16) args.push_back("--bf16-adam-moments");

@@ -5,6 +5,7 @@
 // latest_fsdp.yaml and examples/torch_native_parallelism/configs at 16cb6eb80d.
 #include <sstream>
 
+#include "dplan/costmodel/memory.h"
 #include "export_engines.h"
 
 namespace dplan::planner::detail {
@@ -29,7 +30,7 @@ nlohmann::ordered_json deepspeed_config(const Plan& plan) {
   if (stage > 0) {
     zero["overlap_comm"] = plan.overlap.grad_reduce;
     // Bucket sizes count elements: the plan's bucket bytes over the gradient's element size.
-    const double grad_bytes = t.precision == Precision::fp32 || t.fp32_grads ? 4 : 2;
+    const double grad_bytes = gradients_in_fp32(t) ? 4 : 2;
     zero["reduce_bucket_size"] = static_cast<long long>(t.bucket_bytes / grad_bytes);
     if (stage >= 2) zero["contiguous_gradients"] = true;
     if (p.offload_optimizer) zero["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};

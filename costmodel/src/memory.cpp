@@ -153,7 +153,7 @@ BytesPerParam bytes_per_param(const TrainingSpec& t) {
       return {4, 4, moments};  // fp32 weights and grads, stepped in place
     case Precision::bf16:
     case Precision::fp16:
-      return {2, grads, 4 + moments};  // ZeRO's K = 12: fp32 master, momentum, variance
+      return {2, grads, 4 + moments};  // fp32 master and the moments (ZeRO's K = 12 with fp32 moments)
     case Precision::fp8:
       return {3, grads, 4 + moments};  // bf16 weights + fp8 copy for the GEMMs
   }
@@ -168,7 +168,7 @@ ModelStateBytes model_state_bytes(double n, int shard_ranks, const TrainingSpec&
   BytesPerParam b = bytes_per_param(t);
   const double nd = std::max(1, shard_ranks);
   const bool shard_optimizer = p.zero_stage >= 1 || p.distributed_optimizer;
-  // FSDP2's fp32 shards are the master weights: 4 + 4 + 8 (fp8: the 16-bit copy is the gathered unit).
+  // FSDP2's fp32 shards are the master weights: 4 + 4 + the moments (fp8: the 16-bit copy is the gathered unit).
   if (p.zero_stage >= 3 && t.engine.fp32_sharded_params && t.precision != Precision::fp32) b = {4, 4, b.optimizer - 4};
   ModelStateBytes s;
   s.weights_bytes = n * b.weights / (p.zero_stage >= 3 ? nd : 1.0);

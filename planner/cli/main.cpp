@@ -262,9 +262,31 @@ std::optional<double> headroom_that_fits(const Evaluation& e) {
   return std::floor(100 * (1 - e.peak_bytes / e.capacity_bytes)) / 100;
 }
 
+// The Megatron-LM options that keep model states in 16 bits and admit the near miss `p` at
+// `headroom`, each alone or both: bf16 gradients (--grad-reduce-in-bf16) where Megatron keeps them
+// in fp32, bf16 Adam moments where the optimizer is distributed (its precision-aware optimizer).
+// Empty where none does or the engine is not Megatron's.
+std::string sixteen_bit_states_that_fit(const Inputs& in, const ParallelConfig& p, double headroom) {
+  if (in.training.engine.engine != Engine::megatron) return "";
+  std::vector<std::pair<std::string, TrainingSpec>> options;
+  TrainingSpec grads = in.training, moments = in.training;
+  grads.grad_reduce_in_bf16 = gradients_in_fp32(in.training) && !in.training.fp32_grads;
+  moments.bf16_adam_moments = !in.training.bf16_adam_moments && (p.zero_stage >= 1 || p.distributed_optimizer);
+  if (grads.grad_reduce_in_bf16) options.push_back({"--grad-reduce-in-bf16", grads});
+  if (moments.bf16_adam_moments) options.push_back({"--bf16-adam-moments", moments});
+  if (options.size() == 2) {
+    TrainingSpec both = grads;
+    both.bf16_adam_moments = true;
+    options.push_back({"--grad-reduce-in-bf16 --bf16-adam-moments", both});
+  }
+  for (const auto& [flags, t] : options)
+    if (estimate_memory(in.model, in.cluster, t, p, headroom).fits) return flags;
+  return "";
+}
+
 // The fastest layout rejected for memory, in one line: what it would gain against `best_step_s`
 // (0: nothing fits), by how much it missed, the component that decided it, and what admits it.
-std::string closest_call(const Candidate& c, double best_step_s) {
+std::string closest_call(const Candidate& c, double best_step_s, const Inputs& in, double headroom) {
   const Evaluation& e = c.evaluation;
   std::ostringstream o;
   o << std::fixed << std::setprecision(1) << "closest call: " << short_layout(c.parallel) << ", mbs "
@@ -277,6 +299,8 @@ std::string closest_call(const Candidate& c, double best_step_s) {
     o << std::setprecision(2) << "it fits with --headroom " << *h;
   else
     o << "beyond the HBM itself: more recompute, sharding or GPUs";
+  if (const std::string flags = sixteen_bit_states_that_fit(in, c.parallel, headroom); !flags.empty())
+    o << ", or as it is with " << flags;
   return o.str();
 }
 
@@ -335,7 +359,7 @@ std::optional<Planned> plan_best(const Options& o, const ProfileStore& store) {
   if (pl.result.ranked.empty()) {
     std::string reasons;
     for (const auto& [why, n] : pl.result.rejected) reasons += "; " + std::to_string(n) + " " + why;
-    if (!pl.result.near_misses.empty()) reasons += "; " + closest_call(pl.result.near_misses[0], 0);
+    if (!pl.result.near_misses.empty()) reasons += "; " + closest_call(pl.result.near_misses[0], 0, in, o.headroom);
     std::cerr << "dplan: error: none of the " << pl.result.evaluated << " layouts of " << in.model.name << " on "
               << o.gpus << " x " << in.cluster.gpu.name << " fits in memory with " << std::lround(100 * o.headroom)
               << " % headroom" << reasons << "; add GPUs, pick a GPU with more memory or lower --headroom\n";
@@ -405,7 +429,7 @@ int run_plan(const Options& o, const ProfileStore& store) {
             << " evaluated in " << std::fixed << std::setprecision(2) << search_s << " s\n";
   for (const auto& [why, n] : result.rejected) std::cout << "     " << n << " rejected: " << why << "\n";
   if (!result.near_misses.empty())
-    std::cout << "     " << closest_call(result.near_misses[0], result.ranked[0].evaluation.step_time_s) << "\n";
+    std::cout << "     " << closest_call(result.near_misses[0], result.ranked[0].evaluation.step_time_s, in, o.headroom) << "\n";
   if (result.ranked.size() > 1 && o.rank_by == "goodput") {
     const Candidate& second = result.ranked[1];
     std::cout << "     the runner-up (" << short_layout(second.parallel) << ", mbs " << second.parallel.micro_batch << ", "

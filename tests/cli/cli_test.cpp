@@ -302,6 +302,30 @@ TEST_CASE("bf16 Adam moments (--bf16-adam-moments) keep 8 bytes of optimizer sta
   CHECK(optimizer(true) == Approx(optimizer(false) * 8 / 12));
 }
 
+TEST_CASE("the closest call names the 16-bit model states that would admit it, and they do", "[cli]") {
+  // Llama 3 70B on 16 H100: the fastest layout rejected for memory (tp 4 pp 4, ZeRO 0) holds
+  // Megatron's fp32 gradients; with bf16 ones it fits and the search picks it.
+  const std::vector<std::string> args = {"--model", "70B", "--gpus", "16", "--seq", "8192", "--global-batch", "64"};
+  const Result r = run_dplan(args);
+  REQUIRE(r.status == 0);
+  const auto at = r.out.find("closest call: ");
+  REQUIRE(at != std::string::npos);
+  const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+  CHECK_THAT(line, Contains("or as it is with --grad-reduce-in-bf16"));
+  REQUIRE_THAT(line, Contains("closest call: tp 4 pp 4 dp 1 vpp 5, mbs 1, zero 0, full recompute, sp,"));
+  auto fits = [](bool bf16) {
+    std::vector<std::string> est = {"estimate", "--model", "70B", "--gpus", "16", "--tp", "4", "--pp", "4", "--vpp", "5",
+                                    "--schedule", "interleaved", "--sp", "--recompute", "full", "--seq", "8192",
+                                    "--global-batch", "64", "--json"};
+    if (bf16) est.push_back("--grad-reduce-in-bf16");
+    const Result e = run_dplan(est);
+    REQUIRE(e.status == 0);
+    return json::parse(e.out).at("fits").get<bool>();
+  };
+  CHECK_FALSE(fits(false));
+  CHECK(fits(true));
+}
+
 TEST_CASE("estimate runs Llama-3.1-405B's 126 layers on pp 8 x vpp 8 with the embedding and loss accounted", "[cli]") {
   TempDir dir;
   const std::string plan = (fs::path(dir.path()) / "plan.json").string();

@@ -145,17 +145,30 @@ bool gradients_in_fp32(const TrainingSpec& t) {
          (bf16_params && t.engine.bf16_grads_in_fp32 && !t.grad_reduce_in_bf16);
 }
 
+namespace {
+
+// Adam's momentum and variance: fp32, or bf16 with --bf16-adam-moments.
+double adam_moment_bytes(const TrainingSpec& t) { return t.bf16_adam_moments ? 2 + 2 : 4 + 4; }
+
+}  // namespace
+
 BytesPerParam bytes_per_param(const TrainingSpec& t) {
   const double grads = gradients_in_fp32(t) ? 4.0 : 2.0;
-  const double moments = t.bf16_adam_moments ? 2 + 2 : 4 + 4;  // Adam's momentum and variance
+  const double moments = adam_moment_bytes(t);
+  // The fp32 master copy of 16-bit weights. --bf16-adam-moments is Megatron's precision-aware
+  // optimizer, whose Transformer Engine FusedAdam keeps only the 16 bits of each fp32 master the
+  // bf16 weight lacks (store_param_remainders, on by default from TE 2.1, for bf16 training and
+  // FP8's delayed scaling, the recipe dplan's export leaves: megatron/core/optimizer/
+  // optimizer_config.py and __init__.py at core_v0.15.0).
+  const double master = t.bf16_adam_moments ? 2.0 : 4.0;
   switch (t.precision) {
     case Precision::fp32:
       return {4, 4, moments};  // fp32 weights and grads, stepped in place
     case Precision::bf16:
     case Precision::fp16:
-      return {2, grads, 4 + moments};  // fp32 master and the moments (ZeRO's K = 12 with fp32 moments)
+      return {2, grads, master + moments};  // ZeRO's K = 12 with an fp32 master and fp32 moments
     case Precision::fp8:
-      return {3, grads, 4 + moments};  // bf16 weights + fp8 copy for the GEMMs
+      return {3, grads, master + moments};  // bf16 weights + fp8 copy for the GEMMs
   }
   return {};
 }
@@ -169,7 +182,7 @@ ModelStateBytes model_state_bytes(double n, int shard_ranks, const TrainingSpec&
   const double nd = std::max(1, shard_ranks);
   const bool shard_optimizer = p.zero_stage >= 1 || p.distributed_optimizer;
   // FSDP2's fp32 shards are the master weights: 4 + 4 + the moments (fp8: the 16-bit copy is the gathered unit).
-  if (p.zero_stage >= 3 && t.engine.fp32_sharded_params && t.precision != Precision::fp32) b = {4, 4, b.optimizer - 4};
+  if (p.zero_stage >= 3 && t.engine.fp32_sharded_params && t.precision != Precision::fp32) b = {4, 4, adam_moment_bytes(t)};
   ModelStateBytes s;
   s.weights_bytes = n * b.weights / (p.zero_stage >= 3 ? nd : 1.0);
   s.grads_bytes = n * b.grads / (p.zero_stage >= 2 ? nd : 1.0);

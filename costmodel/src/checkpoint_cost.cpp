@@ -15,7 +15,7 @@ CheckpointBytesPerParam checkpoint_bytes_per_param(const TrainingSpec& t) {
   // 4 master + 8 moments, Rajbhandari et al. 2020 Sec. 3.1), which the checkpoint must hold to
   // resume bit-exactly. AdamW's two moments are fp32, or bf16 where training keeps them so
   // (TrainingSpec::bf16_adam_moments).
-  const double moments = t.bf16_adam_moments ? 4 : 8;
+  const double moments = adam_moment_bytes(t);
   if (t.precision == Precision::fp32) return {4, 0, moments};
   return {2, 4, moments};
 }

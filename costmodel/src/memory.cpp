@@ -145,12 +145,7 @@ bool gradients_in_fp32(const TrainingSpec& t) {
          (bf16_params && t.engine.bf16_grads_in_fp32 && !t.grad_reduce_in_bf16);
 }
 
-namespace {
-
-// Adam's momentum and variance: fp32, or bf16 with --bf16-adam-moments.
 double adam_moment_bytes(const TrainingSpec& t) { return t.bf16_adam_moments ? 2 + 2 : 4 + 4; }
-
-}  // namespace
 
 BytesPerParam bytes_per_param(const TrainingSpec& t) {
   const double grads = gradients_in_fp32(t) ? 4.0 : 2.0;
@@ -218,6 +213,10 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
   const BytesPerParam bpp = bytes_per_param(t);
   const int dense_shards = p.dp * p.cp;
   const int expert_shards = p.expert_dp();
+  // The same on every stage.
+  const double dispatch = moe_dispatch_bytes(m, t, p);
+  const double worst_case_routing = moe_worst_case_imbalance(m, p);
+  const double outside_allocator = outside_allocator_bytes(c.gpu, p);
 
   MemoryEstimate est;
   est.capacity_bytes = c.gpu.memory_capacity_bytes();
@@ -250,7 +249,7 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
     // Routed experts keep their activations unless the whole layer is recomputed (its input only).
     if (p.recompute != Recompute::full)
       s.moe_worst_case_extra_bytes =
-          (moe_worst_case_imbalance(m, p) - 1) * full_layer.routed_expert_bytes * layer_microbatches;
+          (worst_case_routing - 1) * full_layer.routed_expert_bytes * layer_microbatches;
     // A layer's backward: the layer being recomputed (its full set beyond what it stored), with
     // full recompute the gradient arriving at its output (the stored input is all it kept), and
     // the gradients of its first backward GEMM (fc2).
@@ -261,7 +260,7 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
       layer_backward += backward_working_set_bytes(m, t, p, false);
       // An MoE layer's backward runs its dispatch and combine in reverse: the permuted and the
       // received gradients' copies are live beside it.
-      layer_backward += moe_dispatch_bytes(m, t, p);
+      layer_backward += dispatch;
     }
     double working = layer_backward;
     // Embedding dropout mask per in-flight micro-batch (Korthikanti Sec. 4.3: sbhp/t).
@@ -321,7 +320,7 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
     }
     // Pipeline send and receive buffers for one activation tensor each way.
     if (p.pp > 1) s.buffers_bytes += 2 * act * tokens * h / sp;
-    s.reserve_bytes = outside_allocator_bytes(c.gpu, p);
+    s.reserve_bytes = outside_allocator;
     est.stages.push_back(s);
   }
 

@@ -566,11 +566,11 @@ void summarize(TimeBreakdown& r, const ModelSpec& m, const ClusterSpec& cluster,
   double tokens = double(t.global_batch) * t.seq_len;
   LayerFlops lf = layer_forward_flops(m, tokens, t.seq_len);
   double recompute_flops = p.recompute == Recompute::full ? m.num_layers * lf.total() : 0.0;
-  if (p.recompute == Recompute::selective) {
+  if (p.recompute == Recompute::selective && t.engine.selective == SelectiveRecompute::op_policy) {
     const OpPolicyShares share = op_policy_recompute_shares(m);
-    recompute_flops = m.num_layers * (t.engine.selective == SelectiveRecompute::op_policy
-                                          ? share.qkv * lf.qkv + share.out_proj * lf.out_proj + share.mlp * lf.mlp
-                                          : lf.attention);
+    recompute_flops = m.num_layers * (share.qkv * lf.qkv + share.out_proj * lf.out_proj + share.mlp * lf.mlp);
+  } else if (p.recompute == Recompute::selective) {
+    recompute_flops = m.num_layers * lf.attention;
   }
   r.mfu = model_flops / (r.step_time_s * peak);
   r.hfu = (model_flops + recompute_flops) / (r.step_time_s * peak);

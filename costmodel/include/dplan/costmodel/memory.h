@@ -20,6 +20,9 @@ struct BytesPerParam {
   double weights = 0, grads = 0, optimizer = 0;
 };
 BytesPerParam bytes_per_param(const TrainingSpec& training);
+// Bytes of AdamW's momentum and variance per parameter: fp32, or bf16 with --bf16-adam-moments
+// (TrainingSpec::bf16_adam_moments). Memory and checkpoint sizes both count them so.
+double adam_moment_bytes(const TrainingSpec& training);
 // Whether the gradients a GPU holds, accumulates and steps are fp32: fp32 training, --fp32-grads,
 // or an engine that keeps bf16 training's in fp32 (EngineMechanics::bf16_grads_in_fp32) unless told
 // --grad-reduce-in-bf16. The one owner of that choice: memory, the Megatron export's flag and the

@@ -25,8 +25,9 @@ rows=(
     "llama-3-70b|64|deepspeed|the search's pick|--zero 3 --recompute full --mbs 2"
     "mixtral-8x22b|64|megatron|the search's pick|--tp 2 --pp 4 --cp 4 --ep 8 --etp 1 --vpp 7 --schedule interleaved --dist-opt --sp"
     "mixtral-8x22b|64|deepspeed|the search's pick|--zero 3 --recompute full --mbs 4"
-    "deepseek-v3|1024|megatron|Megatron-MoE-ModelZoo's H100 run without its vpp 4 (its explicit layout)|--tp 2 --pp 8 --ep 64 --etp 1 --dist-opt --sp --seq 4096 --global-batch 8192 --precision fp8 --recompute selective --first-stage-layers 5 --last-stage-layers 8"
-    "deepseek-v3|1024|megatron|the same with its bf16 Adam moments|--tp 2 --pp 8 --ep 64 --etp 1 --dist-opt --sp --seq 4096 --global-batch 8192 --precision fp8 --recompute selective --first-stage-layers 5 --last-stage-layers 8 --bf16-adam-moments"
+    "deepseek-v3|1024|megatron|Megatron-MoE-ModelZoo's H100 run without its vpp 4 (its explicit layout)|--tp 2 --pp 8 --ep 64 --etp 1 --dist-opt --sp --seq 4096 --global-batch 8192 --precision fp8 --recompute selective --recompute-modules mla_up_proj,mlp --first-stage-layers 5 --last-stage-layers 8"
+    "deepseek-v3|1024|megatron|the same with Megatron's default selective recompute (core_attn)|--tp 2 --pp 8 --ep 64 --etp 1 --dist-opt --sp --seq 4096 --global-batch 8192 --precision fp8 --recompute selective --first-stage-layers 5 --last-stage-layers 8"
+    "deepseek-v3|1024|megatron|the same with its bf16 Adam moments|--tp 2 --pp 8 --ep 64 --etp 1 --dist-opt --sp --seq 4096 --global-batch 8192 --precision fp8 --recompute selective --recompute-modules mla_up_proj,mlp --first-stage-layers 5 --last-stage-layers 8 --bf16-adam-moments"
     "deepseek-v3|1024|deepspeed|the search's pick|--tp 32 --etp 32 --zero 2 --recompute full --mbs 2"
 )
 

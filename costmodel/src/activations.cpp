@@ -82,6 +82,68 @@ double op_policy_stored_bytes(const ModelSpec& m, const TrainingSpec& t, const P
   return bytes;
 }
 
+// The MLP's inner activations (activations_per_layer): the activation function's input (gate and
+// up with a gated MLP) and its output, the input of the down projection.
+double mlp_inner_bytes(const ModelSpec& m, const Shape& x, double f_local) {
+  const double tokens = x.s * x.b;
+  return (m.mlp == MlpKind::gelu ? 1.0 : 2.0) * x.act * tokens * f_local + x.gemm * tokens * f_local;
+}
+
+// What Megatron-LM's selective recompute drops from a layer's stored set, per module of
+// TrainingSpec::recompute_modules, as activations_per_layer counts it (Transformer Engine's layer
+// spec at core_v0.15.0: a dense layer's norms are fused into the linear layers after them, so only an
+// MoE layer's pre-MLP norm and MLA's input norm are modules of their own):
+//  - core_attn: the core's s^2 tensors (Korthikanti Eq. 3 / 6) and flash attention's log-sum-exp;
+//    q, k, v stay as the checkpoint's inputs, the output as the output projection's;
+//  - layernorm: the output of those separate norms (MoE layers' router input, MLA's projection input);
+//  - mla_up_proj: q, k and v after the up projections and the rotary embedding;
+//  - mlp: a dense layer's MLP, fused norm included, down to the checkpoint's input;
+//  - moe: an MoE layer's router, dispatch, experts, combine and shared experts, likewise;
+//  - moe_act: the routed experts' activation outputs (their down projection's input);
+//  - shared_experts: the shared experts' inner activations.
+double megatron_recompute_dropped_bytes(const ModelSpec& m, const TrainingSpec& t, const ParallelConfig& p,
+                                        const Shape& x) {
+  const RecomputeModules& r = t.recompute_modules;
+  const double tokens = x.s * x.b;
+  const double input = x.act * tokens * x.h / x.sp;  // a checkpoint's input, the hidden state
+  const double gemm_input = x.gemm * tokens * x.h / x.sp;
+  const double moe = m.is_moe() ? m.moe_layer_fraction() : 0.0;
+  double bytes = 0;
+  if (r.has(RecomputeModule::core_attn)) {
+    bytes += attention_core_quadratic_bytes(m, t, p, x);
+    if (blockwise_attention(t, p)) bytes += 4.0 * x.heads_local * tokens;
+  }
+  if (r.has(RecomputeModule::layernorm)) {
+    if (!r.has(RecomputeModule::moe)) bytes += moe * gemm_input;
+    if (m.is_mla()) bytes += gemm_input;
+  }
+  if (r.has(RecomputeModule::mla_up_proj) && m.is_mla()) {
+    const double kv = blockwise_attention(t, p) ? x.kv_local : x.q_local;
+    bytes += x.act * tokens * (x.q_local + 2 * kv);
+  }
+  const LayerActivations all = activations_per_layer(m, t, p);
+  if (r.has(RecomputeModule::mlp)) {
+    // The dense MLP's stored set is the fused norm, fc1's input and the inner activations.
+    const double dense_ffn = m.is_moe() ? m.dense_ffn_hidden_size : m.ffn_hidden_size;
+    const double dense = norm_bytes(m, x) + gemm_input + mlp_inner_bytes(m, x, dense_ffn / x.t);
+    bytes += (1 - moe) * std::max(0.0, dense - input);
+  }
+  if (m.is_moe()) {
+    const double shared = moe * mlp_inner_bytes(m, x, m.shared_expert_ffn_size / x.t);
+    if (r.has(RecomputeModule::moe)) {
+      // Everything of the MoE layer's MLP part past its own norm, less the checkpoint's input.
+      const double dense_part = (1 - moe) * mlp_inner_bytes(m, x, m.dense_ffn_hidden_size / x.t);
+      const double moe_part = all.mlp_bytes - norm_bytes(m, x) - dense_part;
+      bytes += std::max(0.0, moe_part - moe * input);
+    } else {
+      if (r.has(RecomputeModule::moe_act))
+        bytes += moe * m.experts_per_token * x.gemm * tokens * x.f_local;
+      if (r.has(RecomputeModule::shared_experts)) bytes += shared;
+    }
+  }
+  return bytes;
+}
+
 }  // namespace
 
 LayerActivations activations_per_layer(const ModelSpec& m, const TrainingSpec& t, const ParallelConfig& p) {
@@ -111,11 +173,7 @@ LayerActivations activations_per_layer(const ModelSpec& m, const TrainingSpec& t
   if (m.hidden_dropout > 0) a.attention_bytes += 1.0 * tokens * x.h / x.sp;  // dropout mask
 
   // MLP: norm, fc1 input, the activation's input and output (fc2 input), dropout mask.
-  auto inner = [&](double f_local) {
-    double bytes = m.mlp == MlpKind::gelu ? x.act * tokens * f_local       // activation input
-                                          : 2 * x.act * tokens * f_local;  // gate and up outputs
-    return bytes + x.gemm * tokens * f_local;                              // fc2 input
-  };
+  auto inner = [&](double f_local) { return mlp_inner_bytes(m, x, f_local); };
   a.mlp_bytes = norm_bytes(m, x);
   if (m.is_moe()) {
     // Every token visits top-k experts: k copies of the expert input and of the expert's inner
@@ -149,8 +207,7 @@ double stored_activation_bytes_per_layer(const ModelSpec& m, const TrainingSpec&
       return x.act * x.s * x.b * x.h / x.sp;
     case Recompute::selective:
       if (t.engine.selective == SelectiveRecompute::op_policy) return op_policy_stored_bytes(m, t, p, x);
-      // Megatron's core_attn recompute: drop the s^2 tensors (Korthikanti Eq. 3 / 6).
-      return activations_per_layer(m, t, p).total() - attention_core_quadratic_bytes(m, t, p, x);
+      return activations_per_layer(m, t, p).total() - megatron_recompute_dropped_bytes(m, t, p, x);
     case Recompute::none:
       break;
   }

@@ -303,31 +303,35 @@ double moe_expert_tokens(const ModelSpec& m, const LayerShape& s, const Parallel
 // as one grouped GEMM (Megatron's --moe-grouped-gemm, TE GroupedLinear): priced as a batched GEMM
 // of E/ep problems, so one launch and wave quantization over all experts' tiles instead of E/ep
 // sequential small GEMMs.
-LinearTimes moe_mlp_times(const ModelSpec& m, const GpuSpec& gpu, const LayerShape& s, const ParallelConfig& p) {
+// The mean layer's MLP GEMMs by part: an MoE layer's routed experts with the router, its shared
+// experts, and the dense layers' MLP (a dense model's MLP), each weighted by its layers' share.
+struct MlpTimes {
+  LinearTimes routed, shared, dense;
+  LinearTimes total() const {
+    LinearTimes sum;
+    for (const LinearTimes* x : {&routed, &shared, &dense}) add(sum, *x);
+    return sum;
+  }
+};
+MlpTimes mlp_times(const ModelSpec& m, const GpuSpec& gpu, const LayerShape& s, const ParallelConfig& p) {
+  MlpTimes mlp;
+  if (!m.is_moe()) {
+    mlp.dense = dense_mlp_times(gpu, s, s.tokens, s.ffn_width);
+    return mlp;
+  }
   const Precision prec = s.precision;
   const double h = s.hidden;
   const double experts_local = double(m.num_experts) / p.ep;
   const double tokens_per_expert = moe_expert_tokens(m, s, p) / experts_local;
   const double fe = double(m.ffn_hidden_size) / p.expert_tp();  // expert FFN columns per rank
-  LinearTimes mlp;
-  add(mlp, linear_times(gpu, prec, tokens_per_expert, s.gated * fe, h, experts_local));
-  add(mlp, linear_times(gpu, prec, tokens_per_expert, h, fe, experts_local));
-  add(mlp, linear_times(gpu, prec, moe_tokens_in(s), m.num_experts, h));  // router
+  const double moe = m.moe_layer_fraction();
+  add(mlp.routed, linear_times(gpu, prec, tokens_per_expert, s.gated * fe, h, experts_local), moe);
+  add(mlp.routed, linear_times(gpu, prec, tokens_per_expert, h, fe, experts_local), moe);
+  add(mlp.routed, linear_times(gpu, prec, moe_tokens_in(s), m.num_experts, h), moe);  // router
   // Shared experts: a dense MLP over all T tokens, split over tp like any MLP.
-  if (m.shared_expert_ffn_size > 0) {
-    const double fs = m.shared_expert_ffn_size / s.tp;
-    add(mlp, linear_times(gpu, prec, s.tokens, s.gated * fs, h));
-    add(mlp, linear_times(gpu, prec, s.tokens, h, fs));
-  }
+  if (m.shared_expert_ffn_size > 0) add(mlp.shared, dense_mlp_times(gpu, s, s.tokens, m.shared_expert_ffn_size / s.tp), moe);
   // Dense layers of an MoE model: the mean layer weights the MoE and the dense MLP by count.
-  if (m.num_dense_layers > 0) {
-    const double moe = m.moe_layer_fraction();
-    const LinearTimes dense = dense_mlp_times(gpu, s, s.tokens, m.dense_ffn_hidden_size / s.tp);
-    LinearTimes mean;
-    add(mean, mlp, moe);
-    add(mean, dense, 1 - moe);
-    mlp = mean;
-  }
+  if (m.num_dense_layers > 0) add(mlp.dense, dense_mlp_times(gpu, s, s.tokens, m.dense_ffn_hidden_size / s.tp), 1 - moe);
   return mlp;
 }
 
@@ -346,14 +350,25 @@ double rotary_bytes(const ModelSpec& m, const LayerShape& s) {
 // The MLP activation (read the up projections, write the product), bytes: on T tokens x f/tp
 // columns; an MoE rank's on its experts' tokens x f/etp, plus its shared experts on T x
 // f_shared/tp; dense layers of an MoE model at their width (the mean layer).
-double mlp_activation_bytes(const ModelSpec& m, const LayerShape& s, const ParallelConfig& p) {
-  const double T = s.tokens, tp = s.tp, B = s.bytes_per_activation;
-  if (!m.is_moe()) return T * s.ffn_width * B * (s.gated + 1);
+struct MlpBytes {
+  double routed = 0, shared = 0, dense = 0;
+  double total() const { return routed + shared + dense; }
+};
+MlpBytes mlp_activation_parts(const ModelSpec& m, const LayerShape& s, const ParallelConfig& p) {
+  const double T = s.tokens, tp = s.tp, pass = s.bytes_per_activation * (s.gated + 1);
+  MlpBytes x;
+  if (!m.is_moe()) {
+    x.dense = T * s.ffn_width * pass;
+    return x;
+  }
   const double moe = m.moe_layer_fraction();
-  return (moe * (moe_expert_tokens(m, s, p) * m.ffn_hidden_size / p.expert_tp() +
-                 T * m.shared_expert_ffn_size / tp) +
-          (1 - moe) * T * m.dense_ffn_hidden_size / tp) *
-         B * (s.gated + 1);
+  x.routed = moe * moe_expert_tokens(m, s, p) * m.ffn_hidden_size / p.expert_tp() * pass;
+  x.shared = moe * T * m.shared_expert_ffn_size / tp * pass;
+  x.dense = (1 - moe) * T * m.dense_ffn_hidden_size / tp * pass;
+  return x;
+}
+double mlp_activation_bytes(const ModelSpec& m, const LayerShape& s, const ParallelConfig& p) {
+  return mlp_activation_parts(m, s, p).total();
 }
 
 // With standard attention, the fused scale-mask-softmax (read + write) and attention dropout, bytes.
@@ -409,7 +424,95 @@ CoreTimes fp8_cast_times(const ModelSpec& m, const GpuSpec& gpu, const LayerShap
               4 * gpu.kernel_overhead_s};
 }
 
+// Megatron's selective recompute (megatron_recompute_shares): the replayed GEMMs, and the
+// element-wise work of the modules it reruns: a separate norm (read and write T*h) for an MoE
+// layer's pre-MLP norm and MLA's input norm (layernorm), a dense MLP's fused norm and activation
+// (mlp), an MoE layer's activations, permutation and router softmax (moe), the routed or shared
+// experts' activations alone (moe_act, shared_experts), MLA's rotary embedding (mla_up_proj).
+double megatron_recompute_s(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpec& t, const ParallelConfig& p,
+                            const LayerShape& s, const LayerTimes& x, const LinearTimes& qkv, const MlpTimes& mlp) {
+  const RecomputeModules& r = t.recompute_modules;
+  const MegatronRecomputeShares share = megatron_recompute_shares(m, r);
+  const MlpBytes act = mlp_activation_parts(m, s, p);
+  const double norm = 2 * s.tokens * s.hidden * s.bytes_per_activation / s.sp_split;
+  const double moe = m.is_moe() ? m.moe_layer_fraction() : 0.0;
+  const bool whole_moe = m.is_moe() && r.has(RecomputeModule::moe);
+  double bytes = 0;
+  if (r.has(RecomputeModule::layernorm)) bytes += norm * ((whole_moe ? 0.0 : moe) + (m.is_mla() ? 1.0 : 0.0));
+  if (r.has(RecomputeModule::mlp)) bytes += (1 - moe) * norm + act.dense;
+  if (whole_moe) {
+    bytes += act.routed + act.shared;
+    add_moe_dispatch_bytes(bytes, m, s, p);
+  } else {
+    if (r.has(RecomputeModule::moe_act)) bytes += act.routed;
+    if (r.has(RecomputeModule::shared_experts)) bytes += act.shared;
+  }
+  if (r.has(RecomputeModule::mla_up_proj) && m.is_mla()) bytes += rotary_bytes(m, s);
+  return share.attention * x.attention_core_s + share.qkv * qkv.forward_s + share.routed_mlp * mlp.routed.forward_s +
+         share.shared_mlp * mlp.shared.forward_s + share.dense_mlp * mlp.dense.forward_s +
+         (bytes > 0 ? memory_time_s(gpu, bytes) : 0.0);
+}
+
 }  // namespace
+
+MegatronRecomputeShares megatron_recompute_shares(const ModelSpec& m, RecomputeModules r) {
+  MegatronRecomputeShares x;
+  const double moe = m.is_moe() ? m.moe_layer_fraction() : 0.0;
+  const bool whole_moe = m.is_moe() && r.has(RecomputeModule::moe);
+  x.attention = r.has(RecomputeModule::core_attn) ? 1 : 0;
+  if (m.is_mla() && r.has(RecomputeModule::mla_up_proj)) {
+    // The up projections' share of layer_forward_flops' q/k/v FLOPs (per token).
+    const double rq = m.q_lora_rank, rkv = m.kv_lora_rank, nope = m.head_dim - m.qk_rope_head_dim;
+    const double up = (rq > 0 ? rq * m.q_dim() : 0.0) + rkv * (m.num_heads * nope + m.attn_out_dim());
+    x.qkv = 2 * up / layer_forward_flops(m, 1, 1).qkv;
+  }
+  x.routed_mlp = whole_moe ? 1 : 0;
+  x.shared_mlp = whole_moe || (m.is_moe() && r.has(RecomputeModule::shared_experts)) ? 1 : 0;
+  x.dense_mlp = r.has(RecomputeModule::mlp) ? 1 : 0;
+  // The MLP's collective is one of the layer's two forward ones (tensor_parallel_comm).
+  x.tp_comm = 0.5 * ((r.has(RecomputeModule::mlp) ? 1 - moe : 0.0) + (whole_moe ? moe : 0.0));
+  x.ep_comm = whole_moe ? 1 : 0;
+  return x;
+}
+
+RecomputedComm recomputed_comm(const ModelSpec& m, const TrainingSpec& t, const ParallelConfig& p) {
+  switch (p.recompute) {
+    case Recompute::full: return {1, 1, 1};
+    case Recompute::selective:
+      if (t.engine.selective == SelectiveRecompute::attention_core) {
+        const MegatronRecomputeShares share = megatron_recompute_shares(m, t.recompute_modules);
+        return {share.tp_comm, share.attention, share.ep_comm};
+      }
+      return {};
+    case Recompute::none: break;
+  }
+  return {};
+}
+
+double recompute_flops(const ModelSpec& m, const TrainingSpec& t, const ParallelConfig& p, double tokens,
+                       double seq_len) {
+  const LayerFlops lf = layer_forward_flops(m, tokens, seq_len);
+  switch (p.recompute) {
+    case Recompute::none: return 0;
+    case Recompute::full: return m.num_layers * lf.total();
+    case Recompute::selective: break;
+  }
+  if (t.engine.selective == SelectiveRecompute::op_policy) {
+    const OpPolicyShares share = op_policy_recompute_shares(m);
+    return m.num_layers * (share.qkv * lf.qkv + share.out_proj * lf.out_proj + share.mlp * lf.mlp);
+  }
+  const MegatronRecomputeShares share = megatron_recompute_shares(m, t.recompute_modules);
+  // The MLP's FLOPs by part, as layer_forward_flops weighs them (the router with the routed experts).
+  double routed = 0, shared = 0, dense = lf.mlp;
+  if (m.is_moe()) {
+    const double moe = m.moe_layer_fraction();
+    routed = moe * m.experts_per_token * mlp_flops(m, tokens, m.ffn_hidden_size) + lf.router;
+    shared = moe * mlp_flops(m, tokens, m.shared_expert_ffn_size);
+    dense = (1 - moe) * mlp_flops(m, tokens, m.dense_ffn_hidden_size);
+  }
+  return m.num_layers * (share.attention * lf.attention + share.qkv * lf.qkv + share.routed_mlp * routed +
+                         share.shared_mlp * shared + share.dense_mlp * dense);
+}
 
 OpPolicyShares op_policy_recompute_shares(const ModelSpec& m) {
   const double q = m.q_dim(), kv = m.kv_dim();
@@ -421,7 +524,8 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
   const LinearTimes qkv = qkv_projection_times(m, gpu, s);
   const CoreTimes core = mean_attention_core_times(m, gpu, s, t.seq_len);
   const LinearTimes out = linear_times(gpu, s.precision, s.tokens, s.hidden, m.attn_out_dim() / s.tp);
-  const LinearTimes mlp = m.is_moe() ? moe_mlp_times(m, gpu, s, p) : dense_mlp_times(gpu, s, s.tokens, s.ffn_width);
+  const MlpTimes mlp_parts = mlp_times(m, gpu, s, p);
+  const LinearTimes mlp = mlp_parts.total();
   const double elementwise_s = elementwise_forward_s(m, gpu, s, p);
   const double attention_elementwise_s = memory_time_s(gpu, unfused_attention_bytes(m, s));
   const CoreTimes fp8_cast = fp8_cast_times(m, gpu, s);
@@ -442,7 +546,7 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
         x.recompute_s = share.qkv * qkv.forward_s + share.out_proj * out.forward_s + share.mlp * mlp.forward_s +
                         elementwise_s + attention_elementwise_s + fp8_cast.forward_s;
       } else {
-        x.recompute_s = x.attention_core_s;
+        x.recompute_s = megatron_recompute_s(m, gpu, t, p, s, x, qkv, mlp_parts);
       }
       break;
     case Recompute::none: break;

@@ -28,6 +28,10 @@ std::optional<std::string> executor_refusal(const ModelSpec& model, const Traini
   // Its AdamW keeps fp32 moments (executor/src/rank_setup.cpp build_optimizer: torch::optim::AdamW).
   if (training.bf16_adam_moments)
     return "bf16 Adam moments are not run (the executor's AdamW keeps them in fp32); drop --bf16-adam-moments";
+  // Its selective recompute reruns the attention core (Megatron's default module, core_attn).
+  if (p.recompute == Recompute::selective && !training.recompute_modules.is_default())
+    return "Megatron's recompute modules are not run (the executor's selective recompute reruns the attention core); "
+           "drop --recompute-modules";
   // Its pipeline plays pipeline_order (pipeline.h), which has no bidirectional schedule.
   if (p.schedule == Schedule::dualpipe)
     return executor_does_not_run("the dualpipe schedule (--schedule dualpipe)");

@@ -246,8 +246,12 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
     // sets that come one at a time on top of them.
     const double layer_microbatches = layer_microbatches_in_flight(p, chunks[stage], stage, microbatches);
     s.activations_bytes = stored_per_layer * layer_microbatches;
-    // Routed experts keep their activations unless the whole layer is recomputed (its input only).
-    if (p.recompute != Recompute::full)
+    // Routed experts keep their activations unless the whole layer, or under Megatron's selective
+    // recompute the whole MoE module, is recomputed (its input only).
+    const bool moe_recomputed = p.recompute == Recompute::selective &&
+                                t.engine.selective == SelectiveRecompute::attention_core &&
+                                t.recompute_modules.has(RecomputeModule::moe);
+    if (p.recompute != Recompute::full && !moe_recomputed)
       s.moe_worst_case_extra_bytes =
           (worst_case_routing - 1) * full_layer.routed_expert_bytes * layer_microbatches;
     // A layer's backward: the layer being recomputed (its full set beyond what it stored), with

@@ -29,7 +29,8 @@ double tokens_per_microbatch(const TrainingSpec& t, const ParallelConfig& p) {
 
 // Tensor parallel: per layer two collectives forward and two backward on T*h activations —
 // all-reduces, or with sequence parallel all-gather + reduce-scatter of the same volume
-// (Korthikanti et al. 2022, Sec. 4.2.2). Full recompute replays the forward pair.
+// (Korthikanti et al. 2022, Sec. 4.2.2). Recompute replays the forward's share it reruns
+// (recomputed_comm: all of it under full recompute).
 TensorParallelComm tensor_parallel_comm(const ModelSpec& m, const Network& net, const TrainingSpec& t,
                                         const ParallelConfig& p) {
   TensorParallelComm c;
@@ -42,7 +43,7 @@ TensorParallelComm tensor_parallel_comm(const ModelSpec& m, const Network& net, 
     c.layer_forward_s = 2 * one;
     c.edge_s = one;  // embedding output (first stage), LM-head input (last stage)
   }
-  c.layer_s = c.layer_forward_s * (2 + (p.recompute == Recompute::full ? 1 : 0));
+  c.layer_s = c.layer_forward_s * (2 + recomputed_comm(m, t, p).tp);
   return c;
 }
 
@@ -63,7 +64,7 @@ ContextParallelComm context_parallel_comm(const ModelSpec& m, const Network& net
     double fwd = (p.cp - 1) * step, bwd = fwd + p.cp * step;
     double fwd_exposed = exposed_s(fwd, lt.attention_core_s, 0, hide);
     double bwd_exposed = exposed_s(bwd, 2.5 * lt.attention_core_s, 0, hide);
-    c.layer_s = fwd_exposed + bwd_exposed + (p.recompute == Recompute::full ? fwd_exposed : 0);
+    c.layer_s = fwd_exposed + bwd_exposed + recomputed_comm(m, t, p).cp * fwd_exposed;
     c.layer_forward_s = fwd_exposed;
     c.hidden_layer_s = fwd + bwd - fwd_exposed - bwd_exposed;
   }
@@ -156,7 +157,7 @@ double deepep_transfer_s(const ModelSpec& m, const Network& net, const TrainingS
 double expert_parallel_comm_s(const ModelSpec& m, const Network& net, const TrainingSpec& t, const ParallelConfig& p) {
   const DispatchCombine dc = moe_dispatch_combine(m, net, t, p);
   // Per mean layer (ModelSpec): the dense layers of an MoE model dispatch nothing.
-  return m.moe_layer_fraction() * (dc.dispatch_s + dc.combine_s) * (2 + (p.recompute == Recompute::full ? 1 : 0));
+  return m.moe_layer_fraction() * (dc.dispatch_s + dc.combine_s) * (2 + recomputed_comm(m, t, p).ep);
 }
 
 // Megatron-Core's EP overlap (--overlap-moe-expert-parallel-comm; core_v0.14.0
@@ -293,7 +294,7 @@ std::vector<StageTime> stage_times(const ModelSpec& m, const GpuSpec& gpu, const
                                    const OverlapOptions& overlap) {
   const std::vector<std::vector<ModelChunk>> chunks = assign_chunks(m.num_layers, p);
   const EdgeTimes et = edge_times(m, gpu, t, p);
-  const double ep_forward_share = p.recompute == Recompute::full ? 1.0 / 3 : 0.5;  // see expert_parallel_comm_s
+  const double ep_forward_share = 1 / (2 + recomputed_comm(m, t, p).ep);  // see expert_parallel_comm_s
   std::vector<StageTime> st(p.pp);
   for (int i = 0; i < p.pp; ++i) {
     StageTime& s = st[i];
@@ -564,16 +565,8 @@ void summarize(TimeBreakdown& r, const ModelSpec& m, const ClusterSpec& cluster,
   const double peak = peak_flops_per_s(cluster.gpu, t.precision) * p.world_size();
   const double model_flops = model_flops_per_step(m, t);
   double tokens = double(t.global_batch) * t.seq_len;
-  LayerFlops lf = layer_forward_flops(m, tokens, t.seq_len);
-  double recompute_flops = p.recompute == Recompute::full ? m.num_layers * lf.total() : 0.0;
-  if (p.recompute == Recompute::selective && t.engine.selective == SelectiveRecompute::op_policy) {
-    const OpPolicyShares share = op_policy_recompute_shares(m);
-    recompute_flops = m.num_layers * (share.qkv * lf.qkv + share.out_proj * lf.out_proj + share.mlp * lf.mlp);
-  } else if (p.recompute == Recompute::selective) {
-    recompute_flops = m.num_layers * lf.attention;
-  }
   r.mfu = model_flops / (r.step_time_s * peak);
-  r.hfu = (model_flops + recompute_flops) / (r.step_time_s * peak);
+  r.hfu = (model_flops + recompute_flops(m, t, p, tokens, t.seq_len)) / (r.step_time_s * peak);
 }
 
 }  // namespace dplan::costmodel

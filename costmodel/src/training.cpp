@@ -90,6 +90,48 @@ Schedule schedule_from_string(const std::string& s) {
   bad("unknown schedule \"" + s + "\"; choose gpipe, 1f1b, interleaved or dualpipe");
 }
 
+const std::vector<std::string>& recompute_module_names() {
+  static const std::vector<std::string> names = {"core_attn", "moe_act", "layernorm", "mla_up_proj",
+                                                 "mlp",       "moe",     "shared_experts"};
+  return names;
+}
+
+std::vector<std::string> to_strings(RecomputeModules modules) {
+  std::vector<std::string> out;
+  const std::vector<std::string>& names = recompute_module_names();
+  for (size_t i = 0; i < names.size(); ++i)
+    if (modules.has(RecomputeModule(i))) out.push_back(names[i]);
+  return out;
+}
+
+std::string to_string(RecomputeModules modules, const std::string& separator) {
+  std::string out;
+  for (const std::string& name : to_strings(modules)) out += (out.empty() ? "" : separator) + name;
+  return out;
+}
+
+RecomputeModules recompute_modules_from_string(const std::string& list) {
+  const std::vector<std::string>& names = recompute_module_names();
+  std::string choices;
+  for (const std::string& n : names) choices += (choices.empty() ? "" : ", ") + n;
+  RecomputeModules modules{0};
+  std::string name;
+  auto take = [&] {
+    if (name.empty()) return;
+    const auto it = std::find(names.begin(), names.end(), name);
+    if (it == names.end()) bad("unknown recompute module \"" + name + "\"; choose from " + choices);
+    modules.add(RecomputeModule(it - names.begin()));
+    name.clear();
+  };
+  for (char c : list) {
+    if (c == ',' || c == ' ') take();
+    else name += c;
+  }
+  take();
+  if (modules.bits == 0) bad("no recompute module given; choose from " + choices);
+  return modules;
+}
+
 double activation_bytes(Precision precision) { return precision == Precision::fp32 ? 4.0 : 2.0; }
 
 int num_microbatches(const TrainingSpec& t, const ParallelConfig& p) {
@@ -863,6 +905,7 @@ json to_json(const TrainingSpec& t) {
   if (!t.gradient_accumulation_fusion) j["gradient_accumulation_fusion"] = false;  // written where off, likewise
   if (t.grad_reduce_in_bf16) j["grad_reduce_in_bf16"] = true;  // written where set, likewise
   if (t.bf16_adam_moments) j["bf16_adam_moments"] = true;
+  if (!t.recompute_modules.is_default()) j["recompute_modules"] = to_strings(t.recompute_modules);
   return j;
 }
 
@@ -906,6 +949,21 @@ TrainingSpec training_from_json(const json& j, const std::string& file, const st
   if (r.has("grad_reduce_in_bf16")) t.grad_reduce_in_bf16 = r.boolean("grad_reduce_in_bf16");
   if (r.has("bf16_adam_moments")) t.bf16_adam_moments = r.boolean("bf16_adam_moments");
   if (r.has("gradient_accumulation_fusion")) t.gradient_accumulation_fusion = r.boolean("gradient_accumulation_fusion");
+  // Megatron's --recompute-modules, written where not its default (core_attn).
+  if (r.has("recompute_modules")) {
+    const json& list = r.raw("recompute_modules");
+    std::string names;
+    if (!list.is_array() || list.empty()) r.fail("recompute_modules", "a list of recompute module names");
+    for (const json& n : list) {
+      if (!n.is_string()) r.fail("recompute_modules", "a list of recompute module names");
+      names += n.get<std::string>() + ",";
+    }
+    try {
+      t.recompute_modules = recompute_modules_from_string(names);
+    } catch (const InputError& e) {
+      throw InputError(r.where("recompute_modules") + ": " + e.what());
+    }
+  }
   t.vocab_pad_multiple = static_cast<int>(r.int_in("vocab_pad_multiple", 1, 1 << 16));
   t.bucket_bytes = r.number_in("bucket_mib", 1e-3, 1e6) * kMiB;
   // "megatron" or "deepspeed@v0.3" (engine.h); plans written before engines were priced have none:

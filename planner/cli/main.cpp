@@ -66,6 +66,7 @@ struct Options {
   bool fp32_grads = false;
   bool grad_reduce_in_bf16 = false;
   bool bf16_adam_moments = false;
+  std::string recompute_modules;    // Megatron's --recompute-modules; empty: its default (core_attn)
   bool no_grad_accumulation_fusion = false;
   bool json = false;
   std::string output;               // -o plan.json
@@ -108,6 +109,7 @@ Inputs load_inputs(const Options& o, const ProfileStore& store) {
   in.training.fp32_grads = o.fp32_grads;
   in.training.grad_reduce_in_bf16 = o.grad_reduce_in_bf16;
   in.training.bf16_adam_moments = o.bf16_adam_moments;
+  if (!o.recompute_modules.empty()) in.training.recompute_modules = recompute_modules_from_string(o.recompute_modules);
   in.training.gradient_accumulation_fusion = !o.no_grad_accumulation_fusion;
   in.training.engine = costmodel::engine_mechanics_from_label(o.engine);
   // The model's sequence length: max_position_embeddings, capped at 8192 for long-context
@@ -178,6 +180,8 @@ int run_estimate(const Options& o, const ProfileStore& store) {
   p.sequence_parallel = o.sp;
   p.offload_optimizer = o.offload;
   p.recompute = recompute_from_string(o.recompute);
+  if (!o.recompute_modules.empty() && p.recompute != Recompute::selective)
+    throw InputError("--recompute-modules names what selective recompute reruns; give --recompute selective");
   p.first_stage_layers = o.first_stage_layers;
   p.last_stage_layers = o.last_stage_layers;
   p.account_for_embedding = o.account_embedding;
@@ -658,6 +662,9 @@ CLI::Option* add_common(CLI::App& app, Options& o) {
       ->excludes(fp32_grads);
   app.add_flag("--bf16-adam-moments", o.bf16_adam_moments,
                "keep AdamW's moments in bf16 (Megatron's precision-aware optimizer; DeepSeek-V3's recipe)");
+  app.add_option("--recompute-modules", o.recompute_modules,
+                 "what selective recompute reruns, Megatron's --recompute-modules as a list: core_attn (default), "
+                 "moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts");
   app.add_flag("--no-gradient-accumulation-fusion", o.no_grad_accumulation_fusion,
                "add each micro-batch's gradients in a pass of their own, not in the weight-gradient GEMM (Megatron's flag)");
   app.add_flag("--no-overlap-grad-reduce", o.no_overlap_grad, "reduce gradients after backward, not during");

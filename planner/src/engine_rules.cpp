@@ -430,6 +430,10 @@ void megatron_only_rules(const Plan& plan, Rules& r) {
     return std::string("keeps AdamW's moments in fp32 (no key for their dtype); drop --bf16-adam-moments or use "
                        "the megatron export");
   });
+  r.rule(p.recompute != Recompute::selective || plan.training.recompute_modules.is_default(), [&] {
+    return std::string("cannot express Megatron's --recompute-modules (its selective recompute is its own); drop "
+                       "--recompute-modules or use the megatron export");
+  });
   r.rule(p.moe_dispatcher == MoeDispatcher::alltoall, [&] {
     return std::string("cannot express the DeepEP dispatcher (Megatron-Core's flex dispatcher); use "
                        "--moe-dispatcher alltoall or the megatron export");

@@ -129,6 +129,9 @@ std::vector<std::pair<std::string, std::string>> flag_list(const PlanCase& c) {
   if (c.training.fp32_grads) f.push_back({"--fp32-grads", ""});
   if (c.training.grad_reduce_in_bf16) f.push_back({"--grad-reduce-in-bf16", ""});
   if (c.training.bf16_adam_moments) f.push_back({"--bf16-adam-moments", ""});
+  if (p.recompute == Recompute::selective && !c.training.recompute_modules.is_default()) {
+    f.push_back({"--recompute-modules", to_string(c.training.recompute_modules, ",")});
+  }
   if (!c.training.gradient_accumulation_fusion) f.push_back({"--no-gradient-accumulation-fusion", ""});
   if (c.headroom_fraction != kDefaultHeadroomFraction) f.push_back({"--headroom", fmt("%g", c.headroom_fraction)});
   return f;

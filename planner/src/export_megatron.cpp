@@ -77,6 +77,7 @@ constexpr const char* seq_length = "--seq-length";
 constexpr const char* recompute_granularity = "--recompute-granularity";  // full | selective
 constexpr const char* recompute_method = "--recompute-method";            // uniform | block
 constexpr const char* recompute_num_layers = "--recompute-num-layers";
+constexpr const char* recompute_modules = "--recompute-modules";  // nargs='*', default core_attn
 constexpr const char* optimizer_cpu_offload = "--optimizer-cpu-offload";
 // validate_args: "The optimizer cpu offload must be used in conjunction with
 // `--use-precision-aware-optimizer`" (the hybrid device optimizer runs its code path).
@@ -234,9 +235,10 @@ void sharding_arguments(Args& a, const Plan& plan) {
 }
 
 // Recompute (validate_args: no --recompute-method with selective).
-void recompute_arguments(Args& a, const ParallelConfig& p) {
+void recompute_arguments(Args& a, const TrainingSpec& t, const ParallelConfig& p) {
   if (p.recompute == Recompute::selective) {
     add(a, flag::recompute_granularity, "selective");
+    if (!t.recompute_modules.is_default()) add(a, flag::recompute_modules, to_string(t.recompute_modules, " "));
   } else if (p.recompute == Recompute::full) {
     add(a, flag::recompute_granularity, "full");
     add(a, flag::recompute_method, "uniform");
@@ -252,7 +254,7 @@ Args megatron_arguments(const Plan& plan) {
   parallel_arguments(a, plan);
   batch_and_precision_arguments(a, plan);
   sharding_arguments(a, plan);
-  recompute_arguments(a, plan.parallel);
+  recompute_arguments(a, plan.training, plan.parallel);
   return a;
 }
 

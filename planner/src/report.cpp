@@ -125,7 +125,11 @@ std::string describe_layout(const ModelSpec& model, const TrainingSpec& t, const
     o << "distributed optimizer";
   else
     o << "ZeRO " << p.zero_stage;
-  o << (p.offload_optimizer ? " + optimizer offload" : "") << ", recompute " << to_string(p.recompute)
+  o << (p.offload_optimizer ? " + optimizer offload" : "") << ", recompute " << to_string(p.recompute);
+  if (p.recompute == Recompute::selective && !t.recompute_modules.is_default()) {
+    o << " (" << to_string(t.recompute_modules, ", ") << ")";
+  }
+  o
     << ", schedule " << (p.pp > 1 ? to_string(p.schedule) : "none (pp 1)") << ", " << to_string(t.attention)
     << " attention" << (p.sequence_parallel ? ", sequence parallel" : "");
   return o.str();

@@ -302,6 +302,32 @@ TEST_CASE("bf16 Adam moments (--bf16-adam-moments) keep 6 bytes of optimizer sta
   CHECK(optimizer(true) == Approx(optimizer(false) * 6 / 12));
 }
 
+TEST_CASE("Megatron's recompute modules (--recompute-modules) reach the plan, save memory and are checked", "[cli]") {
+  auto run = [](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"estimate", "--model", "8B", "--gpus", "8", "--dp", "8", "--recompute", "selective",
+                                     "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_dplan(args);
+  };
+  const Result core = run({});
+  const Result mlp = run({"--recompute-modules", "core_attn,mlp"});
+  REQUIRE(core.status == 0);
+  REQUIRE(mlp.status == 0);
+  const json a = json::parse(core.out), b = json::parse(mlp.out);
+  CHECK_FALSE(a.at("training").contains("recompute_modules"));
+  CHECK(b.at("training").at("recompute_modules") == json({"core_attn", "mlp"}));
+  auto activations = [](const json& j) { return j.at("memory").at("stages").at(0).at("activations_bytes").get<double>(); };
+  CHECK(activations(b) < activations(a));
+  CHECK(b.at("time").at("recompute").get<double>() > a.at("time").at("recompute").get<double>());
+  const Result unknown = run({"--recompute-modules", "mlp,attention"});
+  CHECK(unknown.status != 0);
+  CHECK_THAT(unknown.err, Contains("unknown recompute module \"attention\"") && Contains("core_attn, moe_act"));
+  const Result full = run_dplan({"estimate", "--model", "8B", "--gpus", "8", "--dp", "8", "--recompute", "full",
+                                 "--recompute-modules", "mlp"});
+  CHECK(full.status != 0);
+  CHECK_THAT(full.err, Contains("give --recompute selective"));
+}
+
 TEST_CASE("the closest call names the 16-bit model states that would admit it, and they do", "[cli]") {
   // Llama 3 70B on 16 H100: the fastest layout rejected for memory (tp 4 pp 4, ZeRO 0) holds
   // Megatron's fp32 gradients; with bf16 ones it fits and the search picks it.

@@ -5,6 +5,7 @@
 
 #include "dplan/costmodel/checkpoint_cost.h"
 #include "dplan/costmodel/compute.h"
+#include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/memory.h"
 #include "dplan/planner/profiles.h"
 #include "test_profiles.h"
@@ -299,10 +300,12 @@ TEST_CASE("each engine's memory: gradients' dtype, FSDP2's fp32 shards, DeepSpee
     const double tokens = 4096, h = m.hidden_size, q = m.q_dim(), kv = m.kv_dim(), f = m.ffn_hidden_size;
     const double expected = 2 * tokens * (h + q + kv + q + f + h) + 4.0 * m.num_heads * tokens;
     CHECK(stored_activation_bytes_per_layer(m, titan, p) == Approx(expected));
-    // Megatron's selective drops only the s^2 tensors, none with flash attention.
+    // Megatron's selective (core_attn) drops only the s^2 tensors, none with flash attention, and
+    // flash attention's fp32 log-sum-exp.
     ParallelConfig none = p;
     none.recompute = Recompute::none;
-    CHECK(stored_activation_bytes_per_layer(m, megatron, p) == stored_activation_bytes_per_layer(m, megatron, none));
+    CHECK(stored_activation_bytes_per_layer(m, megatron, p) ==
+          Approx(stored_activation_bytes_per_layer(m, megatron, none) - 4.0 * m.num_heads * tokens));
     CHECK(stored_activation_bytes_per_layer(m, titan, p) < 0.6 * stored_activation_bytes_per_layer(m, titan, none));
     // With tensor parallel the two reduce-scatters' outputs are kept too, sequence-sharded.
     ParallelConfig tp{.tp = 2, .dp = 4, .sequence_parallel = true, .recompute = Recompute::selective};
@@ -346,4 +349,103 @@ TEST_CASE("MoE: the dispatcher's buffers at the balanced count, and dropless rou
   ParallelConfig full = p;
   full.recompute = Recompute::full;
   CHECK(estimate_memory(mixtral, c, t, full).stages[0].moe_worst_case_extra_bytes == 0);
+}
+
+TEST_CASE("Megatron's --recompute-modules: what each module drops from a layer's stored set and replays", "[memory]") {
+  const ClusterSpec c = store().load_cluster("dgx-h100");
+  const TrainingSpec t{.seq_len = 4096, .global_batch = 1024};
+  const ParallelConfig none{.tp = 2, .dp = 32, .ep = 8, .etp = 1, .sequence_parallel = true};
+  ParallelConfig p = none;
+  p.recompute = Recompute::selective;
+  auto with = [&](const char* modules) {
+    TrainingSpec x = t;
+    x.recompute_modules = recompute_modules_from_string(modules);
+    return x;
+  };
+
+  SECTION("names read and written in Megatron's order; unknown ones are refused with the choices") {
+    CHECK(to_string(with("mlp,layernorm moe_act").recompute_modules, " ") == "moe_act layernorm mlp");
+    CHECK(RecomputeModules{}.is_default());
+    CHECK(to_string(RecomputeModules{}, ",") == "core_attn");
+    CHECK_THROWS_WITH(recompute_modules_from_string("mlp,attn"),
+                      Catch::Contains("\"attn\"") && Catch::Contains("core_attn, moe_act, layernorm"));
+    CHECK_THROWS_AS(recompute_modules_from_string(" , "), InputError);
+  }
+
+  SECTION("a dense model: mlp keeps only the MLP's input; each module only ever saves memory") {
+    const ModelSpec m = store().load_model("llama-3-8b");
+    const ParallelConfig d{.tp = 2, .dp = 4, .sequence_parallel = true, .recompute = Recompute::selective};
+    const double tokens = 4096, h = m.hidden_size;
+    const LayerActivations a = activations_per_layer(m, t, d);
+    // mlp alone: the attention's whole set and the MLP checkpoint's input, the hidden state (h/sp, 2 bytes).
+    CHECK(stored_activation_bytes_per_layer(m, with("mlp"), d) == Approx(a.attention_bytes + 2 * tokens * h / 2));
+    ParallelConfig off = d;
+    off.recompute = Recompute::none;
+    const double all = stored_activation_bytes_per_layer(m, t, off);
+    double previous = all;
+    for (const char* modules : {"core_attn", "core_attn,mlp"}) {
+      const double stored = stored_activation_bytes_per_layer(m, with(modules), d);
+      CHECK(stored < previous);
+      previous = stored;
+    }
+    // MoE and MLA modules change nothing in a dense, non-MLA model.
+    CHECK(stored_activation_bytes_per_layer(m, with("core_attn,moe,moe_act,shared_experts,mla_up_proj,layernorm"), d) ==
+          Approx(stored_activation_bytes_per_layer(m, with("core_attn"), d)));
+    // The replay: mlp reruns the MLP's GEMMs and one of the layer's two forward tensor-parallel collectives.
+    const LayerTimes core = layer_times(m, c.gpu, with("core_attn"), d);
+    const LayerTimes both = layer_times(m, c.gpu, with("core_attn,mlp"), d);
+    CHECK(both.recompute_s > core.recompute_s + core.mlp_forward_s - 1e-12);
+    CHECK(both.recompute_s < both.forward_s);
+    CHECK(recomputed_comm(m, with("core_attn,mlp"), d).tp == 0.5);
+    CHECK(recomputed_comm(m, with("core_attn"), d).tp == 0);
+    CHECK(recomputed_comm(m, with("core_attn"), d).cp == 1);
+    const LayerFlops lf = layer_forward_flops(m, tokens, tokens);
+    CHECK(recompute_flops(m, with("core_attn"), d, tokens, tokens) == Approx(m.num_layers * lf.attention));
+    CHECK(recompute_flops(m, with("core_attn,mlp"), d, tokens, tokens) ==
+          Approx(m.num_layers * (lf.attention + lf.mlp)));
+  }
+
+  SECTION("DeepSeek-V3: MLA's up projections, the MoE layer's norm, its experts' activations, the whole MoE layer") {
+    const ModelSpec m = store().load_model("deepseek-v3");
+    REQUIRE(m.is_mla());
+    REQUIRE(m.is_moe());
+    const double core = stored_activation_bytes_per_layer(m, with("core_attn"), p);
+    // Each module alone saves memory beside core_attn, and the model-zoo set saves more than each.
+    const double zoo = stored_activation_bytes_per_layer(m, with("core_attn,layernorm,mla_up_proj,mlp,moe_act"), p);
+    for (const char* one : {"layernorm", "mla_up_proj", "mlp", "moe_act", "shared_experts", "moe"}) {
+      INFO(one);
+      const double stored = stored_activation_bytes_per_layer(m, with((std::string("core_attn,") + one).c_str()), p);
+      CHECK(stored < core);
+      if (std::string(one) != "moe" && std::string(one) != "shared_experts") CHECK(zoo <= stored);
+    }
+    // The whole MoE layer subsumes its activations and shared experts.
+    const double moe = stored_activation_bytes_per_layer(m, with("core_attn,moe"), p);
+    CHECK(moe < stored_activation_bytes_per_layer(m, with("core_attn,moe_act,shared_experts"), p));
+    CHECK(stored_activation_bytes_per_layer(m, with("core_attn,moe,moe_act,shared_experts"), p) == Approx(moe));
+    // moe_act drops the routed experts' down-projection input: k copies of T/tp tokens' f columns, weighted by
+    // the MoE layers' share.
+    const double tokens = 4096;
+    CHECK(core - stored_activation_bytes_per_layer(m, with("core_attn,moe_act"), p) ==
+          Approx(m.moe_layer_fraction() * m.experts_per_token * 2 * tokens * m.ffn_hidden_size / 2));
+    // Memory: the routed experts' dropless worst case is gone with the whole MoE layer recomputed.
+    CHECK(estimate_memory(m, c, with("core_attn,moe"), p).stages[0].moe_worst_case_extra_bytes == 0);
+    CHECK(estimate_memory(m, c, with("core_attn,moe_act"), p).stages[0].moe_worst_case_extra_bytes > 0);
+    // Time: moe replays the experts' GEMMs and its dispatch and combine.
+    CHECK(recomputed_comm(m, with("core_attn,moe"), p).ep == 1);
+    CHECK(recomputed_comm(m, with("core_attn,moe_act"), p).ep == 0);
+    const LayerTimes base = layer_times(m, c.gpu, with("core_attn"), p);
+    const LayerTimes zoo_t = layer_times(m, c.gpu, with("core_attn,layernorm,mla_up_proj,mlp,moe_act"), p);
+    const LayerTimes all_moe = layer_times(m, c.gpu, with("core_attn,moe"), p);
+    CHECK(zoo_t.recompute_s > base.recompute_s);
+    CHECK(all_moe.recompute_s > zoo_t.recompute_s);
+    CHECK(all_moe.recompute_s < all_moe.forward_s);
+    CHECK(megatron_recompute_shares(m, with("mla_up_proj").recompute_modules).qkv > 0);
+    CHECK(megatron_recompute_shares(m, with("mla_up_proj").recompute_modules).qkv < 1);
+    // Other engines' selective recompute is their own: the modules change nothing there.
+    TrainingSpec titan = with("core_attn,moe");
+    titan.engine = engine_mechanics(Engine::torchtitan);
+    TrainingSpec titan_default = t;
+    titan_default.engine = titan.engine;
+    CHECK(stored_activation_bytes_per_layer(m, titan, p) == stored_activation_bytes_per_layer(m, titan_default, p));
+  }
 }

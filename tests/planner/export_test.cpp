@@ -424,6 +424,18 @@ TEST_CASE("megatron export: tp x pp x vpp with ZeRO-1 and full recompute in core
   require_rule(Engine::megatron, plain_fp32, plain, "need the distributed optimizer");
   for (const Engine other : {Engine::torchtitan, Engine::deepspeed, Engine::accelerate, Engine::torchrun})
     CHECK_FALSE(matching(moments, other, "--bf16-adam-moments").empty());
+  // Selective recompute's modules: Megatron's default (core_attn) goes unsaid; others are listed.
+  Plan selective = plan;
+  selective.parallel.recompute = Recompute::selective;
+  CHECK(megatron_args(exported(selective, Engine::megatron)).count("--recompute-modules") == 0);
+  Plan modules = selective;
+  modules.training.recompute_modules = recompute_modules_from_string("mlp,layernorm,mla_up_proj,moe_act");
+  const auto r = megatron_args(exported(modules, Engine::megatron));
+  CHECK(r.at("--recompute-granularity") == "selective");
+  CHECK(r.at("--recompute-modules") == "moe_act layernorm mla_up_proj mlp");
+  CHECK(r.count("--recompute-method") == 0);
+  for (const Engine other : {Engine::torchtitan, Engine::deepspeed, Engine::accelerate})
+    CHECK_FALSE(matching(modules, other, "--recompute-modules").empty());
   const std::string& args_text = file(e, "megatron.args").content;
   CHECK(args_text.rfind("# dplan export --to megatron of plan.json", 0) == 0);
   CHECK_THAT(args_text, Contains("core_v0.15.0"));

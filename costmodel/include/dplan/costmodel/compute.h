@@ -29,6 +29,32 @@ struct OpPolicyShares {
 };
 OpPolicyShares op_policy_recompute_shares(const ModelSpec& model);
 
+// What Megatron-LM's selective recompute replays of a layer's forward, per module of
+// TrainingSpec::recompute_modules (activations.cpp counts what each drops), as shares of each part:
+// the attention core (core_attn), the q/k/v projections' FLOPs (MLA's up projections, mla_up_proj),
+// MoE layers' routed experts with their router and their shared experts (moe; shared_experts), the
+// dense layers' MLP (mlp), and of the mean layer's forward collectives: tensor parallel (the MLP's
+// one of its two, under mlp or moe) and the MoE dispatch and combine (moe). Element-wise work goes
+// with its module (layer_times).
+struct MegatronRecomputeShares {
+  double attention = 0, qkv = 0, routed_mlp = 0, shared_mlp = 0, dense_mlp = 0, tp_comm = 0, ep_comm = 0;
+};
+MegatronRecomputeShares megatron_recompute_shares(const ModelSpec& model, RecomputeModules modules);
+
+// Shares of the forward's tensor-parallel collectives, context-parallel ring and MoE dispatch and
+// combine that recompute replays: 1 under full recompute; under Megatron's selective
+// megatron_recompute_shares' (the ring with the attention core); else 0.
+struct RecomputedComm {
+  double tp = 0, cp = 0, ep = 0;
+};
+RecomputedComm recomputed_comm(const ModelSpec& model, const TrainingSpec& training, const ParallelConfig& parallel);
+
+// FLOPs that recompute replays for `tokens` tokens of `seq_len`-long sequences, every layer: the
+// forward under full recompute, the parts selective recompute reruns (op_policy_recompute_shares,
+// megatron_recompute_shares). HFU counts them.
+double recompute_flops(const ModelSpec& model, const TrainingSpec& training, const ParallelConfig& parallel,
+                       double tokens, double seq_len);
+
 // Forward FLOPs of the LM head (2ThV).
 double head_forward_flops(const ModelSpec& model, double tokens, double vocab);
 

@@ -34,6 +34,28 @@ enum class Schedule { gpipe, one_f_one_b, interleaved, dualpipe };
 // --moe-enable-deepep). time_phases.cpp prices both.
 enum class MoeDispatcher { alltoall, deepep };
 
+// What selective recompute reruns under Megatron-LM: its --recompute-modules (core_v0.15.0
+// megatron/core/transformer/transformer_config.py recompute_modules; default core_attn).
+// core_attn, mlp, moe and shared_experts checkpoint the module (its input is kept, everything it
+// saves inside is dropped and its forward replayed in backward); moe_act, layernorm and
+// mla_up_proj discard their output after use (CheckpointWithoutOutput) and recompute it before the
+// backward needs it. activations.cpp counts what each drops, compute.cpp what each replays.
+enum class RecomputeModule { core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts };
+struct RecomputeModules {
+  unsigned bits = 1u << unsigned(RecomputeModule::core_attn);
+  bool has(RecomputeModule m) const { return bits & (1u << unsigned(m)); }
+  void add(RecomputeModule m) { bits |= 1u << unsigned(m); }
+  bool is_default() const { return bits == RecomputeModules{}.bits; }
+  bool operator==(const RecomputeModules&) const = default;
+};
+// Megatron's names, in its order: "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp",
+// "moe", "shared_experts".
+const std::vector<std::string>& recompute_module_names();
+std::vector<std::string> to_strings(RecomputeModules modules);  // the set's names, in that order
+std::string to_string(RecomputeModules modules, const std::string& separator);  // them joined
+// A comma- or space-separated list of names; an unknown or missing one throws InputError listing them.
+RecomputeModules recompute_modules_from_string(const std::string& list);
+
 struct TrainingSpec {
   int seq_len = 0;
   int global_batch = 0;                   // sequences per optimizer step
@@ -53,6 +75,9 @@ struct TrainingSpec {
   // false: --no-gradient-accumulation-fusion, each micro-batch's gradients added in a pass of their
   // own (unfused_accumulation_s).
   bool gradient_accumulation_fusion = true;
+  // What --recompute selective reruns where the engine's selective recompute is Megatron's
+  // (SelectiveRecompute::attention_core); other engines refuse a set other than the default.
+  RecomputeModules recompute_modules{};
   int vocab_pad_multiple = 128;           // Megatron --make-vocab-size-divisible-by (times tp)
   double bucket_bytes = 25.0 * kMiB;      // gradient bucket (PyTorch DDP bucket_cap_mb = 25)
   // The engine that runs the plan and how it implements it (engine.h); Megatron-LM unless said.

@@ -28,7 +28,7 @@ rows=(
     "deepseek-v3|1024|megatron|Megatron-MoE-ModelZoo's H100 run without its vpp 4 (its explicit layout)|--tp 2 --pp 8 --ep 64 --etp 1 --dist-opt --sp --seq 4096 --global-batch 8192 --precision fp8 --recompute selective --recompute-modules mla_up_proj,mlp --first-stage-layers 5 --last-stage-layers 8"
     "deepseek-v3|1024|megatron|the same with Megatron's default selective recompute (core_attn)|--tp 2 --pp 8 --ep 64 --etp 1 --dist-opt --sp --seq 4096 --global-batch 8192 --precision fp8 --recompute selective --first-stage-layers 5 --last-stage-layers 8"
     "deepseek-v3|1024|megatron|the same with its bf16 Adam moments|--tp 2 --pp 8 --ep 64 --etp 1 --dist-opt --sp --seq 4096 --global-batch 8192 --precision fp8 --recompute selective --recompute-modules mla_up_proj,mlp --first-stage-layers 5 --last-stage-layers 8 --bf16-adam-moments"
-    "deepseek-v3|1024|deepspeed|the search's pick|--tp 32 --etp 32 --zero 2 --recompute full --mbs 2"
+    "deepseek-v3|1024|deepspeed|the search's pick, without the MTP module DeepSpeed cannot train|--tp 32 --etp 32 --zero 2 --recompute full --mbs 2 --mtp-layers 0"
 )
 
 # Reads one `dplan estimate --json` and prints the worst stage's components in GiB.

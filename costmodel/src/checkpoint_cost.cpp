@@ -76,7 +76,7 @@ CheckpointCost checkpoint_cost(const ModelSpec& m, const ClusterSpec& cluster, c
           const int local = tp + p.tp * (cp + p.cp * dp);  // within the stage's tp*cp*dp ranks
           const bool etp_first = s.expert == 0 || local % etp == 0;
           const bool edp_first = s.expert == 0 || local / (etp * p.ep) == 0;
-          const double dense_unique = s.dense - s.tied_head_copy - (tp == 0 ? 0.0 : s.dense_tp_replicated);
+          const double dense_unique = s.dense - s.embedding_copy - (tp == 0 ? 0.0 : s.dense_tp_replicated);
           const double expert_unique = s.expert - (etp_first ? 0.0 : s.expert_etp_replicated);
           const bool dense_first = dp == 0 && cp == 0;
           // A sharded optimizer's owners write the weights of their elements beside the master and

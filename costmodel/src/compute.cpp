@@ -77,6 +77,10 @@ double model_flops_per_step(const ModelSpec& m, const TrainingSpec& t) {
   double tokens = double(t.global_batch) * t.seq_len;
   double forward = m.num_layers * layer_forward_flops(m, tokens, t.seq_len).total() +
                    head_forward_flops(m, tokens, m.vocab_size);
+  // MTP modules, as Megatron-LM counts them (core_v0.15.0 training.py num_floating_point_operations):
+  // each a layer (the mean layer here), its 2h x h projection and a head of its own.
+  forward += m.mtp_layers * (layer_forward_flops(m, tokens, t.seq_len).total() + 2 * tokens * 2.0 * m.hidden_size * m.hidden_size +
+                             head_forward_flops(m, tokens, m.vocab_size));
   return 3 * forward;
 }
 
@@ -492,14 +496,15 @@ RecomputedComm recomputed_comm(const ModelSpec& m, const TrainingSpec& t, const 
 double recompute_flops(const ModelSpec& m, const TrainingSpec& t, const ParallelConfig& p, double tokens,
                        double seq_len) {
   const LayerFlops lf = layer_forward_flops(m, tokens, seq_len);
+  const double layers = m.num_layers + m.mtp_layers;  // MTP modules' layers recompute as the others
   switch (p.recompute) {
     case Recompute::none: return 0;
-    case Recompute::full: return m.num_layers * lf.total();
+    case Recompute::full: return layers * lf.total();
     case Recompute::selective: break;
   }
   if (t.engine.selective == SelectiveRecompute::op_policy) {
     const OpPolicyShares share = op_policy_recompute_shares(m);
-    return m.num_layers * (share.qkv * lf.qkv + share.out_proj * lf.out_proj + share.mlp * lf.mlp);
+    return layers * (share.qkv * lf.qkv + share.out_proj * lf.out_proj + share.mlp * lf.mlp);
   }
   const MegatronRecomputeShares share = megatron_recompute_shares(m, t.recompute_modules);
   // The MLP's FLOPs by part, as layer_forward_flops weighs them (the router with the routed experts).
@@ -510,7 +515,7 @@ double recompute_flops(const ModelSpec& m, const TrainingSpec& t, const Parallel
     shared = moe * mlp_flops(m, tokens, m.shared_expert_ffn_size);
     dense = (1 - moe) * mlp_flops(m, tokens, m.dense_ffn_hidden_size);
   }
-  return m.num_layers * (share.attention * lf.attention + share.qkv * lf.qkv + share.routed_mlp * routed +
+  return layers * (share.attention * lf.attention + share.qkv * lf.qkv + share.routed_mlp * routed +
                          share.shared_mlp * shared + share.dense_mlp * dense);
 }
 
@@ -573,6 +578,17 @@ EdgeTimes edge_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpec&
   e.head_gemm_backward_s = head.backward_s;
   e.head_forward_s = head.forward_s + loss;
   e.head_backward_s = head.backward_s + memory_time_s(gpu, T * vocab * (4 + B));
+  // MTP modules (ModelSpec::mtp_layers) beside the head: each looks up the next tokens' embeddings,
+  // projects the 2h-wide concatenation back to h (eh_proj, column-parallel) and runs a head and loss
+  // of its own; its transformer layer is priced as a layer of the loss chunk (stage_times).
+  if (m.mtp_layers > 0) {
+    const double d = m.mtp_layers;
+    const LinearTimes eh = linear_times(gpu, t.precision, T, h / p.tp, 2 * h);
+    e.head_forward_s += d * (e.head_forward_s + eh.forward_s + e.embedding_forward_s);
+    e.head_backward_s += d * (e.head_backward_s + eh.backward_s + e.embedding_backward_s);
+    e.head_gemm_forward_s += d * (head.forward_s + eh.forward_s);
+    e.head_gemm_backward_s += d * (head.backward_s + eh.backward_s);
+  }
   return e;
 }
 

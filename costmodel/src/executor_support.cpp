@@ -28,6 +28,8 @@ std::optional<std::string> executor_refusal(const ModelSpec& model, const Traini
   // Its AdamW keeps fp32 moments (executor/src/rank_setup.cpp build_optimizer: torch::optim::AdamW).
   if (training.bf16_adam_moments)
     return "bf16 Adam moments are not run (the executor's AdamW keeps them in fp32); drop --bf16-adam-moments";
+  // Its GPT (executor/src/gpt.h) has no multi-token prediction modules.
+  if (model.mtp_layers > 0) return executor_does_not_run("multi-token prediction (--mtp-layers 0 drops it)");
   // Its selective recompute reruns the attention core (Megatron's default module, core_attn).
   if (p.recompute == Recompute::selective && !training.recompute_modules.is_default())
     return "Megatron's recompute modules are not run (the executor's selective recompute reruns the attention core); "

@@ -31,36 +31,39 @@ struct GpuLayerParams {
   double expert_replicated = 0;  // of expert: held whole by every etp rank (fc2's bias)
 };
 
-GpuLayerParams gpu_layer_params(const ModelSpec& m, const ParallelConfig& p) {
+// One layer of `kind` on one GPU.
+GpuLayerParams gpu_layer_params(const ModelSpec& m, const ParallelConfig& p, LayerKind kind) {
   const double h = m.hidden_size, t = p.tp;
   const double gated = m.mlp == MlpKind::swiglu ? 2.0 : 1.0;
   // One MLP of width f split `ways` ways: its weights and column-parallel biases; fc2's bias replicated.
   auto mlp = [&](double f, double ways) {
     return (gated + 1) * h * f / ways + (m.mlp_bias ? gated * f / ways + h : 0);
   };
-  // A layer of each kind; models with dense and MoE layers hold their mean (layer_params).
-  auto of = [&](LayerKind kind) {
-    const LayerParams lp = layer_params(m, kind);
-    GpuLayerParams g;
-    g.dense = (lp.attention - lp.attention_replicated) / t + lp.attention_replicated + lp.norms;
-    g.dense_replicated = lp.attention_replicated + lp.norms;
-    const double fc2_bias = m.mlp_bias ? h : 0;  // row-parallel: not split
-    if (kind == LayerKind::moe && m.is_moe()) {
-      const double router = h * m.num_experts + (m.router_bias ? m.num_experts : 0);
-      g.dense += router;
-      g.dense_replicated += router;
-      if (m.shared_expert_ffn_size > 0) {
-        g.dense += mlp(m.shared_expert_ffn_size, t) + (m.shared_expert_gate ? h : 0);
-        g.dense_replicated += fc2_bias + (m.shared_expert_gate ? h : 0);
-      }
-      g.expert = double(m.num_experts) / p.ep * mlp(m.ffn_hidden_size, p.expert_tp());  // E/ep experts, split over etp
-      g.expert_replicated = double(m.num_experts) / p.ep * fc2_bias;
-    } else {
-      g.dense += mlp(m.is_moe() ? m.dense_ffn_hidden_size : m.ffn_hidden_size, t);
-      g.dense_replicated += fc2_bias;
+  const LayerParams lp = layer_params(m, kind);
+  GpuLayerParams g;
+  g.dense = (lp.attention - lp.attention_replicated) / t + lp.attention_replicated + lp.norms;
+  g.dense_replicated = lp.attention_replicated + lp.norms;
+  const double fc2_bias = m.mlp_bias ? h : 0;  // row-parallel: not split
+  if (kind == LayerKind::moe && m.is_moe()) {
+    const double router = h * m.num_experts + (m.router_bias ? m.num_experts : 0);
+    g.dense += router;
+    g.dense_replicated += router;
+    if (m.shared_expert_ffn_size > 0) {
+      g.dense += mlp(m.shared_expert_ffn_size, t) + (m.shared_expert_gate ? h : 0);
+      g.dense_replicated += fc2_bias + (m.shared_expert_gate ? h : 0);
     }
-    return g;
-  };
+    g.expert = double(m.num_experts) / p.ep * mlp(m.ffn_hidden_size, p.expert_tp());  // E/ep experts, split over etp
+    g.expert_replicated = double(m.num_experts) / p.ep * fc2_bias;
+  } else {
+    g.dense += mlp(m.is_moe() ? m.dense_ffn_hidden_size : m.ffn_hidden_size, t);
+    g.dense_replicated += fc2_bias;
+  }
+  return g;
+}
+
+// Models with dense and MoE layers hold their mean (layer_params).
+GpuLayerParams gpu_layer_params(const ModelSpec& m, const ParallelConfig& p) {
+  auto of = [&](LayerKind kind) { return gpu_layer_params(m, p, kind); };
   const double moe = m.moe_layer_fraction();
   if (moe == 0) return of(LayerKind::dense);
   if (moe == 1) return of(LayerKind::moe);
@@ -120,7 +123,23 @@ std::vector<StageParams> stage_params(const ModelSpec& m, const ParallelConfig& 
       s.dense += final_norm;
       s.dense_tp_replicated += final_norm;
       if (!m.tied_embeddings || p.pp > 1) s.dense += vocab * h / p.tp;
-      if (m.tied_embeddings && p.pp > 1) s.tied_head_copy = vocab * h / p.tp;
+      if (m.tied_embeddings && p.pp > 1) s.embedding_copy = vocab * h / p.tp;
+      // MTP modules (mtp_params) live on the last stage: each a layer of mtp_layer_kind, its norms
+      // (replicated over tp) and eh_proj (column-parallel, Megatron's multi_token_prediction.py),
+      // and the stage holds the word embedding for their input (GPTModel builds it where
+      // pre_process or mtp_process), shared with the first stage's as a tied head's is.
+      if (m.mtp_layers > 0) {
+        const GpuLayerParams mtp = gpu_layer_params(m, p, mtp_layer_kind(m));
+        const double norms = mtp_module_extra_params(m) - 2 * h * h;
+        s.dense += m.mtp_layers * (mtp.dense + norms + 2 * h * h / p.tp);
+        s.dense_tp_replicated += m.mtp_layers * (mtp.dense_replicated + norms);
+        s.expert += m.mtp_layers * mtp.expert;
+        s.expert_etp_replicated += m.mtp_layers * mtp.expert_replicated;
+        if (!first && s.embedding_copy == 0) {
+          s.dense += vocab * h / p.tp;
+          s.embedding_copy = vocab * h / p.tp;
+        }
+      }
     }
     out.push_back(s);
   }
@@ -281,6 +300,11 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
       // ... and the fp32 logits each keeps for its cross-entropy backward (4sbv/t).
       const double logits_one = 4.0 * tokens * vocab / p.tp;
       s.logits_bytes = logits_one * loss_in_flight;
+      // Each MTP module keeps as much again for each such micro-batch, as a layer (the mean layer's
+      // stored set) with a head of its own: the inputs of its embedding and hidden norms, eh_proj's
+      // 2h-wide input, its final norm's and LM head's inputs, and its own fp32 logits.
+      s.activations_bytes += m.mtp_layers * (stored_per_layer + 6 * act * tokens * h / sp) * loss_in_flight;
+      s.logits_bytes += m.mtp_layers * logits_one * loss_in_flight;
       // The last stage's moments, one at a time (autograd frees a tensor when its last use is
       // done): the loss's forward, where the head's 16-bit logits are cast to fp32 beside them; the
       // head's backward (its dX, dW and 16-bit dY; backward_working_set_bytes), the micro-batch's

@@ -21,7 +21,7 @@ const std::initializer_list<const char*> kIgnoredHfKeys = {
     "max_window_layers", "layer_types", "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
     "classifier_dropout", "rotary_pct", "rotary_emb_base", "rotary_emb_dim", "use_parallel_residual",
     "partial_rotary_factor", "rope_interleave", "norm_topk_prob", "n_group", "topk_group", "scoring_func",
-    "seq_aux", "aux_loss_alpha", "routed_scaling_factor", "ep_size", "num_nextn_predict_layers",
+    "seq_aux", "aux_loss_alpha", "routed_scaling_factor", "ep_size",
     "quantization_config", "swiglu_limit", "initial_context_length", "auto_map", "qk_head_dim",
     "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "n_ctx",
     "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
@@ -163,6 +163,8 @@ void read_deepseek_v3(ObjectReader& r, ModelSpec& m) {
   m.head_dim = width(r, "qk_nope_head_dim") + m.qk_rope_head_dim;
   m.v_head_dim = width(r, "v_head_dim");
   r.ignore("head_dim");  // transformers' DeepseekV3Config sets head_dim = qk_rope_head_dim (derived)
+  // The MTP modules DeepSeek-V3 trained with (transformers' own model drops their weights on load).
+  m.mtp_layers = r.has("num_nextn_predict_layers") ? static_cast<int>(r.int_in("num_nextn_predict_layers", 0, kMaxLayers)) : 0;
   r.ignore("num_key_value_heads");
   m.activation = activation(r, "hidden_act", "silu");
   m.qkv_bias = m.out_bias = optional_bool(r, "attention_bias", false);
@@ -362,6 +364,17 @@ double num_params(const ModelSpec& m, int vocab_size) {
   return embedding + positions + layers + final_norm + head;
 }
 
+LayerKind mtp_layer_kind(const ModelSpec& m) { return m.is_moe() ? LayerKind::moe : LayerKind::dense; }
+
+double mtp_module_extra_params(const ModelSpec& m) {
+  const double h = m.hidden_size, norm = m.norm == NormKind::layernorm ? 2 * h : h;
+  return 3 * norm + 2 * h * h;
+}
+
+double mtp_params(const ModelSpec& m) {
+  return m.mtp_layers * (layer_params(m, mtp_layer_kind(m)).total() + mtp_module_extra_params(m));
+}
+
 double num_active_params(const ModelSpec& m) {
   double total = num_params(m);
   if (!m.is_moe()) return total;
@@ -543,6 +556,7 @@ json to_json(const ModelSpec& m) {
   flag("attention_sinks", m.attention_sinks);
   count("sliding_window", m.sliding_window);
   count("num_sliding_layers", m.num_sliding_layers);
+  count("mtp_layers", m.mtp_layers);
   return j;
 }
 
@@ -590,6 +604,7 @@ ModelSpec model_from_json(const json& j, const std::string& file, const std::str
   m.attention_sinks = flag("attention_sinks");
   m.sliding_window = count("sliding_window", kMaxTokens);
   m.num_sliding_layers = count("num_sliding_layers", kMaxLayers);
+  m.mtp_layers = count("mtp_layers", kMaxLayers);
   r.ignore("num_params");  // derived, written for readers
   r.finish();
   validate(m, file);

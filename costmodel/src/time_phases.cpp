@@ -314,7 +314,9 @@ std::vector<StageTime> stage_times(const ModelSpec& m, const GpuSpec& gpu, const
     for (size_t j = 0; j < chunks[i].size(); ++j) {
       const ModelChunk& chunk = chunks[i][j];
       const bool first = chunk.embedding, last = chunk.loss;
-      const double n = chunk.num_layers;
+      // The loss chunk runs the MTP modules' transformer layers too (their heads are its edge).
+      const int layers = chunk.num_layers + (last ? m.mtp_layers : 0);
+      const double n = layers;
       const double forward_before = s.forward_s + s.forward_comm_s, total_before = s.total_s();
       s.forward_s += n * lt.forward_s + (first ? et.embedding_forward_s : 0) + (last ? et.head_forward_s : 0);
       s.backward_s += n * lt.backward_s + (first ? et.embedding_backward_s : 0) + (last ? et.head_backward_s : 0);
@@ -343,7 +345,7 @@ std::vector<StageTime> stage_times(const ModelSpec& m, const GpuSpec& gpu, const
       s.chunk_forward_s.push_back(forward);
       s.chunk_backward_s.push_back(chunk_s - forward);
       s.chunk_edge_s.push_back(chunk_s - n * layer_s);
-      s.chunk_layers.push_back(chunk.num_layers);
+      s.chunk_layers.push_back(layers);
     }
   }
   return st;

@@ -67,6 +67,7 @@ struct Options {
   bool grad_reduce_in_bf16 = false;
   bool bf16_adam_moments = false;
   std::string recompute_modules;    // Megatron's --recompute-modules; empty: its default (core_attn)
+  std::optional<int> mtp_layers;    // the model's multi-token prediction modules, overridden
   bool no_grad_accumulation_fusion = false;
   bool json = false;
   std::string output;               // -o plan.json
@@ -104,6 +105,7 @@ Inputs load_inputs(const Options& o, const ProfileStore& store) {
   Inputs in;
   in.model = store.load_model(o.model);
   in.cluster = store.load_cluster(o.cluster);
+  if (o.mtp_layers) in.model.mtp_layers = *o.mtp_layers;
   in.training.precision = precision_from_string(o.precision);
   in.training.attention = attention_from_string(o.attention);
   in.training.fp32_grads = o.fp32_grads;
@@ -662,6 +664,9 @@ CLI::Option* add_common(CLI::App& app, Options& o) {
       ->excludes(fp32_grads);
   app.add_flag("--bf16-adam-moments", o.bf16_adam_moments,
                "keep AdamW's moments in bf16 (Megatron's precision-aware optimizer; DeepSeek-V3's recipe)");
+  app.add_option("--mtp-layers", o.mtp_layers,
+                 "multi-token prediction modules to train (default: the model's, DeepSeek-V3's 1; 0 drops them)")
+      ->check(integer_in(0, 16, "a module count from 0 to 16"));
   app.add_option("--recompute-modules", o.recompute_modules,
                  "what selective recompute reruns, Megatron's --recompute-modules as a list: core_attn (default), "
                  "moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts");

@@ -430,6 +430,10 @@ void megatron_only_rules(const Plan& plan, Rules& r) {
     return std::string("keeps AdamW's moments in fp32 (no key for their dtype); drop --bf16-adam-moments or use "
                        "the megatron export");
   });
+  r.rule(plan.model.mtp_layers == 0, [&] {
+    return "cannot train multi-token prediction (" + str(plan.model.mtp_layers) +
+           " MTP modules); use --mtp-layers 0 or the megatron export";
+  });
   r.rule(p.recompute != Recompute::selective || plan.training.recompute_modules.is_default(), [&] {
     return std::string("cannot express Megatron's --recompute-modules (its selective recompute is its own); drop "
                        "--recompute-modules or use the megatron export");

@@ -35,6 +35,7 @@ constexpr const char* disable_bias_linear = "--disable-bias-linear";
 constexpr const char* add_qkv_bias = "--add-qkv-bias";
 constexpr const char* vocab_size = "--vocab-size";
 constexpr const char* make_vocab_size_divisible_by = "--make-vocab-size-divisible-by";
+constexpr const char* mtp_num_layers = "--mtp-num-layers";  // _add_network_size_args (core_v0.15.0)
 // _add_regularization_args
 constexpr const char* attention_dropout = "--attention-dropout";
 constexpr const char* hidden_dropout = "--hidden-dropout";
@@ -125,6 +126,7 @@ void model_arguments(Args& a, const ModelSpec& m, const TrainingSpec& t) {
   }
   add(a, flag::vocab_size, num(m.vocab_size));
   add(a, flag::make_vocab_size_divisible_by, num(t.vocab_pad_multiple));
+  if (m.mtp_layers > 0) add(a, flag::mtp_num_layers, num(m.mtp_layers));
   // Megatron's defaults are 0.1 each: written always.
   add(a, flag::attention_dropout, number(m.attention_dropout));
   add(a, flag::hidden_dropout, number(m.hidden_dropout));

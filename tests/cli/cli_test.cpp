@@ -328,6 +328,29 @@ TEST_CASE("Megatron's recompute modules (--recompute-modules) reach the plan, sa
   CHECK_THAT(full.err, Contains("give --recompute selective"));
 }
 
+TEST_CASE("the model's multi-token prediction modules, overridden by --mtp-layers", "[cli]") {
+  auto run = [](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"estimate", "--model", "deepseek-v3", "--gpus", "1024", "--tp", "2", "--pp", "8",
+                                     "--ep", "64", "--etp", "1", "--dist-opt", "--sp", "--seq", "4096",
+                                     "--global-batch", "8192", "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const Result r = run_dplan(args);
+    REQUIRE(r.status == 0);
+    return json::parse(r.out);
+  };
+  const json own = run({}), none = run({"--mtp-layers", "0"}), two = run({"--mtp-layers", "2"});
+  CHECK(own.at("model").at("mtp_layers") == 1);
+  CHECK_FALSE(none.at("model").contains("mtp_layers"));
+  CHECK(two.at("model").at("mtp_layers") == 2);
+  auto last = [](const json& j) { return j.at("memory").at("stages").back().at("weights_bytes").get<double>(); };
+  CHECK(last(none) < last(own));
+  CHECK(last(own) < last(two));
+  CHECK(none.at("step_time_s").get<double>() < own.at("step_time_s").get<double>());
+  const Result bad = run_dplan({"--model", "8B", "--gpus", "8", "--mtp-layers", "-1"});
+  CHECK(bad.status != 0);
+  CHECK_THAT(bad.err, Contains("--mtp-layers"));
+}
+
 TEST_CASE("the closest call names the 16-bit model states that would admit it, and they do", "[cli]") {
   // Llama 3 70B on 16 H100: the fastest layout rejected for memory (tp 4 pp 4, ZeRO 0) holds
   // Megatron's fp32 gradients; with bf16 ones it fits and the search picks it.

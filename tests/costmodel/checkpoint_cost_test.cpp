@@ -94,7 +94,7 @@ TEST_CASE("gpt-tiny fp32 on 4 ranks: shard sizes worked out by hand", "[checkpoi
     const ModelSpec m = store().load_model("gpt-tiny");
     const std::vector<StageParams> held = stage_params(m, ParallelConfig{.pp = 2, .dp = 2}, m.vocab_size);
     CHECK(held[1].dense == 50112 + 16384);
-    CHECK(held[1].tied_head_copy == 16384);
+    CHECK(held[1].embedding_copy == 16384);
   }
 }
 
@@ -161,7 +161,7 @@ TEST_CASE("a checkpoint holds P x (w + m + 8) bytes whatever the layout and its 
   const double per_param = checkpoint_bytes_per_param(t).total();
   INFO(c.model << " tp " << c.parallel.tp << " pp " << c.parallel.pp << " dp " << c.parallel.dp << " "
                << to_string(precision));
-  CHECK_THAT(cost.total_bytes(), WithinRel(num_params(m) * per_param, 1e-9));
+  CHECK_THAT(cost.total_bytes(), WithinRel((num_params(m) + mtp_params(m)) * per_param, 1e-9));
   CHECK_THAT(sum(rank_bytes(cost)), WithinRel(cost.total_bytes(), 1e-12));
   CHECK(cost.ranks.size() == size_t(c.parallel.world_size()));
 }

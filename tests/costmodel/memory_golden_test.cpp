@@ -104,6 +104,7 @@ MegatronCase megatron_case(const json& row) {
     m.shared_expert_ffn_size = int_arg(a, "moe-shared-expert-intermediate-size", 0);
     m.router_bias = flag(a, "moe-router-enable-expert-bias");
   }
+  m.mtp_layers = int_arg(a, "mtp-num-layers", 0);
   if (flag(a, "multi-latent-attention")) {
     m.q_lora_rank = int_arg(a, "q-lora-rank", 0);
     m.kv_lora_rank = int_arg(a, "kv-lora-rank", 0);

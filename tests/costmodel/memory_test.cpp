@@ -7,6 +7,8 @@
 #include "dplan/costmodel/compute.h"
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/memory.h"
+#include "dplan/costmodel/network.h"
+#include "dplan/costmodel/time.h"
 #include "dplan/planner/profiles.h"
 #include "test_profiles.h"
 
@@ -190,7 +192,7 @@ TEST_CASE("one GPU holds every parameter of today's models exactly once", "[memo
     INFO(name);
     ModelSpec m = store().load_model(name);
     MemoryEstimate e = estimate_memory(m, c, t, ParallelConfig{.tp = 1, .pp = 1, .dp = 1, .ep = 1});
-    CHECK_THAT(e.stages[0].num_params, WithinRel(num_params(m), 1e-12));
+    CHECK_THAT(e.stages[0].num_params, WithinRel(num_params(m) + mtp_params(m), 1e-12));
   }
   // MLA's down projections and latent norms stay whole on every tensor-parallel rank.
   ModelSpec ds = store().load_model("deepseek-v3");
@@ -448,4 +450,39 @@ TEST_CASE("Megatron's --recompute-modules: what each module drops from a layer's
     titan_default.engine = titan.engine;
     CHECK(stored_activation_bytes_per_layer(m, titan, p) == stored_activation_bytes_per_layer(m, titan_default, p));
   }
+}
+
+TEST_CASE("multi-token prediction: its modules, an embedding copy, their activations and logits on the last stage",
+          "[memory]") {
+  const ClusterSpec c = store().load_cluster("dgx-h100");
+  const ModelSpec with = store().load_model("deepseek-v3");
+  REQUIRE(with.mtp_layers == 1);
+  ModelSpec without = with;
+  without.mtp_layers = 0;
+  const TrainingSpec t{.seq_len = 4096, .global_batch = 1024};
+  const ParallelConfig p{.tp = 2, .pp = 8, .dp = 64, .ep = 64, .etp = 1, .micro_batch = 1,
+                         .distributed_optimizer = true, .sequence_parallel = true};
+  const std::vector<StageParams> a = stage_params(with, p, with.vocab_size), b = stage_params(without, p, with.vocab_size);
+  for (int i = 0; i + 1 < p.pp; ++i) CHECK(a[i].dense + a[i].expert == b[i].dense + b[i].expert);
+  // The last stage: one MoE layer on this GPU, its norms and eh_proj (over tp 2), and the embedding copy.
+  const double h = with.hidden_size, copy = with.vocab_size * h / 2;
+  CHECK(a.back().embedding_copy == copy);
+  CHECK(b.back().embedding_copy == 0);
+  CHECK(a.back().expert - b.back().expert == Approx(256.0 / 64 * 3 * h * 2048));
+  CHECK(a.back().dense - b.back().dense > copy + 2 * h * h / 2);
+  const MemoryEstimate ea = estimate_memory(with, c, t, p), eb = estimate_memory(without, c, t, p);
+  for (int i = 0; i + 1 < p.pp; ++i) CHECK(ea.stages[i].total_bytes() == eb.stages[i].total_bytes());
+  const StageMemory &la = ea.stages.back(), &lb = eb.stages.back();
+  CHECK(la.logits_bytes == Approx(2 * lb.logits_bytes));
+  CHECK(la.activations_bytes > lb.activations_bytes + stored_activation_bytes_per_layer(with, t, p) - 1);
+  CHECK(la.weights_bytes > lb.weights_bytes);
+  // Its FLOPs (Megatron's count): a layer, the 2h x h projection and a head per module.
+  const double tokens = double(t.global_batch) * t.seq_len;
+  CHECK(model_flops_per_step(with, t) - model_flops_per_step(without, t) ==
+        Approx(3 * (layer_forward_flops(with, tokens, t.seq_len).total() + 4 * tokens * h * h +
+                    head_forward_flops(with, tokens, with.vocab_size))));
+  // Time: the last stage runs the module's layer and head; the others are as they were.
+  const Network net(c, p.world_size());
+  const TimeBreakdown ta = estimate_time(with, net, t, p), tb = estimate_time(without, net, t, p);
+  CHECK(ta.step_time_s > tb.step_time_s);
 }

@@ -156,6 +156,17 @@ TEST_CASE("today's models: parameter counts match their model cards", "[model]")
     CHECK(m.shared_expert_ffn_size == 2048);
     CHECK(num_params(m) == 671026419200.0);
     CHECK(num_active_params(m) == 37552297472.0);
+    // Its one MTP module (num_nextn_predict_layers): the model card's 685 B on Hugging Face are the
+    // 671 B and 14 B of MTP weights, which there include the module's own copies of the embedding and
+    // the head (deepseek-ai/DeepSeek-V3 README.md).
+    CHECK(m.mtp_layers == 1);
+    CHECK_THAT(mtp_params(m) + 2.0 * m.vocab_size * m.hidden_size, WithinRel(14e9, 0.05));
+    CHECK(mtp_params(m) == layer_params(m, LayerKind::moe).total() + 3 * 7168.0 + 2 * 7168.0 * 7168);
+    ModelSpec no_mtp = m;
+    no_mtp.mtp_layers = 0;
+    CHECK(mtp_params(no_mtp) == 0);
+    CHECK(model_from_json(to_json(m), "plan.json", "/model").mtp_layers == 1);
+    CHECK_FALSE(to_json(no_mtp).contains("mtp_layers"));
   }
   SECTION("gpt-oss-120b: 116.83 B total, 5.13 B active without the input embedding (model card)") {
     ModelSpec m = store().load_model("gpt-oss-120b");

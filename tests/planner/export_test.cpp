@@ -436,6 +436,14 @@ TEST_CASE("megatron export: tp x pp x vpp with ZeRO-1 and full recompute in core
   CHECK(r.count("--recompute-method") == 0);
   for (const Engine other : {Engine::torchtitan, Engine::deepspeed, Engine::accelerate})
     CHECK_FALSE(matching(modules, other, "--recompute-modules").empty());
+  // Multi-token prediction: Megatron's --mtp-num-layers; the other engines cannot train it.
+  CHECK(a.count("--mtp-num-layers") == 0);
+  Plan mtp = plan;
+  mtp.model.mtp_layers = 2;
+  CHECK(megatron_args(exported(mtp, Engine::megatron)).at("--mtp-num-layers") == "2");
+  for (const Engine other : {Engine::torchtitan, Engine::deepspeed, Engine::accelerate})
+    CHECK_FALSE(matching(mtp, other, "--mtp-layers 0").empty());
+  CHECK_FALSE(matching(mtp, Engine::torchrun, "multi-token prediction").empty());
   const std::string& args_text = file(e, "megatron.args").content;
   CHECK(args_text.rfind("# dplan export --to megatron of plan.json", 0) == 0);
   CHECK_THAT(args_text, Contains("core_v0.15.0"));

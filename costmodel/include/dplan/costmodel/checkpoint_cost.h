@@ -61,7 +61,7 @@ struct CheckpointCost {
 
 // The checkpoint of `parallel` on `cluster`: every rank's shard (stage_params' counts of what it
 // holds, the model's own vocabulary unpadded), sums per node and in total, and the save and load
-// times when the cluster has a storage block. The total is num_params(model) x
+// times when the cluster has a storage block. The total is (num_params + mtp_params)(model) x
 // checkpoint_bytes_per_param(training).total() whatever the layout. Without per_rank, `ranks` is
 // left empty (the search prices many layouts and needs only the sums).
 // REQUIRES: validate(model, cluster, training, parallel, parallel.world_size()) passed.

@@ -60,7 +60,7 @@ double head_forward_flops(const ModelSpec& model, double tokens, double vocab);
 
 // Model FLOPs of one optimizer step (forward + backward = 3x forward, no recompute): the MFU
 // numerator (Chowdhery et al. 2022, App. B; Narayanan et al. 2021 Eq. 3 without the recompute pass).
-double model_flops_per_step(const ModelSpec& model, const TrainingSpec& training);
+double model_flops_per_step(const ModelSpec& model, const TrainingSpec& training);  // MTP modules included
 
 // Time of one GEMM (m x k) * (k x n), `batch` of them, on `gpu` at `precision`,
 // as `op` of training. From the curve: the larger of the compute time at max

@@ -49,7 +49,7 @@ ModelStateBytes model_state_bytes(double num_params, int shard_ranks, const Trai
 // Parameters one GPU of each pipeline stage holds before ZeRO sharding (counts, not bytes), the
 // one count memory, checkpoint sizes (checkpoint_cost.h) and the search share: its layers (the
 // mean layer times their number), the vocabulary-parallel embedding of `vocab_size` rows and any
-// learned positions on the first stage, the final norm and LM head on the last. Dense parameters
+// learned positions on the first stage, the final norm and LM head (and any MTP modules) on the last. Dense parameters
 // are split over tp where Megatron splits them and replicated over dp*cp; experts are split over
 // ep and etp and replicated over edp (ParallelConfig::expert_dp). Indexed by stage.
 // REQUIRES: as assign_chunks.
@@ -60,7 +60,8 @@ struct StageParams {
                                      // biases, the router, learned positions, MLA's down projections)
   double expert = 0;                 // per GPU: its E/ep experts, each split over etp
   double expert_etp_replicated = 0;  // of expert: held whole by every etp rank (the experts' fc2 bias)
-  double tied_head_copy = 0;         // of dense: the last stage's copy of a tied embedding (pp > 1)
+  double embedding_copy = 0;         // of dense: the last stage's copy of the embedding, a tied head's
+                                     // or the MTP modules' input (pp > 1)
 };
 std::vector<StageParams> stage_params(const ModelSpec& model, const ParallelConfig& parallel, int vocab_size);
 

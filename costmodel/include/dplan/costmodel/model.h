@@ -69,6 +69,12 @@ struct ModelSpec {
   bool attention_sinks = false;       // gpt_oss: one learned logit per head
   int sliding_window = 0;             // keys per query on the windowed layers; 0: none
   int num_sliding_layers = 0;         // layers attending over the window only
+  // Multi-token prediction (DeepSeek-V3, arXiv 2412.19437, Sec. 2.2; its config's
+  // num_nextn_predict_layers; Megatron-LM's --mtp-num-layers): D sequential modules on the last
+  // pipeline stage, each one transformer layer (of the last layer's kind), two norms, a 2h x h
+  // projection and a final norm, sharing the embedding and the LM head. Not in num_params (the model
+  // cards count the main model); mtp_params counts them.
+  int mtp_layers = 0;
 
   bool is_moe() const { return num_experts > 0; }
   bool is_mla() const { return kv_lora_rank > 0; }
@@ -106,6 +112,16 @@ LayerParams layer_params(const ModelSpec& model);
 // embedding, layers, final norm and LM head (counted once when tied). `vocab_size` overrides the
 // model's vocabulary (for padded vocabularies); 0 means the model's own.
 double num_params(const ModelSpec& model, int vocab_size = 0);
+
+// The kind of an MTP module's transformer layer: the model's last layer's (Megatron's
+// num_floating_point_operations, last_layer_is_moe): MoE for an MoE model, whose dense layers come first.
+LayerKind mtp_layer_kind(const ModelSpec& model);
+// Parameters of the model's MTP modules (ModelSpec::mtp_layers): per module its layer, the
+// embedding and hidden norms, the 2h x h projection and its final norm (Megatron-LM core_v0.15.0
+// multi_token_prediction.py: enorm, hnorm, eh_proj, transformer_layer, final_layernorm). 0 without.
+double mtp_params(const ModelSpec& model);
+// One MTP module's own parameters beside its transformer layer: enorm, hnorm, final norm, eh_proj.
+double mtp_module_extra_params(const ModelSpec& model);
 
 // Parameters a token activates: like num_params, but only experts_per_token experts per layer
 // (the input embedding counted, as for Mixtral's 12.9 B; gpt-oss's model card leaves it out).

@@ -28,6 +28,11 @@ std::optional<std::string> executor_refusal(const ModelSpec& model, const Traini
   // Its AdamW keeps fp32 moments (executor/src/rank_setup.cpp build_optimizer: torch::optim::AdamW).
   if (training.bf16_adam_moments)
     return "bf16 Adam moments are not run (the executor's AdamW keeps them in fp32); drop --bf16-adam-moments";
+  // Its loss and LM head are its own (executor/src/gpt.cpp): neither Megatron's fused cross-entropy
+  // nor its deferred embedding weight gradients, whose memory the plan would count.
+  if (training.cross_entropy_fusion || training.embedding_wgrad_deferral)
+    return executor_does_not_run("Megatron's fused cross-entropy or deferred embedding weight gradients "
+                                 "(drop --cross-entropy-fusion and --defer-embedding-wgrad)");
   // Its GPT (executor/src/gpt.h) has no multi-token prediction modules.
   if (model.mtp_layers > 0) return executor_does_not_run("multi-token prediction (--mtp-layers 0 drops it)");
   // Its selective recompute reruns the attention core (Megatron's default module, core_attn).

@@ -311,8 +311,21 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
       // fp32 logits still counted; then the layers' backward, after that micro-batch's fp32 logits
       // are freed. Measured on one H100 (scripts/gpu-check.sh, llama-3.2-1b, seq 4096, mbs 4): the
       // sum of all three over-counted full recompute's activations by 44 %.
-      const double logits16 = act < 4 ? act * tokens * vocab / p.tp : 0.0;
+      // Megatron's fused cross-entropy (TrainingSpec::cross_entropy_fusion) holds one more fp32
+      // logits tensor in the loss's forward: its compiled kernels compute out of place what the
+      // unfused loss exponentiates and normalises in place. Measured in Megatron-LM's CI golden
+      // values (tests/data/memory: gpt3_mcore_te_tp2_pp2_cross_entropy_loss_fusion against
+      // ..._resume_torch_dist, the same layout unfused): +0.381 GiB, one fp32 [T, V/tp] being 0.385.
+      const double logits16 = (act < 4 ? act * tokens * vocab / p.tp : 0.0) + (t.cross_entropy_fusion ? logits_one : 0.0);
       working = std::max({logits16, backward_working_set_bytes(m, t, p, true), layer_backward - logits_one});
+      // Deferred LM-head weight gradients (TrainingSpec::embedding_wgrad_deferral): each deferred
+      // micro-batch's 16-bit output gradient [T, V/tp] and input [T, h] wait for the flush
+      // (core_v0.15.0 tensor_parallel/layers.py, grad_output_buffer and embedding_activation_buffer).
+      if (t.embedding_wgrad_deferral && p.pp > 1) {
+        const int limit = *t.embedding_wgrad_deferral;
+        const double deferred = limit == 0 ? microbatches : std::min(limit, microbatches);
+        s.logits_bytes += deferred * act * tokens * (vocab / p.tp + h);
+      }
     }
     s.activations_bytes += std::max(0.0, working);
 

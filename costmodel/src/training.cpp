@@ -906,6 +906,8 @@ json to_json(const TrainingSpec& t) {
   if (t.grad_reduce_in_bf16) j["grad_reduce_in_bf16"] = true;  // written where set, likewise
   if (t.bf16_adam_moments) j["bf16_adam_moments"] = true;
   if (!t.recompute_modules.is_default()) j["recompute_modules"] = to_strings(t.recompute_modules);
+  if (t.cross_entropy_fusion) j["cross_entropy_fusion"] = true;
+  if (t.embedding_wgrad_deferral) j["embedding_wgrad_deferral"] = *t.embedding_wgrad_deferral;
   return j;
 }
 
@@ -949,6 +951,9 @@ TrainingSpec training_from_json(const json& j, const std::string& file, const st
   if (r.has("grad_reduce_in_bf16")) t.grad_reduce_in_bf16 = r.boolean("grad_reduce_in_bf16");
   if (r.has("bf16_adam_moments")) t.bf16_adam_moments = r.boolean("bf16_adam_moments");
   if (r.has("gradient_accumulation_fusion")) t.gradient_accumulation_fusion = r.boolean("gradient_accumulation_fusion");
+  if (r.has("cross_entropy_fusion")) t.cross_entropy_fusion = r.boolean("cross_entropy_fusion");
+  if (r.has("embedding_wgrad_deferral"))
+    t.embedding_wgrad_deferral = static_cast<int>(r.int_in("embedding_wgrad_deferral", 0, kMaxGlobalBatch));
   // Megatron's --recompute-modules, written where not its default (core_attn).
   if (r.has("recompute_modules")) {
     const json& list = r.raw("recompute_modules");

@@ -68,6 +68,8 @@ struct Options {
   bool bf16_adam_moments = false;
   std::string recompute_modules;    // Megatron's --recompute-modules; empty: its default (core_attn)
   std::optional<int> mtp_layers;    // the model's multi-token prediction modules, overridden
+  bool cross_entropy_fusion = false;              // Megatron's --cross-entropy-loss-fusion
+  std::optional<int> embedding_wgrad_deferral;    // Megatron's --wgrad-deferral-limit (0: all)
   bool no_grad_accumulation_fusion = false;
   bool json = false;
   std::string output;               // -o plan.json
@@ -111,6 +113,8 @@ Inputs load_inputs(const Options& o, const ProfileStore& store) {
   in.training.fp32_grads = o.fp32_grads;
   in.training.grad_reduce_in_bf16 = o.grad_reduce_in_bf16;
   in.training.bf16_adam_moments = o.bf16_adam_moments;
+  in.training.cross_entropy_fusion = o.cross_entropy_fusion;
+  in.training.embedding_wgrad_deferral = o.embedding_wgrad_deferral;
   if (!o.recompute_modules.empty()) in.training.recompute_modules = recompute_modules_from_string(o.recompute_modules);
   in.training.gradient_accumulation_fusion = !o.no_grad_accumulation_fusion;
   in.training.engine = costmodel::engine_mechanics_from_label(o.engine);
@@ -664,6 +668,12 @@ CLI::Option* add_common(CLI::App& app, Options& o) {
       ->excludes(fp32_grads);
   app.add_flag("--bf16-adam-moments", o.bf16_adam_moments,
                "keep AdamW's moments in bf16 (Megatron's precision-aware optimizer; DeepSeek-V3's recipe)");
+  app.add_flag("--cross-entropy-fusion", o.cross_entropy_fusion,
+               "Megatron's fused cross-entropy (--cross-entropy-loss-fusion): one more fp32 logits tensor in the loss");
+  app.add_option("--defer-embedding-wgrad", o.embedding_wgrad_deferral,
+                 "defer the LM head's weight gradient of N micro-batches to the pipeline flush, 0: all (Megatron's "
+                 "--defer-embedding-wgrad-compute --wgrad-deferral-limit N; needs pp > 1)")
+      ->check(integer_in(0, kMaxGlobalBatch, "a micro-batch count from 0 (all) to " + std::to_string(kMaxGlobalBatch)));
   app.add_option("--mtp-layers", o.mtp_layers,
                  "multi-token prediction modules to train (default: the model's, DeepSeek-V3's 1; 0 drops them)")
       ->check(integer_in(0, 16, "a module count from 0 to 16"));

@@ -341,6 +341,18 @@ void megatron_rules(const Plan& plan, Rules& r) {
            " x dp " + str(p.dp) + " (validate_args: data parallel = world / (tp x pp x cp)); use --gpus " +
            str(static_cast<long long>(tpppcp) * p.dp);
   });
+  // Deferred embedding weight gradients (ModelParallelConfig.__post_init__, core_v0.15.0).
+  if (plan.training.embedding_wgrad_deferral) {
+    r.rule(p.pp > 1, [&] {
+      return std::string("cannot defer the embedding weight gradient without pipeline parallel (ModelParallelConfig: "
+                         "\"Cannot defer embedding wgrad compute when pipeline model parallel is not used\"); drop "
+                         "--defer-embedding-wgrad or use pp > 1");
+    });
+    r.rule(gradient_accumulation_fused(plan.training, p), [&] {
+      return std::string("cannot defer the embedding weight gradient without gradient-accumulation fusion "
+                         "(ModelParallelConfig); drop --defer-embedding-wgrad or --no-gradient-accumulation-fusion");
+    });
+  }
   // Expert data parallel = world / (etp * ep * pp) (parallel_state.py).
   if (m.is_moe()) {
     const int etp_ep_pp = p.expert_tp() * p.ep * p.pp;
@@ -429,6 +441,10 @@ void megatron_only_rules(const Plan& plan, Rules& r) {
   r.rule(!plan.training.bf16_adam_moments, [&] {
     return std::string("keeps AdamW's moments in fp32 (no key for their dtype); drop --bf16-adam-moments or use "
                        "the megatron export");
+  });
+  r.rule(!plan.training.cross_entropy_fusion && !plan.training.embedding_wgrad_deferral, [&] {
+    return std::string("cannot express Megatron's fused cross-entropy or deferred embedding weight gradients; drop "
+                       "--cross-entropy-fusion and --defer-embedding-wgrad or use the megatron export");
   });
   r.rule(plan.model.mtp_layers == 0, [&] {
     return "cannot train multi-token prediction (" + str(plan.model.mtp_layers) +

@@ -129,6 +129,9 @@ std::vector<std::pair<std::string, std::string>> flag_list(const PlanCase& c) {
   if (c.training.fp32_grads) f.push_back({"--fp32-grads", ""});
   if (c.training.grad_reduce_in_bf16) f.push_back({"--grad-reduce-in-bf16", ""});
   if (c.training.bf16_adam_moments) f.push_back({"--bf16-adam-moments", ""});
+  if (c.training.cross_entropy_fusion) f.push_back({"--cross-entropy-fusion", ""});
+  if (c.training.embedding_wgrad_deferral)
+    f.push_back({"--defer-embedding-wgrad", std::to_string(*c.training.embedding_wgrad_deferral)});
   if (p.recompute == Recompute::selective && !c.training.recompute_modules.is_default()) {
     f.push_back({"--recompute-modules", to_string(c.training.recompute_modules, ",")});
   }

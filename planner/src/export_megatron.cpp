@@ -70,6 +70,9 @@ constexpr const char* use_megatron_fsdp = "--use-megatron-fsdp";
 constexpr const char* data_parallel_sharding_strategy = "--data-parallel-sharding-strategy";  // optim_grads[_params]
 constexpr const char* ckpt_format = "--ckpt-format";  // Megatron-FSDP asserts fsdp_dtensor (v0.15)
 constexpr const char* no_gradient_accumulation_fusion = "--no-gradient-accumulation-fusion";
+constexpr const char* cross_entropy_loss_fusion = "--cross-entropy-loss-fusion";
+constexpr const char* defer_embedding_wgrad_compute = "--defer-embedding-wgrad-compute";
+constexpr const char* wgrad_deferral_limit = "--wgrad-deferral-limit";
 // _add_training_args
 constexpr const char* sequence_parallel = "--sequence-parallel";
 constexpr const char* micro_batch_size = "--micro-batch-size";
@@ -222,6 +225,11 @@ void sharding_arguments(Args& a, const Plan& plan) {
   }
   // The cost model's rule (compute.h), Megatron-FSDP's off included.
   if (!gradient_accumulation_fused(plan.training, p)) add(a, flag::no_gradient_accumulation_fusion);
+  if (plan.training.cross_entropy_fusion) add(a, flag::cross_entropy_loss_fusion);
+  if (plan.training.embedding_wgrad_deferral) {
+    add(a, flag::defer_embedding_wgrad_compute);
+    add(a, flag::wgrad_deferral_limit, num(*plan.training.embedding_wgrad_deferral));
+  }
   if (sharded_optimizer) add(a, flag::use_distributed_optimizer);
   if (p.offload_optimizer) add(a, flag::optimizer_cpu_offload);
   if (p.offload_optimizer || plan.training.bf16_adam_moments) add(a, flag::use_precision_aware_optimizer);

@@ -351,6 +351,26 @@ TEST_CASE("the model's multi-token prediction modules, overridden by --mtp-layer
   CHECK_THAT(bad.err, Contains("--mtp-layers"));
 }
 
+TEST_CASE("Megatron's fused cross-entropy and deferred embedding weight gradients reach the plan and its memory", "[cli]") {
+  auto run = [](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"estimate", "--model", "8B", "--gpus", "8", "--tp", "2", "--pp", "2", "--sp",
+                                     "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const Result r = run_dplan(args);
+    REQUIRE(r.status == 0);
+    return json::parse(r.out);
+  };
+  const json plain = run({}), both = run({"--cross-entropy-fusion", "--defer-embedding-wgrad", "2"});
+  CHECK_FALSE(plain.at("training").contains("cross_entropy_fusion"));
+  CHECK(both.at("training").at("cross_entropy_fusion") == true);
+  CHECK(both.at("training").at("embedding_wgrad_deferral") == 2);
+  auto last = [](const json& j) { return j.at("memory").at("stages").back().at("logits_bytes").get<double>(); };
+  CHECK(last(both) > last(plain));
+  const Result bad = run_dplan({"estimate", "--model", "8B", "--gpus", "8", "--defer-embedding-wgrad", "-2"});
+  CHECK(bad.status != 0);
+  CHECK_THAT(bad.err, Contains("--defer-embedding-wgrad"));
+}
+
 TEST_CASE("the closest call names the 16-bit model states that would admit it, and they do", "[cli]") {
   // Llama 3 70B on 16 H100: the fastest layout rejected for memory (tp 4 pp 4, ZeRO 0) holds
   // Megatron's fp32 gradients; with bf16 ones it fits and the search picks it.

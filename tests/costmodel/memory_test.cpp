@@ -486,3 +486,38 @@ TEST_CASE("multi-token prediction: its modules, an embedding copy, their activat
   const TimeBreakdown ta = estimate_time(with, net, t, p), tb = estimate_time(without, net, t, p);
   CHECK(ta.step_time_s > tb.step_time_s);
 }
+
+TEST_CASE("Megatron's fused cross-entropy and deferred embedding weight gradients on the last stage", "[memory]") {
+  const ClusterSpec c = store().load_cluster("dgx-h100");
+  const ModelSpec m = store().load_model("llama-3-8b");
+  const TrainingSpec t{.seq_len = 4096, .global_batch = 64};
+  const ParallelConfig p{.tp = 2, .pp = 2, .dp = 2, .micro_batch = 2, .sequence_parallel = true};
+  const MemoryEstimate base = estimate_memory(m, c, t, p);
+  const double tokens = 2 * 4096, vocab_local = padded_vocab(m, t, 2) / 2.0;
+  SECTION("the fused loss: one more fp32 logits tensor at the loss's forward, on the last stage only") {
+    TrainingSpec fused = t;
+    fused.cross_entropy_fusion = true;
+    const MemoryEstimate e = estimate_memory(m, c, fused, p);
+    CHECK(e.stages[0].total_bytes() == base.stages[0].total_bytes());
+    CHECK(e.stages[1].total_bytes() > base.stages[1].total_bytes());
+    CHECK(e.stages[1].total_bytes() - base.stages[1].total_bytes() <= 4 * tokens * vocab_local * 1.000001);
+  }
+  SECTION("deferral: each deferred micro-batch's 16-bit output gradient and input until the flush") {
+    const int microbatches = num_microbatches(t, p);
+    REQUIRE(microbatches == 16);
+    auto extra = [&](std::optional<int> limit, const ParallelConfig& layout) {
+      TrainingSpec d = t;
+      d.embedding_wgrad_deferral = limit;
+      return estimate_memory(m, c, d, layout).stages.back().logits_bytes -
+             estimate_memory(m, c, t, layout).stages.back().logits_bytes;
+    };
+    const double one = 2 * tokens * (vocab_local + m.hidden_size);
+    CHECK(extra(2, p) == Approx(2 * one));
+    CHECK(extra(0, p) == Approx(16 * one));   // 0: every micro-batch
+    CHECK(extra(64, p) == Approx(16 * one));  // no more than the step has
+    ParallelConfig flat = p;
+    flat.pp = 1;
+    flat.dp = 4;
+    CHECK(extra(2, flat) == 0);  // nothing to defer to without a pipeline flush
+  }
+}

@@ -436,6 +436,23 @@ TEST_CASE("megatron export: tp x pp x vpp with ZeRO-1 and full recompute in core
   CHECK(r.count("--recompute-method") == 0);
   for (const Engine other : {Engine::torchtitan, Engine::deepspeed, Engine::accelerate})
     CHECK_FALSE(matching(modules, other, "--recompute-modules").empty());
+  // The fused cross-entropy and deferred embedding weight gradients: Megatron's flags, its rules.
+  CHECK(a.count("--cross-entropy-loss-fusion") == 0);
+  CHECK(a.count("--defer-embedding-wgrad-compute") == 0);
+  Plan loss = plan;
+  loss.training.cross_entropy_fusion = true;
+  loss.training.embedding_wgrad_deferral = 3;
+  REQUIRE(loss.parallel.pp > 1);
+  const auto l = megatron_args(exported(loss, Engine::megatron));
+  CHECK(l.count("--cross-entropy-loss-fusion") == 1);
+  CHECK(l.count("--defer-embedding-wgrad-compute") == 1);
+  CHECK(l.at("--wgrad-deferral-limit") == "3");
+  Plan unfused_deferral = loss;
+  unfused_deferral.training.gradient_accumulation_fusion = false;
+  require_rule(Engine::megatron, loss, unfused_deferral, "without gradient-accumulation fusion");
+  for (const Engine other : {Engine::torchtitan, Engine::deepspeed, Engine::accelerate})
+    CHECK_FALSE(matching(loss, other, "--cross-entropy-fusion").empty());
+  CHECK_FALSE(matching(loss, Engine::torchrun, "fused cross-entropy").empty());
   // Multi-token prediction: Megatron's --mtp-num-layers; the other engines cannot train it.
   CHECK(a.count("--mtp-num-layers") == 0);
   Plan mtp = plan;

@@ -75,6 +75,15 @@ struct TrainingSpec {
   // false: --no-gradient-accumulation-fusion, each micro-batch's gradients added in a pass of their
   // own (unfused_accumulation_s).
   bool gradient_accumulation_fusion = true;
+  // Megatron-LM's --cross-entropy-loss-fusion (core_v0.15.0 fusions/fused_cross_entropy.py, the
+  // native implementation): the loss's forward holds one more fp32 [T, V/tp] tensor than the
+  // unfused one (memory.cpp).
+  bool cross_entropy_fusion = false;
+  // Megatron-LM's --defer-embedding-wgrad-compute --wgrad-deferral-limit N: the LM head's weight
+  // gradient of up to N micro-batches (0: all of them) waits for the pipeline flush, keeping each
+  // one's output gradient and input on the last stage. nullopt: not deferred. Needs pp > 1 and
+  // gradient-accumulation fusion (Megatron's ModelParallelConfig); with pp 1 nothing is deferred.
+  std::optional<int> embedding_wgrad_deferral{};
   // What --recompute selective reruns where the engine's selective recompute is Megatron's
   // (SelectiveRecompute::attention_core); other engines refuse a set other than the default.
   RecomputeModules recompute_modules{};

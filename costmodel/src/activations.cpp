@@ -16,7 +16,8 @@ namespace {
 struct Shape {
   double b, s, s_kv, h, t, sp, heads_local, q_local, kv_local, f_local;
   double act;   // bytes per stored activation element (2 for 16-bit, 4 for fp32)
-  double gemm;  // bytes per stored GEMM input (1 with fp8 Transformer Engine, else act)
+  double gemm;  // bytes per stored GEMM input (1 with fp8 Transformer Engine, else act:
+                // EngineMechanics::fp8_keeps_16bit_operands)
 };
 
 Shape shape_of(const ModelSpec& m, const TrainingSpec& t, const ParallelConfig& p) {
@@ -32,7 +33,7 @@ Shape shape_of(const ModelSpec& m, const TrainingSpec& t, const ParallelConfig& 
   x.kv_local = double(m.kv_dim()) / p.tp;
   x.f_local = double(m.ffn_hidden_size) / p.tp;
   x.act = activation_bytes(t.precision);
-  x.gemm = t.precision == Precision::fp8 ? 1.0 : x.act;
+  x.gemm = t.precision == Precision::fp8 && !t.engine.fp8_keeps_16bit_operands ? 1.0 : x.act;
   return x;
 }
 

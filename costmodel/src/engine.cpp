@@ -58,7 +58,9 @@ constexpr EngineMechanics kMechanics[] = {
     // (training.mixed_precision_param / mixed_precision_reduce, the latter only "float32" in
     // torchtitan/config/job_config.py); --recompute selective is its op-level policy
     // (selective_ac_option "op": save every op output of _save_list, mm, the SDPA kernels,
-    // reduce_scatter, max, but every second mm; apply_ac).
+    // reduce_scatter, max, but every second mm; apply_ac). Its float8 converter's Float8Linear
+    // saves the high-precision input and weight (pytorch/ao torchao/float8/float8_linear.py,
+    // matmul_with_hp_or_float8_args: ctx.save_for_backward(input_hp, weight_hp_t)).
     {.engine = Engine::torchtitan,
      .version = "v0.2.2",
      .source = "torchtitan/models/llama3/infra/parallelize.py apply_fsdp, apply_ac; torchtitan/config/job_config.py (v0.2.2)",
@@ -67,7 +69,8 @@ constexpr EngineMechanics kMechanics[] = {
      .elementwise_scale = 1.0,
      .bf16_grads_in_fp32 = true,
      .selective = SelectiveRecompute::op_policy,
-     .fp32_sharded_params = true},
+     .fp32_sharded_params = true,
+     .fp8_keeps_16bit_operands = true},
     // DeepSpeed ZeRO-3 as first released (March 2021; Narayanan et al. 2021, Table 2, ran it):
     // deepspeed/runtime/zero/partition_parameters.py _allgather_param gathers each parameter on its
     // own, torch.distributed.all_gather into a list of world-size partitions (PyTorch's

@@ -181,8 +181,8 @@ BytesPerParam bytes_per_param(const TrainingSpec& t) {
     case Precision::bf16:
     case Precision::fp16:
       return {2, grads, master + moments};  // ZeRO's K = 12 with an fp32 master and fp32 moments
-    case Precision::fp8:
-      return {3, grads, master + moments};  // bf16 weights + fp8 copy for the GEMMs
+    case Precision::fp8:  // bf16 weights + Transformer Engine's fp8 copy for the GEMMs (or none)
+      return {t.engine.fp8_keeps_16bit_operands ? 2.0 : 3.0, grads, master + moments};
   }
   return {};
 }

@@ -521,3 +521,22 @@ TEST_CASE("Megatron's fused cross-entropy and deferred embedding weight gradient
     CHECK(extra(2, flat) == 0);  // nothing to defer to without a pipeline flush
   }
 }
+
+TEST_CASE("torchtitan's float8 keeps 16-bit GEMM inputs and no FP8 weight copy; Transformer Engine's are FP8", "[memory]") {
+  const ClusterSpec c = store().load_cluster("dgx-h100");
+  const ModelSpec m = store().load_model("llama-3-8b");
+  TrainingSpec bf16{.seq_len = 4096, .global_batch = 64};
+  bf16.engine = engine_mechanics(Engine::torchtitan);
+  TrainingSpec fp8 = bf16;
+  fp8.precision = Precision::fp8;
+  TrainingSpec te = fp8;
+  te.engine = engine_mechanics(Engine::megatron);
+  const ParallelConfig p{.tp = 2, .dp = 4, .sequence_parallel = true};
+  CHECK(stored_activation_bytes_per_layer(m, fp8, p) == stored_activation_bytes_per_layer(m, bf16, p));
+  CHECK(stored_activation_bytes_per_layer(m, te, p) < stored_activation_bytes_per_layer(m, fp8, p));
+  CHECK(bytes_per_param(fp8).weights == 2);
+  CHECK(bytes_per_param(te).weights == 3);
+  // Under FSDP2 the fp32 shards are the weights whatever the precision.
+  const ParallelConfig fsdp{.dp = 8, .zero_stage = 3};
+  CHECK(estimate_memory(m, c, fp8, fsdp).stages[0].weights_bytes == estimate_memory(m, c, bf16, fsdp).stages[0].weights_bytes);
+}

@@ -83,6 +83,11 @@ struct EngineMechanics {
   // 16 bits (FSDP2's MixedPrecisionPolicy): the shard is the master copy, so ZeRO-3 holds 4 + 4 + 8
   // bytes per parameter over the shards instead of 2 + 2 + 12, and the gathered unit is 16-bit.
   bool fp32_sharded_params = false;
+  // FP8 training's linear layers keep their 16-bit input and weight for backward and cast them to
+  // FP8 again there (torchao's Float8Linear, which torchtitan's float8 converter swaps in), instead
+  // of Transformer Engine's FP8 copies: stored GEMM inputs stay 16-bit and no FP8 weight copy
+  // persists beside the 16-bit weights.
+  bool fp8_keeps_16bit_operands = false;
   bool operator==(const EngineMechanics&) const = default;
 };
 

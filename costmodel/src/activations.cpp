@@ -103,7 +103,7 @@ double mlp_inner_bytes(const ModelSpec& m, const Shape& x, double f_local) {
 //  - moe_act: the routed experts' activation outputs (their down projection's input);
 //  - shared_experts: the shared experts' inner activations.
 double megatron_recompute_dropped_bytes(const ModelSpec& m, const TrainingSpec& t, const ParallelConfig& p,
-                                        const Shape& x) {
+                                        const Shape& x, const LayerActivations& all) {
   const RecomputeModules& r = t.recompute_modules;
   const double tokens = x.s * x.b;
   const double input = x.act * tokens * x.h / x.sp;  // a checkpoint's input, the hidden state
@@ -122,7 +122,6 @@ double megatron_recompute_dropped_bytes(const ModelSpec& m, const TrainingSpec& 
     const double kv = blockwise_attention(t, p) ? x.kv_local : x.q_local;
     bytes += x.act * tokens * (x.q_local + 2 * kv);
   }
-  const LayerActivations all = activations_per_layer(m, t, p);
   if (r.has(RecomputeModule::mlp)) {
     // The dense MLP's stored set is the fused norm, fc1's input and the inner activations.
     const double dense_ffn = m.is_moe() ? m.dense_ffn_hidden_size : m.ffn_hidden_size;
@@ -206,9 +205,11 @@ double stored_activation_bytes_per_layer(const ModelSpec& m, const TrainingSpec&
     case Recompute::full:
       // Only the layer input survives (Korthikanti Table 2: 2sbh; sequence-sharded with SP).
       return x.act * x.s * x.b * x.h / x.sp;
-    case Recompute::selective:
+    case Recompute::selective: {
       if (t.engine.selective == SelectiveRecompute::op_policy) return op_policy_stored_bytes(m, t, p, x);
-      return activations_per_layer(m, t, p).total() - megatron_recompute_dropped_bytes(m, t, p, x);
+      const LayerActivations all = activations_per_layer(m, t, p);
+      return all.total() - megatron_recompute_dropped_bytes(m, t, p, x, all);
+    }
     case Recompute::none:
       break;
   }

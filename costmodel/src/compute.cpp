@@ -79,7 +79,8 @@ double model_flops_per_step(const ModelSpec& m, const TrainingSpec& t) {
                    head_forward_flops(m, tokens, m.vocab_size);
   // MTP modules, as Megatron-LM counts them (core_v0.15.0 training.py num_floating_point_operations):
   // each a layer (the mean layer here), its 2h x h projection and a head of its own.
-  forward += m.mtp_layers * (layer_forward_flops(m, tokens, t.seq_len).total() + 2 * tokens * 2.0 * m.hidden_size * m.hidden_size +
+  const double h = m.hidden_size;
+  forward += m.mtp_layers * (layer_forward_flops(m, tokens, t.seq_len).total() + 2 * tokens * 2 * h * h +
                              head_forward_flops(m, tokens, m.vocab_size));
   return 3 * forward;
 }
@@ -333,9 +334,11 @@ MlpTimes mlp_times(const ModelSpec& m, const GpuSpec& gpu, const LayerShape& s, 
   add(mlp.routed, linear_times(gpu, prec, tokens_per_expert, h, fe, experts_local), moe);
   add(mlp.routed, linear_times(gpu, prec, moe_tokens_in(s), m.num_experts, h), moe);  // router
   // Shared experts: a dense MLP over all T tokens, split over tp like any MLP.
-  if (m.shared_expert_ffn_size > 0) add(mlp.shared, dense_mlp_times(gpu, s, s.tokens, m.shared_expert_ffn_size / s.tp), moe);
+  if (m.shared_expert_ffn_size > 0)
+    add(mlp.shared, dense_mlp_times(gpu, s, s.tokens, m.shared_expert_ffn_size / s.tp), moe);
   // Dense layers of an MoE model: the mean layer weights the MoE and the dense MLP by count.
-  if (m.num_dense_layers > 0) add(mlp.dense, dense_mlp_times(gpu, s, s.tokens, m.dense_ffn_hidden_size / s.tp), 1 - moe);
+  if (m.num_dense_layers > 0)
+    add(mlp.dense, dense_mlp_times(gpu, s, s.tokens, m.dense_ffn_hidden_size / s.tp), 1 - moe);
   return mlp;
 }
 
@@ -516,7 +519,7 @@ double recompute_flops(const ModelSpec& m, const TrainingSpec& t, const Parallel
     dense = (1 - moe) * mlp_flops(m, tokens, m.dense_ffn_hidden_size);
   }
   return layers * (share.attention * lf.attention + share.qkv * lf.qkv + share.routed_mlp * routed +
-                         share.shared_mlp * shared + share.dense_mlp * dense);
+                   share.shared_mlp * shared + share.dense_mlp * dense);
 }
 
 OpPolicyShares op_policy_recompute_shares(const ModelSpec& m) {

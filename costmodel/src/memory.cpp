@@ -316,7 +316,8 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
       // unfused loss exponentiates and normalises in place. Measured in Megatron-LM's CI golden
       // values (tests/data/memory: gpt3_mcore_te_tp2_pp2_cross_entropy_loss_fusion against
       // ..._resume_torch_dist, the same layout unfused): +0.381 GiB, one fp32 [T, V/tp] being 0.385.
-      const double logits16 = (act < 4 ? act * tokens * vocab / p.tp : 0.0) + (t.cross_entropy_fusion ? logits_one : 0.0);
+      const double logits16 =
+          (act < 4 ? act * tokens * vocab / p.tp : 0.0) + (t.cross_entropy_fusion ? logits_one : 0.0);
       working = std::max({logits16, backward_working_set_bytes(m, t, p, true), layer_backward - logits_one});
       // Deferred LM-head weight gradients (TrainingSpec::embedding_wgrad_deferral): each deferred
       // micro-batch's 16-bit output gradient [T, V/tp] and input [T, h] wait for the flush

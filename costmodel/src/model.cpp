@@ -164,7 +164,8 @@ void read_deepseek_v3(ObjectReader& r, ModelSpec& m) {
   m.v_head_dim = width(r, "v_head_dim");
   r.ignore("head_dim");  // transformers' DeepseekV3Config sets head_dim = qk_rope_head_dim (derived)
   // The MTP modules DeepSeek-V3 trained with (transformers' own model drops their weights on load).
-  m.mtp_layers = r.has("num_nextn_predict_layers") ? static_cast<int>(r.int_in("num_nextn_predict_layers", 0, kMaxLayers)) : 0;
+  if (r.has("num_nextn_predict_layers"))
+    m.mtp_layers = static_cast<int>(r.int_in("num_nextn_predict_layers", 0, kMaxLayers));
   r.ignore("num_key_value_heads");
   m.activation = activation(r, "hidden_act", "silu");
   m.qkv_bias = m.out_bias = optional_bool(r, "attention_bias", false);

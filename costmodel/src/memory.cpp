@@ -284,6 +284,9 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
       // An MoE layer's backward runs its dispatch and combine in reverse: the permuted and the
       // received gradients' copies are live beside it.
       layer_backward += dispatch;
+      // The EP overlap without a pipeline pairs each backward layer with the next micro-batch's
+      // forward layer (microbatches_in_flight): that layer's stored set comes before the other frees.
+      if (p.overlap_ep_comm && p.pp == 1) layer_backward += stored_per_layer;
     }
     double working = layer_backward;
     // Embedding dropout mask per in-flight micro-batch (Korthikanti Sec. 4.3: sbhp/t).

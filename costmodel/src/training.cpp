@@ -425,10 +425,13 @@ int padded_vocab(const ModelSpec& m, const TrainingSpec& t, int tp) {
 }
 
 double microbatches_in_flight(const ParallelConfig& p, int stage, int m) {
-  // Megatron-Core's EP overlap (combined_1f1b.py): micro-batch i+1's forward beside i's backward
-  // without a pipeline; one extra warm-up forward with one (schedules.py).
+  // Megatron-Core's EP overlap (core_v0.15.0): with a pipeline, one extra warm-up forward
+  // (schedules.py). Without one (combined_1f1b_schedule_for_no_pipelining), micro-batch i+1's
+  // forward runs layer by layer beside i's backward, which frees a layer for each one it stores
+  // (model_chunk_schedule_plan.py run: forward layer j with backward layer L-1-j, the loss's backward
+  // first and its forward last): one micro-batch held, and one layer more at a time (memory.cpp).
   const int extra = p.overlap_ep_comm ? 1 : 0;
-  if (p.pp == 1) return std::min(1 + extra, std::max(1, m));
+  if (p.pp == 1) return 1;
   switch (p.schedule) {
     case Schedule::gpipe:
       return m;

@@ -171,8 +171,6 @@ Bound bound_of(const json& a, const ParallelConfig& p) {
     b.fraction = std::max(b.fraction, fraction);
     b.miss += (b.miss.empty() ? "" : "; ") + std::string(why);
   };
-  add(flag(a, "overlap-moe-expert-parallel-comm"), 0.50,
-      "the EP overlap's extra in-flight micro-batch, counted on every stage, is over-counted");
   add(a.contains("num-experts"), 0.28, "the token dispatcher's permutation and all-to-all buffers");
   add(a.contains("fp8-format"), 0.22, "Transformer Engine's FP8 scaling and transpose caches");
   add(p.tp > 1 || p.cp > 1, 0.15, "tensor- and context-parallel communication buffers");

@@ -211,12 +211,26 @@ TEST_CASE("EP overlap never slows a step beyond the SMs it takes, and hides at m
   }
 }
 
-TEST_CASE("EP overlap keeps one more micro-batch's activations", "[moe][overlap][memory]") {
+TEST_CASE("EP overlap keeps one more layer's activations without a pipeline, one more chunk with one",
+          "[moe][overlap][memory]") {
   ParallelConfig p{.dp = 8, .ep = 8};
   CHECK(microbatches_in_flight(p, 0, 4) == 1);
   p.overlap_ep_comm = true;
-  CHECK(microbatches_in_flight(p, 0, 4) == 2);
+  // Without a pipeline the paired backward frees a layer for each one the next forward stores
+  // (Megatron-Core's model_chunk_schedule_plan.py run): one micro-batch, and one layer at a time.
+  CHECK(microbatches_in_flight(p, 0, 4) == 1);
   CHECK(microbatches_in_flight(p, 0, 1) == 1);
+  const ModelSpec mixtral = store().load_model("mixtral-8x7b");
+  const ClusterSpec c = store().load_cluster("dgx-h100");
+  const TrainingSpec t{.seq_len = 4096, .global_batch = 32};
+  ParallelConfig off = p;
+  off.overlap_ep_comm = false;
+  const MemoryEstimate a = estimate_memory(mixtral, c, t, p), b = estimate_memory(mixtral, c, t, off);
+  // The paired layer joins the backward's working set (on the only stage the loss's own moments may
+  // be larger): more than without the overlap, at most one layer's stored set more.
+  const double more = a.stages[0].activations_bytes - b.stages[0].activations_bytes;
+  CHECK(more > 0);
+  CHECK(more <= stored_activation_bytes_per_layer(mixtral, t, p) * (1 + 1e-12));
   // Interleaved pp 4, vpp 2, 8 micro-batches: stage 0's warm-up 2*3 + 4 + 1 = 11 chunk forwards,
   // one more with the overlap: 12 of 1/2 stage each.
   ParallelConfig q{.pp = 4, .dp = 2, .ep = 2, .vpp = 2, .schedule = Schedule::interleaved};

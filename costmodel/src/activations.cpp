@@ -129,7 +129,6 @@ double megatron_recompute_dropped_bytes(const ModelSpec& m, const TrainingSpec& 
     bytes += (1 - moe) * std::max(0.0, dense - input);
   }
   if (m.is_moe()) {
-    const double shared = moe * mlp_inner_bytes(m, x, m.shared_expert_ffn_size / x.t);
     if (r.has(RecomputeModule::moe)) {
       // Everything of the MoE layer's MLP part past its own norm, less the checkpoint's input.
       const double dense_part = (1 - moe) * mlp_inner_bytes(m, x, m.dense_ffn_hidden_size / x.t);
@@ -138,7 +137,8 @@ double megatron_recompute_dropped_bytes(const ModelSpec& m, const TrainingSpec& 
     } else {
       if (r.has(RecomputeModule::moe_act))
         bytes += moe * m.experts_per_token * x.gemm * tokens * x.f_local;
-      if (r.has(RecomputeModule::shared_experts)) bytes += shared;
+      if (r.has(RecomputeModule::shared_experts))
+        bytes += moe * mlp_inner_bytes(m, x, m.shared_expert_ffn_size / x.t);
     }
   }
   return bytes;

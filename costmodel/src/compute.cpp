@@ -74,15 +74,13 @@ LayerFlops layer_forward_flops(const ModelSpec& m, double tokens, double seq_len
 double head_forward_flops(const ModelSpec& m, double tokens, double vocab) { return 2 * tokens * m.hidden_size * vocab; }
 
 double model_flops_per_step(const ModelSpec& m, const TrainingSpec& t) {
-  double tokens = double(t.global_batch) * t.seq_len;
-  double forward = m.num_layers * layer_forward_flops(m, tokens, t.seq_len).total() +
-                   head_forward_flops(m, tokens, m.vocab_size);
+  const double tokens = double(t.global_batch) * t.seq_len, h = m.hidden_size;
+  const double layer = layer_forward_flops(m, tokens, t.seq_len).total();
+  const double head = head_forward_flops(m, tokens, m.vocab_size);
   // MTP modules, as Megatron-LM counts them (core_v0.15.0 training.py num_floating_point_operations):
   // each a layer (the mean layer here), its 2h x h projection and a head of its own.
-  const double h = m.hidden_size;
-  forward += m.mtp_layers * (layer_forward_flops(m, tokens, t.seq_len).total() + 2 * tokens * 2 * h * h +
-                             head_forward_flops(m, tokens, m.vocab_size));
-  return 3 * forward;
+  const double mtp = layer + 2 * tokens * 2 * h * h + head;
+  return 3 * (m.num_layers * layer + head + m.mtp_layers * mtp);
 }
 
 double measured_gemm_flops_per_s(const GpuSpec& gpu, Precision precision, double m, double n, double k, double batch,

@@ -110,26 +110,28 @@ std::string to_string(RecomputeModules modules, const std::string& separator) {
   return out;
 }
 
-RecomputeModules recompute_modules_from_string(const std::string& list) {
+RecomputeModules recompute_modules_from_names(const std::vector<std::string>& given) {
   const std::vector<std::string>& names = recompute_module_names();
   std::string choices;
   for (const std::string& n : names) choices += (choices.empty() ? "" : ", ") + n;
   RecomputeModules modules{0};
-  std::string name;
-  auto take = [&] {
-    if (name.empty()) return;
+  for (const std::string& name : given) {
     const auto it = std::find(names.begin(), names.end(), name);
     if (it == names.end()) bad("unknown recompute module \"" + name + "\"; choose from " + choices);
     modules.add(RecomputeModule(it - names.begin()));
-    name.clear();
-  };
-  for (char c : list) {
-    if (c == ',' || c == ' ') take();
-    else name += c;
   }
-  take();
   if (modules.bits == 0) bad("no recompute module given; choose from " + choices);
   return modules;
+}
+
+RecomputeModules recompute_modules_from_string(const std::string& list) {
+  std::vector<std::string> names(1);
+  for (char c : list) {
+    if (c != ',' && c != ' ') names.back() += c;
+    else if (!names.back().empty()) names.emplace_back();
+  }
+  if (names.back().empty()) names.pop_back();
+  return recompute_modules_from_names(names);
 }
 
 double activation_bytes(Precision precision) { return precision == Precision::fp32 ? 4.0 : 2.0; }
@@ -960,14 +962,14 @@ TrainingSpec training_from_json(const json& j, const std::string& file, const st
   // Megatron's --recompute-modules, written where not its default (core_attn).
   if (r.has("recompute_modules")) {
     const json& list = r.raw("recompute_modules");
-    std::string names;
+    std::vector<std::string> names;
     if (!list.is_array() || list.empty()) r.fail("recompute_modules", "a list of recompute module names");
     for (const json& n : list) {
       if (!n.is_string()) r.fail("recompute_modules", "a list of recompute module names");
-      names += n.get<std::string>() + ",";
+      names.push_back(n.get<std::string>());
     }
     try {
-      t.recompute_modules = recompute_modules_from_string(names);
+      t.recompute_modules = recompute_modules_from_names(names);
     } catch (const InputError& e) {
       throw InputError(r.where("recompute_modules") + ": " + e.what());
     }

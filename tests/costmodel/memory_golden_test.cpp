@@ -140,11 +140,8 @@ MegatronCase megatron_case(const json& row) {
   p.distributed_optimizer = flag(a, "use-distributed-optimizer");
   const std::string granularity = a.value("recompute-granularity", std::string(""));
   p.recompute = granularity == "full" ? Recompute::full : granularity == "selective" ? Recompute::selective : Recompute::none;
-  if (a.contains("recompute-modules")) {
-    std::string modules;
-    for (const json& name : a.at("recompute-modules")) modules += name.get<std::string>() + ",";
-    t.recompute_modules = recompute_modules_from_string(modules);
-  }
+  if (a.contains("recompute-modules"))
+    t.recompute_modules = recompute_modules_from_names(a.at("recompute-modules").get<std::vector<std::string>>());
   if (a.contains("num-layers-per-virtual-pipeline-stage"))
     p.vpp = m.num_layers / p.pp / a.at("num-layers-per-virtual-pipeline-stage").get<int>();
   p.vpp = int_arg(a, "num-virtual-stages-per-pipeline-rank", p.vpp);

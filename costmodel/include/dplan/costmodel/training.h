@@ -53,7 +53,10 @@ struct RecomputeModules {
 const std::vector<std::string>& recompute_module_names();
 std::vector<std::string> to_strings(RecomputeModules modules);  // the set's names, in that order
 std::string to_string(RecomputeModules modules, const std::string& separator);  // them joined
-// A comma- or space-separated list of names; an unknown or missing one throws InputError listing them.
+// The set of these names (plan files, Megatron's argument lists); an unknown one, or none, throws
+// InputError listing them.
+RecomputeModules recompute_modules_from_names(const std::vector<std::string>& names);
+// The same from a comma- or space-separated list (the CLI's --recompute-modules).
 RecomputeModules recompute_modules_from_string(const std::string& list);
 
 struct TrainingSpec {

@@ -315,14 +315,17 @@ class Check:
         os.makedirs(self.out, exist_ok=True)
         self.log_path = os.path.join(self.out, LOG)
         open(self.log_path, "w").close()
-        try:  # the GPU machine may have no git
-            commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-        except OSError:
+        # The commit the bundle was made at names the tree that travelled; the GPU machine's own
+        # .git, where it has one, may be an older copy. Without a bundle (a dry run), git here.
+        try:
+            commit = json.load(open(os.path.join(ROOT, BUNDLE, "manifest.json"))).get("commit") or ""
+        except (OSError, ValueError):
             commit = ""
-        if not commit:  # the tree travels without .git: the commit the bundle was made at
+        if not commit:
             try:
-                commit = json.load(open(os.path.join(ROOT, BUNDLE, "manifest.json"))).get("commit") or ""
-            except (OSError, ValueError):
+                commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                                        capture_output=True, text=True).stdout.strip()
+            except OSError:
                 commit = ""
         self.summary = {"format_version": 1, "generator": "scripts/gpu-check.sh", "mode": mode,
                         "started": now_iso(), "commit": commit or None, "host": platform.node(),

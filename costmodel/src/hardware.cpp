@@ -132,10 +132,11 @@ double core_share(const ClusterSpec& c, int world_size) {
   return std::pow(c.lone_rank_speedup, double(c.cores_per_node - ranks) / (c.cores_per_node - 1));
 }
 
-GpuSpec gpu_from_json(const json& j, const std::string& file) {
-  ObjectReader top(j, file);
-  check_format_version(top);
-  ObjectReader r = top.object("gpu");
+namespace {
+
+// A GPU's figures, from the object `r` reads: a GPU profile's "gpu", or the "gpu" a plan's cluster
+// block embeds (to_json(GpuSpec)).
+GpuSpec read_gpu(ObjectReader& r, const std::string& file) {
   GpuSpec g;
   g.name = r.string("name");
   g.description = r.string("description");
@@ -206,18 +207,28 @@ GpuSpec gpu_from_json(const json& j, const std::string& file) {
   if (!g.sources.is_object()) r.fail("sources", "an object of source strings");
   if (g.tdp_w > 0 && !g.sources.contains("power")) r.fail("sources", "a \"power\" source for the power block");
   r.finish();
-  top.finish();
   return g;
 }
 
-ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuLoader& load_gpu) {
-  ObjectReader top(j, file);
-  check_format_version(top);
-  ObjectReader r = top.object("cluster");
+// A cluster profile names its GPU and cites a source for each block; the cluster block a plan
+// embeds (to_json(ClusterSpec)) holds the GPU's figures in place of its name and no sources.
+enum class ClusterForm { profile, embedded };
+
+// The cluster's figures, from the object `r` reads, with the same keys and ranges in both forms.
+ClusterSpec read_cluster(ObjectReader& r, const std::string& file, ClusterForm form, const GpuLoader& load_gpu) {
+  // A block's "source": required in a profile, read where present in an embedded block.
+  auto source = [&](ObjectReader& block) {
+    return form == ClusterForm::profile || block.has("source") ? block.string("source") : std::string();
+  };
   ClusterSpec c;
   c.name = r.string("name");
   c.description = r.string("description");
-  c.gpu = load_gpu(r.string("gpu"));
+  if (form == ClusterForm::profile) {
+    c.gpu = load_gpu(r.string("gpu"));
+  } else {
+    ObjectReader gpu = r.object("gpu");
+    c.gpu = read_gpu(gpu, file);
+  }
   // The GPUs' configured power limit (nvidia-smi -pl): the GPU's figures derived for it.
   if (r.has("power_limit_w")) {
     try {
@@ -259,7 +270,7 @@ ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuL
     }
     if (intra.has("measured_scale")) c.intra_node.measured_scale = intra.number_in("measured_scale", 1e-3, 1e3);
   }
-  c.sources["intra_node"] = intra.string("source");
+  c.sources["intra_node"] = source(intra);
   intra.finish();
 
   ObjectReader inter = r.object("inter_node");
@@ -268,14 +279,14 @@ ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuL
   c.inter_node_latency_s = inter.number_in("latency_us", 0, kMaxMicroseconds) * 1e-6;
   c.nic_efficiency_fraction = efficiency_fraction(inter, "efficiency");
   c.inter_node_half_bandwidth_bytes = inter.number_in("half_bandwidth_mib", 0, kMaxMiB) * kMiB;
-  c.sources["inter_node"] = inter.string("source");
+  c.sources["inter_node"] = source(inter);
   inter.finish();
 
   ObjectReader fabric = r.object("fabric");
   fabric.one_of("kind", {"fat-tree"});
   c.nodes_per_leaf = static_cast<int>(fabric.int_in("nodes_per_leaf", 1, kMaxGpus));
   c.oversubscription = fabric.number_in("oversubscription", 1, 1000);  // 1 = non-blocking
-  c.sources["fabric"] = fabric.string("source");
+  c.sources["fabric"] = source(fabric);
   fabric.finish();
 
   c.host_memory_bytes = r.number_in("host_memory_gib", 1e-3, 1e7) * kGiB;
@@ -283,13 +294,13 @@ ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuL
   if (r.has("lone_rank_speedup")) {
     ObjectReader lone = r.object("lone_rank_speedup");
     c.lone_rank_speedup = lone.number_in("factor", 0.01, 100);
-    c.sources["lone_rank_speedup"] = lone.string("source");
+    c.sources["lone_rank_speedup"] = source(lone);
     lone.finish();
   }
   if (r.has("comm_overlap")) {
     ObjectReader overlap = r.object("comm_overlap");
     c.comm_overlap_fraction = overlap.fraction("fraction");
-    c.sources["comm_overlap"] = overlap.string("source");
+    c.sources["comm_overlap"] = source(overlap);
     overlap.finish();
   }
   if (r.has("storage")) {
@@ -304,13 +315,37 @@ ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuL
       storage.fail("aggregate_read_gbytes_per_s", "at least node_read_gbytes_per_s");
     if (c.storage.aggregate_write_bytes_per_s < c.storage.node_write_bytes_per_s)
       storage.fail("aggregate_write_gbytes_per_s", "at least node_write_gbytes_per_s");
-    c.sources["storage"] = storage.string("source");
+    c.sources["storage"] = source(storage);
     storage.finish();
   }
-  c.sources["cluster"] = r.string("source");
+  c.sources["cluster"] = source(r);
   r.finish();
+  return c;
+}
+
+}  // namespace
+
+GpuSpec gpu_from_json(const json& j, const std::string& file) {
+  ObjectReader top(j, file);
+  check_format_version(top);
+  ObjectReader r = top.object("gpu");
+  GpuSpec g = read_gpu(r, file);
+  top.finish();
+  return g;
+}
+
+ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuLoader& load_gpu) {
+  ObjectReader top(j, file);
+  check_format_version(top);
+  ObjectReader r = top.object("cluster");
+  ClusterSpec c = read_cluster(r, file, ClusterForm::profile, load_gpu);
   top.finish();
   return c;
+}
+
+ClusterSpec embedded_cluster_from_json(const json& cluster, const std::string& file, const std::string& pointer) {
+  ObjectReader r(cluster, file, pointer);
+  return read_cluster(r, file, ClusterForm::embedded, nullptr);
 }
 
 const OutputKind& gpu_profile_output() {

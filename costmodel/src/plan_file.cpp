@@ -154,8 +154,10 @@ Plan plan_from_json(const json& j, const std::string& file) {
   plan.parallel = parallel_from_json(r.raw("parallel"), file, "/parallel");
   plan.model = model_from_json(r.raw("model"), file, "/model");
   if (auto problem = pipeline_split_problem(plan.model, plan.parallel)) throw InputError(file + ": /parallel: " + *problem);
-  r.object("cluster");  // an object; its figures are the prediction's context, not read back
+  // The prediction's context, kept as written; read with a cluster profile's keys and ranges, so
+  // that every command that uses a figure from it can trust its type and range.
   plan.cluster = r.raw("cluster");
+  embedded_cluster_from_json(plan.cluster, file, "/cluster");
   plan.training = training_from_json(r.raw("training"), file, "/training");
   if (auto problem = layout_problem(plan.model, plan.training, plan.parallel)) throw InputError(file + ": " + *problem);
   const ParallelConfig& p = plan.parallel;

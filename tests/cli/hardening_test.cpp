@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -178,4 +179,58 @@ TEST_CASE("dplan run: options out of range are refused before a rank starts", "[
   const std::string notes = dir.write("notes.txt", "mine\n");
   CHECK_THAT(require_one_error_line(run_dplan({"run", plan, "-o", notes})), Contains("exists and is not a run record dplan wrote"));
   CHECK(read_file(notes) == "mine\n");
+}
+
+TEST_CASE("A plan's embedded cluster block is read with a cluster profile's keys and ranges by every command", "[cli][limits]") {
+  TempDir dir;
+  const std::string plan_path = make_plan(dir);
+  const json plan = json::parse(read_file(plan_path));
+  struct Damage {
+    const char* pointer;
+    json value;
+    const char* expected;
+  };
+  const std::vector<Damage> damages = {
+      {"/cluster/gpus_per_node", "x", "/cluster/gpus_per_node: expected an integer from 1 to 4096, got \"x\""},
+      {"/cluster/cores_per_node", "x", "/cluster/cores_per_node: expected an integer from 1 to 100000, got \"x\""},
+      {"/cluster/name", 5, "/cluster/name: expected a string, got 5"},
+      {"/cluster/gpu/peak_tflops/fp32", -1, "/cluster/gpu/peak_tflops/fp32: expected a number from"},
+      {"/cluster/intra_node/latency_us", "fast", "/cluster/intra_node/latency_us: expected a number from"},
+  };
+  for (const Damage& d : damages) {
+    json damaged = plan;
+    damaged[json::json_pointer(d.pointer)] = d.value;
+    const std::string path = (dir.path() / "damaged.json").string();
+    std::ofstream(path) << damaged.dump(1);
+    const std::vector<std::vector<std::string>> commands = {
+        {"check", path, "--engine", "torchrun"},
+        {"export", path, "--to", "torchrun", "-o", (dir.path() / "out").string()},
+        {"explain", path},
+        {"compare", path, path},
+        {"run", path}};
+    for (const auto& args : commands) {
+      INFO(args[0] << " with " << d.pointer << " = " << d.value.dump());
+      CHECK_THAT(require_one_error_line(run_dplan(args)), Contains(path + ": " + d.expected));
+    }
+    CHECK(!fs::exists(dir.path() / "out"));
+  }
+}
+
+TEST_CASE("A GPU, cluster or model name of any length is one short error line, not a filesystem error", "[cli][limits]") {
+  TempDir dir;
+  json cluster = json::parse(read_file(std::string(DPLAN_PROFILES_DIR) + "/clusters/local-cpu.json"));
+  cluster["cluster"]["gpu"] = std::string(300, 'g');
+  const std::string cluster_path = (dir.path() / "cluster.json").string();
+  std::ofstream(cluster_path) << cluster.dump(1);
+  const std::string gpu_line = require_one_error_line(run_dplan({"--model", "gpt-tiny", "--cluster", cluster_path, "--gpus", "2"}));
+  CHECK_THAT(gpu_line, StartsWith("dplan: error: unknown GPU \"gggg"));
+  CHECK_THAT(gpu_line, Contains("...\"; choose "));
+  CHECK(gpu_line.size() < 600);
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--model", "gpt-tiny", "--cluster", std::string(300, 'c'), "--gpus", "2"},
+        std::vector<std::string>{"--model", std::string(300, 'm'), "--gpus", "2"}}) {
+    const std::string line = require_one_error_line(run_dplan(args));
+    CHECK_THAT(line, Contains("...\"; choose "));
+    CHECK(line.size() < 1000);
+  }
 }

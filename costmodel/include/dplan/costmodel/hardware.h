@@ -190,6 +190,10 @@ double core_share(const ClusterSpec& cluster, int world_size);
 using GpuLoader = std::function<GpuSpec(const std::string& gpu_name)>;
 GpuSpec gpu_from_json(const json& j, const std::string& file);
 ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuLoader& load_gpu);
+// The cluster block a plan embeds (to_json(ClusterSpec): the GPU's figures in place of its name,
+// sources optional), with the same keys and ranges as a cluster profile; errors name `file` and
+// `pointer` ("/cluster").
+ClusterSpec embedded_cluster_from_json(const json& cluster, const std::string& file, const std::string& pointer);
 
 // -o's rules for profiles (json_io.h check_output_path): an earlier profile of the same kind is
 // replaced without --force.

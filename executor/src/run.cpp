@@ -31,6 +31,7 @@
 #include "dplan/costmodel/memory.h"
 #include "dplan/costmodel/run_record.h"
 #include "dplan/executor/executor.h"
+#include "dplan/executor/run_dir.h"
 #include "dplan/executor/run_options.h"
 #include "gpt.h"
 #include "grad_sync.h"
@@ -63,6 +64,18 @@ std::string prefix() { return env_or("DPLAN_ERROR_PREFIX", "dplan-worker") + ": 
   std::fflush(stdout);
   std::fflush(stderr);
   std::_Exit(status);  // no destructors: a process group torn down mid-failure can block
+}
+
+// Input this rank refuses: one line, exit 2. Under dplan run the line goes to the run folder
+// (run_dir.h, error.<rank>) and the launcher prints the first rank's, whichever rank that is, once;
+// under another launcher rank 0 prints it (every rank reads the same plan and options).
+[[noreturn]] void refuse_input(const Place& place, const std::string& what) {
+  const std::string line = error_line(what);
+  if (!place.run_dir.empty())
+    write_rank_error(place.run_dir, place.rank, line);
+  else if (place.rank == 0)
+    std::fprintf(stderr, "%s%s\n", prefix().c_str(), line.c_str());
+  exit_now(2);
 }
 
 // SIGTERM and SIGINT with --checkpoint-dir: the first asks the run to stop after the current step
@@ -353,7 +366,7 @@ std::string write_run_record(const RunOptions& args, const Place& place, const E
     std::fprintf(stderr, "median step %.4f s (%zu measured steps), %.0f tokens/s, final loss %.4f%s\n",
                  run["step_time_s"]["median"].get<double>(), static_cast<size_t>(run["step_time_s"]["count"].get<long long>()),
                  run["tokens_per_s"].get<double>(), log.steps.back().loss,
-                 args.output.empty() ? "" : ("; wrote " + args.output).c_str());
+                 args.output.empty() || !write_error.empty() ? "" : ("; wrote " + args.output).c_str());
   }
   if (!run["replicas"]["identical"].get<bool>()) throw std::runtime_error("data-parallel replicas diverged");
   return write_error;
@@ -363,13 +376,18 @@ std::string write_run_record(const RunOptions& args, const Place& place, const E
 // dplan run the stopped ranks also go to DPLAN_RUN_DIR/diagnosis.<rank> (their numbers, on one
 // line), written before this rank exits: the launcher reads it when it reaps this rank.
 [[noreturn]] void stop_after_failure(const StorePtr& store, const Place& place, const std::exception& e) {
+  // Under dplan run a rank that refused its input is the cause, and the launcher says its line
+  // (run_dir.h): the collective that failed here only followed from it.
+  if (!place.run_dir.empty())
+    for (int r = 0; r < place.world; ++r)
+      if (r != place.rank && read_rank_error(place.run_dir, r)) exit_now(1);
   const Diagnosis culprit = diagnose(store, place);  // not the heartbeat thread's connection
   std::fprintf(stderr, "%srank %d: %s%s(%s)\n", prefix().c_str(), place.rank, culprit.line.c_str(),
                culprit.line.empty() ? "" : "; stopping ", first_line(e.what()).c_str());
   if (!place.run_dir.empty() && !culprit.stopped.empty()) {
     std::string ranks;
     for (int r : culprit.stopped) ranks += (ranks.empty() ? "" : " ") + std::to_string(r);
-    if (FILE* f = std::fopen((place.run_dir + "/diagnosis." + std::to_string(place.rank)).c_str(), "w")) {
+    if (FILE* f = std::fopen(diagnosis_file(place.run_dir, place.rank).c_str(), "w")) {
       std::fprintf(f, "%s\n", ranks.c_str());
       std::fclose(f);
     }
@@ -586,18 +604,13 @@ int dplan::executor::run_worker(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    if (place.rank == 0) std::fprintf(stderr, "%s%s\n", prefix().c_str(), error_line(e.what()).c_str());
-    exit_now(2);
+    refuse_input(place, e.what());
   } catch (const InputError& e) {
-    if (place.rank == 0) std::fprintf(stderr, "%s%s\n", prefix().c_str(), error_line(e.what()).c_str());
-    exit_now(2);
+    refuse_input(place, e.what());
   } catch (const std::invalid_argument& e) {
-    if (place.rank == 0) std::fprintf(stderr, "%s%s\n", prefix().c_str(), error_line(e.what()).c_str());
-    exit_now(2);
+    refuse_input(place, e.what());
   } catch (const nlohmann::json::exception& e) {
-    if (place.rank == 0)
-      std::fprintf(stderr, "%s%s\n", prefix().c_str(), error_line(args.plan_path + ": malformed plan: " + e.what()).c_str());
-    exit_now(2);
+    refuse_input(place, args.plan_path + ": malformed plan: " + e.what());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%srank %d: %s\n", prefix().c_str(), place.rank, first_line(e.what()).c_str());
     exit_now(1);

@@ -84,6 +84,11 @@ void RankWatch::rank_exited(pid_t pid, int wstatus, int pending_signal, Clock::t
   }
   if (state_ == State::saving && !ok) graceful_failed_ = true;
   if (stopped() || ok) return;
+  if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 2)
+    if (std::optional<executor::RankError> e = processes_.refused_input(r); e && (!refused_ || e->at_ns < refused_->at_ns)) {
+      refused_ = e;
+      refused_rank_ = r;
+    }
   if (!failed_) {
     first_failure(pid, r, wstatus, now);
   } else if (WIFSIGNALED(wstatus) && !killed_by_us_.count(pid)) {
@@ -140,7 +145,7 @@ int RankWatch::exit_status() const {
   if (state_ == State::saving && !graceful_failed_) return 0;  // the ranks saved; rank 0 said where
   if (stopped()) return 128 + stop_signal_;
   if (!failed_) return 0;
-  if (failed_status_ == 2) return 2;  // bad input: rank 0 has said what, as dplan's own error
+  if (refused_ || failed_status_ == 2) return 2;  // bad input
   return 1;
 }
 
@@ -152,7 +157,9 @@ std::string RankWatch::error_message() const {
            (stopped_ranks_.empty()
                 ? "no rank was running"
                 : name_ranks(stopped_ranks_) + (stopped_ranks_.size() == 1 ? " was stopped" : " were stopped"));
-  if (!failed_ || failed_status_ == 2) return "";
+  if (!failed_) return "";
+  if (refused_) return (refused_rank_ == 0 ? "" : "rank " + std::to_string(refused_rank_) + ": ") + refused_->message;
+  if (failed_status_ == 2) return "";  // a rank that had no run folder (a run of one rank) said it
   return failure_ + also_crashed_ + "; the run stopped";
 }
 

@@ -8,9 +8,12 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
+
+#include "dplan/executor/run_dir.h"
 
 namespace dplan::cli {
 
@@ -24,6 +27,8 @@ class RankProcesses {
   virtual char state(pid_t pid) = 0;
   // The ranks that `rank` found silent (no heartbeat) before it exited, other than itself.
   virtual std::set<int> silent_peers(int rank) = 0;
+  // The input `rank` refused before it exited 2 (run_dir.h's error file), if it left one.
+  virtual std::optional<executor::RankError> refused_input(int rank) = 0;
 };
 
 class RankWatch {
@@ -53,9 +58,10 @@ class RankWatch {
 
   State state() const { return state_; }
   bool done() const { return rank_of_.empty(); }
-  // Once done(): the launcher's exit status (0; 2 when the first failure was bad input, which rank
-  // 0 has reported; 128 + the signal that stopped the run; else 1), and what went wrong for
-  // "dplan: error: ..." ("" when nothing is to be said).
+  // Once done(): the launcher's exit status (0; 2 when a rank refused its input; 128 + the signal
+  // that stopped the run; else 1), and what went wrong for "dplan: error: ..." ("" when nothing is
+  // to be said). Input a rank refused is the cause whatever else failed after it: the line of the
+  // rank that refused first, named when it is not rank 0.
   int exit_status() const;
   std::string error_message() const;
 
@@ -75,6 +81,8 @@ class RankWatch {
   bool failed_ = false;             // a rank failed before any stop signal
   int failed_status_ = 0;           // its exit status, or 128 + its signal
   std::string failure_, also_crashed_;
+  std::optional<executor::RankError> refused_;  // the first input a rank refused
+  int refused_rank_ = -1;
   int stop_signal_ = 0;
   bool graceful_failed_ = false;    // a rank did not exit 0 after a graceful stop
   std::set<int> stopped_ranks_;     // the ranks still running when the launcher got its signal

@@ -126,10 +126,10 @@ char process_state(pid_t pid) {
   return close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : 0;
 }
 
-// The ranks that rank `rank` found silent before it exited (DPLAN_RUN_DIR/diagnosis.<rank>, from
-// the worker's stop_after_failure), other than itself; empty when it named none.
+// The ranks that rank `rank` found silent before it exited (run_dir.h's diagnosis file, from the
+// worker's stop_after_failure), other than itself; empty when it named none.
 std::set<int> read_diagnosis(const fs::path& dir, int rank, int world) {
-  std::ifstream in(dir / ("diagnosis." + std::to_string(rank)));
+  std::ifstream in(executor::diagnosis_file(dir.string(), rank));
   std::set<int> stopped;
   for (int r; in >> r;)
     if (r >= 0 && r < world && r != rank) stopped.insert(r);
@@ -143,6 +143,9 @@ class SystemRankProcesses : public RankProcesses {
   void send(pid_t pid, int sig) override { ::kill(pid, sig); }
   char state(pid_t pid) override { return process_state(pid); }
   std::set<int> silent_peers(int rank) override { return read_diagnosis(run_dir_, rank, world_); }
+  std::optional<executor::RankError> refused_input(int rank) override {
+    return executor::read_rank_error(run_dir_.string(), rank);
+  }
 
  private:
   fs::path run_dir_;

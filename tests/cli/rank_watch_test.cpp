@@ -1,9 +1,13 @@
 // The local launcher's watch (planner/cli/rank_watch.h) driven by hand: ranks exiting, stop
 // signals and time, with the signals it sends recorded instead of sent.
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -31,6 +35,11 @@ struct RecordedProcesses : RankProcesses {
   void send(pid_t pid, int sig) override { sent.push_back({pid, sig}); }
   char state(pid_t pid) override { return states.count(pid) ? states[pid] : 'S'; }
   std::set<int> silent_peers(int rank) override { return diagnosis[rank]; }
+  std::map<int, dplan::executor::RankError> refusals;  // the error files the ranks left
+  std::optional<dplan::executor::RankError> refused_input(int rank) override {
+    if (!refusals.count(rank)) return std::nullopt;
+    return refusals.at(rank);
+  }
 };
 
 const std::vector<pid_t> kPids = {100, 101, 102};  // ranks 0, 1, 2
@@ -191,4 +200,59 @@ TEST_CASE("the launcher's watch: with checkpoints a stop lets the ranks save; a 
     CHECK(watch.exit_status() == 128 + SIGTERM);
     CHECK_THAT(watch.error_message(), Contains("stopped by SIGTERM"));
   }
+}
+
+TEST_CASE("the launcher's watch: input a rank other than 0 refused is said, named by rank, exit 2", "[cli]") {
+  RecordedProcesses procs;
+  procs.refusals[1] = {1000, "ckpt/step-00000002/rank-00001.safetensors: tensor \"w\" has shape [3], the manifest says [4]"};
+  RankWatch watch(kPids, 60, false, procs);
+  watch.rank_exited(101, exited(2), 0, t0);  // rank 0 is still checking checksums
+  CHECK(watch.state() == State::failing);
+  watch.rank_exited(100, exited(1), 0, t0 + seconds(60));  // its collective timed out
+  watch.rank_exited(102, exited(1), 0, t0 + seconds(60));
+  CHECK(watch.exit_status() == 2);
+  CHECK(watch.error_message() ==
+        "rank 1: ckpt/step-00000002/rank-00001.safetensors: tensor \"w\" has shape [3], the manifest says [4]");
+}
+
+TEST_CASE("the launcher's watch: the refusal is the cause even when a survivor blamed the refusing rank's heartbeat",
+          "[cli]") {
+  RecordedProcesses procs;
+  procs.diagnosis[0] = {2};  // rank 0 found rank 2 silent: it had left
+  procs.refusals[2] = {500, "plan.json: /parallel/tp: expected 2"};
+  RankWatch watch(kPids, 60, false, procs);
+  watch.rank_exited(100, exited(1), 0, t0);
+  watch.rank_exited(102, exited(2), 0, t0);
+  watch.rank_exited(101, exited(1), 0, t0);
+  CHECK(watch.exit_status() == 2);
+  CHECK(watch.error_message() == "rank 2: plan.json: /parallel/tp: expected 2");
+}
+
+TEST_CASE("the launcher's watch: of several refusals the earliest is said once, rank 0's without a rank", "[cli]") {
+  RecordedProcesses procs;
+  procs.refusals[0] = {100, "plan.json: bad"};
+  procs.refusals[1] = {200, "plan.json: bad"};
+  procs.refusals[2] = {300, "plan.json: bad"};
+  RankWatch watch(kPids, 60, false, procs);
+  watch.rank_exited(102, exited(2), 0, t0);  // reaped first, refused last
+  watch.rank_exited(101, exited(2), 0, t0);
+  watch.rank_exited(100, exited(2), 0, t0);
+  CHECK(watch.exit_status() == 2);
+  CHECK(watch.error_message() == "plan.json: bad");
+}
+
+TEST_CASE("the run folder's error file: written whole, read back, absent or garbled reads as none", "[cli]") {
+  const std::string dir = std::filesystem::temp_directory_path() / ("dplan-run-dir-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  CHECK_FALSE(dplan::executor::read_rank_error(dir, 3));
+  const long long before = dplan::executor::steady_now_ns();
+  dplan::executor::write_rank_error(dir, 3, "plan.json: /gpus: expected 8");
+  const std::optional<dplan::executor::RankError> e = dplan::executor::read_rank_error(dir, 3);
+  REQUIRE(e);
+  CHECK(e->message == "plan.json: /gpus: expected 8");
+  CHECK(e->at_ns >= before);
+  CHECK_FALSE(std::filesystem::exists(dplan::executor::error_file(dir, 3) + ".tmp"));
+  std::ofstream(dplan::executor::error_file(dir, 4)) << "not a time\n";
+  CHECK_FALSE(dplan::executor::read_rank_error(dir, 4));
+  std::filesystem::remove_all(dir);
 }

@@ -710,6 +710,8 @@ TEST_CASE("a run whose -o cannot be written after training keeps its measurement
   INFO(k.err);
   REQUIRE(WIFEXITED(k.wstatus));
   CHECK(WEXITSTATUS(k.wstatus) == 2);
+  CHECK_THAT(k.err, Contains("final loss"));  // the summary line, which says no "wrote" then
+  CHECK_THAT(k.err, !Contains("; wrote " + (out_dir / "run.json").string()));
   const std::string marker = "the measurements were saved to ";
   const auto at = k.err.find(marker);
   REQUIRE(at != std::string::npos);

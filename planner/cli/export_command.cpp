@@ -9,6 +9,7 @@
 #include "dplan/planner/engine_rules.h"
 #include "dplan/planner/engines.h"
 #include "dplan/planner/export.h"
+#include "dplan/planner/quoting.h"
 
 namespace dplan::cli {
 using namespace costmodel;
@@ -55,8 +56,9 @@ int run_export(const ExportArgs& args) {
   const Exported exported =
       export_plan(plan, engine, plan_text, std::filesystem::path(args.plan_path).filename().string());
   const std::vector<std::string> written = write_export(exported, dir, args.force);
-  for (const std::string& path : written) std::cout << "wrote " << path << "\n";
-  std::cout << "launch: cd " << dir << " && " << exported.launch_line << "\n";
+  // Paths as shell words: one line each, and the launch line can be pasted into a shell.
+  for (const std::string& path : written) std::cout << "wrote " << shell_word(path) << "\n";
+  std::cout << "launch: cd " << shell_word(dir) << " && " << exported.launch_line << "\n";
   // The plan's prediction priced one engine's implementation (costmodel/engine.h); exported to
   // another, the same layout runs at that engine's pace: said, not refused.
   const costmodel::Engine priced = plan.training.engine.engine;

@@ -13,6 +13,7 @@
 
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/json_io.h"
+#include "dplan/planner/quoting.h"
 #include "dplan/planner/report.h"
 #include "export_engines.h"
 
@@ -31,8 +32,8 @@ std::string header(const ExportInput& in, const std::string& comment) {
   const Plan& plan = in.plan;
   const LaunchShape s = launch_shape(plan);
   std::ostringstream o;
-  o << comment << "dplan export --to " << to_string(in.engine) << " of " << in.plan_name << " (" << plan.model.name
-    << ")\n";
+  o << comment << "dplan export --to " << to_string(in.engine) << " of " << comment_text(in.plan_name) << " ("
+    << comment_text(plan.model.name) << ")\n";
   o << comment << "spellings: " << engine_version(in.engine) << "\n";
   // describe_layout wraps its line: one line here, every line of a file's header is a comment.
   std::string layout = describe_layout(plan.model, plan.training, plan.parallel);
@@ -75,7 +76,7 @@ ExportFile readme(const ExportInput& in, const std::vector<ExportFile>& files, c
     o << "\nnotes:\n";
     for (const std::string& n : notes) o << "  - " << n << "\n";
   }
-  o << "\nThe files are dplan's mapping of the plan (docs/export.md); `dplan check " << in.plan_name << " --engine "
+  o << "\nThe files are dplan's mapping of the plan (docs/export.md); `dplan check " << shell_word(in.plan_name) << " --engine "
     << to_string(in.engine) << "` applies the engine's rules again.\n";
   return ExportFile{"README.export", o.str(), false};
 }
@@ -108,7 +109,8 @@ Exported export_slurm(const ExportInput& in) {
   const LaunchShape s = launch_shape(in.plan);
   std::ostringstream o;
   o << "#!/usr/bin/env bash\n";
-  o << "#SBATCH --job-name=dplan-" << in.plan.model.name << "\n";
+  // sbatch splits its #SBATCH lines itself, with no quoting a shell would honour: a safe word.
+  o << "#SBATCH --job-name=dplan-" << safe_word(in.plan.model.name) << "\n";
   o << "#SBATCH --nodes=" << s.nodes << "\n";
   o << "#SBATCH --ntasks-per-node=" << s.per_node << "\n";
   if (s.gpus) o << "#SBATCH --gpus-per-node=" << s.per_node << "\n";

@@ -39,7 +39,9 @@ void add_export_options(CLI::App& command, ExportArgs& args) {
   command.add_option("plan", args.plan_path, "plan.json written by dplan -o")->required();
   command.add_option("--to", args.engine, "engine: " + join_choices(engine_names()))->required()->check(engine_choice());
   command.add_option("-o,--output", args.output, "folder for the files (default: <plan stem>-<engine> beside the plan)");
-  command.add_flag("--force", args.force, "replace files an earlier export wrote in that folder (never the plan itself)");
+  command.add_flag("--force", args.force,
+                   "replace the files an earlier export wrote in that folder (those its README.export lists); never "
+                   "the plan itself nor any other file");
 }
 
 int run_export(const ExportArgs& args) {

@@ -9,6 +9,7 @@
 #include "dplan/planner/engine_rules.h"
 #include "dplan/planner/engines.h"
 #include "dplan/planner/export.h"
+#include "dplan/planner/quoting.h"
 
 namespace dplan::cli {
 using namespace costmodel;
@@ -38,7 +39,9 @@ void add_export_options(CLI::App& command, ExportArgs& args) {
   command.add_option("plan", args.plan_path, "plan.json written by dplan -o")->required();
   command.add_option("--to", args.engine, "engine: " + join_choices(engine_names()))->required()->check(engine_choice());
   command.add_option("-o,--output", args.output, "folder for the files (default: <plan stem>-<engine> beside the plan)");
-  command.add_flag("--force", args.force, "replace files an earlier export wrote in that folder (never the plan itself)");
+  command.add_flag("--force", args.force,
+                   "replace the files an earlier export wrote in that folder (those its README.export lists); never "
+                   "the plan itself nor any other file");
 }
 
 int run_export(const ExportArgs& args) {
@@ -55,8 +58,9 @@ int run_export(const ExportArgs& args) {
   const Exported exported =
       export_plan(plan, engine, plan_text, std::filesystem::path(args.plan_path).filename().string());
   const std::vector<std::string> written = write_export(exported, dir, args.force);
-  for (const std::string& path : written) std::cout << "wrote " << path << "\n";
-  std::cout << "launch: cd " << dir << " && " << exported.launch_line << "\n";
+  // Paths as shell words: one line each, and the launch line can be pasted into a shell.
+  for (const std::string& path : written) std::cout << "wrote " << shell_word(path) << "\n";
+  std::cout << "launch: cd " << shell_word(dir) << " && " << exported.launch_line << "\n";
   // The plan's prediction priced one engine's implementation (costmodel/engine.h); exported to
   // another, the same layout runs at that engine's pace: said, not refused.
   const costmodel::Engine priced = plan.training.engine.engine;

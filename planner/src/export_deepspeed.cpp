@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "dplan/costmodel/memory.h"
+#include "dplan/planner/quoting.h"
 #include "export_engines.h"
 
 namespace dplan::planner::detail {
@@ -106,15 +107,15 @@ AccelerateBackend accelerate_backend(const ParallelConfig& p) {
   return b;
 }
 
-// accelerate.yaml's mixed_precision.
+// accelerate.yaml's mixed_precision, a YAML scalar.
 std::string accelerate_precision(const TrainingSpec& t) {
-  // Quoted: YAML 1.1 (PyYAML, which accelerate's config loader uses) reads a bare no as False,
-  // and accelerate launch then fails on False.lower() (accelerate/utils/launch.py
+  // Quoted by yaml_string: YAML 1.1 (PyYAML, which accelerate's config loader uses) reads a bare
+  // no as False, and accelerate launch then fails on False.lower() (accelerate/utils/launch.py
   // prepare_multi_gpu_env); accelerate's own templates and `accelerate config` write 'no'.
-  std::string precision = "'no'";
+  std::string precision = "no";
   if (t.precision == Precision::bf16) precision = "bf16";
   if (t.precision == Precision::fp16) precision = "fp16";
-  return precision;
+  return yaml_string(precision);
 }
 
 std::string accelerate_yaml(const ExportInput& in, AccelerateBackend backend) {

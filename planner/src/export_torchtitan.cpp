@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "dplan/costmodel/memory.h"
+#include "dplan/planner/quoting.h"
 #include "export_engines.h"
 
 namespace dplan::planner::detail {
@@ -22,7 +23,7 @@ constexpr const char* kFloat8 = "quantize.linear.float8";
 struct Setting {
   std::string section, key;
   std::string value;   // as the command line gives it
-  bool quoted = false; // a TOML string
+  bool quoted = false; // a TOML string (toml_string), else a number or a boolean as written
 };
 
 // torchtitan v0.2.2's llama3 flavors (torchtitan/models/llama3/__init__.py llama3_args), matched
@@ -154,9 +155,9 @@ Exported export_torchtitan(const ExportInput& in) {
     if (s.section != section) {
       toml << (section.empty() ? "" : "\n") << "[" << s.section << "]\n";
       section = s.section;
-      if (section == "model" && plan.training.precision == Precision::fp8) toml << "converters = [\"" << kFloat8 << "\"]\n";
+      if (section == "model" && plan.training.precision == Precision::fp8) toml << "converters = [" << toml_string(kFloat8) << "]\n";
     }
-    toml << s.key << " = " << (s.quoted ? "\"" + s.value + "\"" : s.value) << "\n";
+    toml << s.key << " = " << (s.quoted ? toml_string(s.value) : s.value) << "\n";
   }
 
   // torchtitan.overrides: torchtitan 0.3.0 (HEAD) spellings. torchtitan/config/manager.py

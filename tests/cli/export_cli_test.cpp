@@ -1,10 +1,14 @@
 // dplan export and dplan check through the binary: export writes the engine's files (scripts
 // executable) and the launch line, refuses to replace them without --force and the plan itself
-// even with it; an unknown engine or a newer plan format is one error line and exit 2; check
-// prints one line per failed rule and exits 1, or one ok line and 0.
+// even with it, and with --force replaces only what an earlier export wrote; -o LINK/ is refused
+// as -o LINK is; a write that fails part way leaves the earlier export or none; an unknown engine
+// or a newer plan format is one error line and exit 2; check prints one line per failed rule and
+// exits 1, or one ok line and 0.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
@@ -258,4 +262,106 @@ TEST_CASE("a 2-node launch script without MASTER_ADDR or NODE_RANK stops with it
                                                         : "MASTER_ADDR: set MASTER_ADDR to the address of the first node\n";
     CHECK_THAT(run.err, Contains(expected));
   }
+}
+
+TEST_CASE("dplan export -o LINK/ refuses the link as -o LINK does and writes nothing through it", "[cli][export][error]") {
+  TempDir dir;
+  const std::string plan = make_plan(dir, "plan.json", {"--gpus", "8", "--global-batch", "64"});
+  fs::create_directory(dir.path() / "real");
+  fs::create_directory_symlink("real", dir.path() / "link");
+  const std::string link = (dir.path() / "link").string();
+  for (const std::string& out : {link, link + "/", link + "//"}) {
+    CAPTURE(out);
+    const std::string line = require_one_error_line(run_dplan({"export", plan, "--to", "torchrun", "-o", out}));
+    CHECK_THAT(line, Contains(link + ": is a symbolic link, not a folder"));
+    CHECK(fs::is_empty(dir.path() / "real"));
+  }
+}
+
+TEST_CASE("dplan export --force replaces the earlier export's files only, never the user's own", "[cli][export][error]") {
+  TempDir dir;
+  const std::string plan = make_plan(dir, "plan.json", {"--gpus", "8", "--global-batch", "64"});
+  // The user's own plan.json (no export wrote it) where the torchrun export would copy the plan.
+  const fs::path mine = dir.path() / "mine";
+  const std::string own = dir.write("mine/plan.json", "{\"my\": \"own plan\"}\n");
+  const std::string line = require_one_error_line(run_dplan({"export", plan, "--to", "torchrun", "-o", mine.string(), "--force"}));
+  CHECK_THAT(line, StartsWith("dplan: error: " + own + ": "));
+  CHECK_THAT(line, Contains("README.export"));
+  CHECK(read_file(own) == "{\"my\": \"own plan\"}\n");
+  CHECK(std::vector<fs::path>(fs::directory_iterator(mine), {}) == std::vector<fs::path>{own});
+  // A README.export of the user's own is no earlier export either.
+  const fs::path notes = dir.path() / "notes";
+  const std::string readme = dir.write("notes/README.export", "files:\n  README.export\n");
+  CHECK_THAT(require_one_error_line(run_dplan({"export", plan, "--to", "megatron", "-o", notes.string(), "--force"})),
+             Contains(readme + ": "));
+  CHECK(read_file(readme) == "files:\n  README.export\n");
+  // An earlier export's files, edited or not, are replaced; a file of the user's beside them stays.
+  const fs::path out = dir.path() / "out";
+  REQUIRE(run_dplan({"export", plan, "--to", "torchrun", "-o", out.string()}).status == 0);
+  const std::string copy = read_file(out / "plan.json");
+  { std::ofstream(out / "plan.json") << "edited\n"; }
+  const std::string extra = dir.write("out/train.py", "print('mine')\n");
+  const Result forced = run_dplan({"export", plan, "--to", "torchrun", "-o", out.string(), "--force"});
+  INFO(forced.err);
+  REQUIRE(forced.status == 0);
+  CHECK(read_file(out / "plan.json") == copy);
+  CHECK(read_file(extra) == "print('mine')\n");
+  // The help says so.
+  const Result help = run_dplan({"export", "--help"});
+  CHECK_THAT(help.out, Contains("README.export lists"));
+}
+
+namespace {
+
+// Runs dplan with its files limited to `limit_bytes` each (RLIMIT_FSIZE, SIGXFSZ ignored): a
+// write past it fails with EFBIG, as on a full disk.
+Result run_dplan_with_file_limit(size_t limit_bytes, const std::vector<std::string>& args) {
+  std::vector<std::string> all = {"python3", "-c",
+                                  "import os, resource, signal, sys\n"
+                                  "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+                                  "n = int(sys.argv[1])\n"
+                                  "resource.setrlimit(resource.RLIMIT_FSIZE, (n, n))\n"
+                                  "os.execv(sys.argv[2], sys.argv[2:])\n",
+                                  std::to_string(limit_bytes), DPLAN_BINARY};
+  all.insert(all.end(), args.begin(), args.end());
+  return run_program("/usr/bin/env", all);
+}
+
+// Every entry under `dir` (folders too) with its content ("" for a folder).
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& entry : fs::recursive_directory_iterator(dir))
+    out[fs::relative(entry.path(), dir).string()] = entry.is_regular_file() ? read_file(entry.path()) : "";
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("dplan export that fails part way leaves the earlier export, or none, and one error line", "[cli][export][error]") {
+  TempDir dir;
+  const std::string first = make_plan(dir, "first.json", {"--gpus", "8", "--zero", "2", "--global-batch", "64"});
+  const std::string second = make_plan(dir, "second.json", {"--gpus", "8", "--zero", "3", "--global-batch", "128"});
+  // The files of the second export, in the order written, and their sizes: the limit lets the
+  // first through and stops a later one.
+  const fs::path scratch = dir.path() / "scratch";
+  const Result plain = run_dplan({"export", second, "--to", "torchtitan", "-o", scratch.string()});
+  REQUIRE(plain.status == 0);
+  std::vector<uintmax_t> sizes;
+  for (const std::string& line : lines(plain.out))
+    if (line.rfind("wrote ", 0) == 0) sizes.push_back(fs::file_size(line.substr(6)));
+  REQUIRE(sizes.size() >= 2);
+  const size_t limit_bytes = sizes.front();
+  REQUIRE(*std::max_element(sizes.begin() + 1, sizes.end()) > limit_bytes);
+
+  const fs::path out = dir.path() / "out";
+  REQUIRE(run_dplan({"export", first, "--to", "torchtitan", "-o", out.string()}).status == 0);
+  const auto before = snapshot(out);
+  const std::string line =
+      require_one_error_line(run_dplan_with_file_limit(limit_bytes, {"export", second, "--to", "torchtitan", "-o", out.string(), "--force"}));
+  CHECK_THAT(line, Contains("File too large"));
+  CHECK(snapshot(out) == before);  // the earlier export whole, and no temporary left
+  // A new folder (and its parent) is not left behind half written, nor empty.
+  const fs::path fresh = dir.path() / "new" / "export";
+  require_one_error_line(run_dplan_with_file_limit(limit_bytes, {"export", second, "--to", "torchtitan", "-o", fresh.string()}));
+  CHECK(!fs::exists(dir.path() / "new"));
 }

@@ -666,7 +666,7 @@ TEST_CASE("accelerate export: FSDP2 for ZeRO-3 and ZeRO-2 / DeepSpeed for ZeRO-1
   CHECK(y3.at("fsdp_activation_checkpointing") == "true");
   CHECK(y3.at("num_processes") == "8");
   CHECK(y3.at("num_machines") == "1");
-  CHECK(y3.at("mixed_precision") == "bf16");
+  CHECK(y3.at("mixed_precision") == "'bf16'");
   CHECK(y3.at("parallelism_config_tp_size") == "2");
   CHECK(y3.at("parallelism_config_dp_shard_size") == "4");
   CHECK(y3.at("parallelism_config_dp_replicate_size") == "1");

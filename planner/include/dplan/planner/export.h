@@ -1,8 +1,9 @@
 // `dplan export PLAN --to ENGINE`: the plan as the files an engine reads (Megatron-LM arguments,
 // a torchtitan TOML, a DeepSpeed config, an Accelerate YAML) or the scripts that launch
 // dplan-worker under torchrun or Slurm. Built in memory first (export_plan), after the engine's
-// rules (engine_rules.h) pass; then written (write_export), each file atomically, none replacing
-// an existing file without --force. docs/export.md has the mapping tables and their sources.
+// rules (engine_rules.h) pass, every name and text in them through quoting.h; then written
+// (write_export) as one: all files or none, none replacing an existing file without --force.
+// docs/export.md has the mapping tables and their sources.
 #pragma once
 
 #include <string>
@@ -33,9 +34,12 @@ Exported export_plan(const costmodel::Plan& plan, Engine engine, const std::stri
 // "<plan file stem>-<engine>" beside the plan: runs/plan.json -> runs/plan-megatron.
 std::string default_export_dir(const std::string& plan_path, Engine engine);
 
-// Writes every file under `dir` (made if missing). All paths are checked first by json_io.h's
-// output rules (an existing file needs `force`; the plan itself and links are never replaced),
-// then each is written atomically; launch scripts get their executable bits. Returns the paths written.
+// Writes every file under `dir` (made if missing; "dir/" is "dir"). All paths are checked first by
+// json_io.h's output rules (an existing file needs `force`; the plan itself and links are never
+// replaced), and `force` replaces only the files an earlier export wrote there (its README.export
+// lists them). Then the files are written complete into a private folder inside `dir` and moved
+// into place together: a failure (a full disk) leaves the earlier files, or no export, and
+// throws InputError. Launch scripts get their executable bits. Returns the paths written.
 std::vector<std::string> write_export(const Exported& exported, const std::string& dir, bool force);
 
 }  // namespace dplan::planner

@@ -127,8 +127,8 @@ class Scan {
 };
 
 // Tries `match` (a Scan from just after the occurrence) at each occurrence of `word` in `line`,
-// left to right, and returns the first result it gives. `word_start`: the occurrence must not
-// follow a character that `continues` accepts (a word boundary).
+// left to right, and returns the first result it gives. With `continues`, an occurrence that
+// follows a character `continues` accepts is skipped (a word boundary).
 template <typename Match>
 auto first_match(std::string_view line, std::string_view word, Match match, bool (*continues)(char) = nullptr)
     -> decltype(match(std::declval<Scan&>())) {

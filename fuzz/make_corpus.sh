@@ -10,7 +10,7 @@
 #                                             dplan probe (a probe JSON, nccl-tests text) and
 #                                             dplan run (run.json); about a minute more
 # OUT gets one folder per fuzz target (model_config, gpu_profile, cluster_profile, plan,
-# run_record, nccl_tests, gpu_probe) and json.dict.
+# run_record, nccl_tests, gpu_probe, engine_log) and json.dict.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -27,7 +27,7 @@ esac
 [[ -x $dplan ]] || { echo "make_corpus: $1 is not an executable dplan binary" >&2; exit 2; }
 
 rm -rf "$out"
-mkdir -p "$out"/{model_config,gpu_profile,cluster_profile,plan,run_record,nccl_tests,gpu_probe}
+mkdir -p "$out"/{model_config,gpu_profile,cluster_profile,plan,run_record,nccl_tests,gpu_probe,engine_log}
 out=$(realpath "$out")
 made=$out/made   # what dplan writes, before it is copied into the targets' folders
 mkdir -p "$made"
@@ -57,6 +57,7 @@ copy cluster_profile "$src"/profiles/clusters/*.json "$src"/tests/data/accuracy/
 copy plan "$src"/tests/data/compare/plan.json "$src"/tests/data/compare/plan-offload.json "$src"/tests/data/accuracy/plan-*.json
 copy run_record "$src"/tests/data/compare/run.json "$src"/tests/data/compare/run-offload.json "$src"/tests/data/accuracy/run-*.json
 copy nccl_tests "$src"/tests/data/nccl-tests/*
+copy engine_log "$src"/tests/data/logs/*.log
 copy gpu_probe "$src"/tests/data/accuracy/*-probe.json
 
 # Plans the tool writes: the search's winner and layouts of every kind `dplan estimate` takes.
@@ -114,6 +115,6 @@ done
 } >"$out/json.dict"
 
 rm -rf "$made"
-for t in model_config gpu_profile cluster_profile plan run_record nccl_tests gpu_probe; do
+for t in model_config gpu_profile cluster_profile plan run_record nccl_tests gpu_probe engine_log; do
   printf '%-16s %3d seeds\n' "$t" "$(ls "$out/$t" | wc -l)"
 done

@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 src=$PWD
 
 usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
-all_targets=(model_config gpu_profile cluster_profile plan run_record nccl_tests nccl_import gpu_probe)
+all_targets=(model_config gpu_profile cluster_profile plan run_record nccl_tests nccl_import gpu_probe engine_log)
 seconds=60
 targets=("${all_targets[@]}")
 measure=0
@@ -52,11 +52,18 @@ max_len() {
     model_config) echo 4096 ;;
     cluster_profile|run_record) echo 16384 ;;
     nccl_tests|nccl_import) echo 16384 ;;
+    engine_log) echo 32768 ;;
     *) echo 65536 ;;
   esac
 }
 seeds_of() { if [[ $1 == nccl_import ]]; then echo "$build/fuzz-corpus/nccl_tests"; else echo "$build/fuzz-corpus/$1"; fi; }
-dict_of() { if [[ $1 == nccl_* ]]; then echo "$src/fuzz/nccl_tests.dict"; else echo "$build/fuzz-corpus/json.dict"; fi; }
+dict_of() {
+  case "$1" in
+    nccl_*) echo "$src/fuzz/nccl_tests.dict" ;;
+    engine_log) echo "$src/fuzz/engine_log.dict" ;;
+    *) echo "$build/fuzz-corpus/json.dict" ;;
+  esac
+}
 
 # Symbolized stack traces; a UBSan report aborts (the build has -fno-sanitize-recover=undefined).
 symbolizer=$(command -v llvm-symbolizer || command -v llvm-symbolizer-14 || true)

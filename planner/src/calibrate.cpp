@@ -1,6 +1,7 @@
 #include "dplan/planner/calibrate.h"
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -70,7 +71,12 @@ CalibrationRun read_calibration_run(const std::string& run_file) {
   CalibrationRun r;
   r.file = run_file;
   r.measured_step_s = run.step_time.median_s;
-  if (!(r.measured_step_s > 0)) throw InputError(run_file + ": /step_time_s/median must be a positive number");
+  if (!in_range(r.measured_step_s, kLoggedStepTime)) {
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%g", r.measured_step_s);
+    throw InputError(run_file + ": /step_time_s/median " + seconds + " is not " + kLoggedStepTime.what + " (" +
+                     range_text(kLoggedStepTime) + ")");
+  }
   // Format 1 timed recompute inside backward and had no recompute of its own (measured_phases).
   using costmodel::Phase;
   for (Phase p : {Phase::forward, Phase::backward, Phase::recompute, Phase::optimizer}) {

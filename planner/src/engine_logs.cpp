@@ -3,8 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cctype>
+#include <cstdio>
 #include <cstdlib>
-#include <regex>
 #include <string_view>
 
 #include "dplan/costmodel/errors.h"
@@ -48,21 +49,14 @@ std::string strip_ansi(std::string_view line) {
   return out;
 }
 
-// No engine prints a step line this long; longer lines are left out (read as empty), which also
-// keeps std::regex, whose matcher recurses per character, off megabyte-long lines.
-constexpr size_t kMaxLineChars = 16384;
-
+// The text's lines, every one (line i of the log is element i - 1), whatever its length: the
+// scanners below read each line once, left to right, with no recursion.
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> out;
   size_t start = 0;
   while (start <= text.size()) {
     size_t end = text.find('\n', start);
     if (end == std::string::npos) end = text.size();
-    if (end - start > kMaxLineChars) {
-      out.emplace_back();
-      start = end + 1;
-      continue;
-    }
     std::string line = text.substr(start, end - start);
     if (!line.empty() && line.back() == '\r') line.pop_back();
     out.push_back(strip_ansi(line));
@@ -96,6 +90,56 @@ std::optional<long long> whole(const std::string& text) {
   return static_cast<long long>(*v);
 }
 
+// --- scanning a line --------------------------------------------------------------------------
+// Each pattern below is read by a Scan that moves left to right and never back: reading a line
+// costs time linear in its length and constant stack (std::regex's matcher recurses per character
+// and backtracks, quadratically on a pattern such as "[Rank R].*memory (MB)").
+
+bool is_space(char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; }
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+bool is_word(char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; }
+
+class Scan {
+ public:
+  Scan(std::string_view text, size_t at) : text_(text), at_(std::min(at, text.size())) {}
+  size_t at() const { return at_; }
+  bool at_end() const { return at_ == text_.size(); }
+  // Consumes `literal` if the text continues with it.
+  bool literal(std::string_view literal) {
+    if (text_.substr(at_, literal.size()) != literal) return false;
+    at_ += literal.size();
+    return true;
+  }
+  // Consumes the longest run of characters `in` accepts (possibly none) and returns it.
+  template <typename Pred>
+  std::string_view run(Pred in) {
+    const size_t begin = at_;
+    while (at_ < text_.size() && in(text_[at_])) ++at_;
+    return text_.substr(begin, at_ - begin);
+  }
+  size_t spaces() { return run(is_space).size(); }
+  std::string_view digits() { return run(is_digit); }
+  std::string_view token() { return run([](char c) { return !is_space(c); }); }
+
+ private:
+  std::string_view text_;
+  size_t at_;
+};
+
+// Tries `match` (a Scan from just after the occurrence) at each occurrence of `word` in `line`,
+// left to right, and returns the first result it gives. With `continues`, an occurrence that
+// follows a character `continues` accepts is skipped (a word boundary).
+template <typename Match>
+auto first_match(std::string_view line, std::string_view word, Match match, bool (*continues)(char) = nullptr)
+    -> decltype(match(std::declval<Scan&>())) {
+  for (size_t at = line.find(word); at != std::string_view::npos; at = line.find(word, at + 1)) {
+    if (continues && at > 0 && continues(line[at - 1])) continue;
+    Scan s(line, at + word.size());
+    if (auto found = match(s)) return found;
+  }
+  return std::nullopt;
+}
+
 // "a: 1 | b: 2 |" -> {a: "1", b: "2"}: the "key: value" fields of a '|'-separated line, split on
 // the last ": " of each field (Megatron's keys hold no ": ").
 std::map<std::string, std::string> bar_fields(std::string_view text) {
@@ -113,13 +157,25 @@ std::map<std::string, std::string> bar_fields(std::string_view text) {
 }
 
 // The argument / config dumps: Megatron's _print_args (megatron/training/arguments.py) and
-// DeepSpeed's DeepSpeedConfig.print (deepspeed/runtime/config.py) both print "  name .... value".
-const std::regex kDumpLine(R"((?:^|\s)([a-z_][a-z0-9_]*) \.+ (\S+)\s*$)");
-
+// DeepSpeed's DeepSpeedConfig.print (deepspeed/runtime/config.py) both print "  name .... value":
+// the line ends in a name ([a-z_][a-z0-9_]*, at the line's start or after a blank), one space,
+// dots, one space, the value (no blanks) and trailing blanks. Read from the end.
 void read_dump(const std::string& line, std::map<std::string, std::string>& dump) {
   if (line.find(" ..") == std::string::npos) return;
-  std::smatch m;
-  if (std::regex_search(line, m, kDumpLine)) dump.emplace(m[1], m[2]);  // the first one counts
+  size_t end = line.size();
+  while (end > 0 && is_space(line[end - 1])) --end;
+  size_t value = end;
+  while (value > 0 && !is_space(line[value - 1])) --value;
+  if (value == end || value < 2 || line[value - 1] != ' ' || line[value - 2] != '.') return;
+  size_t dots = value - 1;
+  while (dots > 0 && line[dots - 1] == '.') --dots;
+  if (dots < 2 || line[dots - 1] != ' ') return;
+  const size_t name_end = dots - 1;
+  size_t name = name_end;
+  auto name_char = [](char c) { return (c >= 'a' && c <= 'z') || c == '_' || is_digit(c); };
+  while (name > 0 && name_char(line[name - 1])) --name;
+  if (name == name_end || is_digit(line[name]) || (name > 0 && !is_space(line[name - 1]))) return;
+  dump.emplace(line.substr(name, name_end - name), line.substr(value, end - value));  // the first one counts
 }
 
 std::optional<long long> dumped_int(const std::map<std::string, std::string>& dump, const std::string& key) {
@@ -128,16 +184,148 @@ std::optional<long long> dumped_int(const std::map<std::string, std::string>& du
   return whole(it->second);  // "None" and the like: not stated
 }
 
-// --- signatures: which format a line shows -------------------------------------------------------
+// --- the engines' lines ------------------------------------------------------------------------
 
-const std::regex kMegatronIteration(R"(\biteration\s+(\d+)/\s*(\d+)\s*\|)");
-const std::regex kMegatronMemory(
-    R"(\[Rank (\d+)\].*memory \(MB\) \| allocated: ([0-9.eE+-]+) \| max allocated: ([0-9.eE+-]+) \|)");
-const std::regex kTitanStep(
-    R"((?:^|[^a-z_])step:\s*(\d+)\s+loss:\s*(\S+)\s+(?:grad_norm:\s*(\S+)\s+)?memory:\s*([0-9.]+)\s*GiB\(([0-9.]+)%\)\s+tps:\s*([0-9,]+)\s+tflops:\s*([0-9,.]+)\s+mfu:\s*([0-9.]+%|N/A))");
-const std::regex kDeepSpeedThroughput(
-    R"(epoch=(\d+)/micro_step=(\d+)/global_step=(\d+), RunningAvgSamplesPerSec=([^,]+), CurrSamplesPerSec=([^,]+), MemAllocated=([0-9.]+)GB, MaxMemAllocated=([0-9.]+)GB)");
-const std::regex kDeepSpeedProgress(R"(\bstep=\d+, skipped=\d+, lr=)");
+// Megatron's "iteration N/ M |" (after a word boundary): N and where the fields begin.
+struct MegatronIteration {
+  std::string_view step;
+  size_t fields_at = 0;
+};
+std::optional<MegatronIteration> megatron_iteration(std::string_view line) {
+  return first_match(
+      line, "iteration",
+      [](Scan& s) -> std::optional<MegatronIteration> {
+        if (!s.spaces()) return std::nullopt;
+        const std::string_view step = s.digits();
+        if (step.empty() || !s.literal("/")) return std::nullopt;
+        s.spaces();
+        if (s.digits().empty()) return std::nullopt;
+        s.spaces();
+        if (!s.literal("|")) return std::nullopt;
+        return MegatronIteration{step, s.at()};
+      },
+      is_word);
+}
+
+bool megatron_number_char(char c) { return is_digit(c) || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-'; }
+
+// report_memory's "[Rank R] ... memory (MB) | allocated: A | max allocated: X |": X of the last
+// such run of fields after the line's first "[Rank R]".
+std::optional<std::string_view> megatron_max_allocated(std::string_view line) {
+  std::optional<size_t> after_rank = first_match(line, "[Rank ", [](Scan& s) -> std::optional<size_t> {
+    if (s.digits().empty() || !s.literal("]")) return std::nullopt;
+    return s.at();
+  });
+  if (!after_rank) return std::nullopt;
+  std::optional<std::string_view> last;
+  const std::string_view fields = "memory (MB) | allocated: ";
+  for (size_t at = line.find(fields, *after_rank); at != std::string_view::npos; at = line.find(fields, at + 1)) {
+    Scan s(line, at + fields.size());
+    if (s.run(megatron_number_char).empty() || !s.literal(" | max allocated: ")) continue;
+    const std::string_view max_allocated = s.run(megatron_number_char);
+    if (!max_allocated.empty() && s.literal(" |")) last = max_allocated;
+  }
+  return last;
+}
+
+// torchtitan's "step: N  loss: L  [grad_norm: G  ]memory: X GiB(P%)  tps: T  tflops: F  mfu: M%"
+// ("step:" not after a lower-case letter or '_'; mfu "N/A" at HEAD under quantisation).
+struct TitanStep {
+  std::string_view step, loss, memory_gib, tps, tflops, mfu;
+};
+std::optional<TitanStep> titan_step(std::string_view line) {
+  return first_match(
+      line, "step:",
+      [](Scan& s) -> std::optional<TitanStep> {
+        TitanStep t;
+        auto field = [&](std::string_view name) {
+          if (!s.literal(name)) return false;
+          s.spaces();
+          return true;
+        };
+        auto decimal = [](char c) { return is_digit(c) || c == '.'; };
+        s.spaces();
+        t.step = s.digits();
+        if (t.step.empty() || !s.spaces() || !field("loss:")) return std::nullopt;
+        t.loss = s.token();
+        if (t.loss.empty() || !s.spaces()) return std::nullopt;
+        if (field("grad_norm:") && (s.token().empty() || !s.spaces())) return std::nullopt;
+        if (!field("memory:")) return std::nullopt;
+        t.memory_gib = s.run(decimal);
+        if (t.memory_gib.empty()) return std::nullopt;
+        s.spaces();
+        if (!s.literal("GiB(") || s.run(decimal).empty() || !s.literal("%)") || !s.spaces() || !field("tps:"))
+          return std::nullopt;
+        t.tps = s.run([](char c) { return is_digit(c) || c == ','; });
+        if (t.tps.empty() || !s.spaces() || !field("tflops:")) return std::nullopt;
+        t.tflops = s.run([](char c) { return is_digit(c) || c == ',' || c == '.'; });
+        if (t.tflops.empty() || !s.spaces() || !field("mfu:")) return std::nullopt;
+        if (s.literal("N/A")) return t;  // mfu stays empty
+        t.mfu = s.run(decimal);
+        if (t.mfu.empty() || !s.literal("%")) return std::nullopt;
+        return t;
+      },
+      [](char c) { return (c >= 'a' && c <= 'z') || c == '_'; });
+}
+
+// DeepSpeed's ThroughputTimer line: "epoch=E/micro_step=M/global_step=N,
+// RunningAvgSamplesPerSec=X, CurrSamplesPerSec=Y, MemAllocated=AGB, MaxMemAllocated=BGB".
+struct DeepSpeedThroughput {
+  std::string_view global_step, samples_per_s, max_allocated_gb;
+};
+std::optional<DeepSpeedThroughput> deepspeed_throughput(std::string_view line) {
+  return first_match(line, "epoch=", [](Scan& s) -> std::optional<DeepSpeedThroughput> {
+    DeepSpeedThroughput t;
+    auto up_to_comma = [](char c) { return c != ','; };
+    auto decimal = [](char c) { return is_digit(c) || c == '.'; };
+    if (s.digits().empty() || !s.literal("/micro_step=") || s.digits().empty() || !s.literal("/global_step="))
+      return std::nullopt;
+    t.global_step = s.digits();
+    if (t.global_step.empty() || !s.literal(", RunningAvgSamplesPerSec=") || s.run(up_to_comma).empty() ||
+        !s.literal(", CurrSamplesPerSec="))
+      return std::nullopt;
+    t.samples_per_s = s.run(up_to_comma);
+    if (t.samples_per_s.empty() || !s.literal(", MemAllocated=") || s.run(decimal).empty() ||
+        !s.literal("GB, MaxMemAllocated="))
+      return std::nullopt;
+    t.max_allocated_gb = s.run(decimal);
+    if (t.max_allocated_gb.empty() || !s.literal("GB")) return std::nullopt;
+    return t;
+  });
+}
+
+// DeepSpeed's _report_progress: "step=N, skipped=S, lr=" (after a word boundary).
+bool deepspeed_progress(std::string_view line) {
+  return first_match(
+             line, "step=",
+             [](Scan& s) -> std::optional<bool> {
+               if (s.digits().empty() || !s.literal(", skipped=") || s.digits().empty() || !s.literal(", lr="))
+                 return std::nullopt;
+               return true;
+             },
+             is_word)
+      .has_value();
+}
+
+// The value `text` (as the log wrote it, in the log's unit) times `to_unit`, in the figure's
+// range; else InputError naming the file, the line (index + 1), the field and the text.
+double logged_value(const EngineLog& log, size_t index, std::string_view field, std::string_view text,
+                    const LoggedFigure& figure, double to_unit = 1) {
+  const std::optional<double> v = number(std::string(text));
+  const double value = v ? *v * to_unit : 0;
+  if (v && in_range(value, figure)) return value;
+  throw InputError(log.file + ":" + std::to_string(index + 1) + ": " + std::string(field) + " " +
+                   quote_for_message(std::string(text)) + " is not " + figure.what + " (" + range_text(figure) +
+                   "); a log that states it is refused");
+}
+
+// The field `key` of a line's '|'-separated fields, in the figure's range; nullopt when absent.
+std::optional<double> logged_field(const EngineLog& log, size_t index, const std::map<std::string, std::string>& fields,
+                                   const std::string& key, const LoggedFigure& figure, double to_unit = 1) {
+  auto it = fields.find(key);
+  if (it == fields.end()) return std::nullopt;
+  return logged_value(log, index, key + ":", it->second, figure, to_unit);
+}
 
 // JSON for run_record_from_json to read (and refuse if it is no run.json): text opening with '{',
 // or a whole JSON list (log lines open with '[' too: "[titan]", "[2025-...]").
@@ -192,12 +380,14 @@ std::vector<LogStep> one_per_step(const std::vector<LogStep>& logged) {
     if (fresh) continue;
     LogStep& k = it->second;
     auto keep = [](std::optional<double>& into, const std::optional<double>& v, bool larger) {
-      if (!v) return;
-      if (!into || (larger ? *v > *into : *v < *into)) into = v;
+      if (!v || (into && (larger ? *v <= *into : *v >= *into))) return false;
+      into = v;
+      return true;
     };
-    keep(k.time_s, s.time_s, true);
-    keep(k.tokens_per_s_per_gpu, s.tokens_per_s_per_gpu, false);
-    keep(k.samples_per_s, s.samples_per_s, false);
+    const bool slower_time = keep(k.time_s, s.time_s, true);
+    const bool slower_tokens = keep(k.tokens_per_s_per_gpu, s.tokens_per_s_per_gpu, false);
+    const bool slower_samples = keep(k.samples_per_s, s.samples_per_s, false);
+    if (slower_time || slower_tokens || slower_samples) k.line = s.line;  // the line the step time comes from
     keep(k.tflops_per_gpu, s.tflops_per_gpu, false);
     keep(k.mfu_percent, s.mfu_percent, false);
     keep(k.peak_memory_bytes, s.peak_memory_bytes, true);
@@ -218,11 +408,21 @@ double median(std::vector<double> v) {
 // train_micro_batch_size_per_gpu from DeepSpeedConfig.print. A name of 29 characters or more gets
 // no dots: "  train_micro_batch_size_per_gpu  2".
 std::optional<long long> deepspeed_micro_batch(const std::vector<std::string>& lines) {
-  const std::regex micro(R"(\strain_micro_batch_size_per_gpu \.* ?(\d+)\s*$)");
+  constexpr std::string_view kName = "train_micro_batch_size_per_gpu";
   for (const auto& line : lines) {
-    std::smatch m;
-    if (line.find("train_micro_batch_size_per_gpu") != std::string::npos && std::regex_search(line, m, micro))
-      return whole(m[1]);
+    // After a blank: the name, one space, dots (maybe none), maybe a space, digits, blanks to the end.
+    std::optional<std::string_view> value =
+        first_match(line, kName, [&](Scan& s) -> std::optional<std::string_view> {
+          const size_t name_at = s.at() - kName.size();
+          if (name_at == 0 || !is_space(line[name_at - 1]) || !s.literal(" ")) return std::nullopt;
+          s.run([](char c) { return c == '.'; });
+          s.literal(" ");
+          const std::string_view digits = s.digits();
+          s.spaces();
+          if (digits.empty() || !s.at_end()) return std::nullopt;
+          return digits;
+        });
+    if (value) return whole(std::string(*value));
   }
   return std::nullopt;
 }
@@ -265,39 +465,40 @@ bool torchtitan_signature(const std::string& line) {
 }
 bool deepspeed_signature(const std::string& line) {
   return line.find("SamplesPerSec=") != std::string::npos || line.find("time (ms) | fwd") != std::string::npos ||
-         (line.find("skipped=") != std::string::npos && std::regex_search(line, kDeepSpeedProgress));
+         (line.find("skipped=") != std::string::npos && deepspeed_progress(line));
 }
 
 // The readers: one LogStep per complete step line.
 
 void read_megatron_log(const std::vector<std::string>& lines, EngineLog& log, std::vector<LogStep>& steps) {
   std::map<std::string, std::string> dump;
-  for (const auto& line : lines) {
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string& line = lines[i];
     read_dump(line, dump);
-    std::smatch m;
-    if (line.find("memory (MB)") != std::string::npos && std::regex_search(line, m, kMegatronMemory)) {
-      if (std::optional<double> max_allocated = number(m[3]))
-        log.peak_memory_bytes = std::max(log.peak_memory_bytes.value_or(0.0), *max_allocated * kMiB);
-      continue;
+    if (line.find("memory (MB)") != std::string::npos) {
+      if (std::optional<std::string_view> max_allocated = megatron_max_allocated(line)) {
+        const double bytes = logged_value(log, i, "max allocated (MB):", *max_allocated, kLoggedMemory, kMiB);
+        log.peak_memory_bytes = std::max(log.peak_memory_bytes.value_or(0.0), bytes);
+        continue;
+      }
     }
-    if (line.find("iteration") == std::string::npos || !std::regex_search(line, m, kMegatronIteration)) continue;
+    if (line.find("iteration") == std::string::npos) continue;
+    std::optional<MegatronIteration> iteration = megatron_iteration(line);
+    if (!iteration) continue;
     // Complete: every field closed by " |" (training_log ends each field so), the time among them.
-    const std::string rest = trim(line.substr(m.position(0) + m.length(0)));
+    const std::string rest = trim(std::string_view(line).substr(iteration->fields_at));
     if (rest.empty() || rest.back() != '|') continue;
     const std::map<std::string, std::string> fields = bar_fields(rest);
-    auto field = [&](const char* key) -> std::optional<double> {
-      auto it = fields.find(key);
-      return it == fields.end() ? std::nullopt : number(it->second);
-    };
-    std::optional<double> ms = field("elapsed time per iteration (ms)");
-    if (!ms) continue;
-    std::optional<long long> step = whole(m[1]);
+    std::optional<double> time_s = logged_field(log, i, fields, "elapsed time per iteration (ms)", kLoggedStepTime, 1e-3);
+    if (!time_s) continue;
+    std::optional<long long> step = whole(std::string(iteration->step));
     if (!step) continue;
     LogStep s;
     s.step = *step;
-    s.time_s = *ms / 1e3;
-    s.tflops_per_gpu = field("throughput per GPU (TFLOP/s/GPU)");
-    s.loss = field("lm loss");
+    s.line = static_cast<long long>(i) + 1;
+    s.time_s = time_s;
+    s.tflops_per_gpu = logged_field(log, i, fields, "throughput per GPU (TFLOP/s/GPU)", kLoggedTflops);
+    s.loss = logged_field(log, i, fields, "lm loss", kLoggedLoss);
     if (std::optional<long long> batch = whole(fields.count("global batch size") ? fields.at("global batch size") : "")) {
       const long long b = *batch;
       if (log.global_batch && *log.global_batch != b)
@@ -319,27 +520,44 @@ void read_megatron_log(const std::vector<std::string>& lines, EngineLog& log, st
 
 
 void read_torchtitan_log(const std::vector<std::string>& lines, EngineLog& log, std::vector<LogStep>& steps) {
-  const std::regex global_batch(R"(global batch size (\d+))"), seq(R"(sequence length (\d+))"),
-      tokens(R"((\d+) tokens per train step)");
-  for (const auto& line : lines) {
-    std::smatch m;
+  // The count after "global batch size " (or before " tokens per train step"), first on the line.
+  auto count_after = [](const std::string& line, std::string_view words) -> std::optional<long long> {
+    std::optional<std::string_view> digits =
+        first_match(line, words, [](Scan& s) -> std::optional<std::string_view> {
+          std::string_view d = s.digits();
+          return d.empty() ? std::nullopt : std::optional(d);
+        });
+    return digits ? whole(std::string(*digits)) : std::nullopt;
+  };
+  auto count_before = [](const std::string& line, std::string_view words) -> std::optional<long long> {
+    for (size_t at = line.find(words); at != std::string::npos; at = line.find(words, at + 1)) {
+      size_t begin = at;
+      while (begin > 0 && is_digit(line[begin - 1])) --begin;
+      if (begin < at) return whole(line.substr(begin, at - begin));
+    }
+    return std::nullopt;
+  };
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string& line = lines[i];
     if (line.find("Trainer is initialized with") != std::string::npos) {
-      if (std::regex_search(line, m, global_batch)) log.global_batch = whole(m[1]);
-      if (std::regex_search(line, m, seq)) log.seq_len = whole(m[1]);
-      if (std::regex_search(line, m, tokens)) log.tokens_per_step = whole(m[1]);
+      if (auto b = count_after(line, "global batch size ")) log.global_batch = b;
+      if (auto n = count_after(line, "sequence length ")) log.seq_len = n;
+      if (auto t = count_before(line, " tokens per train step")) log.tokens_per_step = t;
       continue;
     }
-    if (line.find("tps:") == std::string::npos || !std::regex_search(line, m, kTitanStep)) continue;
-    std::optional<long long> step = whole(m[1]);
+    if (line.find("tps:") == std::string::npos) continue;
+    std::optional<TitanStep> t = titan_step(line);
+    if (!t) continue;
+    std::optional<long long> step = whole(std::string(t->step));
     if (!step) continue;
     LogStep s;
     s.step = *step;
-    s.loss = number(m[2]);
-    s.peak_memory_bytes = number(m[4]).value_or(0) * kGiB;
-    s.tokens_per_s_per_gpu = number(m[6]);
-    s.tflops_per_gpu = number(m[7]);
-    if (m[8] != "N/A") s.mfu_percent = number(std::string(m[8]).substr(0, m[8].length() - 1));
-    if (!s.tokens_per_s_per_gpu) continue;
+    s.line = static_cast<long long>(i) + 1;
+    s.loss = logged_value(log, i, "loss:", t->loss, kLoggedLoss);
+    s.peak_memory_bytes = logged_value(log, i, "memory (GiB):", t->memory_gib, kLoggedMemory, kGiB);
+    s.tokens_per_s_per_gpu = logged_value(log, i, "tps:", t->tps, kLoggedRate);
+    s.tflops_per_gpu = logged_value(log, i, "tflops:", t->tflops, kLoggedTflops);
+    if (!t->mfu.empty()) s.mfu_percent = logged_value(log, i, "mfu (%):", t->mfu, kLoggedMfu);
     steps.push_back(s);
   }
 }
@@ -348,25 +566,29 @@ void read_torchtitan_log(const std::vector<std::string>& lines, EngineLog& log, 
 void read_deepspeed_log(const std::vector<std::string>& lines, EngineLog& log, std::vector<LogStep>& steps) {
   std::map<std::string, std::string> dump;
   std::vector<std::map<std::string, double>> timer_lines;  // global timers, ms, in order
-  for (const auto& line : lines) {
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string& line = lines[i];
     read_dump(line, dump);
-    std::smatch m;
     if (size_t t = line.find("time (ms) |"); t != std::string::npos) {
-      std::map<std::string, double> timers;
-      for (const auto& [k, v] : bar_fields(std::string_view(line).substr(t + 9)))
-        if (std::optional<double> ms = number(v)) timers[k] = *ms;
+      const std::map<std::string, std::string> fields = bar_fields(std::string_view(line).substr(t + 9));
       // The per-step (global) timers; the micro-step ones are named *_microstep.
-      if (timers.count("fwd") || timers.count("bwd") || timers.count("step")) timer_lines.push_back(timers);
+      if (!fields.count("fwd") && !fields.count("bwd") && !fields.count("step")) continue;
+      std::map<std::string, double> timers;  // ms
+      for (const auto& [k, v] : fields) timers[k] = logged_value(log, i, k + " (ms):", v, kLoggedPhaseTime, 1e-3) * 1e3;
+      timer_lines.push_back(timers);
       continue;
     }
-    if (line.find("SamplesPerSec=") == std::string::npos || !std::regex_search(line, m, kDeepSpeedThroughput)) continue;
-    std::optional<long long> step = whole(m[3]);
+    if (line.find("SamplesPerSec=") == std::string::npos) continue;
+    std::optional<DeepSpeedThroughput> t = deepspeed_throughput(line);
+    if (!t) continue;
+    std::optional<long long> step = whole(std::string(t->global_step));
     if (!step) continue;
     LogStep s;
     s.step = *step;
-    s.samples_per_s = number(m[5]);
-    if (std::optional<double> max_gb = number(m[7])) s.peak_memory_bytes = *max_gb * kGiB;  // "GB" = 1024^3 bytes
-    if (!s.samples_per_s) continue;
+    s.line = static_cast<long long>(i) + 1;
+    s.samples_per_s = logged_value(log, i, "CurrSamplesPerSec:", t->samples_per_s, kLoggedRate);
+    // "GB" = 1024^3 bytes
+    s.peak_memory_bytes = logged_value(log, i, "MaxMemAllocated (GB):", t->max_allocated_gb, kLoggedMemory, kGiB);
     steps.push_back(s);
   }
   log.global_batch = dumped_int(dump, "train_batch_size");
@@ -380,6 +602,19 @@ void read_deepspeed_log(const std::vector<std::string>& lines, EngineLog& log, s
 const char* to_string(LogFormat format) { return format.engine ? to_string(*format.engine) : kRunName; }
 const char* engine_name(LogFormat format) {
   return format.engine ? descriptor(*format.engine).display_name : kRunDisplayName;
+}
+
+bool in_range(double value, const LoggedFigure& figure) {
+  return std::isfinite(value) && (figure.min_included ? value >= figure.min_value : value > figure.min_value) &&
+         value <= figure.max_value;
+}
+
+std::string range_text(const LoggedFigure& figure) {
+  if (figure.min_value == kLoggedLoss.min_value && figure.max_value == kLoggedLoss.max_value) return "a finite number";
+  char text[128];
+  std::snprintf(text, sizeof text, figure.min_included ? "%g to %g%s%s" : "above %g and at most %g%s%s",
+                figure.min_value, figure.max_value, *figure.unit ? " " : "", figure.unit);
+  return text;
 }
 
 std::vector<std::string> log_format_names() {
@@ -497,8 +732,17 @@ LogMeasurement measure_log(const EngineLog& log, const costmodel::Plan& plan, co
         break;
       }
     }
-    if (!(t > 0) || !std::isfinite(t))
-      throw InputError(log.file + ": step " + std::to_string(s.step) + " states no positive rate or time");
+    if (!in_range(t, kLoggedStepTime)) {
+      char seconds[32];
+      std::snprintf(seconds, sizeof seconds, "%g", t);
+      throw InputError(log.file + ":" + std::to_string(s.line) + ": step " + std::to_string(s.step) + "'s rate gives " +
+                       kLoggedStepTime.what + " of " + seconds + " s for " + plan_file + "'s " +
+                       (reader.step_time == StepTime::from_global_samples_per_s
+                            ? std::to_string(global_batch) + " samples"
+                            : std::to_string(static_cast<long long>(tokens_per_step)) + " tokens over " +
+                                  std::to_string(world) + " GPUs") +
+                       " per step (" + range_text(kLoggedStepTime) + "); a log that states it is refused");
+    }
     times.push_back(t);
     if (s.tflops_per_gpu) tflops.push_back(*s.tflops_per_gpu);
     if (s.mfu_percent) mfu.push_back(*s.mfu_percent / 100);

@@ -218,3 +218,18 @@ TEST_CASE("dplan calibrate fits the storage write bandwidth to the checkpoint sa
   REQUIRE(p.status == 0);
   CHECK_THAT(p.out, !Catch::Contains("storage"));
 }
+
+TEST_CASE("calibration refuses a run.json whose median step time is no step time", "[calibrate]") {
+  // 1e-300 s passed "positive" and pinned the fit at its bounds (every efficiency 1).
+  const ClusterSpec base = dplan::testing::store().load_cluster("local-cpu");
+  TempDir dir;
+  const std::string measured = synthetic_runs(dir, base, {six_layouts().front()}).front();
+  const std::string plan_file = costmodel::read_run_record(measured).plan;
+  const std::string run = dir.write("fast.json", synthetic_run(plan_file, six_layouts().front(), 1e-300).dump());
+  try {
+    read_calibration_run(run);
+    FAIL("no InputError");
+  } catch (const InputError& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("fast.json: /step_time_s/median 1e-300 is not a step time (1e-06 to 1e+06 s)"));
+  }
+}

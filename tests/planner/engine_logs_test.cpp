@@ -9,10 +9,13 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <pthread.h>
 
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/json_io.h"
@@ -466,4 +469,189 @@ TEST_CASE("dplan calibrate fits a profile to engine logs (step time only)", "[en
   CHECK_THAT(require_one_error_line(run_program(DPLAN_BINARY, {"calibrate", kMegatron, "--plan", kZero3, "--profile",
                                                                "dgx-h100"})),
              Contains("do not belong together"));
+}
+
+// --- issue 33: reading a log is linear in its size and bounded in stack; nonsense is refused -----
+
+namespace {
+// The Megatron-LM fixture's argument dump, iteration and memory lines, and `extra` after them.
+std::string megatron_with(const std::string& extra) { return read_file(kMegatron) + extra; }
+
+// report_memory's line for rank 0 with `prefix` between "[Rank 0]" and the fields.
+std::string memory_line(const std::string& prefix, const std::string& max_allocated_mb) {
+  return "[Rank 0] " + prefix + "(after 70 iterations) memory (MB) | allocated: 1000.0 | max allocated: " +
+         max_allocated_mb + " | reserved: 43008.0 | max reserved: 43008.0\n";
+}
+
+// Runs `body` on a thread whose stack is `stack_bytes` (glibc's default is 8 MiB); returns what it
+// caught, or "" when it returned.
+std::string on_small_stack(size_t stack_bytes, std::function<void()> body) {
+  struct Call {
+    std::function<void()> body;
+    std::string error;
+  } call{std::move(body), {}};
+  pthread_attr_t attr;
+  REQUIRE(pthread_attr_init(&attr) == 0);
+  REQUIRE(pthread_attr_setstacksize(&attr, stack_bytes) == 0);
+  pthread_t thread;
+  auto run = [](void* p) -> void* {
+    Call& c = *static_cast<Call*>(p);
+    try {
+      c.body();
+    } catch (const std::exception& e) {
+      c.error = e.what();
+    }
+    return nullptr;
+  };
+  REQUIRE(pthread_create(&thread, &attr, run, &call) == 0);
+  REQUIRE(pthread_join(thread, nullptr) == 0);
+  pthread_attr_destroy(&attr);
+  return call.error;
+}
+}  // namespace
+
+TEST_CASE("engine logs: a Megatron-LM log of megabytes of repeated rank prefixes is read in one pass",
+          "[engine_logs]") {
+  // Each line repeats "[Rank 0] " 1,800 times before report_memory's fields, cut after
+  // "allocated:" (what the old "[Rank R].*memory (MB)" pattern backtracked over, quadratically in
+  // the line's length: minutes for this log). 4 MB of them, then one complete line of the same kind.
+  const std::string prefixes = [] {
+    std::string p;
+    for (int i = 0; i < 1800; ++i) p += "[Rank 0] ";
+    return p;
+  }();
+  std::string extra;
+  const std::string cut = "[Rank 0] " + prefixes + "(after 70 iterations) memory (MB) | allocated: 1.0\n";
+  while (extra.size() < (4u << 20)) extra += cut;
+  extra += memory_line(prefixes, "50000.5");
+  const EngineLog log = parse_engine_log(megatron_with(extra), "x.log");
+  CHECK(log.steps.size() == 7);
+  REQUIRE(log.peak_memory_bytes);
+  CHECK(*log.peak_memory_bytes == 50000.5 * 1024 * 1024);
+}
+
+TEST_CASE("engine logs: 16 KB and 1 MB lines are read on a 256 KiB stack", "[engine_logs]") {
+  // std::regex's matcher recursed once per character of ".*": 4-6 MB of stack for a 16 KB line.
+  const std::string kb16 = memory_line(std::string(16000, 'x') + " ", "50000.0");
+  const std::string mb1 = memory_line(std::string(1 << 20, 'y') + " ", "60000.0");
+  std::optional<double> peak16, peak1m;
+  const std::string error = on_small_stack(256 << 10, [&] {
+    peak16 = parse_engine_log(megatron_with(kb16), "x.log").peak_memory_bytes;
+    peak1m = parse_engine_log(megatron_with(kb16 + mb1), "x.log").peak_memory_bytes;
+  });
+  CHECK(error.empty());
+  CHECK(peak16 == 50000.0 * 1024 * 1024);
+  CHECK(peak1m == 60000.0 * 1024 * 1024);  // a 1 MB line is read, not left out
+}
+
+TEST_CASE("engine logs: a figure outside its physical range is refused naming the file and line and value",
+          "[engine_logs]") {
+  const std::string megatron = read_file(kMegatron);
+  // The line number of the first line holding `what` in `text`.
+  auto line_of = [](const std::string& text, const std::string& what) {
+    return std::to_string(std::count(text.begin(), text.begin() + static_cast<long>(text.find(what)), '\n') + 1);
+  };
+  const std::string first_memory = "max allocated: 40960.25";
+  CHECK(parse_error(replace_all(megatron, first_memory, "max allocated: 1e308")) ==
+        "x.log:" + line_of(megatron, first_memory) +
+            ": max allocated (MB): 1e308 is not a GPU's memory (0 to 1e+14 bytes); a log that states it is refused");
+  const std::string first_time = "elapsed time per iteration (ms): 2950.3";
+  const std::string tiny = replace_all(megatron, first_time, "elapsed time per iteration (ms): 1e-320");
+  CHECK_THAT(parse_error(tiny), Contains("x.log:" + line_of(megatron, first_time) +
+                                         ": elapsed time per iteration (ms): 1e-320 is not a step time (1e-06 to "
+                                         "1e+06 s)"));
+  CHECK_THAT(parse_error(replace_all(megatron, first_time, "elapsed time per iteration (ms): -2950.3")),
+             Contains("-2950.3 is not a step time"));
+  CHECK_THAT(parse_error(replace_all(megatron, first_time, "elapsed time per iteration (ms): nan")),
+             Contains("nan is not a step time"));
+  CHECK_THAT(parse_error(replace_all(megatron, "lm loss: 1.084000E+01", "lm loss: inf")),
+             Contains("lm loss: inf is not a loss (a finite number)"));
+  CHECK_THAT(parse_error(replace_all(megatron, "(TFLOP/s/GPU): 298.7", "(TFLOP/s/GPU): 2e6")),
+             Contains("2e6 is not a GPU's TFLOP/s (0 to 1e+06 TFLOP/s)"));
+
+  const std::string titan = read_file(kTitan);
+  CHECK_THAT(parse_error(replace_all(titan, "mfu: 40.64%", "mfu: 99999.9%")),
+             Contains("x.log:" + line_of(titan, "mfu: 40.64%") + ": mfu (%): 99999.9 is not an MFU (0 to 100 %)"));
+  CHECK_THAT(parse_error(replace_all(titan, "tps: 7,513", "tps: 0")), Contains("tps: 0 is not a rate (above 0"));
+
+  const std::string deepspeed = read_file(kDeepSpeed);
+  CHECK_THAT(parse_error(replace_all(deepspeed, "| fwd: 1210.50", "| fwd: -1210.50")),
+             Contains("x.log:" + line_of(deepspeed, "| fwd: 1210.50") +
+                      ": fwd (ms): -1210.50 is not a phase time (0 to 1e+06 s)"));
+  const std::string samples = deepspeed.substr(deepspeed.find("CurrSamplesPerSec=") + 18, 4);
+  CHECK_THAT(parse_error(replace_all(deepspeed, "CurrSamplesPerSec=" + samples, "CurrSamplesPerSec=-1")),
+             Contains("x.log:19: CurrSamplesPerSec: -1 is not a rate (above 0 and at most 1e+12 per s)"));
+}
+
+TEST_CASE("engine logs: a rate that gives an impossible step time for the plan is refused", "[engine_logs]") {
+  // 1.28e11 tokens/s per GPU is a rate, but 128 tokens per step at it take 1 ns: no step is that short.
+  TempDir dir;
+  const costmodel::Plan plan = costmodel::read_plan(kTinyDp2);
+  const std::string log = dir.write("fast.log", titan_log(1e-9, 4 * 128, 2));
+  try {
+    measure_log(parse(log), plan, kTinyDp2);
+    FAIL("no InputError");
+  } catch (const InputError& e) {
+    CHECK_THAT(std::string(e.what()), Contains("fast.log:3: step 20's rate gives a step time of 1e-09 s for"));
+    CHECK_THAT(std::string(e.what()), Contains("512 tokens over 2 GPUs per step (1e-06 to 1e+06 s)"));
+  }
+}
+
+TEST_CASE("dplan compare and dplan calibrate refuse a log of nonsense figures in one line with exit 2 and write nothing",
+          "[engine_logs][calibrate][cli]") {
+  TempDir dir;
+  const std::string megatron = read_file(kMegatron);
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {dir.write("mem.log", replace_all(megatron, "max allocated: 40960.25", "max allocated: 1e308")), "1e308"},
+      {dir.write("fast.log", replace_all(megatron, "(ms): 2950.3", "(ms): 1e-320")), "1e-320"},
+      {dir.write("neg.log", replace_all(read_file(kDeepSpeed), "| fwd: 1210.50", "| fwd: -1210.50")), "-1210.50"},
+      {dir.write("mfu.log", replace_all(read_file(kTitan), "mfu: 40.64%", "mfu: 99999.9%")), "99999.9"}};
+  for (const auto& [log, value] : bad) {
+    const std::string plan = log.ends_with("neg.log") ? kZero3 : kPlan;
+    INFO(log);
+    CHECK_THAT(require_one_error_line(run_program(DPLAN_BINARY, {"compare", plan, log})), Contains(value));
+    const std::string out = (dir.path() / "out.json").string();
+    CHECK_THAT(require_one_error_line(
+                   run_program(DPLAN_BINARY, {"calibrate", log, "--plan", plan, "--profile", "dgx-h100", "-o", out})),
+               Contains(value));
+    CHECK(!std::filesystem::exists(out));
+  }
+}
+
+TEST_CASE("dplan calibrate on logs of a 1e-300 ms step writes no profile and exits 2", "[engine_logs][calibrate][cli]") {
+  // Six plans of gpt-small on local-cpu, and for each a Megatron-LM log (no argument dump, so any
+  // layout fits) whose every step took 1e-300 ms: enough layouts for the fit, which once pinned
+  // every efficiency at 1 and the latency at 0.01 us and wrote that profile.
+  const costmodel::ClusterSpec cluster = dplan::testing::store().load_cluster("local-cpu");
+  const costmodel::ModelSpec model = dplan::testing::store().load_model("gpt-small");
+  costmodel::TrainingSpec training;
+  training.seq_len = 32;
+  training.global_batch = 4;
+  training.precision = costmodel::Precision::fp32;
+  std::string log_text;
+  for (int step : {10, 20, 30, 40})
+    log_text += " [2026-01-10 12:00:00] iteration       " + std::to_string(step) +
+                "/      40 | consumed samples:          40 | elapsed time per iteration (ms): 1e-300 | "
+                "global batch size:     4 | lm loss: 5.0 |\n";
+  TempDir dir;
+  const std::string log = dir.write("fast.log", log_text);
+  std::vector<std::string> args = {"calibrate"};
+  std::vector<std::string> plans;
+  int i = 0;
+  for (auto [tp, pp, dp] : std::vector<std::array<int, 3>>{{1, 1, 1}, {1, 1, 4}, {4, 1, 1}, {1, 2, 1}, {2, 1, 2}, {1, 2, 2}}) {
+    costmodel::ParallelConfig layout;
+    layout.tp = tp;
+    layout.pp = pp;
+    layout.dp = dp;
+    plans.push_back(dir.write("plan" + std::to_string(i++) + ".json",
+                              to_json(costmodel::make_plan(model, cluster, training, layout, {}, {}, {})).dump()));
+    args.push_back(log);
+  }
+  for (const auto& p : plans) args.insert(args.end(), {"--plan", p});
+  const std::string out = (dir.path() / "poisoned.json").string();
+  args.insert(args.end(), {"--profile", "local-cpu", "-o", out});
+  CHECK_THAT(require_one_error_line(run_program(DPLAN_BINARY, args)),
+             Contains("fast.log:1: elapsed time per iteration (ms): 1e-300 is not a step time"));
+  CHECK(!std::filesystem::exists(out));
+  CHECK(!std::filesystem::exists(dir.path() / "poisoned-gpu.json"));
 }

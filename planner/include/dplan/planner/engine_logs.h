@@ -43,6 +43,7 @@
 // rank unless filtered) counts once: its slowest rank's rate and its largest memory.
 #pragma once
 
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -73,9 +74,37 @@ const char* engine_name(LogFormat format);
 
 inline constexpr int kWarmupLogLines = 2;
 
+// The physical range of each figure a log states (docs/compare.md, "What a log may state"), in
+// SI units. A line stating a value outside its range, or a figure that is no finite number, is
+// refused (InputError "FILE:LINE: ..." naming the field, the value as written and the range), not
+// averaged in: a log that yields nonsense gives no measurement. The ceilings are those of the GPU
+// profile reader (costmodel gpu_from_json: HBM up to 1e5 GB, peaks up to 1e6 TFLOP/s). Memory,
+// TFLOP/s and MFU may be 0: the engines print them to two decimals (or one), so a small model's
+// figures print as 0; a rate may not (it gives the step time, which must be positive).
+struct LoggedFigure {
+  const char* what;   // "a step time", in messages
+  const char* unit;   // of min_value and max_value
+  double min_value;   // excluded unless min_included
+  bool min_included;
+  double max_value;   // included
+};
+inline constexpr LoggedFigure kLoggedStepTime{"a step time", "s", 1e-6, true, 1e6};  // a kernel launch .. 11.6 days
+inline constexpr LoggedFigure kLoggedPhaseTime{"a phase time", "s", 0, true, 1e6};
+inline constexpr LoggedFigure kLoggedMemory{"a GPU's memory", "bytes", 0, true, 1e14};
+inline constexpr LoggedFigure kLoggedTflops{"a GPU's TFLOP/s", "TFLOP/s", 0, true, 1e6};
+inline constexpr LoggedFigure kLoggedMfu{"an MFU", "%", 0, true, 100};
+inline constexpr LoggedFigure kLoggedRate{"a rate", "per s", 0, false, 1e12};  // tokens/s per GPU, samples/s
+inline constexpr LoggedFigure kLoggedLoss{"a loss", "", std::numeric_limits<double>::lowest(), true,
+                                          std::numeric_limits<double>::max()};  // any finite value
+// Whether `value` lies in the figure's range (false for NaN and infinities).
+bool in_range(double value, const LoggedFigure& figure);
+// "1e-06 to 1e+06 s", "above 0 and at most 100 %": the range, for messages.
+std::string range_text(const LoggedFigure& figure);
+
 // One logged step, as the line states it (engine units converted to seconds and bytes only).
 struct LogStep {
   long long step = 0;  // the engine's iteration / step number
+  long long line = 0;  // the log's line (from 1) that stated it: the one kept of several ranks' lines
   bool warmup = false;
   std::optional<double> time_s;                // megatron: elapsed time per iteration
   std::optional<double> tokens_per_s_per_gpu;  // torchtitan: tps
@@ -108,13 +137,16 @@ std::optional<LogFormat> detect_log_format(const std::string& text);
 // Reads an engine log (not a run.json). `forced` is --format; without it the format is detected.
 // Refuses (InputError, one line naming the file): text of no known format (naming the formats),
 // a log of another format than the forced one, a log with no complete step line (empty or
-// truncated), fewer complete step lines than warm-up plus one.
+// truncated), fewer complete step lines than warm-up plus one, a figure outside its LoggedFigure
+// range (naming the line too). Linear in the text and in constant stack: each line is scanned
+// once, left to right, whatever its length.
 EngineLog parse_engine_log(const std::string& text, const std::string& file,
                            std::optional<LogFormat> forced = std::nullopt);
 
 // The log in the plan's terms. Throws InputError when the log contradicts the plan where it
 // states the layout (global batch, micro batch, sequence length, tokens per step, world size,
-// tp, pp, cp, dp), naming both values.
+// tp, pp, cp, dp), naming both values, and when a rate gives a step time outside kLoggedStepTime
+// for the plan's tokens (or samples) per step, naming the line.
 struct LogMeasurement {
   LogFormat format{Engine::megatron};
   std::string description;       // "Megatron-LM log, iteration lines (megatron/training/training.py, ...)"

@@ -140,12 +140,12 @@ GpuSpec read_gpu(ObjectReader& r, const std::string& file) {
   GpuSpec g;
   g.name = r.string("name");
   g.description = r.string("description");
-  g.hbm_bytes = r.number_in("hbm_gb", 0.01, 1e5) * kGB;
+  g.hbm_bytes = r.number_in("hbm_gb", 0.01, kMaxHbmGB) * kGB;
   if (r.has("device_memory_bytes")) g.device_memory_bytes = r.number_in("device_memory_bytes", 1e6, 1e14);
   g.hbm_bandwidth_bytes_per_s = r.number_in("hbm_gbytes_per_s", 0.01, 1e6) * kGB;
   ObjectReader peaks = r.object("peak_tflops");
   for (const char* key : {"fp32", "tf32", "bf16", "fp16", "fp8"})
-    if (peaks.has(key)) g.peak_flops_per_s[key] = peaks.number_in(key, 1e-4, 1e6) * 1e12;
+    if (peaks.has(key)) g.peak_flops_per_s[key] = peaks.number_in(key, 1e-4, kMaxPeakTflops) * 1e12;
   peaks.finish();
   if (g.peak_flops_per_s.empty()) r.fail("peak_tflops", "at least one of fp32, tf32, bf16, fp16, fp8");
   g.framework_reserve_bytes = r.non_negative_number("framework_reserve_gib") * kGiB;

@@ -188,6 +188,10 @@ double core_share(const ClusterSpec& cluster, int world_size);
 // (power_cap.h). Strict: unknown keys, missing keys and out-of-range values throw
 // InputError naming file and key.
 using GpuLoader = std::function<GpuSpec(const std::string& gpu_name)>;
+// The largest a GPU profile may state (gpu_from_json), and so the largest a measurement of one GPU
+// may report (engine_logs.h): HBM in decimal GB, a peak in TFLOP/s.
+inline constexpr double kMaxHbmGB = 1e5;
+inline constexpr double kMaxPeakTflops = 1e6;
 GpuSpec gpu_from_json(const json& j, const std::string& file);
 ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuLoader& load_gpu);
 // The cluster block a plan embeds (to_json(ClusterSpec): the GPU's figures in place of its name,

@@ -49,7 +49,9 @@
 #include <string>
 #include <vector>
 
+#include "dplan/costmodel/hardware.h"
 #include "dplan/costmodel/plan_file.h"
+#include "dplan/costmodel/units.h"
 #include "dplan/planner/engines.h"
 
 namespace dplan::planner {
@@ -78,7 +80,7 @@ inline constexpr int kWarmupLogLines = 2;
 // SI units. A line stating a value outside its range, or a figure that is no finite number, is
 // refused (InputError "FILE:LINE: ..." naming the field, the value as written and the range), not
 // averaged in: a log that yields nonsense gives no measurement. The ceilings are those of the GPU
-// profile reader (costmodel gpu_from_json: HBM up to 1e5 GB, peaks up to 1e6 TFLOP/s). Memory,
+// profile reader (costmodel::kMaxHbmGB, costmodel::kMaxPeakTflops). Memory,
 // TFLOP/s and MFU may be 0: the engines print them to two decimals (or one), so a small model's
 // figures print as 0; a rate may not (it gives the step time, which must be positive).
 struct LoggedFigure {
@@ -90,8 +92,8 @@ struct LoggedFigure {
 };
 inline constexpr LoggedFigure kLoggedStepTime{"a step time", "s", 1e-6, true, 1e6};  // a kernel launch .. 11.6 days
 inline constexpr LoggedFigure kLoggedPhaseTime{"a phase time", "s", 0, true, 1e6};
-inline constexpr LoggedFigure kLoggedMemory{"a GPU's memory", "bytes", 0, true, 1e14};
-inline constexpr LoggedFigure kLoggedTflops{"a GPU's TFLOP/s", "TFLOP/s", 0, true, 1e6};
+inline constexpr LoggedFigure kLoggedMemory{"a GPU's memory", "bytes", 0, true, costmodel::kMaxHbmGB * kGB};
+inline constexpr LoggedFigure kLoggedTflops{"a GPU's TFLOP/s", "TFLOP/s", 0, true, costmodel::kMaxPeakTflops};
 inline constexpr LoggedFigure kLoggedMfu{"an MFU", "%", 0, true, 100};
 inline constexpr LoggedFigure kLoggedRate{"a rate", "per s", 0, false, 1e12};  // tokens/s per GPU, samples/s
 inline constexpr LoggedFigure kLoggedLoss{"a loss", "", std::numeric_limits<double>::lowest(), true,

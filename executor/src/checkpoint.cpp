@@ -411,6 +411,19 @@ CheckpointFolderLock::CheckpointFolderLock(const std::string& dir) {
                               std::chrono::system_clock::now().time_since_epoch()).count());
 }
 
+void check_save_targets(const std::string& dir, int steps, int save_every) {
+  if (save_every <= 0) return;
+  for (const StepEntry& e : step_entries(dir)) {
+    if (e.step > steps || e.step % save_every != 0) continue;
+    struct stat st {};
+    const std::string path = (fs::path(dir) / e.name).string();
+    if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) continue;  // replaced, never followed
+    if (!e.folder || !is_complete_checkpoint(dir, e.name))
+      throw InputError("--checkpoint-dir " + dir + ": " + e.name + " is not a checkpoint dplan completed, and this run " +
+                       "saves step " + std::to_string(e.step) + " there; move it away or give another folder");
+  }
+}
+
 CheckpointFolderLock::~CheckpointFolderLock() {
   if (fd_ >= 0) ::close(fd_);  // releases the flock
 }

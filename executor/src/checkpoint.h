@@ -77,6 +77,11 @@ class CheckpointFolderLock {
   std::string token_;
 };
 
+// Before a run saves: InputError in one line when DIR holds a step-N for a step the run will save
+// (a multiple of `save_every` up to `steps`) that is neither a complete checkpoint dplan wrote nor a
+// link (which a save replaces): a save must not replace what dplan did not write.
+void check_save_targets(const std::string& dir, int steps, int save_every);
+
 class Checkpointer {
  public:
   // store: a connection this object may use from its writer thread (rank 0 gathers the shards'

@@ -465,6 +465,7 @@ std::unique_ptr<CheckpointFolderLock> lock_checkpoint_dir(const RunOptions& args
   token = agree_on(store, place, "checkpoint-dir", [&] {
     if (place.rank != 0) return std::string();
     lock = std::make_unique<CheckpointFolderLock>(args.checkpoint_dir);
+    check_save_targets(args.checkpoint_dir, args.steps, args.save_every);
     return lock->token();
   });
   return lock;

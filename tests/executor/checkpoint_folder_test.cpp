@@ -113,7 +113,7 @@ TEST_CASE("checkpoint folder: a good one-rank checkpoint is found", "[checkpoint
   CHECK(found->name == "step-00000003");
 }
 
-TEST_CASE("checkpoint folder: a shard or manifest that is a link, a FIFO or a device is refused unread", "[checkpoint][folder]") {
+TEST_CASE("checkpoint folder: a shard or manifest that is a link or a FIFO or a device is refused unread", "[checkpoint][folder]") {
   TempDir tmp;
   const std::string shard = shard_bytes(nullptr);
   const fs::path folder = write_checkpoint(tmp.path(), shard);
@@ -220,7 +220,7 @@ TEST_CASE("safetensors: a negative or overflowing dimension is refused by name b
   CHECK(parse_safetensors_header(with_shape("[2]")).entries.size() == 1);
 }
 
-TEST_CASE("checkpoint folder: one run holds the lock; a second is refused naming it, a file is no folder", "[checkpoint][folder]") {
+TEST_CASE("checkpoint folder: one run holds the lock and a second is refused naming it and a file is no folder", "[checkpoint][folder]") {
   TempDir tmp;
   const std::string dir = (tmp.path() / "ck").string();
   {

@@ -52,6 +52,15 @@ std::string step_folder(const fs::path& dir, int step) {
   return (dir / name).string();
 }
 
+// Whether the save of `step` has begun: its hidden folder .step-N.partial-TOKEN, or (done) step-N.
+bool save_started(const fs::path& dir, int step) {
+  const std::string partial = "." + fs::path(step_folder(dir, step)).filename().string() + ".partial-";
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.path().filename().string().rfind(partial, 0) == 0) return true;
+  return fs::exists(step_folder(dir, step));
+}
+
 // The table's rows: the losses after the resume point, uninterrupted against resumed.
 double print_table(const std::string& what, const std::vector<double>& full, const std::vector<double>& resumed,
                    int first_step) {
@@ -347,7 +356,7 @@ TEST_CASE("a rank killed during a save leaves the previous checkpoint which the 
     }
   }
   REQUIRE(rank1 > 0);
-  // Catch rank 1 inside a save: when a save's folder appears, stop rank 1 (SIGSTOP) and give rank 0
+  // Catch rank 1 inside a save: when a save's (hidden, partial) folder appears, stop rank 1 (SIGSTOP) and give rank 0
   // 0.8 s (under the launcher's 1.5 s heartbeat limit, so a let-go rank is not taken for dead); no
   // manifest then means rank 1 had not reported its shard, so it is killed there.
   // A save that was already complete (a tiny model saves in milliseconds) is let go (SIGCONT) and
@@ -355,9 +364,9 @@ TEST_CASE("a rank killed during a save leaves the previous checkpoint which the 
   int killed_at = 0;
   for (int step = 4; step <= 40 && killed_at == 0; step += 2) {
     const auto started = std::chrono::steady_clock::now();
-    while (!fs::exists(step_folder(ckpt, step)) && std::chrono::steady_clock::now() - started < std::chrono::seconds(60))
+    while (!save_started(ckpt, step) && std::chrono::steady_clock::now() - started < std::chrono::seconds(60))
       std::this_thread::yield();
-    REQUIRE(fs::exists(step_folder(ckpt, step)));
+    REQUIRE(save_started(ckpt, step));
     REQUIRE(::kill(rank1, SIGSTOP) == 0);
     std::this_thread::sleep_for(std::chrono::milliseconds(800));
     if (fs::exists(fs::path(step_folder(ckpt, step)) / "manifest.json")) {

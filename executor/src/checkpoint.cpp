@@ -3,6 +3,8 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -15,6 +17,12 @@
 #include <set>
 #include <thread>
 #include <tuple>
+#include <utility>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -29,10 +37,6 @@ namespace {
 using Seconds = std::chrono::duration<double>;
 using Clock = std::chrono::steady_clock;
 
-constexpr const char* kManifest = "manifest.json";
-constexpr const char* kMetadataKey = "dplan_checkpoint";
-// The tensors a piece may have, by kind.
-constexpr const char* kKinds[] = {"weight", "master", "exp_avg", "exp_avg_sq"};
 
 // zlib's CRC-32 (the IEEE polynomial of gzip and PNG), in chunks: zlib takes a uInt length.
 uint32_t crc32_of(const std::string& bytes) {
@@ -49,41 +53,6 @@ std::string hex32(uint32_t x) {
   char buf[16];
   std::snprintf(buf, sizeof buf, "%08x", x);
   return buf;
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError("cannot read " + path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-json slice_to_json(const GlobalSlice& s) {
-  json sections = json::array();
-  for (const auto& sec : s.sections_or_whole()) sections.push_back({sec.length, sec.padded});
-  return {{"shape", s.shape}, {"dim", s.dim}, {"parts", s.parts}, {"index", s.index}, {"sections", sections}};
-}
-
-// The local tensor's shape for `slice`.
-std::vector<int64_t> local_shape(const GlobalSlice& s) {
-  std::vector<int64_t> shape = s.shape;
-  int64_t along = 0;
-  for (const auto& sec : s.sections_or_whole()) along += sec.padded / s.parts;
-  shape.at(s.dim) = along;
-  return shape;
-}
-
-// How many leading elements of the flattened local tensor are the global tensor's: all of them,
-// except where a padded section (the vocabulary padded to a multiple of tp, split along dim 0) puts
-// padding rows at the end of the last slices. Padding is not written: each slice's elements past
-// this count are zeros, and stay zeros (no token reaches them).
-int64_t real_elements(const GlobalSlice& s) {
-  const std::vector<int64_t> shape = local_shape(s);
-  const int64_t numel = c10::multiply_integers(shape);
-  const auto sections = s.sections_or_whole();
-  if (s.dim != 0 || sections.size() != 1 || sections[0].padded == sections[0].length || shape[0] == 0) return numel;
-  const int64_t chunk = sections[0].padded / s.parts;
-  const int64_t rows = std::clamp<int64_t>(sections[0].length - s.index * chunk, 0, chunk);
-  return rows * (numel / shape[0]);
 }
 
 // The CPU generator's state and, on CUDA, the device's: the streams dropout draws from.
@@ -174,224 +143,101 @@ std::string report_key(int step, int rank) {
   return "dplan/checkpoint/" + std::to_string(step) + "/" + std::to_string(rank);
 }
 
-// Steps of the folders DIR/step-N, newest first.
-std::vector<std::pair<int, fs::path>> step_folders(const std::string& dir) {
-  std::vector<std::pair<int, fs::path>> out;
+// The entries DIR/step-N, newest first; `folder`: a folder itself (not a link to one, not a file).
+struct StepEntry {
+  int step = 0;
+  std::string name;
+  bool folder = false;
+};
+std::vector<StepEntry> step_entries(const std::string& dir) {
+  std::vector<StepEntry> out;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.size() != 13 || name.rfind("step-", 0) != 0 || !entry.is_directory()) continue;
-    if (name.find_first_not_of("0123456789", 5) != std::string::npos) continue;
-    out.emplace_back(std::stoi(name.substr(5)), entry.path());
+    const int step = step_of_folder_name(name);
+    if (step < 0) continue;
+    std::error_code type_ec;
+    out.push_back({step, name, entry.symlink_status(type_ec).type() == fs::file_type::directory});
   }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::sort(out.begin(), out.end(), [](const StepEntry& a, const StepEntry& b) { return a.step > b.step; });
   return out;
 }
 
+// A file descriptor, closed when it goes.
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f) : fd(f) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+std::string errno_text() { return std::strerror(errno); }
+
+// The folder DIR/`name` (made when missing), opened without following a link: a link or a file
+// planted there is refused, never written through.
+Fd open_own_folder(int dir_fd, const std::string& dir, const std::string& name) {
+  if (::mkdirat(dir_fd, name.c_str(), 0777) != 0 && errno != EEXIST)
+    throw InputError("checkpoint folder " + dir + ": cannot make " + name + " (" + errno_text() + ")");
+  Fd fd(::openat(dir_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (fd.fd < 0)
+    throw InputError("checkpoint folder " + dir + ": " + name + " is not a folder dplan made (" + errno_text() +
+                     "); remove it");
+  return Fd(std::exchange(fd.fd, -1));
+}
+
+// `bytes` as `name` in the folder open as `dir_fd`: a new file under a temporary name (O_EXCL,
+// O_NOFOLLOW), synced, then renamed over `name`, which replaces a link there rather than writing
+// through it.
+void write_in_folder(int dir_fd, const std::string& folder, const std::string& name, const std::string& bytes) {
+  const std::string tmp = "." + name + ".tmp-" + std::to_string(::getpid());
+  ::unlinkat(dir_fd, tmp.c_str(), 0);  // a leftover of this pid's crashed save
+  auto fail = [&](const std::string& what) {
+    const std::string text = "checkpoint " + folder + ": cannot write " + name + " (" + what + ")";
+    ::unlinkat(dir_fd, tmp.c_str(), 0);
+    throw InputError(text);
+  };
+  {
+    Fd fd(::openat(dir_fd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666));
+    if (fd.fd < 0) fail(errno_text());
+    for (size_t at = 0; at < bytes.size();) {
+      const ssize_t n = ::write(fd.fd, bytes.data() + at, bytes.size() - at);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) fail(errno_text());
+      at += static_cast<size_t>(n);
+    }
+    if (::fsync(fd.fd) != 0) fail(errno_text());
+  }
+  if (::renameat(dir_fd, tmp.c_str(), dir_fd, name.c_str()) != 0) fail(errno_text());
+}
+
+// Whether DIR/`name` is a checkpoint dplan completed: a folder (not a link) whose manifest, a
+// regular file, reads strictly and names its step.
+bool is_complete_checkpoint(const std::string& dir, const std::string& name) {
+  try {
+    const std::string folder = (fs::path(dir) / name).string();
+    const CheckpointManifest m = manifest_from_text(
+        read_checkpoint_file(dir, name, kManifestName, kMaxManifestBytes, -1, kManifestName),
+        (fs::path(folder) / kManifestName).string());
+    return step_folder_name(m.step) == name;
+  } catch (const InputError&) {
+    return false;
+  }
+}
+
+// The hidden folder a save writes into before rank 0 renames it DIR/step-N.
+std::string partial_folder_name(int step, const std::string& token) { return "." + step_folder_name(step) + ".partial-" + token; }
+
 }  // namespace
 
-std::string checkpoint_folder(const std::string& dir, int step) {
-  char name[32];
-  std::snprintf(name, sizeof name, "step-%08d", step);
-  return (fs::path(dir) / name).string();
-}
-
-std::string shard_file_name(int rank) {
-  char name[40];
-  std::snprintf(name, sizeof name, "rank-%05d.safetensors", rank);
-  return name;
-}
-
 json checkpoint_plan_info(const std::string& plan_path) {
-  const json plan = json::parse(read_bytes(plan_path));
+  const json plan = json::parse(read_text_file(plan_path));
   json info = {{"path", plan_path}, {"model", plan.at("model")}, {"parallel", plan.at("parallel")},
                {"global_batch", plan.at("training").at("global_batch")}, {"seq_len", plan.at("training").at("seq_len")}};
   if (plan.contains("rank_layout")) info["rank_layout"] = plan["rank_layout"];
   return info;
-}
-
-json to_json(const ManifestShard& s) {
-  return {{"rank", s.rank},           {"file", s.file},     {"bytes", s.bytes}, {"crc32", s.crc32},
-          {"state_bytes", s.state_bytes}, {"params", s.params}};
-}
-
-json to_json(const CheckpointManifest& m) {
-  json shards = json::array();
-  for (const ManifestShard& s : m.shards) shards.push_back(to_json(s));
-  return {{"format_version", kCheckpointFormatVersion},
-          {"step", m.step},
-          {"world_size", m.world_size},
-          {"plan", m.plan},
-          {"data", {{"epoch", m.epoch}, {"samples", m.samples}}},
-          {"checksum", "crc32 (zlib)"},
-          {"state_bytes", m.state_bytes},
-          {"file_bytes", m.file_bytes},
-          {"shards", shards}};
-}
-
-namespace {
-constexpr long long kMaxBytes = std::numeric_limits<int64_t>::max();
-
-// A JSON list at `key`, each element read by `item(element, its pointer)`.
-template <typename Item>
-auto read_list(ObjectReader& r, const std::string& pointer, const std::string& key, Item item) {
-  const json& list = r.raw(key);
-  if (!list.is_array()) r.fail(key, "a list");
-  std::vector<decltype(item(list[0], std::string()))> out;
-  for (size_t i = 0; i < list.size(); ++i) out.push_back(item(list[i], pointer + "/" + key + "/" + std::to_string(i)));
-  return out;
-}
-}  // namespace
-
-ManifestShard manifest_shard_from_json(const json& j, const std::string& file, const std::string& pointer) {
-  if (!j.is_object()) throw InputError(file + ": " + pointer + ": expected an object, got " + describe_json_value(j));
-  ObjectReader r(j, file, pointer);
-  ManifestShard s;
-  s.rank = r.non_negative_int("rank");
-  s.file = r.string("file");
-  if (s.file != shard_file_name(s.rank)) r.fail("file", "\"" + shard_file_name(s.rank) + "\" (rank " + std::to_string(s.rank) + "'s shard)");
-  s.bytes = r.int_in("bytes", 0, kMaxBytes);
-  s.crc32 = r.string("crc32");
-  if (s.crc32.size() != 8 || s.crc32.find_first_not_of("0123456789abcdef") != std::string::npos)
-    r.fail("crc32", "8 lowercase hex digits");
-  s.state_bytes = r.int_in("state_bytes", 0, kMaxBytes);
-  s.params = read_list(r, pointer, "params", [&](const json& name, const std::string& at) {
-    if (!name.is_string() || !is_printable_text(name.get<std::string>()))
-      throw InputError(file + ": " + at + ": expected a parameter name, got " + describe_json_value(name));
-    return name.get<std::string>();
-  });
-  r.finish();
-  return s;
-}
-
-CheckpointManifest manifest_from_json(const json& j, const std::string& file) {
-  if (!j.is_object()) throw InputError(file + ": /: expected an object, got " + describe_json_value(j));
-  ObjectReader r(j, file);
-  const long long version = r.int_in("format_version", 1, std::numeric_limits<int>::max());
-  if (version > kCheckpointFormatVersion)
-    r.fail("format_version", std::to_string(kCheckpointFormatVersion) + " (a newer dplan wrote this checkpoint)");
-  CheckpointManifest m;
-  m.step = r.non_negative_int("step");
-  m.world_size = r.positive_int("world_size");
-  m.plan = r.raw("plan");
-  {
-    ObjectReader plan = r.object("plan");
-    plan.string("path");
-    if (!plan.raw("model").is_object()) plan.fail("model", "an object");
-    if (!plan.raw("parallel").is_object()) plan.fail("parallel", "an object");
-    plan.positive_int("global_batch");
-    plan.positive_int("seq_len");
-    if (plan.has("rank_layout") && !plan.raw("rank_layout").is_object()) plan.fail("rank_layout", "an object");
-    plan.finish();
-  }
-  {
-    ObjectReader data = r.object("data");
-    m.epoch = data.non_negative_int("epoch");
-    m.samples = data.int_in("samples", 0, kMaxBytes);
-    data.finish();
-  }
-  r.one_of("checksum", {"crc32 (zlib)"});
-  m.state_bytes = r.int_in("state_bytes", 0, kMaxBytes);
-  m.file_bytes = r.int_in("file_bytes", 0, kMaxBytes);
-  m.shards = read_list(r, "", "shards", [&](const json& shard, const std::string& at) {
-    return manifest_shard_from_json(shard, file, at);
-  });
-  r.finish();
-  if (static_cast<int>(m.shards.size()) != m.world_size)
-    throw InputError(file + ": /shards: expected " + std::to_string(m.world_size) + " shards (world_size), got " +
-                     std::to_string(m.shards.size()));
-  int64_t state = 0, bytes = 0;
-  for (size_t i = 0; i < m.shards.size(); ++i) {
-    if (m.shards[i].rank != static_cast<int>(i))
-      throw InputError(file + ": /shards/" + std::to_string(i) + "/rank: expected " + std::to_string(i) + " (rank order), got " +
-                       std::to_string(m.shards[i].rank));
-    state += m.shards[i].state_bytes;
-    bytes += m.shards[i].bytes;
-  }
-  if (state != m.state_bytes) r.fail("state_bytes", std::to_string(state) + " (the shards' sum)");
-  if (bytes != m.file_bytes) r.fail("file_bytes", std::to_string(bytes) + " (the shards' sum)");
-  return m;
-}
-
-namespace {
-// A slice (gpt.h GlobalSlice) as slice_to_json writes it; the slice must lie in its tensor.
-GlobalSlice slice_from_json(const json& j, const std::string& file, const std::string& pointer) {
-  if (!j.is_object()) throw InputError(file + ": " + pointer + ": expected an object, got " + describe_json_value(j));
-  ObjectReader r(j, file, pointer);
-  GlobalSlice s;
-  s.shape = read_list(r, pointer, "shape", [&](const json& d, const std::string& at) {
-    if (!d.is_number_integer() || d.get<int64_t>() < 0)
-      throw InputError(file + ": " + at + ": expected a dimension, got " + describe_json_value(d));
-    return d.get<int64_t>();
-  });
-  if (s.shape.empty()) r.fail("shape", "a tensor's shape (one dimension at least)");
-  s.dim = static_cast<int>(r.int_in("dim", 0, static_cast<long long>(s.shape.size()) - 1));
-  s.parts = static_cast<int>(r.int_in("parts", 1, std::numeric_limits<int>::max()));
-  s.index = static_cast<int>(r.int_in("index", 0, s.parts - 1));
-  s.sections = read_list(r, pointer, "sections", [&](const json& sec, const std::string& at) {
-    if (!sec.is_array() || sec.size() != 2 || !sec[0].is_number_integer() || !sec[1].is_number_integer() ||
-        sec[0].get<int64_t>() < 0 || sec[1].get<int64_t>() < sec[0].get<int64_t>())
-      throw InputError(file + ": " + at + ": expected [length, padded] with padded >= length, got " +
-                       describe_json_value(sec));
-    return GlobalSlice::Section{sec[0].get<int64_t>(), sec[1].get<int64_t>()};
-  });
-  // One unpadded section over the whole dim is what an empty list means (gpt.h).
-  if (s.sections == std::vector<GlobalSlice::Section>{{s.shape[s.dim], s.shape[s.dim]}}) s.sections.clear();
-  r.finish();
-  return s;
-}
-
-ShardPiece shard_piece_from_json(const json& j, const std::string& file, const std::string& pointer) {
-  if (!j.is_object()) throw InputError(file + ": " + pointer + ": expected an object, got " + describe_json_value(j));
-  ObjectReader r(j, file, pointer);
-  ShardPiece p;
-  p.name = r.string("name");
-  p.slice = slice_from_json(r.raw("slice"), file, pointer + "/slice");
-  p.lo = r.int_in("lo", 0, kMaxBytes);
-  p.n = r.int_in("n", 0, kMaxBytes);
-  ObjectReader tensors = r.object("tensors");
-  for (const auto& [kind, name] : r.raw("tensors").items()) p.tensors[kind] = tensors.string(kind);
-  tensors.finish();
-  p.optimizer_step = r.non_negative_int("optimizer_step");
-  r.finish();
-  return p;
-}
-}  // namespace
-
-json to_json(const ShardMetadata& m) {
-  json pieces = json::array();
-  for (const ShardPiece& p : m.pieces)
-    pieces.push_back({{"name", p.name}, {"slice", slice_to_json(p.slice)}, {"lo", p.lo}, {"n", p.n},
-                      {"tensors", p.tensors}, {"optimizer_step", p.optimizer_step}});
-  return {{"format_version", kCheckpointFormatVersion}, {"step", m.step}, {"rank", m.rank}, {"world", m.world},
-          {"plan", m.plan}, {"data", {{"epoch", m.epoch}, {"samples", m.samples}}}, {"rng", m.rng}, {"pieces", pieces}};
-}
-
-ShardMetadata shard_metadata_from_json(const json& j, const std::string& file) {
-  if (!j.is_object()) throw InputError(file + ": /: expected an object, got " + describe_json_value(j));
-  ObjectReader r(j, file);
-  const long long version = r.int_in("format_version", 1, std::numeric_limits<int>::max());
-  if (version > kCheckpointFormatVersion)
-    r.fail("format_version", std::to_string(kCheckpointFormatVersion) + " (a newer dplan wrote this checkpoint)");
-  ShardMetadata m;
-  m.step = static_cast<int>(r.non_negative_int("step"));
-  m.world = static_cast<int>(r.positive_int("world"));
-  m.rank = static_cast<int>(r.int_in("rank", 0, m.world - 1));
-  r.object("plan");  // the manifest's copy is the one compared (checkpoint_plan_info)
-  m.plan = r.raw("plan");
-  ObjectReader data = r.object("data");
-  m.epoch = static_cast<int>(data.int_in("epoch", -1, std::numeric_limits<int>::max()));
-  m.samples = data.int_in("samples", 0, kMaxBytes);
-  data.finish();
-  m.rng = read_list(r, "", "rng", [&](const json& name, const std::string& at) {
-    if (!name.is_string()) throw InputError(file + ": " + at + ": expected a tensor name, got " + describe_json_value(name));
-    return name.get<std::string>();
-  });
-  m.pieces = read_list(r, "", "pieces", [&](const json& piece, const std::string& at) {
-    return shard_piece_from_json(piece, file, at);
-  });
-  r.finish();
-  return m;
 }
 
 at::Tensor local_from_global(const at::Tensor& global, const GlobalSlice& s) {
@@ -433,27 +279,33 @@ struct Checkpointer::Impl {
   int rank = 0, world = 1;
   c10::intrusive_ptr<c10d::Store> store;
   json plan_info;
+  std::string token;  // this run's: names its saves' hidden folders
   std::thread writer;
   std::exception_ptr failure;
   mutable std::mutex mutex;
   std::vector<SaveRecord> records;
 
+  // This rank's shard into the save's hidden folder DIR/.step-N.partial-TOKEN, its report to rank 0.
   void write(HostShard shard) {
     const auto start = Clock::now();
-    const std::string folder = checkpoint_folder(dir, shard.step);
-    fs::create_directories(folder);
     const std::string bytes =
-        safetensors_bytes(shard.tensors, {{"format", "pt"}, {kMetadataKey, to_json(shard.metadata).dump()}});
+        safetensors_bytes(shard.tensors, {{"format", "pt"}, {kShardMetadataKey, to_json(shard.metadata).dump()}});
     shard.tensors.clear();  // the host copy goes as soon as it is serialised
     const std::string file = shard_file_name(rank);
-    write_file_atomically((fs::path(folder) / file).string(), bytes);
+    const std::string partial = partial_folder_name(shard.step, token);
+    {
+      Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+      if (dir_fd.fd < 0) throw InputError("--checkpoint-dir " + dir + ": cannot open it (" + errno_text() + ")");
+      Fd partial_fd = open_own_folder(dir_fd.fd, dir, partial);
+      write_in_folder(partial_fd.fd, (fs::path(dir) / partial).string(), file, bytes);
+    }
     ManifestShard report{rank, file, hex32(crc32_of(bytes)), static_cast<int64_t>(bytes.size()), shard.state_bytes, {}};
     std::set<std::string> names;
     for (const ShardPiece& p : shard.metadata.pieces) names.insert(p.name);
     report.params.assign(names.begin(), names.end());
     const std::string text = to_json(report).dump();
     store->set(report_key(shard.step, rank), std::vector<uint8_t>(text.begin(), text.end()));
-    if (rank == 0) write_manifest(shard, folder);
+    if (rank == 0) write_manifest(shard);
     SaveRecord rec;
     rec.step = shard.step;
     rec.blocking_s = shard.blocking_s;
@@ -466,8 +318,10 @@ struct Checkpointer::Impl {
   }
 
   // Rank 0: every rank's report (store.get waits for it, up to the store's timeout), then the
-  // manifest, atomically and last; then the checkpoints beyond the newest `keep` go.
-  void write_manifest(const HostShard& shard, const std::string& folder) {
+  // manifest, last, into the hidden folder, which then becomes DIR/step-N in one rename (an
+  // exchange with what was there: a complete checkpoint of an earlier run, or a link, which goes;
+  // anything else there is refused). Then the complete checkpoints beyond the newest `keep` go.
+  void write_manifest(const HostShard& shard) {
     CheckpointManifest manifest;
     manifest.step = shard.step;
     manifest.world_size = world;
@@ -481,27 +335,103 @@ struct Checkpointer::Impl {
       manifest.state_bytes += manifest.shards.back().state_bytes;
       manifest.file_bytes += manifest.shards.back().bytes;
     }
-    write_file_atomically((fs::path(folder) / kManifest).string(), to_json(manifest).dump(1) + "\n");
-    // Keep the newest `keep` complete checkpoints; older folders (complete or not) go, only now
-    // that the new manifest exists.
+    const std::string partial = partial_folder_name(shard.step, token), name = step_folder_name(shard.step);
+    Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (dir_fd.fd < 0) throw InputError("--checkpoint-dir " + dir + ": cannot open it (" + errno_text() + ")");
+    {
+      Fd partial_fd = open_own_folder(dir_fd.fd, dir, partial);
+      write_in_folder(partial_fd.fd, (fs::path(dir) / partial).string(), kManifestName, to_json(manifest).dump(1) + "\n");
+    }
+    const std::string target = (fs::path(dir) / name).string();
+    struct stat st {};
+    if (::fstatat(dir_fd.fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (::renameat(dir_fd.fd, partial.c_str(), dir_fd.fd, name.c_str()) != 0)
+        throw InputError("checkpoint " + target + ": cannot rename " + partial + " to it (" + errno_text() + ")");
+    } else {
+      if (!S_ISLNK(st.st_mode) && !(S_ISDIR(st.st_mode) && is_complete_checkpoint(dir, name)))
+        throw InputError("checkpoint " + target + " exists and is not a checkpoint dplan wrote; move it away (this save is in " +
+                         (fs::path(dir) / partial).string() + ")");
+      if (::renameat2(dir_fd.fd, partial.c_str(), dir_fd.fd, name.c_str(), RENAME_EXCHANGE) != 0)
+        throw InputError("checkpoint " + target + ": cannot replace it with " + partial + " (" + errno_text() + ")");
+      std::error_code ec;
+      fs::remove_all(fs::path(dir) / partial, ec);  // what was there (a link itself, not its target)
+    }
+    // Keep the newest `keep` complete checkpoints; only complete ones (folders whose manifest reads)
+    // go, and only now that the new one is in place. A folder step-N dplan did not complete, or a
+    // link, is not ours to remove.
     int complete = 0;
-    for (const auto& [step, path] : step_folders(dir)) {
-      if (step > shard.step) continue;  // a later folder of an earlier run: not ours to judge
-      if (complete < keep && fs::exists(path / kManifest)) {
-        ++complete;
-        continue;
-      }
-      if (complete >= keep) {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-      }
+    for (const StepEntry& e : step_entries(dir)) {
+      if (e.step > shard.step || !e.folder || !is_complete_checkpoint(dir, e.name)) continue;  // later: an earlier run's
+      if (++complete <= keep) continue;
+      std::error_code ec;
+      fs::remove_all(fs::path(dir) / e.name, ec);
     }
   }
 };
 
+CheckpointFolderLock::CheckpointFolderLock(const std::string& dir) {
+  std::error_code ec;
+  const auto type = fs::status(dir, ec).type();
+  if (type != fs::file_type::not_found && type != fs::file_type::directory && !ec)
+    throw InputError("--checkpoint-dir " + dir + " is a " +
+                     (type == fs::file_type::regular ? std::string("regular file") : std::string("special file")) +
+                     ", not a folder; give a folder (it is made when missing)");
+  if (!fs::create_directories(dir, ec) && ec)
+    throw InputError("--checkpoint-dir " + dir + ": cannot make it (" + ec.message() + ")");
+  const std::string path = (fs::path(dir) / kLockFileName).string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0666);
+  if (fd_ < 0)
+    throw InputError("--checkpoint-dir " + dir + ": cannot open its lock file " + kLockFileName + " (" + errno_text() +
+                     (errno == ELOOP ? ": it is a link; remove it" : "") + ")");
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    throw InputError("--checkpoint-dir " + dir + ": its lock file " + kLockFileName + " is a " + file_kind(st.st_mode) +
+                     "; remove it");
+  }
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    char holder[256] = {};
+    const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
+    std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : std::string();
+    who = who.substr(0, who.find('\n'));
+    ::close(fd_);
+    throw InputError("--checkpoint-dir " + dir + " is in use by another run (" +
+                     (who.empty() ? std::string("its lock is held") : quote_for_message(who)) +
+                     "); wait for it to end or give another folder");
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string text = std::string(host) + " pid " + std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
+    ::close(fd_);
+    throw InputError("--checkpoint-dir " + dir + ": cannot write its lock file (" + errno_text() + ")");
+  }
+  token_ = std::to_string(::getpid()) + "-" +
+           std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(
+                              std::chrono::system_clock::now().time_since_epoch()).count());
+}
+
+void check_save_targets(const std::string& dir, int steps, int save_every) {
+  if (save_every <= 0) return;
+  for (const StepEntry& e : step_entries(dir)) {
+    if (e.step > steps || e.step % save_every != 0) continue;
+    struct stat st {};
+    const std::string path = (fs::path(dir) / e.name).string();
+    if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) continue;  // replaced, never followed
+    if (!e.folder || !is_complete_checkpoint(dir, e.name))
+      throw InputError("--checkpoint-dir " + dir + ": " + e.name + " is not a checkpoint dplan completed, and this run " +
+                       "saves step " + std::to_string(e.step) + " there; move it away or give another folder");
+  }
+}
+
+CheckpointFolderLock::~CheckpointFolderLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
 Checkpointer::Checkpointer(std::string dir, int keep, bool async, int rank, int world,
-                           c10::intrusive_ptr<c10d::Store> store, json plan_info)
+                           c10::intrusive_ptr<c10d::Store> store, json plan_info, std::string token)
     : impl_(std::make_unique<Impl>()) {
+  impl_->token = std::move(token);
   impl_->dir = std::move(dir);
   impl_->keep = keep;
   impl_->async = async;
@@ -551,43 +481,60 @@ std::vector<SaveRecord> Checkpointer::records() const {
   return impl_->records;
 }
 
+namespace {
+// A shard's bytes against the manifest's CRC-32: InputError naming the shard when they differ.
+void check_crc(const std::string& bytes, const ManifestShard& shard, const std::string& folder) {
+  const std::string crc = hex32(crc32_of(bytes));
+  if (crc != shard.crc32)
+    throw InputError("checkpoint " + folder + ": shard " + shard.file + " is damaged: its CRC-32 is " + crc +
+                     ", the manifest says " + shard.crc32 + "; remove " + folder + " to resume from an earlier checkpoint");
+}
+
+// A shard's safetensors header, malformed ones as one InputError line naming the shard.
+SafetensorsHeader parse_header(const std::string& bytes, const std::string& folder, const std::string& file) {
+  try {
+    return parse_safetensors_header(bytes);
+  } catch (const std::invalid_argument& e) {
+    throw InputError("checkpoint " + folder + ": shard " + file + ": " + e.what());
+  }
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 std::optional<FoundCheckpoint> find_checkpoint(const std::string& dir, bool verify_checksums) {
   if (!fs::is_directory(dir)) throw InputError("--resume " + dir + ": no such folder");
-  for (const auto& [step, path] : step_folders(dir)) {
-    const fs::path manifest_path = path / kManifest;
-    if (!fs::exists(manifest_path)) continue;  // incomplete: does not exist for resume
-    json text;
-    try {
-      text = json::parse(read_bytes(manifest_path.string()));
-    } catch (const json::exception& e) {
-      throw InputError(manifest_path.string() + ": malformed manifest (" + e.what() + ")");
-    }
-    const CheckpointManifest manifest = manifest_from_json(text, manifest_path.string());
-    if (manifest.step != step)
-      throw InputError(manifest_path.string() + ": /step: expected " + std::to_string(step) + " (its folder's), got " +
+  for (const StepEntry& e : step_entries(dir)) {
+    const std::string folder = (fs::path(dir) / e.name).string();
+    if (!e.folder)
+      throw InputError("checkpoint " + folder + " is not a folder dplan wrote (a link or a file); remove it");
+    const std::string manifest_path = (fs::path(folder) / kManifestName).string();
+    struct stat st {};
+    if (::lstat(manifest_path.c_str(), &st) != 0 && errno == ENOENT) continue;  // incomplete: does not exist for resume
+    const CheckpointManifest manifest = manifest_from_text(
+        read_checkpoint_file(dir, e.name, kManifestName, kMaxManifestBytes, -1, kManifestName), manifest_path);
+    if (manifest.step != e.step)
+      throw InputError(manifest_path + ": /step: expected " + std::to_string(e.step) + " (its folder's), got " +
                        std::to_string(manifest.step));
+    // Every shard's kind and size first (cheap), before any checksum.
     for (const ManifestShard& shard : manifest.shards) {
-      const std::string& file = shard.file;
-      const fs::path shard_path = path / file;
-      std::error_code ec;
-      const auto size = fs::file_size(shard_path, ec);
-      if (ec)
-        throw InputError("checkpoint " + path.string() + ": shard " + file + " is missing; remove " + path.string() +
-                         " to resume from an earlier checkpoint");
-      if (static_cast<int64_t>(size) != shard.bytes)
-        throw InputError("checkpoint " + path.string() + ": shard " + file + " has " + std::to_string(size) +
-                         " bytes, the manifest says " + std::to_string(shard.bytes) + "; remove " + path.string() +
-                         " to resume from an earlier checkpoint");
-      if (verify_checksums) {
-        const std::string crc = hex32(crc32_of(read_bytes(shard_path.string())));
-        if (crc != shard.crc32)
-          throw InputError("checkpoint " + path.string() + ": shard " + file + " is damaged: its CRC-32 is " + crc +
-                           ", the manifest says " + shard.crc32 + "; remove " + path.string() +
-                           " to resume from an earlier checkpoint");
-      }
+      const std::string where = "checkpoint " + folder + ": shard " + shard.file;
+      struct stat shard_st {};
+      if (::lstat((fs::path(folder) / shard.file).c_str(), &shard_st) != 0)
+        throw InputError(where + " is missing; remove " + folder + " to resume from an earlier checkpoint");
+      if (!S_ISREG(shard_st.st_mode))
+        throw InputError(where + " is a " + file_kind(shard_st.st_mode) + "; dplan reads only the regular files it wrote there");
+      if (static_cast<int64_t>(shard_st.st_size) != shard.bytes)
+        throw InputError(where + " has " + std::to_string(shard_st.st_size) + " bytes, the manifest says " +
+                         std::to_string(shard.bytes) + "; remove " + folder + " to resume from an earlier checkpoint");
     }
-    return FoundCheckpoint{path.string(), step, manifest};
+    for (const ManifestShard& shard : manifest.shards) {
+      if (!verify_checksums) break;
+      const std::string bytes = read_checkpoint_file(dir, e.name, shard.file, shard.bytes, shard.bytes, "shard " + shard.file);
+      check_crc(bytes, shard, folder);
+      check_shard(parse_header(bytes, folder, shard.file), manifest, shard, folder);
+    }
+    return FoundCheckpoint{folder, e.step, e.name, manifest};
   }
   return std::nullopt;
 }
@@ -599,6 +546,7 @@ struct Local {
   GlobalSlice slice;
   std::map<std::string, at::Tensor> flat;
   int64_t covered = 0, numel = 0, real = 0;  // real: the elements that are not padding
+  std::map<int64_t, int64_t> ranges;         // the pieces' [lo, lo + n), by lo
 };
 using Locals = std::map<std::tuple<std::string, int, int>, Local>;
 using Globals = std::map<std::string, std::map<std::string, at::Tensor>>;  // name -> kind -> tensor
@@ -619,18 +567,6 @@ bool same_layout_as_saved(const FoundCheckpoint& found, int world, const json& p
          m.plan.value("rank_layout", json()) == plan_info.value("rank_layout", json());
 }
 
-// A shard's metadata: present, JSON, and read strictly (shard_metadata_from_json).
-ShardMetadata shard_metadata(const std::string& folder, const std::string& file,
-                             const std::map<std::string, std::string>& metadata) {
-  const std::string where = "checkpoint " + folder + ": shard " + file;
-  auto it = metadata.find(kMetadataKey);
-  if (it == metadata.end())
-    throw InputError(where + ": no \"" + std::string(kMetadataKey) + "\" metadata (not a shard dplan wrote)");
-  const json j = json::parse(it->second, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw InputError(where + ": its \"" + std::string(kMetadataKey) + "\" metadata is not JSON");
-  return shard_metadata_from_json(j, (fs::path(folder) / file).string());
-}
-
 // Every piece of the needed parameters from the shards that hold them (their checksums checked);
 // restores this rank's RNG states from its own shard when the layout is the saved one. Returns the
 // optimizer's step count.
@@ -643,28 +579,18 @@ int64_t read_pieces(const FoundCheckpoint& found, const std::set<std::string>& n
     bool wanted = mine;
     for (const std::string& name : shard.params) wanted = wanted || needed.count(name) > 0;
     if (!wanted) continue;
-    const std::string path = (fs::path(found.folder) / file).string();
-    const std::string bytes = read_bytes(path);
-    if (hex32(crc32_of(bytes)) != shard.crc32)
-      throw InputError("checkpoint " + found.folder + ": shard " + file + " is damaged: its CRC-32 does not match the manifest's");
-    std::map<std::string, std::string> metadata;
-    NamedTensors tensors;
-    try {
-      tensors = parse_safetensors(bytes, &metadata);
-    } catch (const std::invalid_argument& e) {
-      throw InputError("checkpoint " + found.folder + ": shard " + file + ": " + e.what());
-    }
+    const std::string bytes =
+        read_checkpoint_file(fs::path(found.folder).parent_path().string(), found.name, file, shard.bytes, shard.bytes,
+                             "shard " + file);
+    check_crc(bytes, shard, found.folder);
+    // Everything the loader relies on, checked on the header before a tensor is made.
+    const ShardMetadata meta = check_shard(parse_header(bytes, found.folder, file), found.manifest, shard, found.folder);
+    const NamedTensors tensors = parse_safetensors(bytes);
     std::map<std::string, at::Tensor> by_name(tensors.begin(), tensors.end());
-    const ShardMetadata meta = shard_metadata(found.folder, file, metadata);
-    auto tensor = [&](const std::string& name) -> const at::Tensor& {
-      auto it = by_name.find(name);
-      if (it == by_name.end())
-        throw InputError("checkpoint " + found.folder + ": shard " + file + ": its metadata names a tensor \"" +
-                         quote_for_message(name) + "\" that it does not hold");
-      return it->second;
-    };
+    auto tensor = [&](const std::string& name) -> const at::Tensor& { return by_name.at(name); };  // check_shard: present
     if (mine)
-      for (const std::string& name : meta.rng) set_rng_state(name, tensor(name), state.device);
+      for (const std::string& name : meta.rng)
+        if (name == "rng.cpu" || state.device.is_cuda()) set_rng_state(name, tensor(name), state.device);
     for (const ShardPiece& piece : meta.pieces) {
       const std::string& name = piece.name;
       if (!needed.count(name)) continue;
@@ -675,13 +601,15 @@ int64_t read_pieces(const FoundCheckpoint& found, const std::set<std::string>& n
         local.numel = c10::multiply_integers(local_shape(slice));
         local.real = real_elements(slice);
       }
-      const int64_t lo = piece.lo, n = piece.n;
-      if (lo + n > local.numel) throw InputError("checkpoint " + found.folder + ": shard " + file + ": a piece of " + name + " outside its tensor");
+      if (local.slice != slice)
+        throw InputError("checkpoint " + found.folder + ": shard " + file + ": a piece of " + name +
+                         " describes its slice otherwise than another shard's");
+      const int64_t lo = piece.lo, n = piece.n;  // inside the slice's elements (check_shard)
+      if (!local.ranges.emplace(lo, n).second || local.covered + n > local.real)
+        throw InputError("checkpoint " + found.folder + ": shard " + file + ": a piece of " + name +
+                         " repeats elements another piece holds");
       for (const auto& [kind, key] : piece.tensors) {
         const at::Tensor& t = tensor(key);
-        if (t.numel() != n)
-          throw InputError("checkpoint " + found.folder + ": shard " + file + ": tensor \"" + quote_for_message(key) +
-                           "\" holds " + std::to_string(t.numel()) + " elements for a piece of " + std::to_string(n));
         at::Tensor& flat = local.flat[kind];
         if (!flat.defined()) flat = at::zeros({local.numel}, t.options());
         flat.narrow(0, lo, n).copy_(t.reshape({-1}));
@@ -700,7 +628,9 @@ Globals assemble_globals(const FoundCheckpoint& found, const std::set<std::strin
   std::map<std::string, std::set<int>> indices;                      // name -> the tp (etp) slices seen
   for (auto& [key, local] : locals) {
     const std::string& name = std::get<0>(key);
-    if (local.covered != local.real)
+    int64_t end = 0;  // the pieces tile [0, real) with no gap and no overlap
+    for (const auto& [lo, n] : local.ranges) end = lo == end ? lo + n : -1;
+    if (end != local.real)
       throw InputError("checkpoint " + found.folder + " holds " + std::to_string(local.covered) + " of the " +
                        std::to_string(local.real) + " elements of " + name + "'s slice " +
                        std::to_string(local.slice.index) + " of " + std::to_string(local.slice.parts));
@@ -708,6 +638,8 @@ Globals assemble_globals(const FoundCheckpoint& found, const std::set<std::strin
     for (auto& [kind, flat] : local.flat) {
       at::Tensor& g = global[name][kind];
       if (!g.defined()) g = at::zeros(local.slice.shape, flat.options());
+      if (g.sizes().vec() != local.slice.shape)
+        throw InputError("checkpoint " + found.folder + ": " + name + " is saved with two shapes");
       global_from_local(flat.view(local_shape(local.slice)), local.slice, g);
     }
     if (static_cast<int>(indices[name].size()) > local.slice.parts)
@@ -768,10 +700,14 @@ void load_checkpoint(const FoundCheckpoint& found, const TrainingState& state, i
   const bool same_layout = same_layout_as_saved(found, world, plan_info);
   std::set<std::string> needed;
   for (const Parameter& p : state.stage.parameters()) needed.insert(p.name);
-  Locals locals;
-  const int64_t optimizer_step = read_pieces(found, needed, same_layout, rank, state, locals);
-  Globals global = assemble_globals(found, needed, locals);
-  restore_rank_state(state, global, optimizer_step);
+  try {
+    Locals locals;
+    const int64_t optimizer_step = read_pieces(found, needed, same_layout, rank, state, locals);
+    Globals global = assemble_globals(found, needed, locals);
+    restore_rank_state(state, global, optimizer_step);
+  } catch (const c10::Error& e) {  // what the checks above did not foresee is still the checkpoint's fault
+    throw InputError("checkpoint " + found.folder + " does not fit the plan's model: " + e.what_without_backtrace());
+  }
   state.data.seek({found.manifest.epoch, found.manifest.samples});
 }
 

@@ -27,18 +27,13 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/torch.h>
 
+#include "checkpoint_format.h"
 #include "data.h"
 #include "dplan/costmodel/json_io.h"
 #include "gpt.h"
 #include "grad_sync.h"
 
 namespace dplan::executor {
-
-inline constexpr int kCheckpointFormatVersion = 1;
-
-// DIR/step-NNNNNNNN, and a shard's file name in it.
-std::string checkpoint_folder(const std::string& dir, int step);
-std::string shard_file_name(int rank);
 
 // One save as this rank measured it (run.json "checkpoints").
 struct SaveRecord {
@@ -64,20 +59,46 @@ struct TrainingState {
 // against and to tell a same-layout resume (which restores the RNG states) from a resharding one.
 json checkpoint_plan_info(const std::string& plan_path);
 
+// The lock a run holds on its --checkpoint-dir while it may write there (rank 0, from the start to
+// its exit): an flock on DIR/dplan-checkpoint.lock, which holds "<host> pid <pid>". Makes DIR when
+// missing. InputError in one line naming DIR when it is not a folder (a file, say), when the lock
+// file is a link or not a regular file, or when another run holds the lock (naming that run).
+class CheckpointFolderLock {
+ public:
+  explicit CheckpointFolderLock(const std::string& dir);
+  ~CheckpointFolderLock();
+  CheckpointFolderLock(const CheckpointFolderLock&) = delete;
+  CheckpointFolderLock& operator=(const CheckpointFolderLock&) = delete;
+  // A name for this run's saves, unique on this machine: their hidden folders carry it.
+  const std::string& token() const { return token_; }
+
+ private:
+  int fd_ = -1;
+  std::string token_;
+};
+
+// Before a run saves: InputError in one line when DIR holds a step-N for a step the run will save
+// (a multiple of `save_every` up to `steps`) that is neither a complete checkpoint dplan wrote nor a
+// link (which a save replaces): a save must not replace what dplan did not write.
+void check_save_targets(const std::string& dir, int steps, int save_every);
+
 class Checkpointer {
  public:
   // store: a connection this object may use from its writer thread (rank 0 gathers the shards'
-  // reports through it). async: write in a background thread (else within save()).
+  // reports through it). async: write in a background thread (else within save()). token: the
+  // run's (CheckpointFolderLock::token, from rank 0), the same on every rank.
   Checkpointer(std::string dir, int keep, bool async, int rank, int world, c10::intrusive_ptr<c10d::Store> store,
-               json plan_info);
+               json plan_info, std::string token);
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
   // Saves the state after `step` optimizer steps: waits for the previous write (a second save never
   // starts while one is writing), copies this rank's state to host memory, and writes it (in the
-  // background when async). Rank 0 then waits for every rank's report, writes the manifest, and
-  // removes all but the newest `keep` complete checkpoints.
+  // background when async) into the hidden folder DIR/.step-N.partial-TOKEN. Rank 0 then waits for
+  // every rank's report, writes the manifest there, renames the folder DIR/step-N, and removes all
+  // but the newest `keep` complete checkpoints (folders with a manifest dplan wrote; nothing else).
+  // Nothing is opened through a link: a link planted at DIR/step-N is replaced, not followed.
   void save(int step, const TrainingState& state);
   // Waits for the write in flight; rethrows what it failed with.
   void wait();
@@ -89,68 +110,19 @@ class Checkpointer {
   std::unique_ptr<Impl> impl_;
 };
 
-// manifest.json, written by rank 0 last (a checkpoint without it is incomplete): the step, the
-// plan that saved it, the data position, and every rank's shard with its size and CRC-32.
-struct ManifestShard {
-  int rank = 0;
-  std::string file, crc32;  // crc32: 8 lowercase hex digits of zlib's CRC-32 of the file
-  int64_t bytes = 0, state_bytes = 0;
-  std::vector<std::string> params;  // the parameters it holds pieces of
-  bool operator==(const ManifestShard&) const = default;
-};
-struct CheckpointManifest {
-  int step = 0, world_size = 1;
-  json plan;  // checkpoint_plan_info of the plan that saved it: path, model, parallel, global_batch,
-              // seq_len and (plans with one) rank_layout, compared as written
-  int epoch = 0;
-  int64_t samples = 0;  // the data position after the step
-  int64_t state_bytes = 0, file_bytes = 0;  // the shards' sums
-  std::vector<ManifestShard> shards;        // one per rank, in rank order
-  bool operator==(const CheckpointManifest&) const = default;
-};
-json to_json(const ManifestShard& shard);
-json to_json(const CheckpointManifest& manifest);
-// The strict readers (costmodel's ObjectReader): a newer format_version, a missing or unknown key,
-// a wrong type, sums or ranks that do not add up are one InputError line naming the file and the
-// JSON pointer.
-ManifestShard manifest_shard_from_json(const json& j, const std::string& file, const std::string& pointer);
-CheckpointManifest manifest_from_json(const json& j, const std::string& file);
-
-// The metadata each shard file carries (its safetensors header, key "dplan_checkpoint"): the pieces of
-// parameters it holds, each with the slice of the global tensor (gpt.h GlobalSlice) its flat range
-// [lo, lo + n) belongs to, the tensors stored for it by kind (weight, master, exp_avg, exp_avg_sq:
-// their names in the file) and AdamW's step; the RNG states by name.
-struct ShardPiece {
-  std::string name;
-  GlobalSlice slice;
-  int64_t lo = 0, n = 0;
-  std::map<std::string, std::string> tensors;  // kind -> tensor name in the file
-  int64_t optimizer_step = 0;
-  bool operator==(const ShardPiece&) const = default;
-};
-struct ShardMetadata {
-  int step = 0, rank = 0, world = 1;
-  json plan;                     // checkpoint_plan_info (the manifest's copy is the one compared)
-  int epoch = -1;                // the data position after the step
-  int64_t samples = 0;
-  std::vector<std::string> rng;  // tensor names of the RNG states
-  std::vector<ShardPiece> pieces;
-  bool operator==(const ShardMetadata&) const = default;
-};
-json to_json(const ShardMetadata& metadata);
-// Strict like manifest_from_json; `file` names the shard in errors.
-ShardMetadata shard_metadata_from_json(const json& j, const std::string& file);
-
 struct FoundCheckpoint {
-  std::string folder;
+  std::string folder;  // DIR/step-N
   int step = 0;
+  std::string name;    // step-N
   CheckpointManifest manifest;
 };
 
 // The newest complete checkpoint under `dir` (manifest present and readable, every shard present
-// with the manifest's size, and with `verify_checksums` its CRC-32); nullopt when there is none.
-// Throws InputError with one line naming the shard when a checkpoint with a manifest has a shard
-// missing, of another size, or (verify_checksums) whose checksum does not match.
+// with the manifest's size, and with `verify_checksums` its CRC-32 and its header as check_shard
+// reads it); nullopt when there is none. Throws InputError with one line naming the shard when a
+// checkpoint with a manifest has a shard missing, of another size or kind (a link, a FIFO), or
+// (verify_checksums) whose checksum or header is wrong; and naming the entry when a step-N there
+// is a link or a file. Reads nothing but regular files inside `dir`, each within its manifest's size.
 std::optional<FoundCheckpoint> find_checkpoint(const std::string& dir, bool verify_checksums);
 
 // Loads `found` into this rank's state, whatever layout saved it (the same model; InputError

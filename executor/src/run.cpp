@@ -419,7 +419,6 @@ int resume_from(const std::string& dir, const RunOptions& args, const Place& pla
   load_checkpoint(*found, state, place.rank, place.world, plan_info);
   record.resumed_from_step = found->step;
   record.resumed_from = found->folder;
-  if (place.rank == 0 && !args.quiet) std::fprintf(stderr, "resuming from %s (step %d)\n", found->folder.c_str(), found->step);
   return found->step;
 }
 
@@ -436,15 +435,58 @@ void use_deterministic_kernels() {
   at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
 }
 
-// --checkpoint-dir: the folder (rank 0 makes it), and the saver, over a store connection of its own.
+// --checkpoint-dir: the saver, over a store connection of its own; `token` names its saves' hidden
+// folders (rank 0's CheckpointFolderLock's, agreed through the store).
 std::unique_ptr<Checkpointer> start_checkpointer(const RunOptions& args, const Place& place, const StorePtr& store,
-                                                 std::chrono::milliseconds timeout, const json& plan_info) {
-  std::error_code ec;
-  if (place.rank == 0 && !std::filesystem::create_directories(args.checkpoint_dir, ec) && ec)
-    throw InputError("--checkpoint-dir " + args.checkpoint_dir + ": cannot create it (" + ec.message() + ")");
+                                                 std::chrono::milliseconds timeout, const json& plan_info,
+                                                 const std::string& token) {
   StorePtr checkpoint_store = place.world > 1 ? connect_store(place, false, timeout) : store;
   return std::make_unique<Checkpointer>(args.checkpoint_dir, args.keep, !args.sync_save, place.rank, place.world,
-                                        checkpoint_store, plan_info);
+                                        checkpoint_store, plan_info, token);
+}
+
+// Runs `check` on every rank and has the ranks agree on it through the store before any goes on:
+// when a rank's check throws InputError, every rank throws the lowest such rank's (rank 0 prints
+// it: one line, exit 2), so no rank goes on to a collective that the others left (which would add
+// a misleading "no heartbeat" line). Returns rank 0's value on every rank. `what` names the step.
+std::string agree_on(c10d::Store& store, const Place& place, const std::string& what,
+                     const std::function<std::string()>& check) {
+  const std::string prefix = "dplan/agree/" + env_or("TORCHELASTIC_RESTART_COUNT", "0") + "/" + what + "/";
+  std::string mine;
+  try {
+    mine = "ok " + check();
+  } catch (const InputError& e) {
+    mine = "error " + std::string(e.what());
+  }
+  store.set(prefix + std::to_string(place.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::string first, error;
+  for (int r = 0; r < place.world && error.empty(); ++r) {
+    const auto bytes = r == place.rank ? std::vector<uint8_t>(mine.begin(), mine.end()) : store.get(prefix + std::to_string(r));
+    const std::string text(bytes.begin(), bytes.end());
+    if (text.rfind("error ", 0) == 0) error = text.substr(6);
+    if (r == 0) first = text.substr(3);
+  }
+  if (error.empty()) return first;
+  // Rank 0 may serve the store (torchrun without an agent store, srun): it leaves only once every
+  // rank has read the verdict.
+  store.set(prefix + "read/" + std::to_string(place.rank), std::vector<uint8_t>{1});
+  if (place.rank == 0)
+    for (int r = 1; r < place.world; ++r) store.get(prefix + "read/" + std::to_string(r));
+  throw InputError(error);
+}
+
+// --checkpoint-dir: rank 0 makes the folder and locks it for the run (the lock lives as long as
+// the returned object); every rank learns the run's token, or the one line that refused the folder.
+std::unique_ptr<CheckpointFolderLock> lock_checkpoint_dir(const RunOptions& args, const Place& place, c10d::Store& store,
+                                                          std::string& token) {
+  std::unique_ptr<CheckpointFolderLock> lock;
+  token = agree_on(store, place, "checkpoint-dir", [&] {
+    if (place.rank != 0) return std::string();
+    lock = std::make_unique<CheckpointFolderLock>(args.checkpoint_dir);
+    check_save_targets(args.checkpoint_dir, args.steps, args.save_every);
+    return lock->token();
+  });
+  return lock;
 }
 
 // What the rank's report says of each save (its "checkpoint_saves").
@@ -481,6 +523,10 @@ int train(const RunOptions& args, const Place& place) {
   StorePtr store = connect_store(place, !place.agent_store && place.rank == 0, timeout);
   StorePtr beat_store = place.world > 1 ? connect_store(place, false, timeout) : store;
   Heartbeat heartbeat(beat_store, place.rank);
+  // The checkpoint folder first: one run writes into it at a time (rank 0 holds its lock till exit).
+  std::string checkpoint_token;
+  const std::unique_ptr<CheckpointFolderLock> checkpoint_lock =
+      args.checkpoint_dir.empty() ? nullptr : lock_checkpoint_dir(args, place, *store, checkpoint_token);
   try {
     const GroupOptions go = group_options(place, device.cuda ? Backend::nccl : Backend::gloo, timeout);
     ParallelContext ctx =
@@ -504,12 +550,20 @@ int train(const RunOptions& args, const Place& place) {
       checkpoint_record->dir = args.checkpoint_dir;
       checkpoint_record->async = !args.sync_save;
     }
-    const int first_step =
-        resume_dir.empty() ? 0 : resume_from(resume_dir, args, place, state, plan_info, *checkpoint_record);
+    // Every rank loads, then they agree: a damaged checkpoint is one line and exit 2 on all of them.
+    int first_step = 0;
+    if (!resume_dir.empty()) {
+      agree_on(*store, place, "resume", [&] {
+        first_step = resume_from(resume_dir, args, place, state, plan_info, *checkpoint_record);
+        return std::string();
+      });
+      if (place.rank == 0 && !args.quiet && first_step > 0)
+        std::fprintf(stderr, "resuming from %s (step %d)\n", checkpoint_record->resumed_from.c_str(), first_step);
+    }
     std::unique_ptr<Checkpointer> checkpointer;
     CheckpointPlan checkpoints;
     if (!args.checkpoint_dir.empty()) {
-      checkpointer = start_checkpointer(args, place, store, timeout, plan_info);
+      checkpointer = start_checkpointer(args, place, store, timeout, plan_info, checkpoint_token);
       checkpoints = {checkpointer.get(), &state, &ctx.world, ctx.device};
     }
 

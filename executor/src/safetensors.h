@@ -15,6 +15,8 @@
 
 #include <ATen/ATen.h>
 
+#include "safetensors_header.h"
+
 namespace dplan::executor {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
@@ -30,9 +32,9 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
 // The tensors of a safetensors file's bytes, in the order of their data offsets, and its
-// metadata. Throws std::invalid_argument naming what is malformed (a short file, a header that
-// is not JSON or whose offsets do not tile the data, an unknown dtype, a size that does not
-// match the shape).
+// metadata. Throws std::invalid_argument naming what is malformed (parse_safetensors_header: a
+// short file, a header that is not JSON or whose offsets do not tile the data, an unknown dtype,
+// a size that does not match the shape).
 NamedTensors parse_safetensors(const std::string& bytes, std::map<std::string, std::string>* metadata = nullptr);
 
 }  // namespace dplan::executor

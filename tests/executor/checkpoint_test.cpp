@@ -12,12 +12,14 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
@@ -48,6 +50,15 @@ std::string step_folder(const fs::path& dir, int step) {
   char name[32];
   std::snprintf(name, sizeof name, "step-%08d", step);
   return (dir / name).string();
+}
+
+// Whether the save of `step` has begun: its hidden folder .step-N.partial-TOKEN, or (done) step-N.
+bool save_started(const fs::path& dir, int step) {
+  const std::string partial = "." + fs::path(step_folder(dir, step)).filename().string() + ".partial-";
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.path().filename().string().rfind(partial, 0) == 0) return true;
+  return fs::exists(step_folder(dir, step));
 }
 
 // The table's rows: the losses after the resume point, uninterrupted against resumed.
@@ -345,7 +356,7 @@ TEST_CASE("a rank killed during a save leaves the previous checkpoint which the 
     }
   }
   REQUIRE(rank1 > 0);
-  // Catch rank 1 inside a save: when a save's folder appears, stop rank 1 (SIGSTOP) and give rank 0
+  // Catch rank 1 inside a save: when a save's (hidden, partial) folder appears, stop rank 1 (SIGSTOP) and give rank 0
   // 0.8 s (under the launcher's 1.5 s heartbeat limit, so a let-go rank is not taken for dead); no
   // manifest then means rank 1 had not reported its shard, so it is killed there.
   // A save that was already complete (a tiny model saves in milliseconds) is let go (SIGCONT) and
@@ -353,9 +364,9 @@ TEST_CASE("a rank killed during a save leaves the previous checkpoint which the 
   int killed_at = 0;
   for (int step = 4; step <= 40 && killed_at == 0; step += 2) {
     const auto started = std::chrono::steady_clock::now();
-    while (!fs::exists(step_folder(ckpt, step)) && std::chrono::steady_clock::now() - started < std::chrono::seconds(60))
+    while (!save_started(ckpt, step) && std::chrono::steady_clock::now() - started < std::chrono::seconds(60))
       std::this_thread::yield();
-    REQUIRE(fs::exists(step_folder(ckpt, step)));
+    REQUIRE(save_started(ckpt, step));
     REQUIRE(::kill(rank1, SIGSTOP) == 0);
     std::this_thread::sleep_for(std::chrono::milliseconds(800));
     if (fs::exists(fs::path(step_folder(ckpt, step)) / "manifest.json")) {
@@ -450,4 +461,75 @@ TEST_CASE("torchrun --max-restarts 1 with a rank killed mid-run restarts and res
   REQUIRE(resumed.size() == size_t(steps - from));
   print_table("torchrun restart: rank 1 killed; resumed from step " + std::to_string(from), uninterrupted, resumed, from);
   for (size_t i = 0; i < resumed.size(); ++i) CHECK(std::memcmp(&resumed[i], &uninterrupted[from + i], sizeof(double)) == 0);
+}
+
+namespace {
+// The shard's safetensors header edited by `edit` (the shape of its first tensor, say), its
+// manifest entry's bytes and CRC-32 made to match: damage that a checksum does not catch.
+void damage_with_matching_crc(const fs::path& folder, int rank, const std::function<void(json&)>& edit) {
+  const fs::path shard = folder / ("rank-0000" + std::to_string(rank) + ".safetensors");
+  const std::string bytes = read_file(shard.string());
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  json header = json::parse(bytes.substr(8, n));
+  edit(header);
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  const uint64_t m = text.size();
+  std::memcpy(out.data(), &m, 8);
+  out += text + bytes.substr(8 + n);
+  std::ofstream(shard, std::ios::binary | std::ios::trunc) << out;
+  json manifest = json::parse(read_file((folder / "manifest.json").string()));
+  json& entry = manifest["shards"][rank];
+  manifest["file_bytes"] = manifest["file_bytes"].get<int64_t>() - entry["bytes"].get<int64_t>() + int64_t(out.size());
+  entry["bytes"] = out.size();
+  char crc[16];
+  std::snprintf(crc, sizeof crc, "%08lx", ::crc32(0L, reinterpret_cast<const Bytef*>(out.data()), out.size()));
+  entry["crc32"] = crc;
+  std::ofstream(folder / "manifest.json", std::ios::trunc) << manifest.dump(1);
+}
+}  // namespace
+
+TEST_CASE("the checkpoint folder is dplan's own: damage and a file are one line and links and a user's folder are left alone",
+          "[executor][checkpoint][fault]") {
+  TempDir dir;
+  const fs::path ckpt = dir.path() / "ckpt";
+  const std::string model = std::string(DPLAN_VALIDATION_DIR) + "/executor/gpt-tiny-odd-vocab/config.json";
+  const std::string plan = write_plan(dir, model, {1, 1, 2}, 4);
+  // A user's folder where --keep 1 would have removed an incomplete save, and a link planted where
+  // the step-2 save goes, to a folder outside with a file of the shard's name.
+  fs::create_directories(ckpt / "step-00000001");
+  std::ofstream(ckpt / "step-00000001" / "notes.txt") << "mine";
+  fs::create_directories(dir.path() / "victim");
+  std::ofstream(dir.path() / "victim" / "rank-00000.safetensors") << "precious";
+  fs::create_symlink(dir.path() / "victim", ckpt / "step-00000002");
+  run_plan_to(plan, (dir.path() / "run.json").string(), 3,
+              {"--checkpoint-dir", ckpt.string(), "--save-every", "2", "--keep", "1"});
+  CHECK(read_file((dir.path() / "victim" / "rank-00000.safetensors").string()) == "precious");
+  CHECK(fs::is_directory(fs::symlink_status(ckpt / "step-00000002")));  // a folder now, not the link
+  CHECK(fs::exists(ckpt / "step-00000002" / "manifest.json"));
+  CHECK(read_file((ckpt / "step-00000001" / "notes.txt").string()) == "mine");
+
+  auto one_line = [](const Result& r, const std::string& expected) {
+    std::printf("exit %d: %s", r.status, r.err.c_str());
+    INFO(r.err);
+    CHECK(r.status == 2);
+    CHECK_THAT(r.err, Contains(expected));
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  };
+  // Rank 0's shard holds every weight: a shape that the checksum does not catch, on both ranks.
+  damage_with_matching_crc(ckpt / "step-00000002", 0, [](json& header) {
+    for (auto& [name, info] : header.items())
+      if (name != "__metadata__" && name.rfind("weight/", 0) == 0) {
+        info["shape"] = {-info["shape"][0].get<int64_t>()};
+        break;
+      }
+  });
+  one_line(run_program(DPLAN_BINARY, {"run", plan, "--steps", "4", "--quiet", "--resume", ckpt.string()}),
+           "dplan: error: checkpoint " + (ckpt / "step-00000002").string() + ": shard rank-00000.safetensors: safetensors: ");
+  std::ofstream(dir.path() / "file") << "x";
+  one_line(run_program(DPLAN_BINARY, {"run", plan, "--steps", "2", "--quiet", "--checkpoint-dir",
+                                      (dir.path() / "file").string(), "--save-every", "1"}),
+           "dplan: error: --checkpoint-dir " + (dir.path() / "file").string() + " is a regular file, not a folder");
 }

@@ -27,7 +27,7 @@ esac
 [[ -x $dplan ]] || { echo "make_corpus: $1 is not an executable dplan binary" >&2; exit 2; }
 
 rm -rf "$out"
-mkdir -p "$out"/{model_config,gpu_profile,cluster_profile,plan,run_record,nccl_tests,gpu_probe,engine_log}
+mkdir -p "$out"/{model_config,gpu_profile,cluster_profile,plan,run_record,nccl_tests,gpu_probe,engine_log,checkpoint}
 out=$(realpath "$out")
 made=$out/made   # what dplan writes, before it is copied into the targets' folders
 mkdir -p "$made"
@@ -58,6 +58,13 @@ copy plan "$src"/tests/data/compare/plan.json "$src"/tests/data/compare/plan-off
 copy run_record "$src"/tests/data/compare/run.json "$src"/tests/data/compare/run-offload.json "$src"/tests/data/accuracy/run-*.json
 copy nccl_tests "$src"/tests/data/nccl-tests/*
 copy engine_log "$src"/tests/data/logs/*.log
+# A checkpoint folder's manifest, a NUL byte, then its rank-0 shard (checkpoint_fuzz.cpp); a
+# manifest alone too.
+for ck in "$src"/tests/data/checkpoint/*/; do
+  name=$(basename "$ck")
+  { cat "$ck/manifest.json"; printf '\0'; cat "$ck/rank-00000.safetensors"; } >"$out/checkpoint/$name-folder"
+  cp "$ck/manifest.json" "$out/checkpoint/$name-manifest.json"
+done
 copy gpu_probe "$src"/tests/data/accuracy/*-probe.json
 
 # Plans the tool writes: the search's winner and layouts of every kind `dplan estimate` takes.

@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 src=$PWD
 
 usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
-all_targets=(model_config gpu_profile cluster_profile plan run_record nccl_tests nccl_import gpu_probe engine_log)
+all_targets=(model_config gpu_profile cluster_profile plan run_record nccl_tests nccl_import gpu_probe engine_log checkpoint)
 seconds=60
 targets=("${all_targets[@]}")
 measure=0
@@ -53,6 +53,7 @@ max_len() {
     cluster_profile|run_record) echo 16384 ;;
     nccl_tests|nccl_import) echo 16384 ;;
     engine_log) echo 32768 ;;
+    checkpoint) echo 131072 ;;  # a manifest and a small shard (tests/data/checkpoint/)
     *) echo 65536 ;;
   esac
 }

@@ -445,10 +445,18 @@ std::unique_ptr<Checkpointer> start_checkpointer(const RunOptions& args, const P
                                         checkpoint_store, plan_info, token);
 }
 
+// Input another rank refused (agree_on): that rank and its line. The rank that refused says it
+// (under dplan run, run_dir.h); under another launcher rank 0 says it for that rank.
+struct PeerRefused : std::runtime_error {
+  PeerRefused(int rank, const std::string& line) : std::runtime_error(line), refusing_rank(rank) {}
+  int refusing_rank;
+};
+
 // Runs `check` on every rank and has the ranks agree on it through the store before any goes on:
-// when a rank's check throws InputError, every rank throws the lowest such rank's (rank 0 prints
-// it: one line, exit 2), so no rank goes on to a collective that the others left (which would add
-// a misleading "no heartbeat" line). Returns rank 0's value on every rank. `what` names the step.
+// when a rank's check throws InputError, the lowest such rank throws its own again and every other
+// rank throws PeerRefused naming it (one line in all, exit 2), so no rank goes on to a collective
+// that the others left (which would add a misleading "no heartbeat" line). Returns rank 0's value
+// on every rank. `what` names the step.
 std::string agree_on(c10d::Store& store, const Place& place, const std::string& what,
                      const std::function<std::string()>& check) {
   const std::string prefix = "dplan/agree/" + env_or("TORCHELASTIC_RESTART_COUNT", "0") + "/" + what + "/";
@@ -460,10 +468,14 @@ std::string agree_on(c10d::Store& store, const Place& place, const std::string& 
   }
   store.set(prefix + std::to_string(place.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
   std::string first, error;
+  int refusing = -1;
   for (int r = 0; r < place.world && error.empty(); ++r) {
     const auto bytes = r == place.rank ? std::vector<uint8_t>(mine.begin(), mine.end()) : store.get(prefix + std::to_string(r));
     const std::string text(bytes.begin(), bytes.end());
-    if (text.rfind("error ", 0) == 0) error = text.substr(6);
+    if (text.rfind("error ", 0) == 0) {
+      error = text.substr(6);
+      refusing = r;
+    }
     if (r == 0) first = text.substr(3);
   }
   if (error.empty()) return first;
@@ -472,6 +484,7 @@ std::string agree_on(c10d::Store& store, const Place& place, const std::string& 
   store.set(prefix + "read/" + std::to_string(place.rank), std::vector<uint8_t>{1});
   if (place.rank == 0)
     for (int r = 1; r < place.world; ++r) store.get(prefix + "read/" + std::to_string(r));
+  if (refusing != place.rank) throw PeerRefused(refusing, error);
   throw InputError(error);
 }
 
@@ -589,6 +602,8 @@ int train(const RunOptions& args, const Place& place) {
     return 0;
   } catch (const InputError&) {
     throw;
+  } catch (const PeerRefused&) {
+    throw;
   } catch (const std::exception& e) {
     stop_after_failure(store, place, e);
   }
@@ -661,6 +676,10 @@ int dplan::executor::run_worker(int argc, char** argv) {
     refuse_input(place, e.what());
   } catch (const InputError& e) {
     refuse_input(place, e.what());
+  } catch (const PeerRefused& e) {
+    if (place.run_dir.empty() && place.rank == 0)
+      std::fprintf(stderr, "%srank %d: %s\n", prefix().c_str(), e.refusing_rank, error_line(e.what()).c_str());
+    exit_now(2);
   } catch (const std::invalid_argument& e) {
     refuse_input(place, e.what());
   } catch (const nlohmann::json::exception& e) {

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "checkpoint_format.h"
+#include "dplan/costmodel/errors.h"
 #include "safetensors_header.h"
 #include "support.h"
 
@@ -27,7 +28,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     try {
       header = parse_safetensors_header(std::string_view(input).substr(cut + 1));
     } catch (const std::invalid_argument& e) {
-      throw InputError(std::string("shard: ") + e.what());
+      throw dplan::InputError(std::string("shard: ") + e.what());
     }
     const ShardMetadata meta = check_shard(header, manifest, manifest.shards.front(), "ck/step-00000001");
     fuzz::expect_reads_back("shard metadata to_json", [&] {

@@ -20,6 +20,7 @@
 #include "dplan/costmodel/run_record.h"
 #include "dplan/costmodel/time.h"
 #include "dplan/costmodel/training.h"
+#include "input_errors.h"
 #include "process.h"
 #include "test_profiles.h"
 
@@ -32,18 +33,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The message of the InputError `read` throws; it must be one line.
-template <typename Read>
-std::string error_of(Read read) {
-  try {
-    read();
-  } catch (const InputError& e) {
-    const std::string what = e.what();
-    CHECK(what.find('\n') == std::string::npos);
-    return what;
-  }
-  return "(no error)";
-}
+using dplan::testing::one_line_error;
 
 json load(const std::string& path) { return json::parse(testing::read_file(path)); }
 
@@ -61,9 +51,9 @@ std::vector<std::string> temporaries_in(const fs::path& dir) {
 }  // namespace
 
 TEST_CASE("JSON: a key given twice in one object is an error naming it and where", "[limits]") {
-  CHECK(error_of([] { parse_json_text(R"({"a": 1, "a": 2})", "x.json"); }) ==
+  CHECK(one_line_error([] { parse_json_text(R"({"a": 1, "a": 2})", "x.json"); }) ==
         "x.json: /: key \"a\" appears twice in one object");
-  CHECK(error_of([] { parse_json_text(R"({"gpu": {"m": {"k": 1, "k": 1}}})", "x.json"); }) ==
+  CHECK(one_line_error([] { parse_json_text(R"({"gpu": {"m": {"k": 1, "k": 1}}})", "x.json"); }) ==
         "x.json: /gpu/m: key \"k\" appears twice in one object");
   // The same key in two different objects is fine.
   CHECK_NOTHROW(parse_json_text(R"({"a": {"k": 1}, "b": {"k": 2}, "c": [{"k": 1}, {"k": 2}]})", "x.json"));
@@ -72,14 +62,14 @@ TEST_CASE("JSON: a key given twice in one object is an error naming it and where
 TEST_CASE("JSON: a number beyond double's range is an input error naming the file, not an internal one", "[limits]") {
   for (const char* text : {R"({"x": 1e400})", R"({"x": -1e400})", R"([1e99999])"}) {
     INFO(text);
-    CHECK_THAT(error_of([&] { parse_json_text(text, "big.json"); }),
+    CHECK_THAT(one_line_error([&] { parse_json_text(text, "big.json"); }),
                StartsWith("big.json: malformed JSON: number overflow"));
   }
 }
 
 TEST_CASE("JSON: nesting deeper than the bound is refused before it is built", "[limits]") {
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');
-  CHECK_THAT(error_of([&] { parse_json_text(deep, "deep.json"); }), Contains("nested deeper than 64 levels"));
+  CHECK_THAT(one_line_error([&] { parse_json_text(deep, "deep.json"); }), Contains("nested deeper than 64 levels"));
   const std::string fine = std::string(kMaxJsonDepth, '[') + std::string(kMaxJsonDepth, ']');
   CHECK_NOTHROW(parse_json_text(fine, "ok.json"));
 }
@@ -94,7 +84,7 @@ TEST_CASE("Error text: values are escaped and shortened, lines bounded", "[limit
   CHECK(line.find('\x1b') == std::string::npos);
   // A string value read from a file: echoed escaped and short.
   const json j = {{"format_version", 1}, {"gpu", {{"name", "evil\n\x1b[31m" + std::string(1000, 'z')}}}};
-  const std::string msg = error_of([&] { gpu_from_json(j, "g.json"); });
+  const std::string msg = one_line_error([&] { gpu_from_json(j, "g.json"); });
   CHECK_THAT(msg, Contains("g.json: /gpu/name: expected a string of at most 4096 bytes without control characters"));
   CHECK_THAT(msg, Contains("\\n\\x1b[31m"));
   CHECK(msg.size() < 300);
@@ -105,10 +95,10 @@ TEST_CASE("Inputs: a FIFO, a folder and a device are refused without blocking; a
   const std::string fifo = (dir.path() / "pipe.json").string();
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   // No writer ever opens the FIFO: reading it would block forever.
-  CHECK(error_of([&] { read_json_file(fifo); }) == fifo + ": is a FIFO (named pipe), expected a regular file");
-  CHECK(error_of([&] { read_json_file(dir.path().string()); }) == dir.path().string() + ": is a folder, expected a file");
-  CHECK(error_of([] { read_text_file("/dev/zero"); }) == "/dev/zero: is a character device, expected a regular file");
-  CHECK(error_of([&] { read_text_file((dir.path() / "none.json").string()); }) ==
+  CHECK(one_line_error([&] { read_json_file(fifo); }) == fifo + ": is a FIFO (named pipe), expected a regular file");
+  CHECK(one_line_error([&] { read_json_file(dir.path().string()); }) == dir.path().string() + ": is a folder, expected a file");
+  CHECK(one_line_error([] { read_text_file("/dev/zero"); }) == "/dev/zero: is a character device, expected a regular file");
+  CHECK(one_line_error([&] { read_text_file((dir.path() / "none.json").string()); }) ==
         (dir.path() / "none.json").string() + ": no such file");
 }
 
@@ -118,7 +108,7 @@ TEST_CASE("Numbers: subnormal, infinite and out-of-range figures in a profile ar
     json j = load(kCluster);
     j["cluster"]["intra_node"][key] = value;
     INFO(key << " = " << value);
-    const std::string msg = error_of([&] { cluster_from_json(j, "c.json", [](const std::string&) { return GpuSpec{}; }); });
+    const std::string msg = one_line_error([&] { cluster_from_json(j, "c.json", [](const std::string&) { return GpuSpec{}; }); });
     CHECK_THAT(msg, StartsWith("c.json: /cluster/intra_node/" + key + ": expected a number from "));
   }
 }
@@ -152,27 +142,27 @@ TEST_CASE("Integers: sizes beyond int are refused, never narrowed", "[limits]") 
     json j = load(kPlan);
     j["parallel"]["dp"] = dp;
     INFO("dp " << dp);
-    CHECK(error_of([&] { plan_from_json(j, "plan.json"); }) ==
+    CHECK(one_line_error([&] { plan_from_json(j, "plan.json"); }) ==
           "plan.json: /parallel/dp: expected an integer from 1 to 1048576, got " + std::to_string(dp));
   }
   json j = load(kPlan);
   j["parallel"]["dp"] = 18446744073709551615ULL;
-  CHECK_THAT(error_of([&] { plan_from_json(j, "plan.json"); }), Contains("/parallel/dp: expected an integer from 1"));
+  CHECK_THAT(one_line_error([&] { plan_from_json(j, "plan.json"); }), Contains("/parallel/dp: expected an integer from 1"));
   // Each size within its bound, their product not: refused, not overflowed.
   j = load(kPlan);
   for (const char* key : {"tp", "pp", "dp", "cp"}) j["parallel"][key] = 1 << 20;
-  CHECK_THAT(error_of([&] { plan_from_json(j, "plan.json"); }),
+  CHECK_THAT(one_line_error([&] { plan_from_json(j, "plan.json"); }),
              Contains("sizes whose product tp*pp*dp*cp is at most 1048576"));
   // A plan whose GPU count disagrees with its layout.
   j = load(kPlan);
   j["gpus"] = 4;
-  CHECK(error_of([&] { plan_from_json(j, "plan.json"); }) == "plan.json: /gpus: expected 8 (tp*cp*dp*pp), got 4");
+  CHECK(one_line_error([&] { plan_from_json(j, "plan.json"); }) == "plan.json: /gpus: expected 8 (tp*cp*dp*pp), got 4");
   // Memory figures are bytes: above 2^31 is fine, above 2^53 is not.
   j = load(kRun);
   j["memory"]["0"]["peak"] = 80LL << 30;
   CHECK_NOTHROW(run_record_from_json(j, "run.json"));
   j["memory"]["0"]["peak"] = 1LL << 60;
-  CHECK_THAT(error_of([&] { run_record_from_json(j, "run.json"); }), Contains("/memory/0/peak: expected an integer from 0 to"));
+  CHECK_THAT(one_line_error([&] { run_record_from_json(j, "run.json"); }), Contains("/memory/0/peak: expected an integer from 0 to"));
 }
 
 TEST_CASE("Layout rules: sizes beyond the bounds are one rule, and products never overflow", "[limits]") {
@@ -197,7 +187,7 @@ TEST_CASE("Layout rules: sizes beyond the bounds are one rule, and products neve
 TEST_CASE("Pipeline play-out: a schedule beyond the bound is refused, not allocated", "[limits]") {
   const std::vector<PipelineStage> stages(64, PipelineStage{1e-3, 2e-3});
   auto speed = [](int) { return 1.0; };
-  CHECK_THAT(error_of([&] { play_pipeline(stages, 1 << 20, Schedule::gpipe, 1, speed); }),
+  CHECK_THAT(one_line_error([&] { play_pipeline(stages, 1 << 20, Schedule::gpipe, 1, speed); }),
              Contains("operations to play out, more than 16777216"));
   CHECK_NOTHROW(play_pipeline(stages, 256, Schedule::one_f_one_b, 1, speed));
 }
@@ -214,30 +204,30 @@ TEST_CASE("Outputs: the rules of -o, each case", "[limits][output]") {
   CHECK_NOTHROW(write_output_file((d / "new.json").string(), plan_text, plan, false));
   // Another file: refused, and left as it was; --force replaces it.
   const std::string notes = dir.write("notes.txt", "my notes\n");
-  CHECK(error_of([&] { write_output_file(notes, plan_text, plan, false); }) ==
+  CHECK(one_line_error([&] { write_output_file(notes, plan_text, plan, false); }) ==
         notes + ": exists and is not a plan dplan wrote; give --force to replace it, or another path");
   CHECK(testing::read_file(notes) == "my notes\n");
   CHECK_NOTHROW(write_output_file(notes, plan_text, plan, true));
   CHECK(testing::read_file(notes) == plan_text);
   // A run record is not a plan.
   const std::string run = dir.write("run.json", testing::read_file(kRun));
-  CHECK_THAT(error_of([&] { check_output_path(run, plan, false); }), Contains("is not a plan dplan wrote"));
+  CHECK_THAT(one_line_error([&] { check_output_path(run, plan, false); }), Contains("is not a plan dplan wrote"));
   CHECK_NOTHROW(check_output_path(run, run_record_output(), false));
   // A link, a FIFO, a device, a folder: refused, --force or not.
   fs::create_symlink(d / "new.json", d / "link.json");
-  CHECK(error_of([&] { check_output_path((d / "link.json").string(), plan, true); }) ==
+  CHECK(one_line_error([&] { check_output_path((d / "link.json").string(), plan, true); }) ==
         (d / "link.json").string() + ": is a symbolic link; dplan does not write through links: give the file's own path");
   REQUIRE(::mkfifo((d / "fifo").c_str(), 0600) == 0);
-  CHECK_THAT(error_of([&] { check_output_path((d / "fifo").string(), plan, true); }), Contains("is a FIFO (named pipe)"));
-  CHECK_THAT(error_of([] { check_output_path("/dev/null", plan_output(), true); }), Contains("is a character device"));
-  CHECK_THAT(error_of([&] { check_output_path(d.string(), plan, true); }), Contains("is a folder"));
+  CHECK_THAT(one_line_error([&] { check_output_path((d / "fifo").string(), plan, true); }), Contains("is a FIFO (named pipe)"));
+  CHECK_THAT(one_line_error([] { check_output_path("/dev/null", plan_output(), true); }), Contains("is a character device"));
+  CHECK_THAT(one_line_error([&] { check_output_path(d.string(), plan, true); }), Contains("is a folder"));
   // A missing folder.
-  CHECK_THAT(error_of([&] { check_output_path((d / "no" / "plan.json").string(), plan, false); }),
+  CHECK_THAT(one_line_error([&] { check_output_path((d / "no" / "plan.json").string(), plan, false); }),
              Contains("does not exist"));
   // One of the command's own inputs: refused even with --force, and left as it was.
   const std::string input = dir.write("input.json", plan_text);
   read_plan(input);
-  CHECK(error_of([&] { write_output_file(input, "{}", plan, true); }) ==
+  CHECK(one_line_error([&] { write_output_file(input, "{}", plan, true); }) ==
         input + ": is one of this command's inputs; write the plan to another path");
   CHECK(testing::read_file(input) == plan_text);
   CHECK(temporaries_in(d).empty());

@@ -23,6 +23,7 @@
 #include "checkpoint.h"
 #include "dplan/costmodel/errors.h"
 #include "process.h"
+#include "input_errors.h"
 #include "safetensors.h"
 
 namespace {
@@ -33,18 +34,7 @@ using namespace dplan::executor;
 using Catch::Matchers::Contains;
 using nlohmann::json;
 
-// What `read` throws, checked to be one line; "(no error)" when it throws nothing.
-template <typename Read>
-std::string one_line_error(Read read) {
-  try {
-    read();
-  } catch (const InputError& e) {
-    const std::string what = e.what();
-    CHECK(what.find('\n') == std::string::npos);
-    return what;
-  }
-  return "(no error)";
-}
+using dplan::testing::one_line_error;
 
 void write(const fs::path& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;

@@ -11,6 +11,7 @@
 
 #include "checkpoint.h"
 #include "dplan/costmodel/errors.h"
+#include "input_errors.h"
 
 using dplan::InputError;
 using dplan::executor::CheckpointManifest;
@@ -35,18 +36,7 @@ CheckpointManifest two_ranks() {
   return m;
 }
 
-// What `read` throws, checked to be one line; "(no error)" when it throws nothing.
-template <typename Read>
-std::string one_line_error(Read read) {
-  try {
-    read();
-  } catch (const InputError& e) {
-    const std::string what = e.what();
-    CHECK(what.find('\n') == std::string::npos);
-    return what;
-  }
-  return "(no error)";
-}
+using dplan::testing::one_line_error;
 
 std::string error_of(const json& j) {
   return one_line_error([&] { manifest_from_json(j, "ck/step-00000006/manifest.json"); });

@@ -1,6 +1,12 @@
 #include "place.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <cstdlib>
 #include <exception>
 #include <limits>
@@ -11,6 +17,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/version.h>
 
 #include "dplan/costmodel/errors.h"
 
@@ -108,6 +115,39 @@ Place read_place() {
   return p;
 }
 
+namespace {
+
+// A socket listening on `host`:`port` alone (MASTER_ADDR: the loopback address on one machine, the
+// first node's own address on several), not on every interface as a TCPStore server binds by
+// itself. Throws InputError naming MASTER_ADDR when it cannot listen there.
+[[maybe_unused]] int listen_on(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0)
+    throw InputError("MASTER_ADDR " + host + ": cannot resolve it (" + ::gai_strerror(rc) + ")");
+  std::string why;
+  for (addrinfo* a = found; a; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, SOMAXCONN) == 0) {
+      ::freeaddrinfo(found);
+      return fd;
+    }
+    why = std::strerror(errno);
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  throw InputError("MASTER_ADDR " + host + " port " + service + ": cannot listen there (" + why +
+                   "); give an address of this machine and a free MASTER_PORT");
+}
+
+}  // namespace
+
 c10::intrusive_ptr<c10d::Store> connect_store(const Place& place, bool server, std::chrono::milliseconds timeout) {
   if (place.world == 1) return c10::make_intrusive<c10d::HashStore>();
   if (!place.run_dir.empty()) {
@@ -124,6 +164,10 @@ c10::intrusive_ptr<c10d::Store> connect_store(const Place& place, bool server, s
   o.numWorkers = place.agent_store || !server ? c10::optional<std::size_t>() : c10::optional<std::size_t>(place.world);
   o.waitWorkers = false;
   o.timeout = timeout;
+#if TORCH_VERSION_MAJOR >= 2
+  // The server listens on MASTER_ADDR alone (LibTorch 1.13 has no way to say so).
+  if (server) o.masterListenFd = listen_on(place.master_addr, place.master_port);
+#endif
   c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(place.master_addr, o);
   if (!place.store_prefix.empty()) store = c10::make_intrusive<c10d::PrefixStore>(place.store_prefix, store);
   return store;

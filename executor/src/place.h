@@ -33,7 +33,9 @@ Place read_place();
 
 // The store every rank meets at: a FileStore in DPLAN_RUN_DIR (dplan run: one machine, no port);
 // else a TCPStore on MASTER_ADDR:MASTER_PORT (served by rank 0 unless torchrun's agent serves it;
-// LibTorch 1.13's server listens on every interface, whatever MASTER_ADDR says); or an in-process
+// under LibTorch 2.x the server listens on MASTER_ADDR alone, through a socket bound there and
+// handed over as TCPStoreOptions::masterListenFd; LibTorch 1.13's listens on every interface,
+// whatever MASTER_ADDR says); or an in-process
 // one for a single rank. `server`: this connection hosts the TCPStore.
 c10::intrusive_ptr<c10d::Store> connect_store(const Place& place, bool server, std::chrono::milliseconds timeout);
 

@@ -4,8 +4,17 @@
 // slice; list all-gather) that GroupOptions::legacy_gloo_collectives forces. Each form, fp32 and
 // bf16, must give exactly the sums and concatenations computed here, and leave its input alone
 // where comm.h says it does. Under 1.13 the default is the legacy form; under 2.x the one-tensor
-// form, and a silent fall back to the legacy one fails the first case.
+// form, and a silent fall back to the legacy one fails the first case. Last, the address rank 0's
+// rendezvous store listens on (place.h).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <exception>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +27,7 @@
 #include <catch2/catch.hpp>
 
 #include "comm.h"
+#include "place.h"
 
 namespace {
 using dplan::executor::Group;
@@ -145,4 +155,55 @@ TEST_CASE("comm: all-to-all with uneven split sizes (the MoE dispatcher's), fp32
       CHECK(same(out, at::cat({from0, from1}, 0)));
     });
   }
+}
+
+namespace {
+// The local addresses (hex, as /proc/net/tcp and tcp6 write them) that listen on `port`.
+std::vector<std::string> listening_addresses(int port) {
+  char suffix[8];
+  std::snprintf(suffix, sizeof suffix, ":%04X", port);
+  std::vector<std::string> found;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the heading
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      if (state == "0A" && local.size() > 5 && local.substr(local.size() - 5) == suffix)
+        found.push_back(local.substr(0, local.size() - 5));
+    }
+  }
+  return found;
+}
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t n = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+}  // namespace
+
+TEST_CASE("store: rank 0's TCPStore listens on MASTER_ADDR alone under LibTorch 2.x, on every interface under 1.13",
+          "[store]") {
+  dplan::executor::Place place;
+  place.world = 2;
+  place.master_addr = "127.0.0.1";
+  place.master_port = free_port();
+  const auto store = dplan::executor::connect_store(place, true, std::chrono::seconds(5));
+  const std::vector<std::string> addresses = listening_addresses(place.master_port);
+  INFO("port " << place.master_port);
+  REQUIRE(addresses.size() == 1);
+#if TORCH_VERSION_MAJOR >= 2
+  CHECK(addresses[0] == "0100007F");  // 127.0.0.1
+#else
+  CHECK(addresses[0] != "0100007F");  // the wildcard address, v4 or v6
+#endif
 }

@@ -91,12 +91,21 @@ ManifestShard manifest_shard_from_json(const json& j, const std::string& file, c
   return s;
 }
 
-CheckpointManifest manifest_from_json(const json& j, const std::string& file) {
+namespace {
+// A reader over a checkpoint file's JSON (the manifest, a shard's metadata), its format_version
+// read: one this dplan writes or an older one.
+ObjectReader checkpoint_reader(const json& j, const std::string& file) {
   if (!j.is_object()) throw InputError(file + ": /: expected an object, got " + describe_json_value(j));
   ObjectReader r(j, file);
   const long long version = r.int_in("format_version", 1, std::numeric_limits<int>::max());
   if (version > kCheckpointFormatVersion)
     r.fail("format_version", std::to_string(kCheckpointFormatVersion) + " (a newer dplan wrote this checkpoint)");
+  return r;
+}
+}  // namespace
+
+CheckpointManifest manifest_from_json(const json& j, const std::string& file) {
+  ObjectReader r = checkpoint_reader(j, file);
   CheckpointManifest m;
   m.step = r.non_negative_int("step");
   m.world_size = r.positive_int("world_size");
@@ -211,11 +220,7 @@ json to_json(const ShardMetadata& m) {
 }
 
 ShardMetadata shard_metadata_from_json(const json& j, const std::string& file) {
-  if (!j.is_object()) throw InputError(file + ": /: expected an object, got " + describe_json_value(j));
-  ObjectReader r(j, file);
-  const long long version = r.int_in("format_version", 1, std::numeric_limits<int>::max());
-  if (version > kCheckpointFormatVersion)
-    r.fail("format_version", std::to_string(kCheckpointFormatVersion) + " (a newer dplan wrote this checkpoint)");
+  ObjectReader r = checkpoint_reader(j, file);
   ShardMetadata m;
   m.step = static_cast<int>(r.non_negative_int("step"));
   m.world = static_cast<int>(r.positive_int("world"));

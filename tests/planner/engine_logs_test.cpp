@@ -400,6 +400,30 @@ std::string titan_log(double step_s, double tokens_per_step, int world) {
 }
 }  // namespace
 
+namespace {
+// gpt-small's training in the calibration cases: 4 sequences of 32 tokens, fp32.
+costmodel::TrainingSpec small_training() {
+  costmodel::TrainingSpec training;
+  training.seq_len = 32;
+  training.global_batch = 4;
+  training.precision = costmodel::Precision::fp32;
+  return training;
+}
+
+// Six layouts of up to four ranks (tp, pp, dp), as many as calibrate needs for its parameters.
+std::vector<costmodel::ParallelConfig> six_layouts() {
+  std::vector<costmodel::ParallelConfig> layouts;
+  for (auto [tp, pp, dp] : std::vector<std::array<int, 3>>{{1, 1, 1}, {1, 1, 4}, {4, 1, 1}, {1, 2, 1}, {2, 1, 2}, {1, 2, 2}}) {
+    costmodel::ParallelConfig layout;
+    layout.tp = tp;
+    layout.pp = pp;
+    layout.dp = dp;
+    layouts.push_back(layout);
+  }
+  return layouts;
+}
+}  // namespace
+
 TEST_CASE("dplan calibrate fits a profile to engine logs (step time only)", "[engine_logs][calibrate][cli]") {
   // Six plans of gpt-small on local-cpu, and for each a torchtitan log of the step time that
   // `truth` predicts: the fit must find the truth's matmul rate again, from the logs alone.
@@ -408,20 +432,13 @@ TEST_CASE("dplan calibrate fits a profile to engine logs (step time only)", "[en
   truth.gpu.sustained_fraction = 0.12;
   truth.intra_node.efficiency_fraction = 0.4;
   const costmodel::ModelSpec model = dplan::testing::store().load_model("gpt-small");
-  costmodel::TrainingSpec training;
-  training.seq_len = 32;
-  training.global_batch = 4;
-  training.precision = costmodel::Precision::fp32;
+  const costmodel::TrainingSpec training = small_training();
   TempDir dir;
   std::vector<std::string> args = {"calibrate"};
   std::vector<std::string> plans;
   std::vector<CalibrationRun> runs;
   int i = 0;
-  for (auto [tp, pp, dp] : std::vector<std::array<int, 3>>{{1, 1, 1}, {1, 1, 4}, {4, 1, 1}, {1, 2, 1}, {2, 1, 2}, {1, 2, 2}}) {
-    costmodel::ParallelConfig layout;
-    layout.tp = tp;
-    layout.pp = pp;
-    layout.dp = dp;
+  for (const costmodel::ParallelConfig& layout : six_layouts()) {
     costmodel::OverlapOptions overlap;
     overlap.grad_reduce = false;
     const std::string plan = dir.write("plan" + std::to_string(i) + ".json",
@@ -624,10 +641,7 @@ TEST_CASE("dplan calibrate on logs of a 1e-300 ms step writes no profile and exi
   // every efficiency at 1 and the latency at 0.01 us and wrote that profile.
   const costmodel::ClusterSpec cluster = dplan::testing::store().load_cluster("local-cpu");
   const costmodel::ModelSpec model = dplan::testing::store().load_model("gpt-small");
-  costmodel::TrainingSpec training;
-  training.seq_len = 32;
-  training.global_batch = 4;
-  training.precision = costmodel::Precision::fp32;
+  const costmodel::TrainingSpec training = small_training();
   std::string log_text;
   for (int step : {10, 20, 30, 40})
     log_text += " [2026-01-10 12:00:00] iteration       " + std::to_string(step) +
@@ -638,11 +652,7 @@ TEST_CASE("dplan calibrate on logs of a 1e-300 ms step writes no profile and exi
   std::vector<std::string> args = {"calibrate"};
   std::vector<std::string> plans;
   int i = 0;
-  for (auto [tp, pp, dp] : std::vector<std::array<int, 3>>{{1, 1, 1}, {1, 1, 4}, {4, 1, 1}, {1, 2, 1}, {2, 1, 2}, {1, 2, 2}}) {
-    costmodel::ParallelConfig layout;
-    layout.tp = tp;
-    layout.pp = pp;
-    layout.dp = dp;
+  for (const costmodel::ParallelConfig& layout : six_layouts()) {
     plans.push_back(dir.write("plan" + std::to_string(i++) + ".json",
                               to_json(costmodel::make_plan(model, cluster, training, layout, {}, {}, {})).dump()));
     args.push_back(log);

@@ -26,6 +26,7 @@ import io
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import subprocess
@@ -37,6 +38,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "scripts", "gpu-check")
 BUNDLE = ".gpu-bundle"  # relative to ROOT; ignored by git, carried to the GPU machine
 BUILD = "build-gpu"     # the GPU machine's (and the dry run's) build, relative to ROOT
+# Every step's name, in the order they run (--only takes these; the rehearsal's are cpu/NAME).
+STEP_NAMES = ("machine", "build", "bundle-complete", "probe", "nccl", "gloo", "plan", "train-dense", "pytorch-eager",
+              "pytorch-compile", "train-recompute", "train-offload", "train-moe", "checkpoint", "calibrate",
+              "predicted-vs-measured")
+
 SCAN = "build-gpu-scan"  # the bundle step's configure-only build, for the compile commands
 
 # The GPU machine's limits (what one call may carry, return and spend), checked by --bundle.
@@ -65,13 +71,13 @@ class Workload:
 # stay inside the budget (the offloaded optimizer's step runs on the host).
 GPU_WORKLOAD = Workload("cuda", "llama-3.2-1b", os.path.join(DATA, "mixtral-style-1b.json"),
                         os.path.join(DATA, "gpt-dropout-43m.json"), seq=4096, global_batch=8,
-                        steps={"dense": 22, "recompute": 12, "offload": 10, "moe": 12}, ckpt_seq=2048, ckpt_mbs=4,
+                        steps={"dense": 22, "pytorch": 12, "recompute": 12, "offload": 10, "moe": 12}, ckpt_seq=2048, ckpt_mbs=4,
                         backend="nccl")
 TINY = os.path.join(ROOT, "tests", "data", "executor")
 CPU_WORKLOAD = Workload("cpu", os.path.join(TINY, "llama-tiny", "config.json"),
                         os.path.join(TINY, "mixtral-tiny", "config.json"),
                         os.path.join(TINY, "gpt-tiny-dropout", "config.json"), seq=64, global_batch=4,
-                        steps={"dense": 6, "recompute": 4, "offload": 4, "moe": 4}, ckpt_seq=64, ckpt_mbs=2,
+                        steps={"dense": 6, "pytorch": 4, "recompute": 4, "offload": 4, "moe": 4}, ckpt_seq=64, ckpt_mbs=2,
                         backend="gloo")
 CKPT_STEPS, CKPT_SAVE_AT = 6, 3
 
@@ -89,6 +95,10 @@ class Refused(Exception):
 
 class Failed(Exception):
     pass
+
+
+class Skipped(Exception):
+    """A step that cannot run here for a reason named (not a failure)."""
 
 
 def now_iso():
@@ -296,13 +306,18 @@ def bundle_command(args):
 
 
 class Check:
-    def __init__(self, out, mode, python, bin_dir=None):
+    def __init__(self, out, mode, python, bin_dir=None, limit_s=CALL_LIMIT_S, only=None):
         """mode: "gpu", "dry-run", or "rehearsal" (the dry run's CPU rehearsal alone, with the
         binaries of bin_dir and its files under out)."""
         self.out = os.path.abspath(out)
         self.mode = mode
         self.dry_run = mode != "gpu"
         self.python = python
+        # The call's limit (the device call's timeout_s): steps stop starting 30 s before it and
+        # each ends 15 s before it, so that the summary is written. only: the steps to run (their
+        # needs among them), else all.
+        self.call_limit_s, self.budget_s = limit_s, limit_s - (CALL_LIMIT_S - BUDGET_S)
+        self.only = only
         self.start = time.monotonic()
         work_root = os.path.join(self.out, "work") if mode == "rehearsal" else os.path.join(ROOT, BUILD)
         self.gpu_work = os.path.join(work_root, "check")
@@ -329,7 +344,7 @@ class Check:
                 commit = ""
         self.summary = {"format_version": 1, "generator": "scripts/gpu-check.sh", "mode": mode,
                         "started": now_iso(), "commit": commit or None, "host": platform.node(),
-                        "budget_s": BUDGET_S, "steps": []}
+                        "budget_s": self.budget_s, "steps": []}
         self.results = {}
         self.cluster = "dgx-h100"
         self.w = GPU_WORKLOAD
@@ -412,20 +427,24 @@ class Check:
         self.summary["steps"].append(entry)
         missing = [self.prefix + n for n in needs if self.prefix + n not in self.results]
         t0 = time.monotonic()
-        if missing:
+        if self.only is not None and name.split("/")[-1] not in self.only:
+            entry.update(status="skipped", why="not in --only")
+        elif missing:
             entry.update(status="skipped", why=f"needs {', '.join(missing)}, which did not finish")
-        elif self.elapsed_s() > BUDGET_S:
-            entry.update(status="skipped", why=f"out of time ({self.elapsed_s():.0f} s of {BUDGET_S} s spent)")
+        elif self.elapsed_s() > self.budget_s:
+            entry.update(status="skipped", why=f"out of time ({self.elapsed_s():.0f} s of {self.budget_s} s spent)")
         else:
             self.log(f"\n== {name} ({self.elapsed_s():.0f} s in)")
             if not self.dry_run:  # a step ends before the call's limit, so that the summary is written
-                timeout_s = max(10.0, min(timeout_s, CALL_LIMIT_S - 15 - self.elapsed_s()))
+                timeout_s = max(10.0, min(timeout_s, self.call_limit_s - 15 - self.elapsed_s()))
             try:
                 result = fn(timeout_s)
                 self.results[name] = result
                 entry.update(status="ok", result=result)
             except Refused as e:
                 entry.update(status="refused", why=str(e))
+            except Skipped as e:
+                entry.update(status="skipped", why=str(e))
             except Failed as e:
                 entry.update(status="failed", why=str(e))
             except Exception as e:  # a defect of this script: recorded, the other steps go on
@@ -678,10 +697,44 @@ print(json.dumps(d))
         return {"measured_s": measured,
                 "predicted_s": {k: {"step_s": v, "error": prediction_error(v, measured)} for k, v in rows.items()}}
 
+    def pytorch(self, compiled, timeout_s):
+        """The dense plan's model trained by plain PyTorch on the same device (bench/torch_llama.py:
+        bf16 autocast, SDPA, fused AdamW; torch.compile per block with compiled): its step time
+        beside the executor's, and its MFU by the plan's FLOP count."""
+        if self.w.device == "cpu" and compiled:
+            raise Skipped("the rehearsal leaves torch.compile out (about 40 s of compiling on a CPU, for one line "
+                          "of bench/torch_llama.py)")
+        if self.w.device == "cpu":  # the rehearsal: with a PyTorch 2.x (the dry run's); Debian's 1.13 lacks SDPA's GQA
+            status, version = self.run([self.python, "-c", "import torch; print(torch.__version__)"], 60)
+            major_minor = tuple(int(x) for x in re.findall(r"\d+", (version.strip().splitlines() or ["0"])[-1])[:2])
+            if status != 0:
+                raise Skipped(f"{self.python} imports no PyTorch")
+            if major_minor < (2, 5):
+                raise Skipped(f"{self.python}'s PyTorch {version.strip()} is older than 2.5")
+        argv = [self.python, os.path.join(ROOT, "bench", "torch_llama.py"), "--plan", "dense-plan.json",
+                "--device", self.w.device, "--steps", str(self.w.steps["pytorch"]), "--warmup", "2"]
+        output = self.gpu_tool(argv + (["--compile"] if compiled else []), timeout_s)
+        ref = json.loads(output.strip().splitlines()[-1])
+        with open(os.path.join(self.work, f"pytorch-{'compile' if compiled else 'eager'}.json"), "w") as f:
+            json.dump(ref, f, indent=1)
+        dense = self.result("train-dense")
+        out = {"pytorch": {k: ref[k] for k in ("torch", "median_step_s", "tokens_per_s", "phases_s",
+                                                 "peak_allocated_bytes", "precision", "compile")}}
+        if dense:
+            executor_s, pred = dense["measured"]["median_step_s"], dense["plan"]
+            out["executor_over_pytorch"] = executor_s / ref["median_step_s"]
+            if pred.get("mfu"):  # one FLOP count for both: the plan's
+                out["pytorch"]["mfu"] = pred["mfu"] * pred["step_s"] / ref["median_step_s"]
+                out["executor_mfu"] = dense["measured"]["mfu"]
+        return out
+
     def run_training_steps(self):
         self.step(self.w.backend, self.backend, needs=("build",), timeout_s=60)
         self.step("plan", self.plan, needs=("build",), timeout_s=60)
-        for name in ("dense", "recompute", "offload", "moe"):
+        self.step("train-dense", lambda t: self.train("dense", t), needs=("plan",), timeout_s=120)
+        self.step("pytorch-eager", lambda t: self.pytorch(False, t), needs=("plan",), timeout_s=90)
+        self.step("pytorch-compile", lambda t: self.pytorch(True, t), needs=("plan",), timeout_s=150)
+        for name in ("recompute", "offload", "moe"):
             self.step(f"train-{name}", lambda t, n=name: self.train(n, t), needs=("plan",), timeout_s=120)
         self.step("checkpoint", self.checkpoint, needs=("plan",), timeout_s=120)
         self.step("calibrate", self.calibrate, needs=("train-dense",), timeout_s=60)
@@ -711,14 +764,18 @@ print(json.dumps(d))
             # Passed: everything that needs no GPU ran, and every GPU step refused in one line
             # (steps that only read GPU results are skipped).
             bad = {n: s for n, s in statuses.items() if s == "failed"}
-            gpu_steps = ["probe", "train-dense", "train-recompute", "train-offload", "train-moe", "checkpoint", "nccl"]
+            gpu_steps = ["probe", "train-dense", "pytorch-eager", "pytorch-compile", "train-recompute",
+                         "train-offload", "train-moe", "checkpoint", "nccl"]
             if self.mode == "dry-run":
                 bad.update({n: statuses[n] for n in gpu_steps if statuses.get(n) != "refused"})
                 bad.update({n: statuses[n] for n in ("machine", "build", "bundle-complete", "plan")
                             if statuses[n] != "ok"})
-            bad.update({n: s for n, s in statuses.items() if n.startswith("cpu/") and s != "ok"})
+            # (the PyTorch reference steps may be skipped where the python's PyTorch predates them)
+            bad.update({n: s for n, s in statuses.items() if n.startswith("cpu/") and s != "ok"
+                        and not (s == "skipped" and n.startswith("cpu/pytorch-"))})
         else:
-            bad = {n: s for n, s in statuses.items() if s != "ok"}
+            left_out = {e["name"] for e in self.summary["steps"] if e.get("why") == "not in --only"}
+            bad = {n: s for n, s in statuses.items() if s != "ok" and n not in left_out}
         self.summary["ok"] = not bad
         self.summary["not_ok"] = bad
         self.summary["finished"] = now_iso()
@@ -809,7 +866,7 @@ def training_result(plan, run, comparison):
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line naming the problem and the valid choices, exit 2
         print(f"gpu-check: error: {message}; valid: --bundle, --dry-run, --rehearse BUILD_DIR, --out DIR, "
-              "--python PY, --help", file=sys.stderr)
+              "--python PY, --limit-s S, --only STEPS, --help", file=sys.stderr)
         sys.exit(2)
 
 
@@ -821,6 +878,11 @@ def main():
     mode.add_argument("--rehearse", metavar="BUILD_DIR",
                       help="the dry run's CPU rehearsal alone, with the dplan and dplan-worker of BUILD_DIR")
     parser.add_argument("--out", default=os.environ.get("OUT"), help="output folder (default: $OUT)")
+    parser.add_argument("--limit-s", type=int, default=CALL_LIMIT_S,
+                        help=f"the call's time limit (default {CALL_LIMIT_S}): steps stop starting "
+                             f"{CALL_LIMIT_S - BUDGET_S} s before it")
+    parser.add_argument("--only", help="comma-separated steps to run (each with its needs), e.g. "
+                        "machine,build,plan,train-dense,pytorch-eager,pytorch-compile; default all")
     parser.add_argument("--python", help="the python whose PyTorch 2.x with CUDA to build against "
                         "(default: python3; the dry run: scripts/torch-venv.sh's)")
     args = parser.parse_args()
@@ -851,7 +913,16 @@ def main():
                       file=sys.stderr)
                 return 2
             return Check(args.out, "rehearsal", python or "python3", bin_dir=args.rehearse).run_all()
-        check = Check(args.out, "dry-run" if args.dry_run else "gpu", python or "python3")
+        only = None
+        if args.only:
+            only = set(x.strip() for x in args.only.split(",") if x.strip())
+            unknown = sorted(only - set(STEP_NAMES))
+            if unknown:
+                parser.error(f"--only: unknown step {unknown[0]!r} (steps: {', '.join(STEP_NAMES)})")
+        if args.limit_s < 120 or args.limit_s > 600:
+            parser.error(f"--limit-s {args.limit_s} is outside 120..600")
+        check = Check(args.out, "dry-run" if args.dry_run else "gpu", python or "python3",
+                      limit_s=args.limit_s, only=only)
         return check.run_all()
     except Failed as e:
         print(f"gpu-check: error: {e}", file=sys.stderr)

@@ -42,3 +42,10 @@ for step in range(steps):
 if losses[-1] >= losses[0]:
     print(f"rank {acc.process_index}: the loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f})", flush=True)
     sys.exit(1)
+# Every rank past its last collective before any tears the process group down: without this,
+# Gloo under PyTorch 2.15 now and then aborts a rank at exit (SIGABRT, "terminate called without
+# an active exception"; the launcher then exits 250, that is -6), after the steps have printed.
+# bench/torch_gpt.py's shut_down does the same.
+if torch.distributed.is_initialized():
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()

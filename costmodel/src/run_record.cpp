@@ -86,6 +86,7 @@ json to_json(const RunRecord& run) {
       {"memory_source", run.memory_source},
       {"stage_of_rank", run.stage_of_rank},
       {"replicas", {{"identical", run.replicas_identical}, {"weights_hash_by_rank", run.weights_hash_by_rank}}}};
+  if (!run.startup_s.empty()) out["startup_s"] = run.startup_s;
   if (run.checkpoints) {
     const RunCheckpoints& c = *run.checkpoints;
     json saves = json::array();
@@ -287,6 +288,17 @@ RunCheckpoints read_checkpoints(ObjectReader& r, size_t ranks) {
   return out;
 }
 
+// Written since start-up is timed; older files lack it. Each part a non-negative number of
+// seconds, "total" among them.
+std::map<std::string, double> read_startup(ObjectReader& r) {
+  ObjectReader startup = r.object("startup_s");
+  std::map<std::string, double> out;
+  for (const auto& [part, value] : r.raw("startup_s").items()) out[part] = startup.non_negative_number(part);
+  if (!out.count("total")) startup.fail("total", "the start-up's total in seconds");
+  startup.finish();
+  return out;
+}
+
 }  // namespace
 
 RunRecord run_record_from_json(const json& j, const std::string& file) {
@@ -310,6 +322,7 @@ RunRecord run_record_from_json(const json& j, const std::string& file) {
   run.memory_source = r.string("memory_source");
   run.weights_hash_by_rank = read_weight_hashes(r, run.stage_of_rank.size(), run.replicas_identical);
   if (r.has("checkpoints")) run.checkpoints = read_checkpoints(r, run.stage_of_rank.size());
+  if (r.has("startup_s")) run.startup_s = read_startup(r);
   r.finish();
   return run;
 }

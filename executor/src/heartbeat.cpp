@@ -9,20 +9,27 @@ namespace dplan::executor {
 
 Heartbeat::Heartbeat(c10::intrusive_ptr<c10d::Store> store, int rank) : store_(std::move(store)), rank_(rank) {
   thread_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(mutex_);
     while (!stop_) {
+      lock.unlock();
       try {
         store_->add(key(rank_), 1);
       } catch (const std::exception&) {
         // Keep trying: a beat that stopped while this rank still runs would name it as dead. If
         // the store is gone for good, the main thread finds out in its next collective.
       }
-      std::this_thread::sleep_for(kBeat);
+      lock.lock();
+      wake_.wait_for(lock, kBeat, [this] { return stop_; });
     }
   });
 }
 
 void Heartbeat::stop() {
-  stop_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 

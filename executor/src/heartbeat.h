@@ -3,8 +3,9 @@
 // beats is gone.
 #pragma once
 
-#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,7 +32,10 @@ class Heartbeat {
  private:
   c10::intrusive_ptr<c10d::Store> store_;
   int rank_;
-  std::atomic<bool> stop_{false};
+  // stop() wakes the thread from its wait between beats: a run ends without waiting out a beat.
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
   std::thread thread_;
 };
 

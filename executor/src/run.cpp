@@ -16,6 +16,7 @@
 #include <functional>
 #include <thread>
 
+#include <dlfcn.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -45,6 +46,7 @@
 #include "rank_setup.h"
 #include "run_record.h"
 #include "safetensors.h"
+#include "startup_clock.h"
 #include "trainer.h"
 
 namespace {
@@ -110,7 +112,16 @@ const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGT
 // / ranks) of a core), so a rank must not spread over idle cores when there are
 // fewer ranks than cores; LibTorch's reference-BLAS GEMMs run on one thread
 // anyway.
-void set_rank_threads(const Place&) { torch::set_num_threads(1); }
+// One intra-op thread per rank, and one BLAS thread: an OpenBLAS built with threads (Debian's
+// libopenblas0-pthread or -openmp, where it is the libblas.so.3 that Debian's LibTorch calls)
+// would otherwise run each GEMM on every core, under every rank at once. setup.sh installs the
+// serial build, which has no threads and no such function.
+void set_rank_threads(const Place&) {
+  torch::set_num_threads(1);
+  using SetThreads = void (*)(int);
+  if (auto set_blas_threads = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
+    set_blas_threads(1);
+}
 
 std::chrono::milliseconds collective_timeout(const RunOptions& args) {
   return std::chrono::milliseconds(static_cast<int64_t>(args.timeout_s * 1000));
@@ -519,7 +530,7 @@ void report_stop(const RunOptions& args, const Place& place, const TrainLog& log
                checkpoint_folder(args.checkpoint_dir, last_step).c_str());
 }
 
-int train(const RunOptions& args, const Place& place) {
+int train(const RunOptions& args, const Place& place, StartupClock& startup) {
   const ExecPlan plan = read_plan(args.plan_path);
   check_run_options(args, plan, place);
   if (args.deterministic) use_deterministic_kernels();
@@ -530,12 +541,14 @@ int train(const RunOptions& args, const Place& place) {
   if (!device.cuda) set_rank_threads(place);
   DataSource data(args.data_path, plan.training.seq_len, plan.model.vocab_size, plan.training.global_batch,
                   plan.parallel.dp, plan.mesh().coordinates(place.rank).dp, args.seed);
+  startup.mark("setup");  // the plan read and checked, the device, the meter, the threads, the data
 
   // Rendezvous and heartbeats.
   const auto timeout = collective_timeout(args);
   StorePtr store = connect_store(place, !place.agent_store && place.rank == 0, timeout);
   StorePtr beat_store = place.world > 1 ? connect_store(place, false, timeout) : store;
   Heartbeat heartbeat(beat_store, place.rank);
+  startup.mark("rendezvous");
   // The checkpoint folder first: one run writes into it at a time (rank 0 holds its lock till exit).
   std::string checkpoint_token;
   const std::unique_ptr<CheckpointFolderLock> checkpoint_lock =
@@ -545,11 +558,14 @@ int train(const RunOptions& args, const Place& place) {
     ParallelContext ctx =
         build_parallel_context(plan, place.rank, device.cuda ? at::Device(at::kCUDA, place.local_rank) : at::Device(at::kCPU),
                                device.bf16 ? at::kBFloat16 : at::kFloat, store, go, clock, meter);
+    startup.mark("groups");
     GptStage stage = build_model(plan, ctx, args.seed, place.rank);
+    startup.mark("model");
     GradSync grads(stage, ctx, static_cast<int64_t>(plan.training.bucket_bytes), plan.parallel.zero_stage,
                    plan.parallel.distributed_optimizer, device.grad_dtype);
     std::unique_ptr<torch::optim::AdamW> optimizer = build_optimizer(grads, args.lr, plan.parallel.offload_optimizer);
     Trainer trainer(stage, ctx, grads, *optimizer, step_options(plan, args.max_grad_norm));
+    startup.mark("optimizer");
     if (!args.save_reference.empty()) save_reference(args, plan, stage, data);
 
     // Checkpoints: resume (--resume, or a torchrun restart with --checkpoint-dir), then save.
@@ -580,6 +596,7 @@ int train(const RunOptions& args, const Place& place) {
       checkpoints = {checkpointer.get(), &state, &ctx.world, ctx.device};
     }
 
+    startup.mark("before_first_step");  // a reference file, a resume, the checkpoint saver
     const TrainLog log = train_steps(args, place, plan, trainer, data, clock, meter, first_step, checkpoints);
     if (checkpointer) checkpointer->wait();  // the last save's write, and rank 0's manifest
     if (log.stop_signal) checkpoint_record->stopped_by_signal = log.stop_signal;
@@ -588,6 +605,7 @@ int train(const RunOptions& args, const Place& place) {
     json mine = rank_report(place.rank, ctx.stage, log.steps,
                             std::min(args.warmup_steps(), std::max(0, static_cast<int>(log.steps.size()) - 1)), log.peaks,
                             stage, grads, *optimizer);
+    mine["startup_s"] = startup.to_json();
     if (checkpointer) mine["checkpoint_saves"] = save_records(*checkpointer);
     const std::vector<json> reports = gather_reports(*store, place, mine);
     std::string write_error;
@@ -650,6 +668,7 @@ int check_backend(const RunOptions& args, const std::string& name) {
 }  // namespace
 
 int dplan::executor::run_worker(int argc, char** argv) {
+  StartupClock startup;  // first: the start-up is timed from here (and from the launch, when known)
   RunOptions args;
   bool probe = false;
   CLI::App app{"dplan-worker: one rank of dplan's executor (started by dplan run, torchrun or srun)", "dplan-worker"};
@@ -669,7 +688,7 @@ int dplan::executor::run_worker(int argc, char** argv) {
     if (!backend_to_check.empty()) return check_backend(args, backend_to_check) == 0 ? (exit_now(0), 0) : 1;
     if (args.plan_path.empty()) throw InputError("give plan.json (written by dplan -o), or --probe -o FILE");
     if (!args.checkpoint_dir.empty()) install_stop_signals();
-    return train(args, place) == 0 ? (exit_now(0), 0) : 1;
+    return train(args, place, startup) == 0 ? (exit_now(0), 0) : 1;
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {

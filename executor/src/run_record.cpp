@@ -162,6 +162,11 @@ json assemble_run(const ExecPlan& plan, int world_size, int num_steps, int warmu
     run.stage_of_rank.push_back(r["stage"].get<int>());
   }
   run.memory_source = memory_source;
+  // The start-up of the rank that took longest (the first collective waits for it).
+  for (const auto& r : ranks)
+    if (r.contains("startup_s") &&
+        (run.startup_s.empty() || r["startup_s"]["total"].get<double>() > run.startup_s.at("total")))
+      run.startup_s = r["startup_s"].get<std::map<std::string, double>>();
   if (checkpoints) {
     const size_t saves = ranks[0].value("checkpoint_saves", json::array()).size();
     for (size_t i = 0; i < saves; ++i) {

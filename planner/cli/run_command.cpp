@@ -191,6 +191,10 @@ std::vector<pid_t> start_ranks(std::vector<std::string>& args, int world,
     std::vector<char*> envp;
     for (auto& s : env_strings) envp.push_back(s.data());
     envp.push_back(nullptr);
+    envp.pop_back();  // the launch time last, taken as late as can be (the rank's start-up is timed from it)
+    std::string launched = std::string(executor::kLaunchTimeEnv) + "=" + std::to_string(executor::steady_now_ns());
+    envp.push_back(launched.data());
+    envp.push_back(nullptr);
     pid_t pid = ::fork();
     if (pid < 0) {
       const std::string why = std::strerror(errno);
@@ -260,7 +264,8 @@ int launch_local_ranks(std::vector<std::string> args, int world, double timeout_
       continue;
     }
     watch.tick(Clock::now());
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    // 10 ms: a rank's exit is noticed within that (the launcher's exit follows its last rank's).
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (const std::string error = watch.error_message(); !error.empty()) std::cerr << "dplan: error: " << error << "\n";
   return watch.exit_status();

@@ -168,6 +168,30 @@ TEST_CASE("run.json: the checkpoints block reads strictly and round-trips and ol
   CHECK_THAT(error_of([&] { run_record_from_json(bad, "run.json"); }), Catch::StartsWith("run.json: /checkpoints"));
 }
 
+TEST_CASE("run.json: the start-up block reads strictly and round-trips and older files read without it", "[formats]") {
+  json j = read_json_file(kData + "/compare/run.json");
+  CHECK(run_record_from_json(j, "run.json").startup_s.empty());  // written before start-up was timed
+  j["startup_s"] = json::parse(R"({"launch_to_main": 0.41, "setup": 0.002, "rendezvous": 0.001, "groups": 0.01,
+    "model": 0.003, "optimizer": 0.0005, "before_first_step": 0.0, "total": 0.4265})");
+  const RunRecord run = run_record_from_json(j, "run.json");
+  CHECK(run.startup_s.at("launch_to_main") == 0.41);
+  CHECK(run.startup_s.size() == 8);
+  CHECK(to_json(run) == j);
+  CHECK(run_record_from_json(to_json(run), "run.json") == run);
+  json bad = j;
+  bad["startup_s"]["model"] = -1;
+  CHECK_THAT(error_of([&] { run_record_from_json(bad, "run.json"); }), Catch::StartsWith("run.json: /startup_s/model: "));
+  bad = j;
+  bad["startup_s"]["groups"] = "fast";
+  CHECK_THAT(error_of([&] { run_record_from_json(bad, "run.json"); }), Catch::StartsWith("run.json: /startup_s/groups: "));
+  bad = j;
+  bad["startup_s"].erase("total");
+  CHECK_THAT(error_of([&] { run_record_from_json(bad, "run.json"); }), Catch::StartsWith("run.json: /startup_s/total: "));
+  bad = j;
+  bad["startup_s"] = 3;
+  CHECK_THAT(error_of([&] { run_record_from_json(bad, "run.json"); }), Catch::StartsWith("run.json: /startup_s: "));
+}
+
 TEST_CASE("run.json: a newer format, a missing key and a wrong type are one line naming file and pointer", "[formats]") {
   const json good = read_json_file(kData + "/compare/run.json");
   json j = good;

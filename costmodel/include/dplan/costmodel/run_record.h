@@ -84,6 +84,10 @@ struct RunRecord {
   bool replicas_identical = true;
   std::vector<std::string> weights_hash_by_rank;
   std::optional<RunCheckpoints> checkpoints;  // absent in older files and in runs that neither saved nor resumed
+  // The start-up of the rank that took longest, part -> seconds, "total" their sum (the executor's
+  // StartupClock parts: launch_to_main under dplan run, setup, rendezvous, groups, model,
+  // optimizer, before_first_step); empty in older files.
+  std::map<std::string, double> startup_s;
   bool operator==(const RunRecord&) const = default;
 };
 

@@ -35,6 +35,10 @@ inline long long steady_now_ns() {
       .count();
 }
 
+// The moment dplan run started a rank (steady_now_ns() just before its fork, in decimal), in the
+// rank's environment: the rank's start-up is timed from there (run.json "startup_s").
+inline constexpr const char* kLaunchTimeEnv = "DPLAN_LAUNCH_NS";
+
 // Written whole or not at all (a temporary file renamed into place): the launcher may look while
 // the rank is still writing. Best effort: a rank that cannot write it still exits 2.
 inline void write_rank_error(const std::string& run_dir, int rank, const std::string& message) {

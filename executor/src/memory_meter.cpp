@@ -1,8 +1,6 @@
 #include "memory_meter.h"
 
 #include <algorithm>
-#include <mutex>
-#include <unordered_map>
 
 #include <c10/core/Allocator.h>
 #include <ATen/Parallel.h>
@@ -25,12 +23,14 @@ void raise_to(std::atomic<int64_t>& peak, int64_t now) {
 
 namespace detail {
 
-// Wraps the default CPU allocator. Some LibTorch code calls raw_allocate(), which requires the
-// DataPtr's context to equal its data pointer, so each block's inner DataPtr lives in a table
-// keyed by the data pointer, and the deleter is one plain function.
+// Wraps the default CPU allocator. Each block carries its size and kind in a header in front of
+// the tensor's bytes (kHeaderBytes, which keeps the base allocator's alignment), so that neither
+// allocating nor freeing takes a lock or looks anything up: the counters are atomics. LibTorch's
+// raw_allocate() requires a DataPtr's context to equal its data pointer; both are the tensor's
+// bytes, and the deleter, one plain function, finds the header in front of them.
 class CountingCpuAllocator final : public c10::Allocator {
  public:
-  explicit CountingCpuAllocator(c10::Allocator* base) : base_(base) {}
+  explicit CountingCpuAllocator(c10::Allocator* base) : base_(base), base_free_(base->raw_deleter()) {}
 
   // This process's counting allocator, installed as LibTorch's CPU allocator on first use; it
   // lives as long as the process.
@@ -65,53 +65,49 @@ class CountingCpuAllocator final : public c10::Allocator {
   void buffers_changed() { raise_to(peak_other_, current_.load() - buffers()); }
 
  private:
-  struct Block {
-    c10::DataPtr inner;
-    size_t bytes;
-    bool buffer;  // allocated by a backend thread
-    bool host;    // allocated under a HostScope: counted apart from the device's bytes
+  enum Kind : uint32_t { kTensor = 0, kBuffer = 1, kHost = 2 };
+  struct Header {
+    size_t bytes;  // the tensor's, as asked for
+    Kind kind;
   };
+  // c10's CPU alignment (gAlignment, 64 bytes): the tensor's bytes stay as aligned as the base's.
+  static constexpr size_t kHeaderBytes = 64;
+  static_assert(sizeof(Header) <= kHeaderBytes);
+
   int64_t buffers() const {
-    const MemoryMeter* meter = meter_.load();
-    return meter ? meter->buffers_.load() : 0;
+    const MemoryMeter* meter = meter_.load(std::memory_order_relaxed);
+    return meter ? meter->buffers_.load(std::memory_order_relaxed) : 0;
   }
   static void release(void* data) {
     if (!data) return;
     CountingCpuAllocator* self = installed_;  // the deleter of its blocks only: it is installed
-    Block block;
-    {
-      std::lock_guard<std::mutex> lock(self->mutex_);
-      auto it = self->blocks_.find(data);
-      if (it == self->blocks_.end()) return;
-      block = std::move(it->second);
-      self->blocks_.erase(it);
-    }
-    if (block.host) {
-      self->host_current_ -= int64_t(block.bytes);
+    void* block = static_cast<char*>(data) - kHeaderBytes;
+    const Header header = *static_cast<const Header*>(block);
+    self->base_free_(block);
+    const int64_t bytes = static_cast<int64_t>(header.bytes);
+    if (header.kind == kHost) {
+      self->host_current_ -= bytes;
       return;
     }
-    self->current_ -= int64_t(block.bytes);
-    if (MemoryMeter* meter = self->meter_.load(); block.buffer && meter) meter->buffers_ -= int64_t(block.bytes);
-    self->buffers_changed();
-  }  // the inner DataPtr frees the memory through the default allocator here
+    self->current_ -= bytes;
+    // current less buffers cannot grow here (a buffer's release lowers both alike): no peak to raise.
+    if (MemoryMeter* meter = self->meter_.load(); header.kind == kBuffer && meter) meter->buffers_ -= bytes;
+  }
   c10::DataPtr wrap(size_t n) const {
-    c10::DataPtr inner = base_->allocate(n);
-    void* data = inner.get();
-    c10::Device device = inner.device();
-    if (!data) return inner;  // zero bytes
-    MemoryMeter* meter = meter_.load();
+    if (n == 0) return base_->allocate(0);
+    void* block = base_->raw_allocate(n + kHeaderBytes);
+    MemoryMeter* meter = meter_.load(std::memory_order_relaxed);
     const bool host = HostScope::active();
     const bool buffer = !host && meter && meter->on_backend_thread();
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      blocks_[data] = Block{std::move(inner), n, buffer, host};
-    }
+    *static_cast<Header*>(block) = Header{n, host ? kHost : buffer ? kBuffer : kTensor};
+    void* data = static_cast<char*>(block) + kHeaderBytes;
+    const c10::Device device(c10::DeviceType::CPU);
     if (host) {
       raise_to(host_peak_, host_current_ += int64_t(n));
       return c10::DataPtr(data, data, &release, device);
     }
     if (buffer) raise_to(meter->buffers_peak_, meter->buffers_ += int64_t(n));
-    int64_t now = (current_ += int64_t(n));
+    const int64_t now = (current_ += int64_t(n));
     raise_to(peak_, now);
     raise_to(peak_other_, now - buffers());
     return c10::DataPtr(data, data, &release, device);
@@ -120,9 +116,8 @@ class CountingCpuAllocator final : public c10::Allocator {
   // The installed one, for release(), a plain function (the deleter of every block).
   static inline CountingCpuAllocator* installed_ = nullptr;
   c10::Allocator* base_;
+  c10::DeleterFnPtr base_free_;  // frees what base_->raw_allocate gave
   std::atomic<MemoryMeter*> meter_{nullptr};
-  mutable std::mutex mutex_;
-  mutable std::unordered_map<void*, Block> blocks_;
   mutable std::atomic<int64_t> current_{0}, peak_{0}, peak_other_{0};
   mutable std::atomic<int64_t> host_current_{0}, host_peak_{0};  // HostScope's, apart from the above
 };

@@ -353,8 +353,11 @@ at::Tensor GptStage::flash_core(const at::Tensor& q, const at::Tensor& k, const 
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
   // The fused kernel (FlashAttention-2 where it applies); grouped K/V through enable_gqa (PyTorch
   // 2.5+, torch.nn.functional.scaled_dot_product_attention's docs), whose flash kernel reads them
-  // at kv-head width as the cost model prices it.
-  if (q.is_cuda()) {
+  // at kv-head width as the cost model prices it. On the CPU too, without dropout: ATen's CPU flash
+  // kernel (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp) saves what ours does (q, k, v, the
+  // output, the log-sum-exp) and runs as one fused loop; with dropout, ours, whose masks recompute
+  // and checkpoints replay from the generator.
+  if (q.is_cuda() || model_.attention_dropout == 0) {
     at::Tensor out = at::scaled_dot_product_attention(q, k, v, {}, model_.attention_dropout, /*is_causal=*/true,
                                                       /*scale=*/std::nullopt, /*enable_gqa=*/k.size(1) != q.size(1));
     return out.transpose(1, 2).reshape({q.size(0), q.size(2), q.size(1) * q.size(3)});

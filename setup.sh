@@ -41,7 +41,11 @@ packages=(cmake g++ make pkg-config nlohmann-json3-dev libcli11-dev libboost-gra
 # ccache: the executor's second build (against PyTorch 2.x, BUILD_DIR=build-torch2) compiles the
 # cost model, the planner and their tests exactly as the first did, and takes them from the cache.
 if ((slurm)); then packages+=(slurm-wlm munge); fi
-if ((all)); then packages+=(catch2 libtorch-dev libgloo-dev zlib1g-dev python3-torch clang libclang-rt-14-dev llvm-14 ccache); fi
+# libopenblas0-serial: Debian's LibTorch calls the system libblas.so.3, which on a fresh machine is
+# netlib's reference BLAS (13-20x slower GEMMs); OpenBLAS registers itself through the alternatives
+# system as libblas.so.3 and liblapack.so.3. The serial build: one thread per rank, as the executor
+# runs LibTorch, so ranks never oversubscribe the cores, and results do not depend on a thread count.
+if ((all)); then packages+=(catch2 libtorch-dev libgloo-dev zlib1g-dev python3-torch libopenblas0-serial clang libclang-rt-14-dev llvm-14 ccache); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -51,6 +55,17 @@ if ((${#missing[@]})); then
   if [[ $(id -u) -eq 0 ]]; then sudo=(); else sudo=(sudo); fi
   "${sudo[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ((all)); then
+  # Which BLAS Debian's LibTorch (and python3-torch) will call: said, and warned of when it is the
+  # reference BLAS (an administrator's manual choice, which this leaves alone).
+  blas=$(readlink -f "/usr/lib/$(gcc -print-multiarch)/libblas.so.3" 2>/dev/null || true)
+  case "$blas" in
+    *openblas*|*blis*|*mkl*) echo "setup: BLAS for Debian's LibTorch: $blas" >&2 ;;
+    *) echo "setup: warning: libblas.so.3 is $blas, the reference BLAS (GEMMs 13-20x slower): pick OpenBLAS with" \
+            "update-alternatives --config libblas.so.3-$(gcc -print-multiarch)" >&2 ;;
+  esac
 fi
 
 build_dir=${BUILD_DIR:-build}

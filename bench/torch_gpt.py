@@ -350,13 +350,22 @@ def rows_of_rank(tokens, engine, rank, world):
     return tokens if engine == "tp" else tokens[rank::world]
 
 
-def train_step(model, optimizer, tokens, max_norm, engine, world):
-    """One step; returns (the global batch's mean loss, the gradient norm before clipping)."""
+def train_step(model, optimizer, tokens, max_norm, engine, world, phases=None):
+    """One step; returns (the global batch's mean loss, the gradient norm before clipping). With
+    `phases` (a dict), adds the step's seconds in forward, backward (with the engine's gradient
+    communication, which overlaps it) and optimizer (clipping and the step) to it, the phases
+    dplan run's run.json names alike."""
+    t0 = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
     loss = model(tokens[:, :-1], tokens[:, 1:])  # the mean over this rank's tokens
+    t1 = time.perf_counter()
     loss.backward()  # DDP averages gradients over ranks, FSDP2 reduce-scatters their mean
+    t2 = time.perf_counter()
     norm = clip_global_norm(list(model.parameters()), max_norm, world)
     optimizer.step()
+    if phases is not None:
+        for name, seconds in (("forward", t1 - t0), ("backward", t2 - t1), ("optimizer", time.perf_counter() - t2)):
+            phases[name] = phases.get(name, 0.0) + seconds
     mean = loss.detach().clone()
     if engine != "tp" and world > 1:  # data-parallel ranks hold equal shares of the global batch
         dist.all_reduce(mean)
@@ -444,22 +453,25 @@ def main():
     model, _ = wrap(model, args.engine, world)
     optimizer = adamw(model, {"lr": args.lr, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1})
     gen = torch.Generator().manual_seed(args.seed + 1)  # the same global batches on every rank
-    times, losses = [], []
+    times, losses, phases = [], [], []
     for _ in range(args.steps):
         tokens = torch.randint(0, cfg["vocab_size"], (args.global_batch, args.seq + 1), generator=gen)
         mine = rows_of_rank(tokens, args.engine, rank, world)
+        phases.append({})
         t0 = time.perf_counter()
-        loss, _ = train_step(model, optimizer, mine, args.max_grad_norm, args.engine, world)
+        loss, _ = train_step(model, optimizer, mine, args.max_grad_norm, args.engine, world, phases[-1])
         times.append(time.perf_counter() - t0)
         losses.append(loss)
     measured = times[args.warmup:]
     median = statistics.median(measured)
+    phases_s = {name: statistics.median(p[name] for p in phases[args.warmup:]) for name in phases[0]}
     if rank == 0:
         print(json.dumps({
             "engine": args.engine, "world_size": world, "median_step_s": median, "steps": len(measured),
             "warmup": args.warmup, "step_times_s": measured, "tokens_per_s": args.global_batch * args.seq / median,
             "global_batch": args.global_batch, "seq": args.seq, "threads_per_rank": args.threads,
             "first_loss": losses[0], "last_loss": losses[-1], "torch_version": torch.__version__,
+            "phases_s": phases_s,
         }), flush=True)
     shut_down()
     return 0

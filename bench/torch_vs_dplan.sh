@@ -97,7 +97,9 @@ run_torch() {
     read -r engine world _ <<<"${spec[$pairing]}"
     local out=$tmp/$pairing.$round.torch.out err=$tmp/$pairing.$round.torch.err
     say "round $round $pairing: torch $engine, world $world"
-    if ! "$TORCHRUN" --standalone --nproc_per_node "$world" "${torchrun_args[@]}" bench/torch_gpt.py --engine "$engine" \
+    # numpy's own OpenBLAS (torch imports numpy) would otherwise keep a thread per core spinning
+    # beside each rank: one thread per rank on both sides.
+    if ! OPENBLAS_NUM_THREADS=1 "$TORCHRUN" --standalone --nproc_per_node "$world" "${torchrun_args[@]}" bench/torch_gpt.py --engine "$engine" \
             --config "$config" --steps "$steps" --warmup "$warmup" --global-batch "$global_batch" \
             --seq "$seq" >"$out" 2>"$err"; then
         show_tail "$err"
@@ -107,7 +109,9 @@ run_torch() {
     "$PYTHON" -c '
 import json, sys
 lines = [l for l in open(sys.argv[1]) if l.startswith("{")]
-print(json.loads(lines[-1])["median_step_s"])' "$out" >"$tmp/$pairing.$round.torch.s" ||
+result = json.loads(lines[-1])
+json.dump(result.get("phases_s", {}), open(sys.argv[2], "w"))
+print(result["median_step_s"])' "$out" "$tmp/$pairing.$round.torch.phases.json" >"$tmp/$pairing.$round.torch.s" ||
         failures+=("torch $pairing round $round (no result)")
 }
 
@@ -154,10 +158,10 @@ echo "GPT $config, global batch $global_batch x seq $seq, fp32, CPU, $(nproc) co
 import json, os, statistics, sys
 tmp, rounds, pairings = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 print(f"{'pairing':<9} {'torch step (ms)':>16} {'dplan step (ms)':>16} {'dplan/torch':>12} {'min-max':>13}  "
-      f"dplan phases, last round (ms): fwd bwd tp dp opt overhead")
+      f"phases, last round (ms): torch fwd bwd opt | dplan fwd bwd tp dp opt overhead")
 worst = None
 for p in pairings:
-    ratios, t_ms, d_ms, phases = [], [], [], None
+    ratios, t_ms, d_ms, phases, torch_phases = [], [], [], None, {}
     for r in range(1, rounds + 1):
         tf, df = f"{tmp}/{p}.{r}.torch.s", f"{tmp}/{p}.{r}.run.json"
         if not (os.path.exists(tf) and os.path.exists(df)):
@@ -169,12 +173,15 @@ for p in pairings:
         t_ms.append(t * 1e3)
         d_ms.append(d * 1e3)
         phases = run["phases_s"]
+        pf = f"{tmp}/{p}.{r}.torch.phases.json"
+        torch_phases = json.load(open(pf)) if os.path.exists(pf) else {}
     if not ratios:
         print(f"{p:<9} {'failed':>16}")
         continue
     med = statistics.median(ratios)
     worst = med if worst is None else max(worst, med)
-    ph = " ".join(f"{phases.get(k, 0) * 1e3:.0f}" for k in ("forward", "backward", "tp_comm", "dp_comm", "optimizer", "overhead"))
+    tph = " ".join(f"{torch_phases[k] * 1e3:.0f}" if k in torch_phases else "-" for k in ("forward", "backward", "optimizer"))
+    ph = tph + " | " + " ".join(f"{phases.get(k, 0) * 1e3:.0f}" for k in ("forward", "backward", "tp_comm", "dp_comm", "optimizer", "overhead"))
     print(f"{p:<9} {statistics.median(t_ms):>16.1f} {statistics.median(d_ms):>16.1f} {med:>12.3f} "
           f"{min(ratios):>6.3f}-{max(ratios):.3f}  {ph}")
 if worst is not None:

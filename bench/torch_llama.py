@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A dplan plan's Llama-style model trained by plain PyTorch on one GPU: the reference the
-executor's single-GPU speed is measured against (docs/gpu-check.md, issue: executor speed).
+executor's single-GPU speed is measured against (docs/gpu-check.md).
 
     python3 bench/torch_llama.py --plan dense-plan.json --steps 12 --warmup 2 [--compile]
 

@@ -57,16 +57,6 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-if ((all)); then
-  # Which BLAS Debian's LibTorch (and python3-torch) will call: said, and warned of when it is the
-  # reference BLAS (an administrator's manual choice, which this leaves alone).
-  blas=$(readlink -f "/usr/lib/$(gcc -print-multiarch)/libblas.so.3" 2>/dev/null || true)
-  case "$blas" in
-    *openblas*|*blis*|*mkl*) echo "setup: BLAS for Debian's LibTorch: $blas" >&2 ;;
-    *) echo "setup: warning: libblas.so.3 is $blas, the reference BLAS (GEMMs 13-20x slower): pick OpenBLAS with" \
-            "update-alternatives --config libblas.so.3-$(gcc -print-multiarch)" >&2 ;;
-  esac
-fi
 
 build_dir=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
@@ -108,6 +98,14 @@ if ((all)); then
     torch_args=(-DCMAKE_PREFIX_PATH="$torch_dir" -DDPLAN_TORCH_PYTHON="$python_path")
     choice="$python_path $version"
   fi
+  # Which BLAS Debian's LibTorch (and python3-torch) will call: said, and warned of when it is the
+  # reference BLAS (an administrator's manual choice, which this leaves alone).
+  blas=$(readlink -f "/usr/lib/$(gcc -print-multiarch)/libblas.so.3" 2>/dev/null || true)
+  case "$blas" in
+    *openblas*|*blis*|*mkl*) echo "setup: BLAS for Debian's LibTorch: $blas" >&2 ;;
+    *) echo "setup: warning: libblas.so.3 is $blas, the reference BLAS (GEMMs 13-20x slower): pick OpenBLAS with" \
+            "update-alternatives --config libblas.so.3-$(gcc -print-multiarch)" >&2 ;;
+  esac
   fresh=()
   if [[ -f $build_dir/CMakeCache.txt ]] &&
      ! grep -qxF "DPLAN_TORCH_CHOICE:INTERNAL=$choice" "$build_dir/CMakeCache.txt"; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every benchmark, one after another, each printing its figures: the checks whose numbers depend on
 # how fast and how steady this machine is, kept out of the test suite (see bench/README.md).
-#   bench/run.sh            search speed, the probe, the closed loop's accuracy, the examples walk-through
+#   bench/run.sh            search speed, rank start-up, the probe, the closed loop's accuracy, the examples walk-through
 #   bench/run.sh --torch    also dplan's executor against PyTorch 2.x's DDP, FSDP2 and tensor parallel
 #                           (bench/torch_vs_dplan.sh: 3 rounds of 8 runs; DPLAN_TORCH_VENV or PYTHON names the torch)
 #   bench/run.sh --rank     also whether dplan orders layouts as this machine does (bench/rank_layouts.py:
@@ -46,6 +46,7 @@ bench() {  # name, command...
 }
 
 bench "search speed" "$build/bench/search_bench"
+bench "rank start-up" python3 bench/startup_bench.py --dplan "$build/dplan"
 bench "probe" "$build/bench/machine_bench" "[probe]"
 bench "accuracy" "$build/bench/machine_bench" "[accuracy]"
 bench "examples walk-through" env DPLAN="$build/dplan" examples/run_all.sh

@@ -96,12 +96,14 @@ double outside_allocator_bytes(const GpuSpec& gpu, const ParallelConfig& p) {
 }
 
 std::vector<StageParams> stage_params(const ModelSpec& m, const ParallelConfig& p, int vocab_size) {
-  const std::vector<std::vector<ModelChunk>> chunks = assign_chunks(m.num_layers, p);
+  const std::shared_ptr<const ChunkAssignment> assignment = shared_chunks(m.num_layers, p);
+  const ChunkAssignment& chunks = *assignment;
   const GpuLayerParams layer = gpu_layer_params(m, p);
   const double h = m.hidden_size, vocab = vocab_size;
   const double final_norm = m.norm == NormKind::layernorm ? 2 * h : h;
   const double positions = m.position == PositionKind::learned ? double(m.max_seq_len) * h : 0;
   std::vector<StageParams> out;
+  out.reserve(p.pp);
   for (int stage = 0; stage < p.pp; ++stage) {
     const bool first = holds_embedding(chunks[stage]), last = holds_loss(chunks[stage]);
     int layers = 0;
@@ -219,7 +221,8 @@ ModelStateBytes model_state_bytes(double n, int shard_ranks, const TrainingSpec&
 MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t,
                                const ParallelConfig& p, double headroom_fraction) {
   const int microbatches = num_microbatches(t, p);
-  const std::vector<std::vector<ModelChunk>> chunks = assign_chunks(m.num_layers, p);
+  const std::shared_ptr<const ChunkAssignment> assignment = shared_chunks(m.num_layers, p);
+  const ChunkAssignment& chunks = *assignment;
   const double h = m.hidden_size;
   const double vocab = padded_vocab(m, t, p.tp);
   const double act = activation_bytes(t.precision);
@@ -238,6 +241,7 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
   const double outside_allocator = outside_allocator_bytes(c.gpu, p);
 
   MemoryEstimate est;
+  est.stages.reserve(p.pp);
   est.capacity_bytes = c.gpu.memory_capacity_bytes();
   est.headroom_fraction = headroom_fraction;
   est.host_capacity_bytes = c.host_memory_bytes;

@@ -292,7 +292,8 @@ Zero3Comm zero3_comm(const ModelSpec& m, const Network& net, const GpuSpec& gpu,
 std::vector<StageTime> stage_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpec& t,
                                    const ParallelConfig& p, const LayerTimes& lt, const LayerComm& comm,
                                    const OverlapOptions& overlap) {
-  const std::vector<std::vector<ModelChunk>> chunks = assign_chunks(m.num_layers, p);
+  const std::shared_ptr<const ChunkAssignment> assignment = shared_chunks(m.num_layers, p);
+  const ChunkAssignment& chunks = *assignment;
   const EdgeTimes et = edge_times(m, gpu, t, p);
   const double ep_forward_share = 1 / (2 + recomputed_comm(m, t, p).ep);  // see expert_parallel_comm_s
   std::vector<StageTime> st(p.pp);

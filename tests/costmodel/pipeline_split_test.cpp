@@ -286,3 +286,42 @@ TEST_CASE("uneven chunks: the closed form's p - 1 slots of the longest chunk sta
   for (StageTime& s : even) s.chunk_layers = {5, 5};
   CHECK_FALSE(uneven_chunk_slot_s(even));
 }
+
+// The search's shortcuts (docs/cost-model.md, "Search speed") give the values of what they stand
+// for: the kept assignment is assign_chunks', and the one-walk count of layer-micro-batches in
+// flight is each chunk's count weighted by its layers, over every split the search makes.
+TEST_CASE("shared_chunks and layer_microbatches_in_flight equal what they shortcut", "[pipeline-split]") {
+  std::vector<std::pair<int, ParallelConfig>> splits;
+  for (int layers : {1, 2, 7, 32, 61, 80, 94, 126})
+    for (int pp = 1; pp <= 16; ++pp)
+      for (Schedule schedule : {Schedule::gpipe, Schedule::one_f_one_b, Schedule::interleaved, Schedule::dualpipe})
+        for (int vpp = 1; vpp <= (schedule == Schedule::interleaved ? 8 : 1); ++vpp) {
+          if ((schedule == Schedule::interleaved && (vpp < 2 || pp < 2)) || (schedule == Schedule::dualpipe && pp % 2))
+            continue;
+          ParallelConfig p{.pp = pp, .vpp = vpp, .schedule = schedule};
+          if (auto split = megatron_split(layers, p)) splits.push_back({layers, *split});
+        }
+  // Explicit splits too: a listed one and first/last counts.
+  splits.push_back({80, ParallelConfig{.pp = 4, .layers_per_stage = {20, 21, 19, 20}}});
+  splits.push_back({80, ParallelConfig{.pp = 4, .first_stage_layers = 18, .last_stage_layers = 18}});
+  splits.push_back({80, ParallelConfig{.pp = 4, .layers_per_stage = {21, 20, 19, 20}}});
+  REQUIRE(splits.size() > 4 * kSharedAssignments);
+  // Twice through, so the kept ones are found again, and evicted, in a search's order and out of it.
+  for (int round = 0; round < 2; ++round)
+    for (size_t i = 0; i < splits.size(); ++i) {
+      const auto& [layers, p] = splits[round == 0 ? i : splits.size() - 1 - i];
+      INFO(layers << " layers, " << to_json(p).dump());
+      const std::vector<std::vector<ModelChunk>> chunks = assign_chunks(layers, p);
+      REQUIRE(*shared_chunks(layers, p) == chunks);
+      REQUIRE(*shared_chunks(layers, p) == chunks);
+      for (int stage = 0; stage < p.pp; ++stage)
+        for (int m : {1, p.pp, 2 * p.pp + 1, 64, 256}) {
+          if (p.schedule == Schedule::interleaved && m % p.pp) continue;
+          double by_chunk = 0;
+          for (size_t c = 0; c < chunks[stage].size(); ++c)
+            by_chunk += chunks[stage][c].num_layers *
+                        chunk_microbatches_in_flight(p, int(chunks[stage].size()), int(c), stage, m);
+          CHECK(layer_microbatches_in_flight(p, chunks[stage], stage, m) == by_chunk);
+        }
+    }
+}

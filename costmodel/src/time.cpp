@@ -50,15 +50,25 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
 // pipeline around them, then what follows the last backward (data-parallel communication and the
 // optimizer). Ranks that share cores change the device's pace, the pipeline's play-out and the
 // tensor-parallel groups' compute, all through CoreSharing.
-TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const TrainingSpec& t, const ParallelConfig& p,
-                            const MemoryEstimate& mem, const OverlapOptions& overlap) {
-  const ClusterSpec& cluster = net.cluster();
-  const CoreSharing sharing(cluster, p);
-  // The engine's kernels at their pace against the profile's (engine.h): the GEMMs' and
-  // attention's sustained fraction, the element-wise work's HBM efficiency.
-  GpuSpec gpu = sharing.device(cluster.gpu);
+GpuSpec priced_device(const ClusterSpec& cluster, int world_size, const TrainingSpec& t) {
+  ParallelConfig ranks;
+  ranks.dp = world_size;  // CoreSharing's device reads the world size alone
+  GpuSpec gpu = CoreSharing(cluster, ranks).device(cluster.gpu);
+  // The engine's kernels at their pace against the profile's (engine.h).
   gpu.sustained_fraction *= t.engine.gemm_scale;
   gpu.memory_efficiency *= t.engine.elementwise_scale;
+  return gpu;
+}
+
+TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const TrainingSpec& t, const ParallelConfig& p,
+                            const MemoryEstimate& mem, const OverlapOptions& overlap) {
+  return estimate_time(m, net, t, p, mem, overlap, priced_device(net.cluster(), p.world_size(), t));
+}
+
+TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const TrainingSpec& t, const ParallelConfig& p,
+                            const MemoryEstimate& mem, const OverlapOptions& overlap, const GpuSpec& gpu) {
+  const ClusterSpec& cluster = net.cluster();
+  const CoreSharing sharing(cluster, p);
   const double hide = cluster.comm_overlap_fraction;
   const LayerTimes lt = layer_times(m, gpu, t, p);
   LayerComm comm{tensor_parallel_comm(m, net, t, p), context_parallel_comm(m, net, t, p, lt, hide),

@@ -284,11 +284,14 @@ SearchResult search(const std::vector<ParallelConfig>& layouts, const CostFuncti
 CostFunction dplan_cost_function(const ModelSpec& m, const Network& net, const TrainingSpec& t,
                                  const OverlapOptions& overlap, double headroom_fraction,
                                  std::optional<GoodputInputs> goodput_inputs) {
-  return [&m, &net, t, overlap, headroom_fraction, goodput_inputs](const ParallelConfig& p) {
+  // The device every layout of the network's world size is priced on, made once (time.h).
+  GpuSpec device = priced_device(net.cluster(), net.world_size(), t);
+  return [&m, &net, t, overlap, headroom_fraction, goodput_inputs, device = std::move(device)](const ParallelConfig& p) {
     Evaluation e;
     // The step (and, asked, the time to train with failures) of a layout that fits or nearly does.
     auto price = [&](const MemoryEstimate& mem) {
-      e.time = estimate_time(m, net, t, p, mem, overlap);
+      e.time = p.world_size() == net.world_size() ? estimate_time(m, net, t, p, mem, overlap, device)
+                                                  : estimate_time(m, net, t, p, mem, overlap);
       e.step_time_s = e.time.step_time_s;
       if (goodput_inputs) {
         const CheckpointCost checkpoint = checkpoint_cost(m, net.cluster(), t, p, /*per_rank=*/false);

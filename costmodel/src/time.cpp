@@ -1,7 +1,5 @@
 #include "dplan/costmodel/time.h"
 
-#include <numeric>
-
 #include "dplan/costmodel/core_sharing.h"
 #include "dplan/costmodel/memory.h"
 #include "dplan/costmodel/time_phases.h"
@@ -82,9 +80,9 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
       StageTime& s = stages[i];
       const double add_s = unfused_accumulation_s(gpu, t, p, mem.stages[i].num_params);
       s.backward_s += add_s;
-      const int layers = std::accumulate(s.chunk_layers.begin(), s.chunk_layers.end(), 0);
-      for (size_t j = 0; j < s.chunk_backward_s.size(); ++j)
-        s.chunk_backward_s[j] += layers > 0 ? add_s * s.chunk_layers[j] / layers : add_s / s.chunk_backward_s.size();
+      int layers = 0;
+      for (const ChunkTime& c : s.chunks) layers += c.layers;
+      for (ChunkTime& c : s.chunks) c.backward_s += layers > 0 ? add_s * c.layers / layers : add_s / s.chunks.size();
     }
   const int critical = critical_stage(stages);
   const StageTime& c = stages[critical];

@@ -262,16 +262,17 @@ TEST_CASE("uneven chunks: the closed form's p - 1 slots of the longest chunk sta
     std::vector<PipelineStage> played;
     for (const auto& stage : assign_chunks(c.layers, c.p)) {
       StageTime s;
+      std::vector<double> played_forward_s, played_backward_s;
       for (const ModelChunk& chunk : stage) {
         const double f = chunk.num_layers + (chunk.embedding ? 0.05 : 0) + (chunk.loss ? 0.4 : 0);
         const double b = 2.0 * chunk.num_layers + (chunk.embedding ? 0.1 : 0) + (chunk.loss ? 0.8 : 0);
         s.forward_s += f, s.backward_s += b;
-        s.chunk_forward_s.push_back(f), s.chunk_backward_s.push_back(b);
-        s.chunk_edge_s.push_back(f + b - 3.0 * chunk.num_layers);
-        s.chunk_layers.push_back(chunk.num_layers);
+        s.chunks.push_back({.forward_s = f, .backward_s = b, .edge_s = f + b - 3.0 * chunk.num_layers,
+                            .layers = chunk.num_layers});
+        played_forward_s.push_back(f), played_backward_s.push_back(b);
       }
       st.push_back(s);
-      played.push_back({s.forward_s, s.backward_s, s.chunk_forward_s, s.chunk_backward_s});
+      played.push_back({s.forward_s, s.backward_s, played_forward_s, played_backward_s});
     }
     const std::optional<double> slot = uneven_chunk_slot_s(st);
     REQUIRE(slot);
@@ -283,7 +284,7 @@ TEST_CASE("uneven chunks: the closed form's p - 1 slots of the longest chunk sta
   }
   // Equal layer counts: the closed form's own slot.
   std::vector<StageTime> even(4);
-  for (StageTime& s : even) s.chunk_layers = {5, 5};
+  for (StageTime& s : even) s.chunks = {ChunkTime{.layers = 5}, ChunkTime{.layers = 5}};
   CHECK_FALSE(uneven_chunk_slot_s(even));
 }
 

@@ -259,25 +259,48 @@ SearchResult search(const std::vector<ParallelConfig>& layouts, const CostFuncti
   // Sorted by pointer: the candidates carry their evaluation, and only the ranked and the Pareto
   // ones are copied out. (The same comparisons on the same sequence as sorting the
   // candidates themselves, so the same order, exact ties included.)
-  std::vector<const Candidate*> order(feasible.size());
+  std::vector<Candidate*> order(feasible.size());
   for (size_t i = 0; i < feasible.size(); ++i) order[i] = &feasible[i];
   auto before = [&better](const Candidate* a, const Candidate* b) { return better(*a, *b); };
   size_t k = std::min<size_t>(std::max(top_k, 1), order.size());
   std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
-  for (size_t i = 0; i < k; ++i) r.ranked.push_back(*order[i]);
+  // Pareto frontier of (step time, peak memory): sweep by time, keep strictly smaller peaks. (Sorted
+  // from the order partial_sort left, as a copy: the ranked ones are read from that order below.)
+  std::vector<Candidate*> by_time = order;
+  std::sort(by_time.begin(), by_time.end(), before);
+  double best_peak = 1e300;
+  for (const Candidate* cand : by_time)
+    if (cand->evaluation.peak_bytes < best_peak) {
+      best_peak = cand->evaluation.peak_bytes;
+      r.pareto.push_back(*cand);
+    }
+  if (k == feasible.size()) {
+    // Every candidate ranked (dplan ranks them all before the engine's rules pick the top):
+    // put them in that order where they are, rather than copy megabytes of them.
+    std::vector<size_t> from(k);  // ranked[i] = feasible[from[i]]
+    for (size_t i = 0; i < k; ++i) from[i] = static_cast<size_t>(order[i] - feasible.data());
+    for (size_t i = 0; i < k; ++i) {
+      if (from[i] == i) continue;
+      Candidate held = std::move(feasible[i]);
+      size_t j = i;
+      while (from[j] != i) {
+        const size_t next = from[j];
+        feasible[j] = std::move(feasible[next]);
+        from[j] = j;
+        j = next;
+      }
+      feasible[j] = std::move(held);
+      from[j] = j;
+    }
+    r.ranked = std::move(feasible);
+  } else {
+    for (size_t i = 0; i < k; ++i) r.ranked.push_back(*order[i]);
+  }
   // The near misses worth naming: faster than the best that fits, the fastest few.
   std::sort(r.near_misses.begin(), r.near_misses.end(), better);
   if (!r.ranked.empty())
     std::erase_if(r.near_misses, [&](const Candidate& c) { return !better(c, r.ranked[0]); });
   if (r.near_misses.size() > kNearMissesKept) r.near_misses.resize(kNearMissesKept);
-  // Pareto frontier of (step time, peak memory): sweep by time, keep strictly smaller peaks.
-  std::sort(order.begin(), order.end(), before);
-  double best_peak = 1e300;
-  for (const Candidate* cand : order)
-    if (cand->evaluation.peak_bytes < best_peak) {
-      best_peak = cand->evaluation.peak_bytes;
-      r.pareto.push_back(*cand);
-    }
   return r;
 }
 

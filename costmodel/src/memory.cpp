@@ -95,10 +95,11 @@ double outside_allocator_bytes(const GpuSpec& gpu, const ParallelConfig& p) {
   return gpu.framework_reserve_bytes + nccl_communicators(p) * gpu.nccl_buffers_per_communicator_bytes;
 }
 
-std::vector<StageParams> stage_params(const ModelSpec& m, const ParallelConfig& p, int vocab_size) {
-  const std::shared_ptr<const ChunkAssignment> assignment = shared_chunks(m.num_layers, p);
-  const ChunkAssignment& chunks = *assignment;
-  const GpuLayerParams layer = gpu_layer_params(m, p);
+namespace {
+
+// stage_params with the layer assignment and one layer's parameters given (estimate_memory has them).
+std::vector<StageParams> stage_params_of(const ModelSpec& m, const ParallelConfig& p, int vocab_size,
+                                         const ChunkAssignment& chunks, const GpuLayerParams& layer) {
   const double h = m.hidden_size, vocab = vocab_size;
   const double final_norm = m.norm == NormKind::layernorm ? 2 * h : h;
   const double positions = m.position == PositionKind::learned ? double(m.max_seq_len) * h : 0;
@@ -146,6 +147,12 @@ std::vector<StageParams> stage_params(const ModelSpec& m, const ParallelConfig& 
     out.push_back(s);
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<StageParams> stage_params(const ModelSpec& m, const ParallelConfig& p, int vocab_size) {
+  return stage_params_of(m, p, vocab_size, *shared_chunks(m.num_layers, p), gpu_layer_params(m, p));
 }
 
 LargestPart largest_part(const StageMemory& s) {
@@ -229,7 +236,7 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
   const double sp = p.sequence_parallel ? p.tp : 1;
   const double tokens = double(t.seq_len) / p.cp * p.micro_batch;  // per micro-batch on one GPU
   const GpuLayerParams layer = gpu_layer_params(m, p);
-  const std::vector<StageParams> params = stage_params(m, p, static_cast<int>(vocab));
+  const std::vector<StageParams> params = stage_params_of(m, p, static_cast<int>(vocab), chunks, layer);
   const LayerActivations full_layer = activations_per_layer(m, t, p);
   const double stored_per_layer = stored_activation_bytes_per_layer(m, t, p);
   const BytesPerParam bpp = bytes_per_param(t);
@@ -239,6 +246,7 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
   const double dispatch = moe_dispatch_bytes(m, t, p);
   const double worst_case_routing = moe_worst_case_imbalance(m, p);
   const double outside_allocator = outside_allocator_bytes(c.gpu, p);
+  const double fc2_backward = backward_working_set_bytes(m, t, p, false);
 
   MemoryEstimate est;
   est.stages.reserve(p.pp);
@@ -284,7 +292,7 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
     if (s.num_layers > 0) {
       if (p.recompute != Recompute::none) layer_backward += full_layer.total() - stored_per_layer;
       if (p.recompute == Recompute::full) layer_backward += act * tokens * h / sp;
-      layer_backward += backward_working_set_bytes(m, t, p, false);
+      layer_backward += fc2_backward;
       // An MoE layer's backward runs its dispatch and combine in reverse: the permuted and the
       // received gradients' copies are live beside it.
       layer_backward += dispatch;

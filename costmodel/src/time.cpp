@@ -64,11 +64,12 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
 }
 
 TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const TrainingSpec& t, const ParallelConfig& p,
-                            const MemoryEstimate& mem, const OverlapOptions& overlap, const GpuSpec& gpu) {
+                            const MemoryEstimate& mem, const OverlapOptions& overlap, const GpuSpec& gpu,
+                            const LayerTimes* layer) {
   const ClusterSpec& cluster = net.cluster();
   const CoreSharing sharing(cluster, p);
   const double hide = cluster.comm_overlap_fraction;
-  const LayerTimes lt = layer_times(m, gpu, t, p);
+  const LayerTimes lt = layer ? *layer : layer_times(m, gpu, t, p);
   LayerComm comm{tensor_parallel_comm(m, net, t, p), context_parallel_comm(m, net, t, p, lt, hide),
                  expert_parallel_comm_s(m, net, t, p), zero3_comm(m, net, gpu, t, p, mem, lt, hide)};
   if (p.overlap_ep_comm) comm.ep_pair_hidden_s = ep_overlap_pair_hidden_s(m, moe_dispatch_combine(m, net, t, p), lt, hide);

@@ -1,7 +1,10 @@
 #include "dplan/planner/search.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <memory>
+#include <mutex>
 #include <numeric>
 
 #include "dplan/costmodel/errors.h"
@@ -304,17 +307,54 @@ SearchResult search(const std::vector<ParallelConfig>& layouts, const CostFuncti
   return r;
 }
 
+namespace {
+
+// The layer times (layer_times) of the last kKept layouts a cost function priced, keyed by the
+// layout without what layer_times does not read. Copies of the cost function share it (mutex).
+struct KeptLayerTimes {
+  static constexpr int kKept = 8;  // the enumeration's recompute x sequence-parallel choices fit
+  std::mutex mutex;
+  std::array<std::pair<ParallelConfig, LayerTimes>, kKept> kept;
+  int count = 0, next = 0;
+
+  template <class Make>
+  LayerTimes of(const ParallelConfig& p, Make make) {
+    ParallelConfig key = p;
+    key.zero_stage = 0;
+    key.distributed_optimizer = false;
+    key.offload_optimizer = false;
+    std::lock_guard<std::mutex> lock(mutex);
+    for (int i = 0; i < count; ++i)
+      if (kept[i].first == key) return kept[i].second;
+    const LayerTimes made = make();
+    kept[next] = {std::move(key), made};
+    next = (next + 1) % kKept;
+    count = std::min(count + 1, kKept);
+    return made;
+  }
+};
+
+}  // namespace
+
 CostFunction dplan_cost_function(const ModelSpec& m, const Network& net, const TrainingSpec& t,
                                  const OverlapOptions& overlap, double headroom_fraction,
                                  std::optional<GoodputInputs> goodput_inputs) {
-  // The device every layout of the network's world size is priced on, made once (time.h).
+  // The device every layout of the network's world size is priced on, made once (time.h), and
+  // the layer times of the last few layouts priced: the enumeration's innermost choices (ZeRO
+  // stage, distributed optimizer, offload) do not change them (estimate_time's `layer`).
   GpuSpec device = priced_device(net.cluster(), net.world_size(), t);
-  return [&m, &net, t, overlap, headroom_fraction, goodput_inputs, device = std::move(device)](const ParallelConfig& p) {
+  auto kept = std::make_shared<KeptLayerTimes>();
+  return [&m, &net, t, overlap, headroom_fraction, goodput_inputs, device = std::move(device),
+          kept](const ParallelConfig& p) {
     Evaluation e;
     // The step (and, asked, the time to train with failures) of a layout that fits or nearly does.
     auto price = [&](const MemoryEstimate& mem) {
-      e.time = p.world_size() == net.world_size() ? estimate_time(m, net, t, p, mem, overlap, device)
-                                                  : estimate_time(m, net, t, p, mem, overlap);
+      if (p.world_size() == net.world_size()) {
+        const LayerTimes layer = kept->of(p, [&] { return layer_times(m, device, t, p); });
+        e.time = estimate_time(m, net, t, p, mem, overlap, device, &layer);
+      } else {
+        e.time = estimate_time(m, net, t, p, mem, overlap);
+      }
       e.step_time_s = e.time.step_time_s;
       if (goodput_inputs) {
         const CheckpointCost checkpoint = checkpoint_cost(m, net.cluster(), t, p, /*per_rank=*/false);

@@ -155,7 +155,9 @@ struct GoodputInputs {
 // fitting meaning the worst stage leaves `headroom_fraction` of HBM free (costmodel::estimate_memory).
 // With `goodput`, each layout that fits also gets its time to train with failures (checkpoint_cost
 // and goodput, costmodel/checkpoint_cost.h); the cluster must then have a storage block (InputError
-// otherwise, at the first layout that fits).
+// otherwise, at the first layout that fits). `model` and `network` are read by reference and must
+// outlive it unchanged: it makes the priced device once and keeps the last few layer times
+// (docs/cost-model.md, "Search speed").
 CostFunction dplan_cost_function(const costmodel::ModelSpec& model, const costmodel::Network& network,
                                  const costmodel::TrainingSpec& training, const costmodel::OverlapOptions& overlap,
                                  double headroom_fraction = costmodel::kDefaultHeadroomFraction,

@@ -97,13 +97,14 @@ double outside_allocator_bytes(const GpuSpec& gpu, const ParallelConfig& p) {
 
 namespace {
 
-// stage_params with the layer assignment and one layer's parameters given (estimate_memory has them).
-std::vector<StageParams> stage_params_of(const ModelSpec& m, const ParallelConfig& p, int vocab_size,
-                                         const ChunkAssignment& chunks, const GpuLayerParams& layer) {
+// stage_params into `out`, with the layer assignment and one layer's parameters given
+// (estimate_memory has them, and reuses `out` from layout to layout).
+void stage_params_of(const ModelSpec& m, const ParallelConfig& p, int vocab_size, const ChunkAssignment& chunks,
+                     const GpuLayerParams& layer, std::vector<StageParams>& out) {
   const double h = m.hidden_size, vocab = vocab_size;
   const double final_norm = m.norm == NormKind::layernorm ? 2 * h : h;
   const double positions = m.position == PositionKind::learned ? double(m.max_seq_len) * h : 0;
-  std::vector<StageParams> out;
+  out.clear();
   out.reserve(p.pp);
   for (int stage = 0; stage < p.pp; ++stage) {
     const bool first = holds_embedding(chunks[stage]), last = holds_loss(chunks[stage]);
@@ -146,13 +147,14 @@ std::vector<StageParams> stage_params_of(const ModelSpec& m, const ParallelConfi
     }
     out.push_back(s);
   }
-  return out;
 }
 
 }  // namespace
 
 std::vector<StageParams> stage_params(const ModelSpec& m, const ParallelConfig& p, int vocab_size) {
-  return stage_params_of(m, p, vocab_size, *shared_chunks(m.num_layers, p), gpu_layer_params(m, p));
+  std::vector<StageParams> out;
+  stage_params_of(m, p, vocab_size, *shared_chunks(m.num_layers, p), gpu_layer_params(m, p), out);
+  return out;
 }
 
 LargestPart largest_part(const StageMemory& s) {
@@ -236,7 +238,8 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
   const double sp = p.sequence_parallel ? p.tp : 1;
   const double tokens = double(t.seq_len) / p.cp * p.micro_batch;  // per micro-batch on one GPU
   const GpuLayerParams layer = gpu_layer_params(m, p);
-  const std::vector<StageParams> params = stage_params_of(m, p, static_cast<int>(vocab), chunks, layer);
+  thread_local std::vector<StageParams> params;  // reused from layout to layout
+  stage_params_of(m, p, static_cast<int>(vocab), chunks, layer, params);
   const LayerActivations full_layer = activations_per_layer(m, t, p);
   const double stored_per_layer = stored_activation_bytes_per_layer(m, t, p);
   const BytesPerParam bpp = bytes_per_param(t);

@@ -73,7 +73,9 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
   LayerComm comm{tensor_parallel_comm(m, net, t, p), context_parallel_comm(m, net, t, p, lt, hide),
                  expert_parallel_comm_s(m, net, t, p), zero3_comm(m, net, gpu, t, p, mem, lt, hide)};
   if (p.overlap_ep_comm) comm.ep_pair_hidden_s = ep_overlap_pair_hidden_s(m, moe_dispatch_combine(m, net, t, p), lt, hide);
-  std::vector<StageTime> stages = stage_times(m, gpu, t, p, lt, comm, overlap);
+  // Reused from layout to layout (a search prices thousands), so that their vectors are not made anew.
+  thread_local std::vector<StageTime> stages;
+  stage_times(m, gpu, t, p, lt, comm, overlap, stages);
   // Without gradient-accumulation fusion each micro-batch adds its gradients in a pass of its own,
   // after each chunk's backward (its layers' share of the stage's parameters).
   if (!gradient_accumulation_fused(t, p))

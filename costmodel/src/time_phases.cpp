@@ -292,11 +292,24 @@ Zero3Comm zero3_comm(const ModelSpec& m, const Network& net, const GpuSpec& gpu,
 std::vector<StageTime> stage_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpec& t,
                                    const ParallelConfig& p, const LayerTimes& lt, const LayerComm& comm,
                                    const OverlapOptions& overlap) {
+  std::vector<StageTime> st;
+  stage_times(m, gpu, t, p, lt, comm, overlap, st);
+  return st;
+}
+
+void stage_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpec& t, const ParallelConfig& p,
+                 const LayerTimes& lt, const LayerComm& comm, const OverlapOptions& overlap, std::vector<StageTime>& st) {
   const std::shared_ptr<const ChunkAssignment> assignment = shared_chunks(m.num_layers, p);
   const ChunkAssignment& chunks = *assignment;
   const EdgeTimes et = edge_times(m, gpu, t, p);
   const double ep_forward_share = 1 / (2 + recomputed_comm(m, t, p).ep);  // see expert_parallel_comm_s
-  std::vector<StageTime> st(p.pp);
+  st.resize(p.pp);
+  for (StageTime& s : st) {  // every figure 0 again, the storage of its chunks kept
+    std::vector<ChunkTime> storage = std::move(s.chunks);
+    storage.clear();
+    s = StageTime{};
+    s.chunks = std::move(storage);
+  }
   for (int i = 0; i < p.pp; ++i) {
     StageTime& s = st[i];
     // The EP overlap hides each layer's transfers in the steps that pair a forward with a backward
@@ -307,7 +320,7 @@ std::vector<StageTime> stage_times(const ModelSpec& m, const GpuSpec& gpu, const
     // rest of a chunk is its edge (embedding, LM head).
     const double layer_s = lt.forward_s + lt.backward_s + lt.recompute_s + comm.cp.layer_s + ep_exposed +
                            comm.zero3.layer_s + (overlap.tp_comm && p.sequence_parallel ? 0 : comm.tp.layer_s);
-    s.chunks.reserve(chunks[i].size());  // the search prices many layouts: one allocation a stage
+    s.chunks.reserve(chunks[i].size());
     for (size_t j = 0; j < chunks[i].size(); ++j) {
       const ModelChunk& chunk = chunks[i][j];
       const bool first = chunk.embedding, last = chunk.loss;
@@ -343,7 +356,6 @@ std::vector<StageTime> stage_times(const ModelSpec& m, const GpuSpec& gpu, const
                           .layers = layers});
     }
   }
-  return st;
 }
 
 std::optional<double> uneven_chunk_slot_s(const std::vector<StageTime>& st) {

@@ -132,6 +132,11 @@ struct StageTime {
 std::vector<StageTime> stage_times(const ModelSpec& model, const GpuSpec& gpu, const TrainingSpec& training,
                                    const ParallelConfig& parallel, const LayerTimes& layer, const LayerComm& comm,
                                    const OverlapOptions& overlap);
+// The same into `out`, whose storage and its stages' chunk vectors are reused (estimate_time keeps
+// one per thread, so that pricing a layout allocates nothing here).
+void stage_times(const ModelSpec& model, const GpuSpec& gpu, const TrainingSpec& training,
+                 const ParallelConfig& parallel, const LayerTimes& layer, const LayerComm& comm,
+                 const OverlapOptions& overlap, std::vector<StageTime>& out);
 
 // The fill-and-drain slot of a pipeline whose chunks hold different layer counts (see
 // pipeline_time): the longest chunk's time, its stage's embedding and LM head spread over the

@@ -1,7 +1,11 @@
 // Search speed benchmark (a benchmark, not a test): for each case, enumerate every layout, run the
-// full search with the dplan cost model on one thread, and print layouts evaluated per second and
-// the wall time. Each case runs `repeats` times; the median wall time is reported.
-//   build/bench/search_bench [repeats]
+// full search with the dplan cost model on one thread, and print the wall time, layouts evaluated
+// per second and the time one layout's evaluation takes on average (microseconds). Each case runs
+// `repeats` times; the median wall time is reported.
+//   taskset -c 0 build/bench/search_bench [repeats]
+// The whole `dplan` process (profiles read, search, the winner explained) is timed apart:
+//   for i in 1 2 3 4 5; do /usr/bin/time -f %e taskset -c 0 build/dplan --model 70B --gpus 64 >/dev/null; done
+// (docs/cost-model.md, "Search speed").
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -27,8 +31,8 @@ int main(int argc, char** argv) {
   const Case cases[] = {{"llama-3-70b", "dgx-h100", 64, 8192},
                         {"llama-3.1-405b", "dgx-h100", 16384, 8192},
                         {"gpt-1t", "dgx-a100-80g", 3072, 2048}};
-  std::printf("%-16s %-13s %6s | %9s %9s | %12s %14s %12s\n", "model", "cluster", "gpus", "layouts", "feasible",
-              "search (s)", "layouts/s", "best step (s)");
+  std::printf("%-16s %-13s %6s | %9s %9s | %12s %14s %14s %12s\n", "model", "cluster", "gpus", "layouts", "feasible",
+              "search (s)", "layouts/s", "per layout (us)", "best step (s)");
   for (const Case& c : cases) {
     ModelSpec m = store.load_model(c.model);
     ClusterSpec cluster = store.load_cluster(c.cluster);
@@ -46,8 +50,9 @@ int main(int argc, char** argv) {
     }
     std::sort(wall.begin(), wall.end());
     double median = wall[wall.size() / 2];
-    std::printf("%-16s %-13s %6d | %9ld %9ld | %12.3f %14.0f %12.3f\n", c.model, c.cluster, c.gpus, layouts, r.feasible,
-                median, layouts / median, r.ranked.empty() ? 0.0 : r.ranked[0].evaluation.step_time_s);
+    std::printf("%-16s %-13s %6d | %9ld %9ld | %12.3f %14.0f %15.2f %12.3f\n", c.model, c.cluster, c.gpus, layouts,
+                r.feasible, median, layouts / median, 1e6 * median / layouts,
+                r.ranked.empty() ? 0.0 : r.ranked[0].evaluation.step_time_s);
   }
   return 0;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
 
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/power_cap.h"
@@ -113,16 +114,30 @@ const char* to_string(IntraNodeKind k) {
 }
 
 double peak_flops_per_s(const GpuSpec& gpu, Precision precision) {
-  std::string key = to_string(precision);
-  if (precision == Precision::fp32 && gpu.peak_flops_per_s.count("tf32")) key = "tf32";
-  auto it = gpu.peak_flops_per_s.find(key);
-  if (it == gpu.peak_flops_per_s.end()) {
-    std::vector<std::string> have;
-    for (const auto& [k, v] : gpu.peak_flops_per_s) have.push_back(k);
-    throw InputError("GPU " + gpu.name + " has no " + key + " peak in its profile (it lists " +
-                     join_choices(have) + "); choose another --precision");
+  // The time model asks once per GEMM it prices: the (at most five) units are walked in order and
+  // compared character by character, without making a string or calling memcmp.
+  auto is = [](const std::string& unit, std::string_view name) {
+    if (unit.size() != name.size()) return false;
+    for (size_t i = 0; i < name.size(); ++i)
+      if (unit[i] != name[i]) return false;
+    return true;
+  };
+  const std::string_view wanted = to_string(precision);
+  if (precision != Precision::fp32) {
+    for (const auto& [unit, flops_per_s] : gpu.peak_flops_per_s)
+      if (is(unit, wanted)) return flops_per_s;
+  } else {
+    const double* fp32 = nullptr;
+    for (const auto& [unit, flops_per_s] : gpu.peak_flops_per_s) {
+      if (is(unit, "tf32")) return flops_per_s;
+      if (is(unit, wanted)) fp32 = &flops_per_s;
+    }
+    if (fp32) return *fp32;
   }
-  return it->second;
+  std::vector<std::string> have;
+  for (const auto& [k, v] : gpu.peak_flops_per_s) have.push_back(k);
+  throw InputError("GPU " + gpu.name + " has no " + std::string(wanted) + " peak in its profile (it lists " +
+                   join_choices(have) + "); choose another --precision");
 }
 
 double core_share(const ClusterSpec& c, int world_size) {

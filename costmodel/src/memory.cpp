@@ -95,13 +95,17 @@ double outside_allocator_bytes(const GpuSpec& gpu, const ParallelConfig& p) {
   return gpu.framework_reserve_bytes + nccl_communicators(p) * gpu.nccl_buffers_per_communicator_bytes;
 }
 
-std::vector<StageParams> stage_params(const ModelSpec& m, const ParallelConfig& p, int vocab_size) {
-  const std::vector<std::vector<ModelChunk>> chunks = assign_chunks(m.num_layers, p);
-  const GpuLayerParams layer = gpu_layer_params(m, p);
+namespace {
+
+// stage_params into `out`, with the layer assignment and one layer's parameters given
+// (estimate_memory has them, and reuses `out` from layout to layout).
+void stage_params_of(const ModelSpec& m, const ParallelConfig& p, int vocab_size, const ChunkAssignment& chunks,
+                     const GpuLayerParams& layer, std::vector<StageParams>& out) {
   const double h = m.hidden_size, vocab = vocab_size;
   const double final_norm = m.norm == NormKind::layernorm ? 2 * h : h;
   const double positions = m.position == PositionKind::learned ? double(m.max_seq_len) * h : 0;
-  std::vector<StageParams> out;
+  out.clear();
+  out.reserve(p.pp);
   for (int stage = 0; stage < p.pp; ++stage) {
     const bool first = holds_embedding(chunks[stage]), last = holds_loss(chunks[stage]);
     int layers = 0;
@@ -143,6 +147,13 @@ std::vector<StageParams> stage_params(const ModelSpec& m, const ParallelConfig& 
     }
     out.push_back(s);
   }
+}
+
+}  // namespace
+
+std::vector<StageParams> stage_params(const ModelSpec& m, const ParallelConfig& p, int vocab_size) {
+  std::vector<StageParams> out;
+  stage_params_of(m, p, vocab_size, *shared_chunks(m.num_layers, p), gpu_layer_params(m, p), out);
   return out;
 }
 
@@ -219,14 +230,16 @@ ModelStateBytes model_state_bytes(double n, int shard_ranks, const TrainingSpec&
 MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t,
                                const ParallelConfig& p, double headroom_fraction) {
   const int microbatches = num_microbatches(t, p);
-  const std::vector<std::vector<ModelChunk>> chunks = assign_chunks(m.num_layers, p);
+  const std::shared_ptr<const ChunkAssignment> assignment = shared_chunks(m.num_layers, p);
+  const ChunkAssignment& chunks = *assignment;
   const double h = m.hidden_size;
   const double vocab = padded_vocab(m, t, p.tp);
   const double act = activation_bytes(t.precision);
   const double sp = p.sequence_parallel ? p.tp : 1;
   const double tokens = double(t.seq_len) / p.cp * p.micro_batch;  // per micro-batch on one GPU
   const GpuLayerParams layer = gpu_layer_params(m, p);
-  const std::vector<StageParams> params = stage_params(m, p, static_cast<int>(vocab));
+  thread_local std::vector<StageParams> params;  // reused from layout to layout
+  stage_params_of(m, p, static_cast<int>(vocab), chunks, layer, params);
   const LayerActivations full_layer = activations_per_layer(m, t, p);
   const double stored_per_layer = stored_activation_bytes_per_layer(m, t, p);
   const BytesPerParam bpp = bytes_per_param(t);
@@ -236,8 +249,10 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
   const double dispatch = moe_dispatch_bytes(m, t, p);
   const double worst_case_routing = moe_worst_case_imbalance(m, p);
   const double outside_allocator = outside_allocator_bytes(c.gpu, p);
+  const double fc2_backward = backward_working_set_bytes(m, t, p, false);
 
   MemoryEstimate est;
+  est.stages.reserve(p.pp);
   est.capacity_bytes = c.gpu.memory_capacity_bytes();
   est.headroom_fraction = headroom_fraction;
   est.host_capacity_bytes = c.host_memory_bytes;
@@ -280,7 +295,7 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
     if (s.num_layers > 0) {
       if (p.recompute != Recompute::none) layer_backward += full_layer.total() - stored_per_layer;
       if (p.recompute == Recompute::full) layer_backward += act * tokens * h / sp;
-      layer_backward += backward_working_set_bytes(m, t, p, false);
+      layer_backward += fc2_backward;
       // An MoE layer's backward runs its dispatch and combine in reverse: the permuted and the
       // received gradients' copies are live beside it.
       layer_backward += dispatch;

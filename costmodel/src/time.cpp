@@ -1,7 +1,5 @@
 #include "dplan/costmodel/time.h"
 
-#include <numeric>
-
 #include "dplan/costmodel/core_sharing.h"
 #include "dplan/costmodel/memory.h"
 #include "dplan/costmodel/time_phases.h"
@@ -50,21 +48,34 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
 // pipeline around them, then what follows the last backward (data-parallel communication and the
 // optimizer). Ranks that share cores change the device's pace, the pipeline's play-out and the
 // tensor-parallel groups' compute, all through CoreSharing.
-TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const TrainingSpec& t, const ParallelConfig& p,
-                            const MemoryEstimate& mem, const OverlapOptions& overlap) {
-  const ClusterSpec& cluster = net.cluster();
-  const CoreSharing sharing(cluster, p);
-  // The engine's kernels at their pace against the profile's (engine.h): the GEMMs' and
-  // attention's sustained fraction, the element-wise work's HBM efficiency.
-  GpuSpec gpu = sharing.device(cluster.gpu);
+GpuSpec priced_device(const ClusterSpec& cluster, int world_size, const TrainingSpec& t) {
+  ParallelConfig ranks;
+  ranks.dp = world_size;  // CoreSharing's device reads the world size alone
+  GpuSpec gpu = CoreSharing(cluster, ranks).device(cluster.gpu);
+  // The engine's kernels at their pace against the profile's (engine.h).
   gpu.sustained_fraction *= t.engine.gemm_scale;
   gpu.memory_efficiency *= t.engine.elementwise_scale;
+  return gpu;
+}
+
+TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const TrainingSpec& t, const ParallelConfig& p,
+                            const MemoryEstimate& mem, const OverlapOptions& overlap) {
+  return estimate_time(m, net, t, p, mem, overlap, priced_device(net.cluster(), p.world_size(), t));
+}
+
+TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const TrainingSpec& t, const ParallelConfig& p,
+                            const MemoryEstimate& mem, const OverlapOptions& overlap, const GpuSpec& gpu,
+                            const LayerTimes* layer) {
+  const ClusterSpec& cluster = net.cluster();
+  const CoreSharing sharing(cluster, p);
   const double hide = cluster.comm_overlap_fraction;
-  const LayerTimes lt = layer_times(m, gpu, t, p);
+  const LayerTimes lt = layer ? *layer : layer_times(m, gpu, t, p);
   LayerComm comm{tensor_parallel_comm(m, net, t, p), context_parallel_comm(m, net, t, p, lt, hide),
                  expert_parallel_comm_s(m, net, t, p), zero3_comm(m, net, gpu, t, p, mem, lt, hide)};
   if (p.overlap_ep_comm) comm.ep_pair_hidden_s = ep_overlap_pair_hidden_s(m, moe_dispatch_combine(m, net, t, p), lt, hide);
-  std::vector<StageTime> stages = stage_times(m, gpu, t, p, lt, comm, overlap);
+  // Reused from layout to layout (a search prices thousands), so that their vectors are not made anew.
+  thread_local std::vector<StageTime> stages;
+  stage_times(m, gpu, t, p, lt, comm, overlap, stages);
   // Without gradient-accumulation fusion each micro-batch adds its gradients in a pass of its own,
   // after each chunk's backward (its layers' share of the stage's parameters).
   if (!gradient_accumulation_fused(t, p))
@@ -72,9 +83,9 @@ TimeBreakdown estimate_time(const ModelSpec& m, const Network& net, const Traini
       StageTime& s = stages[i];
       const double add_s = unfused_accumulation_s(gpu, t, p, mem.stages[i].num_params);
       s.backward_s += add_s;
-      const int layers = std::accumulate(s.chunk_layers.begin(), s.chunk_layers.end(), 0);
-      for (size_t j = 0; j < s.chunk_backward_s.size(); ++j)
-        s.chunk_backward_s[j] += layers > 0 ? add_s * s.chunk_layers[j] / layers : add_s / s.chunk_backward_s.size();
+      int layers = 0;
+      for (const ChunkTime& c : s.chunks) layers += c.layers;
+      for (ChunkTime& c : s.chunks) c.backward_s += layers > 0 ? add_s * c.layers / layers : add_s / s.chunks.size();
     }
   const int critical = critical_stage(stages);
   const StageTime& c = stages[critical];

@@ -288,14 +288,28 @@ Zero3Comm zero3_comm(const ModelSpec& m, const Network& net, const GpuSpec& gpu,
 // Per stage, per micro-batch: the stage's layers' compute and the communication inside it; the
 // chunk holding the embedding adds it, the chunk holding the loss the LM head (EdgeTimes), and
 // their tp collectives. Summed over the stage's model chunks (assign_chunks), each chunk's share
-// kept for the pipeline's play-out (StageTime::chunk_forward_s).
+// kept for the pipeline's play-out (StageTime::chunks).
 std::vector<StageTime> stage_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpec& t,
                                    const ParallelConfig& p, const LayerTimes& lt, const LayerComm& comm,
                                    const OverlapOptions& overlap) {
-  const std::vector<std::vector<ModelChunk>> chunks = assign_chunks(m.num_layers, p);
+  std::vector<StageTime> st;
+  stage_times(m, gpu, t, p, lt, comm, overlap, st);
+  return st;
+}
+
+void stage_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpec& t, const ParallelConfig& p,
+                 const LayerTimes& lt, const LayerComm& comm, const OverlapOptions& overlap, std::vector<StageTime>& st) {
+  const std::shared_ptr<const ChunkAssignment> assignment = shared_chunks(m.num_layers, p);
+  const ChunkAssignment& chunks = *assignment;
   const EdgeTimes et = edge_times(m, gpu, t, p);
   const double ep_forward_share = 1 / (2 + recomputed_comm(m, t, p).ep);  // see expert_parallel_comm_s
-  std::vector<StageTime> st(p.pp);
+  st.resize(p.pp);
+  for (StageTime& s : st) {  // every figure 0 again, the storage of its chunks kept
+    std::vector<ChunkTime> storage = std::move(s.chunks);
+    storage.clear();
+    s = StageTime{};
+    s.chunks = std::move(storage);
+  }
   for (int i = 0; i < p.pp; ++i) {
     StageTime& s = st[i];
     // The EP overlap hides each layer's transfers in the steps that pair a forward with a backward
@@ -306,11 +320,7 @@ std::vector<StageTime> stage_times(const ModelSpec& m, const GpuSpec& gpu, const
     // rest of a chunk is its edge (embedding, LM head).
     const double layer_s = lt.forward_s + lt.backward_s + lt.recompute_s + comm.cp.layer_s + ep_exposed +
                            comm.zero3.layer_s + (overlap.tp_comm && p.sequence_parallel ? 0 : comm.tp.layer_s);
-    const size_t n_chunks = chunks[i].size();  // the search prices many layouts: one allocation each
-    s.chunk_forward_s.reserve(n_chunks);
-    s.chunk_backward_s.reserve(n_chunks);
-    s.chunk_edge_s.reserve(n_chunks);
-    s.chunk_layers.reserve(n_chunks);
+    s.chunks.reserve(chunks[i].size());
     for (size_t j = 0; j < chunks[i].size(); ++j) {
       const ModelChunk& chunk = chunks[i][j];
       const bool first = chunk.embedding, last = chunk.loss;
@@ -342,27 +352,23 @@ std::vector<StageTime> stage_times(const ModelSpec& m, const GpuSpec& gpu, const
       s.hidden_s += n * (comm.cp.hidden_layer_s + comm.zero3.hidden_layer_s);
       const double forward = (s.forward_s + s.forward_comm_s) - forward_before;
       const double chunk_s = s.total_s() - total_before;
-      s.chunk_forward_s.push_back(forward);
-      s.chunk_backward_s.push_back(chunk_s - forward);
-      s.chunk_edge_s.push_back(chunk_s - n * layer_s);
-      s.chunk_layers.push_back(layers);
+      s.chunks.push_back({.forward_s = forward, .backward_s = chunk_s - forward, .edge_s = chunk_s - n * layer_s,
+                          .layers = layers});
     }
   }
-  return st;
 }
 
 std::optional<double> uneven_chunk_slot_s(const std::vector<StageTime>& st) {
   bool even = true;
   for (const StageTime& s : st)
-    for (int n : s.chunk_layers) even = even && !st[0].chunk_layers.empty() && n == st[0].chunk_layers.front();
+    for (const ChunkTime& c : s.chunks) even = even && !st[0].chunks.empty() && c.layers == st[0].chunks.front().layers;
   if (even) return std::nullopt;
   double slot = 0;
   for (const StageTime& s : st) {
     double edges = 0;
-    for (double e : s.chunk_edge_s) edges += e;
-    for (size_t j = 0; j < s.chunk_edge_s.size(); ++j)
-      slot = std::max(slot, s.chunk_forward_s[j] + s.chunk_backward_s[j] - s.chunk_edge_s[j] +
-                                edges / double(s.chunk_edge_s.size()));
+    for (const ChunkTime& c : s.chunks) edges += c.edge_s;
+    for (const ChunkTime& c : s.chunks)
+      slot = std::max(slot, c.forward_s + c.backward_s - c.edge_s + edges / double(s.chunks.size()));
   }
   return slot;
 }
@@ -406,9 +412,15 @@ PipelineTime pipeline_time(const ModelSpec& m, const Network& net, const Trainin
     r.bubble_s = (p.pp / 2 - 1) * (f + b + b - 3 * w);
   } else if (sharing.fills_waits()) {
     std::vector<PipelineStage> stages;
-    for (const StageTime& s : st)
-      stages.push_back({s.forward_s + s.forward_comm_s, s.total_s() - s.forward_s - s.forward_comm_s,
-                        s.chunk_forward_s, s.chunk_backward_s});
+    for (const StageTime& s : st) {
+      PipelineStage& stage = stages.emplace_back();
+      stage.forward_s = s.forward_s + s.forward_comm_s;
+      stage.backward_s = s.total_s() - s.forward_s - s.forward_comm_s;
+      for (const ChunkTime& c : s.chunks) {
+        stage.chunk_forward_s.push_back(c.forward_s);
+        stage.chunk_backward_s.push_back(c.backward_s);
+      }
+    }
     const PipelineTimeline run = play_pipeline(stages, microbatches, p.schedule, p.vpp,
                                                [&](int running) { return sharing.pipeline_speed(running); });
     const double busy_s = run.busy_s[critical];

@@ -1,6 +1,7 @@
 #include "dplan/costmodel/training.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 #include <optional>
@@ -371,11 +372,50 @@ std::vector<std::vector<ModelChunk>> assign_chunks(int num_layers, const Paralle
   return chunks;
 }
 
-bool holds_embedding(const std::vector<ModelChunk>& stage_chunks) {
-  return std::any_of(stage_chunks.begin(), stage_chunks.end(), [](const ModelChunk& c) { return c.embedding; });
-}
-bool holds_loss(const std::vector<ModelChunk>& stage_chunks) {
-  return std::any_of(stage_chunks.begin(), stage_chunks.end(), [](const ModelChunk& c) { return c.loss; });
+namespace {
+
+// One assignment shared_chunks keeps, with the fields of its key (all that assign_chunks reads).
+struct SharedAssignment {
+  int num_layers = -1, pp = 0, chunks = 0;
+  Schedule schedule = Schedule::one_f_one_b;
+  std::vector<int> layers_per_stage;
+  int first_stage_layers = 0, last_stage_layers = 0;
+  bool account_for_embedding = false, account_for_loss = false;
+  std::shared_ptr<const ChunkAssignment> assignment;
+
+  bool answers(int layers, const ParallelConfig& p) const {
+    return assignment && num_layers == layers && pp == p.pp && chunks == interleaved_chunks(p) &&
+           schedule == p.schedule && first_stage_layers == p.first_stage_layers &&
+           last_stage_layers == p.last_stage_layers && account_for_embedding == p.account_for_embedding &&
+           account_for_loss == p.account_for_loss && layers_per_stage == p.layers_per_stage;
+  }
+};
+
+struct SharedAssignments {
+  std::array<SharedAssignment, kSharedAssignments> kept;
+  int last = 0;  // the one found last: a search asks for the same split many times in a row
+  int next = 0;  // the one replaced next (the oldest)
+};
+
+}  // namespace
+
+std::shared_ptr<const ChunkAssignment> shared_chunks(int num_layers, const ParallelConfig& p) {
+  thread_local SharedAssignments shared;
+  if (shared.kept[shared.last].answers(num_layers, p)) return shared.kept[shared.last].assignment;
+  for (int i = 0; i < kSharedAssignments; ++i)
+    if (shared.kept[i].answers(num_layers, p)) {
+      shared.last = i;
+      return shared.kept[i].assignment;
+    }
+  SharedAssignment& a = shared.kept[shared.next];
+  a.assignment = std::make_shared<const ChunkAssignment>(assign_chunks(num_layers, p));  // checks what it requires
+  a.num_layers = num_layers, a.pp = p.pp, a.chunks = interleaved_chunks(p), a.schedule = p.schedule;
+  a.layers_per_stage = p.layers_per_stage;
+  a.first_stage_layers = p.first_stage_layers, a.last_stage_layers = p.last_stage_layers;
+  a.account_for_embedding = p.account_for_embedding, a.account_for_loss = p.account_for_loss;
+  shared.last = shared.next;
+  shared.next = (shared.next + 1) % kSharedAssignments;
+  return a.assignment;
 }
 
 std::vector<int> assign_layers(int num_layers, const ParallelConfig& p) {
@@ -455,27 +495,45 @@ double microbatches_in_flight(const ParallelConfig& p, int stage, int m) {
   return m;
 }
 
-double chunk_microbatches_in_flight(const ParallelConfig& p, int chunks, int chunk, int stage, int m) {
-  const double in_flight = microbatches_in_flight(p, stage, m);
-  if (p.pp == 1 || p.schedule != Schedule::interleaved || chunks == 1) return in_flight;
-  // The first in_flight * v forwards of the stage, in schedules.py's order: groups of pp
-  // micro-batches through chunk 0, 1, ... in turn.
-  long long left = std::llround(in_flight * chunks), held = 0;
+namespace {
+
+// The interleaved order's first in_flight * chunks forwards of a stage (schedules.py's order:
+// groups of pp micro-batches through chunk 0, 1, ... in turn): `held(c, n)` for each run of n
+// micro-batches through chunk c. REQUIRES: pp > 1, interleaved, chunks > 1.
+template <class Held>
+void walk_interleaved_warmup(const ParallelConfig& p, int chunks, int stage, int m, Held held) {
+  long long left = std::llround(microbatches_in_flight(p, stage, m) * chunks);
   for (int first = 0; first < m && left > 0; first += p.pp)
     for (int c = 0; c < chunks && left > 0; ++c) {
       const long long n = std::min<long long>(left, std::min(p.pp, m - first));
-      if (c == chunk) held += n;
+      held(c, n);
       left -= n;
     }
+}
+
+}  // namespace
+
+double chunk_microbatches_in_flight(const ParallelConfig& p, int chunks, int chunk, int stage, int m) {
+  if (p.pp == 1 || p.schedule != Schedule::interleaved || chunks == 1) return microbatches_in_flight(p, stage, m);
+  long long held = 0;
+  walk_interleaved_warmup(p, chunks, stage, m, [&](int c, long long n) { held += c == chunk ? n : 0; });
   return double(held);
 }
 
 double layer_microbatches_in_flight(const ParallelConfig& p, const std::vector<ModelChunk>& chunks, int stage,
                                     int m) {
-  double sum = 0;
-  for (size_t c = 0; c < chunks.size(); ++c)
-    sum += chunks[c].num_layers * chunk_microbatches_in_flight(p, int(chunks.size()), int(c), stage, m);
-  return sum;
+  const int v = int(chunks.size());
+  if (p.pp == 1 || p.schedule != Schedule::interleaved || v == 1) {
+    const double in_flight = microbatches_in_flight(p, stage, m);
+    double sum = 0;
+    for (const ModelChunk& c : chunks) sum += c.num_layers * in_flight;
+    return sum;
+  }
+  // Every chunk's count (chunk_microbatches_in_flight) in one walk: whole numbers, so their sum
+  // weighted by layers is exact in any order.
+  long long sum = 0;
+  walk_interleaved_warmup(p, v, stage, m, [&](int c, long long n) { sum += chunks[c].num_layers * n; });
+  return double(sum);
 }
 
 namespace {

@@ -615,9 +615,19 @@ RuleReport check_engine_rules(const Plan& plan, Engine engine) {
 void keep_engine_runnable(SearchResult& result, const costmodel::ModelSpec& model,
                           const costmodel::ClusterSpec& cluster, const costmodel::TrainingSpec& training,
                           const costmodel::OverlapOptions& overlap, Engine engine, int top_k) {
+  // The plan the rules read, made once: make_plan's model, cluster, training and overlap, and per
+  // layout its sizes and micro-batch count. The rank list, the stages and the prediction make_plan
+  // adds stay empty: no rule reads the prediction, and without ranks and stages the rules take the
+  // world size and assign_layers (stage_layers), which are what make_plan lists. (Made per layout,
+  // a plan for 16,384 GPUs listed 16,384 ranks for each layout checked.)
+  Plan plan;
+  plan.model = model;
+  plan.cluster = costmodel::to_json(cluster);
+  plan.training = training;
+  plan.overlap = overlap;
   auto runs = [&](const ParallelConfig& p) {
-    const Plan plan = costmodel::make_plan(model, cluster, training, p, overlap, costmodel::MemoryEstimate{},
-                                           costmodel::TimeBreakdown{});
+    plan.parallel = p;
+    plan.num_microbatches = costmodel::num_microbatches(training, p);
     return check_engine_rules(plan, engine).ok();
   };
   std::vector<Candidate> kept;

@@ -1,7 +1,10 @@
 #include "dplan/planner/search.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <memory>
+#include <mutex>
 #include <numeric>
 
 #include "dplan/costmodel/errors.h"
@@ -259,36 +262,99 @@ SearchResult search(const std::vector<ParallelConfig>& layouts, const CostFuncti
   // Sorted by pointer: the candidates carry their evaluation, and only the ranked and the Pareto
   // ones are copied out. (The same comparisons on the same sequence as sorting the
   // candidates themselves, so the same order, exact ties included.)
-  std::vector<const Candidate*> order(feasible.size());
+  std::vector<Candidate*> order(feasible.size());
   for (size_t i = 0; i < feasible.size(); ++i) order[i] = &feasible[i];
   auto before = [&better](const Candidate* a, const Candidate* b) { return better(*a, *b); };
   size_t k = std::min<size_t>(std::max(top_k, 1), order.size());
   std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
-  for (size_t i = 0; i < k; ++i) r.ranked.push_back(*order[i]);
+  // Pareto frontier of (step time, peak memory): sweep by time, keep strictly smaller peaks. (Sorted
+  // from the order partial_sort left, as a copy: the ranked ones are read from that order below.)
+  std::vector<Candidate*> by_time = order;
+  std::sort(by_time.begin(), by_time.end(), before);
+  double best_peak = 1e300;
+  for (const Candidate* cand : by_time)
+    if (cand->evaluation.peak_bytes < best_peak) {
+      best_peak = cand->evaluation.peak_bytes;
+      r.pareto.push_back(*cand);
+    }
+  if (k == feasible.size()) {
+    // Every candidate ranked (dplan ranks them all before the engine's rules pick the top):
+    // put them in that order where they are, rather than copy megabytes of them.
+    std::vector<size_t> from(k);  // ranked[i] = feasible[from[i]]
+    for (size_t i = 0; i < k; ++i) from[i] = static_cast<size_t>(order[i] - feasible.data());
+    for (size_t i = 0; i < k; ++i) {
+      if (from[i] == i) continue;
+      Candidate held = std::move(feasible[i]);
+      size_t j = i;
+      while (from[j] != i) {
+        const size_t next = from[j];
+        feasible[j] = std::move(feasible[next]);
+        from[j] = j;
+        j = next;
+      }
+      feasible[j] = std::move(held);
+      from[j] = j;
+    }
+    r.ranked = std::move(feasible);
+  } else {
+    for (size_t i = 0; i < k; ++i) r.ranked.push_back(*order[i]);
+  }
   // The near misses worth naming: faster than the best that fits, the fastest few.
   std::sort(r.near_misses.begin(), r.near_misses.end(), better);
   if (!r.ranked.empty())
     std::erase_if(r.near_misses, [&](const Candidate& c) { return !better(c, r.ranked[0]); });
   if (r.near_misses.size() > kNearMissesKept) r.near_misses.resize(kNearMissesKept);
-  // Pareto frontier of (step time, peak memory): sweep by time, keep strictly smaller peaks.
-  std::sort(order.begin(), order.end(), before);
-  double best_peak = 1e300;
-  for (const Candidate* cand : order)
-    if (cand->evaluation.peak_bytes < best_peak) {
-      best_peak = cand->evaluation.peak_bytes;
-      r.pareto.push_back(*cand);
-    }
   return r;
 }
+
+namespace {
+
+// The layer times (layer_times) of the last kKept layouts a cost function priced, keyed by the
+// layout without what layer_times does not read. Copies of the cost function share it (mutex).
+struct KeptLayerTimes {
+  static constexpr int kKept = 8;  // the enumeration's recompute x sequence-parallel choices fit
+  std::mutex mutex;
+  std::array<std::pair<ParallelConfig, LayerTimes>, kKept> kept;
+  int count = 0, next = 0;
+
+  template <class Make>
+  LayerTimes of(const ParallelConfig& p, Make make) {
+    ParallelConfig key = p;
+    key.zero_stage = 0;
+    key.distributed_optimizer = false;
+    key.offload_optimizer = false;
+    std::lock_guard<std::mutex> lock(mutex);
+    for (int i = 0; i < count; ++i)
+      if (kept[i].first == key) return kept[i].second;
+    const LayerTimes made = make();
+    kept[next] = {std::move(key), made};
+    next = (next + 1) % kKept;
+    count = std::min(count + 1, kKept);
+    return made;
+  }
+};
+
+}  // namespace
 
 CostFunction dplan_cost_function(const ModelSpec& m, const Network& net, const TrainingSpec& t,
                                  const OverlapOptions& overlap, double headroom_fraction,
                                  std::optional<GoodputInputs> goodput_inputs) {
-  return [&m, &net, t, overlap, headroom_fraction, goodput_inputs](const ParallelConfig& p) {
+  // The device every layout of the network's world size is priced on, made once (time.h), and
+  // the layer times of the last few layouts priced: the enumeration's innermost choices (ZeRO
+  // stage, distributed optimizer, offload) do not change them (estimate_time's `layer`).
+  GpuSpec device = priced_device(net.cluster(), net.world_size(), t);
+  auto kept = std::make_shared<KeptLayerTimes>();
+  return [&m, &net, t, overlap, headroom_fraction, goodput_inputs, device = std::move(device),
+          kept](const ParallelConfig& p) {
     Evaluation e;
     // The step (and, asked, the time to train with failures) of a layout that fits or nearly does.
     auto price = [&](const MemoryEstimate& mem) {
-      e.time = estimate_time(m, net, t, p, mem, overlap);
+      if (p.world_size() == net.world_size()) {
+        const LayerTimes layer = kept->of(p, [&] { return layer_times(m, device, t, p); });
+        e.time = estimate_time(m, net, t, p, mem, overlap, device, &layer);
+      } else {
+        e.time = estimate_time(m, net, t, p, mem, overlap);
+      }
       e.step_time_s = e.time.step_time_s;
       if (goodput_inputs) {
         const CheckpointCost checkpoint = checkpoint_cost(m, net.cluster(), t, p, /*per_rank=*/false);

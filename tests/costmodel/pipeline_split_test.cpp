@@ -262,16 +262,17 @@ TEST_CASE("uneven chunks: the closed form's p - 1 slots of the longest chunk sta
     std::vector<PipelineStage> played;
     for (const auto& stage : assign_chunks(c.layers, c.p)) {
       StageTime s;
+      std::vector<double> played_forward_s, played_backward_s;
       for (const ModelChunk& chunk : stage) {
         const double f = chunk.num_layers + (chunk.embedding ? 0.05 : 0) + (chunk.loss ? 0.4 : 0);
         const double b = 2.0 * chunk.num_layers + (chunk.embedding ? 0.1 : 0) + (chunk.loss ? 0.8 : 0);
         s.forward_s += f, s.backward_s += b;
-        s.chunk_forward_s.push_back(f), s.chunk_backward_s.push_back(b);
-        s.chunk_edge_s.push_back(f + b - 3.0 * chunk.num_layers);
-        s.chunk_layers.push_back(chunk.num_layers);
+        s.chunks.push_back({.forward_s = f, .backward_s = b, .edge_s = f + b - 3.0 * chunk.num_layers,
+                            .layers = chunk.num_layers});
+        played_forward_s.push_back(f), played_backward_s.push_back(b);
       }
       st.push_back(s);
-      played.push_back({s.forward_s, s.backward_s, s.chunk_forward_s, s.chunk_backward_s});
+      played.push_back({s.forward_s, s.backward_s, played_forward_s, played_backward_s});
     }
     const std::optional<double> slot = uneven_chunk_slot_s(st);
     REQUIRE(slot);
@@ -283,6 +284,45 @@ TEST_CASE("uneven chunks: the closed form's p - 1 slots of the longest chunk sta
   }
   // Equal layer counts: the closed form's own slot.
   std::vector<StageTime> even(4);
-  for (StageTime& s : even) s.chunk_layers = {5, 5};
+  for (StageTime& s : even) s.chunks = {ChunkTime{.layers = 5}, ChunkTime{.layers = 5}};
   CHECK_FALSE(uneven_chunk_slot_s(even));
+}
+
+// The search's shortcuts (docs/cost-model.md, "Search speed") give the values of what they stand
+// for: the kept assignment is assign_chunks', and the one-walk count of layer-micro-batches in
+// flight is each chunk's count weighted by its layers, over every split the search makes.
+TEST_CASE("shared_chunks and layer_microbatches_in_flight equal what they shortcut", "[pipeline-split]") {
+  std::vector<std::pair<int, ParallelConfig>> splits;
+  for (int layers : {1, 2, 7, 32, 61, 80, 94, 126})
+    for (int pp = 1; pp <= 16; ++pp)
+      for (Schedule schedule : {Schedule::gpipe, Schedule::one_f_one_b, Schedule::interleaved, Schedule::dualpipe})
+        for (int vpp = 1; vpp <= (schedule == Schedule::interleaved ? 8 : 1); ++vpp) {
+          if ((schedule == Schedule::interleaved && (vpp < 2 || pp < 2)) || (schedule == Schedule::dualpipe && pp % 2))
+            continue;
+          ParallelConfig p{.pp = pp, .vpp = vpp, .schedule = schedule};
+          if (auto split = megatron_split(layers, p)) splits.push_back({layers, *split});
+        }
+  // Explicit splits too: a listed one and first/last counts.
+  splits.push_back({80, ParallelConfig{.pp = 4, .layers_per_stage = {20, 21, 19, 20}}});
+  splits.push_back({80, ParallelConfig{.pp = 4, .first_stage_layers = 18, .last_stage_layers = 18}});
+  splits.push_back({80, ParallelConfig{.pp = 4, .layers_per_stage = {21, 20, 19, 20}}});
+  REQUIRE(splits.size() > 4 * kSharedAssignments);
+  // Twice through, so the kept ones are found again, and evicted, in a search's order and out of it.
+  for (int round = 0; round < 2; ++round)
+    for (size_t i = 0; i < splits.size(); ++i) {
+      const auto& [layers, p] = splits[round == 0 ? i : splits.size() - 1 - i];
+      INFO(layers << " layers, " << to_json(p).dump());
+      const std::vector<std::vector<ModelChunk>> chunks = assign_chunks(layers, p);
+      REQUIRE(*shared_chunks(layers, p) == chunks);
+      REQUIRE(*shared_chunks(layers, p) == chunks);
+      for (int stage = 0; stage < p.pp; ++stage)
+        for (int m : {1, p.pp, 2 * p.pp + 1, 64, 256}) {
+          if (p.schedule == Schedule::interleaved && m % p.pp) continue;
+          double by_chunk = 0;
+          for (size_t c = 0; c < chunks[stage].size(); ++c)
+            by_chunk += chunks[stage][c].num_layers *
+                        chunk_microbatches_in_flight(p, int(chunks[stage].size()), int(c), stage, m);
+          CHECK(layer_microbatches_in_flight(p, chunks[stage], stage, m) == by_chunk);
+        }
+    }
 }

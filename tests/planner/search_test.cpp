@@ -165,6 +165,57 @@ TEST_CASE("every enumerated layout is valid, and the chosen one is never slower 
   CHECK(r.ranked[0].evaluation.time.step_time_s == r.ranked[0].evaluation.step_time_s);
 }
 
+// The search's shortcuts (docs/cost-model.md, "Search speed") change no answer: the device priced
+// once prices each layout as estimate_time prices it alone, and ranking every candidate (sorted
+// where it lies) gives the order and the Pareto frontier of ranking a few (copied out).
+TEST_CASE("the search's shortcuts change no answer", "[search][law]") {
+  ClusterSpec c = store().load_cluster("dgx-h100");
+  TrainingSpec t{.seq_len = 8192, .global_batch = 64};
+  // The device and the layer times made once price each layout (a dense model and a mixture of
+  // experts, every recompute, sharding and offload choice) as estimate_time prices it alone.
+  for (const char* name : {"llama-3-8b", "mixtral-8x7b"}) {
+    ModelSpec m = store().load_model(name);
+    Network net(c, 16);
+    CostFunction cost = dplan_cost_function(m, net, t, OverlapOptions{});
+    long timed = 0;
+    for (const auto& p : enumerate_layouts(m, t, SearchSpace{.gpus = 16})) {
+      const Evaluation e = cost(p);
+      if (e.step_time_s == 0) continue;
+      ++timed;
+      const TimeBreakdown alone = estimate_time(m, net, t, p, estimate_memory(m, c, t, p));
+      CHECK(e.time.phases() == alone.phases());
+      CHECK(e.step_time_s == alone.step_time_s);
+      CHECK(e.time.gemm_s == alone.gemm_s);
+    }
+    INFO(name);
+    CHECK(timed > 100);
+  }
+  ModelSpec m = store().load_model("llama-3-8b");
+  Network net(c, 16);
+  std::vector<ParallelConfig> layouts = enumerate_layouts(m, t, SearchSpace{.gpus = 16});
+  CostFunction cost = dplan_cost_function(m, net, t, OverlapOptions{});
+  const SearchResult all = search(layouts, cost, static_cast<int>(layouts.size()));
+  const SearchResult few = search(layouts, cost, 7);
+  REQUIRE(static_cast<long>(all.ranked.size()) == all.feasible);
+  REQUIRE(few.ranked.size() == 7);
+  std::set<std::string> seen;
+  for (size_t i = 0; i < all.ranked.size(); ++i) {
+    CHECK(seen.insert(to_json(all.ranked[i].parallel).dump()).second);
+    if (i == 0) continue;
+    const Candidate &a = all.ranked[i - 1], &b = all.ranked[i];
+    CHECK(a.evaluation.step_time_s <= b.evaluation.step_time_s);
+    if (a.evaluation.step_time_s == b.evaluation.step_time_s) CHECK(a.complexity <= b.complexity);
+  }
+  for (size_t i = 0; i < few.ranked.size(); ++i) {
+    CHECK(all.ranked[i].evaluation.step_time_s == few.ranked[i].evaluation.step_time_s);
+    CHECK(all.ranked[i].complexity == few.ranked[i].complexity);
+  }
+  CHECK(all.ranked[0].parallel == few.ranked[0].parallel);
+  CHECK(all.ranked[0].evaluation.memory.stages.size() == few.ranked[0].evaluation.memory.stages.size());
+  REQUIRE(all.pareto.size() == few.pareto.size());
+  for (size_t i = 0; i < all.pareto.size(); ++i) CHECK(all.pareto[i].parallel == few.pareto[i].parallel);
+}
+
 namespace {
 // Every layout in a box around the search space, with megatron_split's split, kept when the layout rules (training.h) pass and
 // the search's own choices allow it (sharding only over more than one data-parallel rank, offload

@@ -62,6 +62,21 @@ TimeBreakdown estimate_time(const ModelSpec& model, const Network& network, cons
 TimeBreakdown estimate_time(const ModelSpec& model, const Network& network, const TrainingSpec& training,
                             const ParallelConfig& parallel, const OverlapOptions& overlap = {});
 
+// The device estimate_time prices compute on: the cluster's GPU as `world_size` ranks see it
+// (CoreSharing::device), at the training engine's pace (engine.h: gemm_scale on the GEMMs' and
+// attention's sustained fraction, elementwise_scale on the element-wise work's HBM efficiency).
+// No layout changes it beyond its world size, so a search makes it once (dplan_cost_function)
+// instead of copying the GPU's profile, its sources included, for every layout it prices.
+GpuSpec priced_device(const ClusterSpec& cluster, int world_size, const TrainingSpec& training);
+// The first estimate_time with the device made by the caller and, where `layer` is given, one
+// layer's times made by the caller too: a search reuses them across the layouts that differ only
+// in what layer_times does not read (the ZeRO stage, the distributed optimizer, offload).
+// REQUIRES: as above, device == priced_device(network.cluster(), parallel.world_size(), training),
+// and *layer == layer_times(model, device, training, parallel) where given.
+TimeBreakdown estimate_time(const ModelSpec& model, const Network& network, const TrainingSpec& training,
+                            const ParallelConfig& parallel, const MemoryEstimate& memory,
+                            const OverlapOptions& overlap, const GpuSpec& device, const LayerTimes* layer = nullptr);
+
 // The group a tied word embedding's gradients are all-reduced over when the first and last
 // pipeline stages hold its two copies, as the network can price it (see time.cpp).
 GroupShape embedding_group_shape(const ParallelConfig& parallel);

@@ -107,6 +107,15 @@ struct LayerComm {
 };
 
 // One pipeline stage's time per micro-batch: compute and the exposed communication inside it.
+// One model chunk's part of a stage's micro-batch.
+struct ChunkTime {
+  double forward_s = 0;   // its part of forward_s + forward_comm_s
+  double backward_s = 0;  // its part of the rest of total_s()
+  double edge_s = 0;      // of these, what is not its layers' (embedding, LM head and their tp
+                          // collectives, ZeRO-3's first gather)
+  int layers = 0;         // its transformer layers (with the MTP modules' on the loss chunk)
+};
+
 struct StageTime {
   double forward_s = 0, backward_s = 0, recompute_s = 0;
   double tp_s = 0, cp_s = 0, ep_s = 0, zero3_s = 0;
@@ -114,16 +123,20 @@ struct StageTime {
   double ep_hidden_s = 0;     // of which expert-parallel dispatch and combine (the EP overlap)
   double forward_comm_s = 0;  // the part of tp + cp + ep + zero3 in the forward pass
   double gemm_s = 0;          // the matrix multiplies inside forward_s + backward_s
-  // Per model chunk (one unless interleaved): its part of forward_s + forward_comm_s, and of the
-  // rest of total_s(); of these, the part that is not its layers' (embedding, LM head and their
-  // tp collectives, ZeRO-3's first gather). pipeline_time prices uneven chunks with them.
-  std::vector<double> chunk_forward_s, chunk_backward_s, chunk_edge_s;
-  std::vector<int> chunk_layers;
+  // Per model chunk (one unless interleaved or dualpipe), in order: pipeline_time prices uneven
+  // chunks with them. (One vector of them, not one per figure: the search prices every stage of
+  // every layout that fits.)
+  std::vector<ChunkTime> chunks;
   double total_s() const { return forward_s + backward_s + recompute_s + tp_s + cp_s + ep_s + zero3_s; }
 };
 std::vector<StageTime> stage_times(const ModelSpec& model, const GpuSpec& gpu, const TrainingSpec& training,
                                    const ParallelConfig& parallel, const LayerTimes& layer, const LayerComm& comm,
                                    const OverlapOptions& overlap);
+// The same into `out`, whose storage and its stages' chunk vectors are reused (estimate_time keeps
+// one per thread, so that pricing a layout allocates nothing here).
+void stage_times(const ModelSpec& model, const GpuSpec& gpu, const TrainingSpec& training,
+                 const ParallelConfig& parallel, const LayerTimes& layer, const LayerComm& comm,
+                 const OverlapOptions& overlap, std::vector<StageTime>& out);
 
 // The fill-and-drain slot of a pipeline whose chunks hold different layer counts (see
 // pipeline_time): the longest chunk's time, its stage's embedding and LM head spread over the

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -170,9 +171,22 @@ struct ModelChunk {
 //    chunk of the last stage.
 // REQUIRES: check_pipeline_parallel and check_schedule give ok (DPLAN_CHECK otherwise).
 std::vector<std::vector<ModelChunk>> assign_chunks(int num_layers, const ParallelConfig& parallel);
+// assign_chunks' answer, shared rather than built again: one layout's evaluation reads it three
+// times (memory, parameters, time) and a search's layouts share a few dozen splits, so each thread
+// keeps the last kSharedAssignments it was asked for, keyed by what assign_chunks reads (the layer
+// count, pp, the schedule and its chunks, and the split's fields). The same value as
+// assign_chunks (tests/costmodel/pipeline_split_test.cpp checks it). REQUIRES: as assign_chunks.
+using ChunkAssignment = std::vector<std::vector<ModelChunk>>;
+inline constexpr int kSharedAssignments = 16;
+std::shared_ptr<const ChunkAssignment> shared_chunks(int num_layers, const ParallelConfig& parallel);
 // Whether a stage's chunks hold the embedding (first stage; both end stages under dualpipe), the loss.
-bool holds_embedding(const std::vector<ModelChunk>& stage_chunks);
-bool holds_loss(const std::vector<ModelChunk>& stage_chunks);
+// (Inline: the memory model asks per stage of every layout it prices.)
+inline bool holds_embedding(const std::vector<ModelChunk>& stage_chunks) {
+  return std::any_of(stage_chunks.begin(), stage_chunks.end(), [](const ModelChunk& c) { return c.embedding; });
+}
+inline bool holds_loss(const std::vector<ModelChunk>& stage_chunks) {
+  return std::any_of(stage_chunks.begin(), stage_chunks.end(), [](const ModelChunk& c) { return c.loss; });
+}
 
 // Transformer layers per pipeline stage (its chunks' sum), from assign_chunks.
 std::vector<int> assign_layers(int num_layers, const ParallelConfig& parallel);

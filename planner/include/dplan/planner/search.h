@@ -120,9 +120,10 @@ costmodel::ParallelConfig data_parallel_layout(int gpus);
 // recompute, SP, offload, interleaving): the users' rule is start with DDP, add sharding, then model parallelism.
 int layout_complexity(const costmodel::ParallelConfig& parallel);
 
-// The most layouts one search evaluates (about 200 us each): a space beyond it is refused with a
-// message rather than searched for hours. The largest spaces of the sizes dplan accepts (--gpus up
-// to kMaxGpus) hold about a tenth of it (70B on 720720 GPUs: 98,496 layouts).
+// The most layouts one search evaluates (a few microseconds each on one core: docs/cost-model.md,
+// "Search speed"): a space beyond it is refused with a message rather than searched at length. The
+// largest spaces of the sizes dplan accepts (--gpus up to kMaxGpus) hold about a tenth of it (70B
+// on 720720 GPUs: 98,496 layouts).
 inline constexpr size_t kMaxLayouts = 1'000'000;
 
 // All layouts of `space.gpus` GPUs in `space` that follow the layout rules (check_layout in
@@ -155,7 +156,9 @@ struct GoodputInputs {
 // fitting meaning the worst stage leaves `headroom_fraction` of HBM free (costmodel::estimate_memory).
 // With `goodput`, each layout that fits also gets its time to train with failures (checkpoint_cost
 // and goodput, costmodel/checkpoint_cost.h); the cluster must then have a storage block (InputError
-// otherwise, at the first layout that fits).
+// otherwise, at the first layout that fits). `model` and `network` are read by reference and must
+// outlive it unchanged: it makes the priced device once and keeps the last few layer times
+// (docs/cost-model.md, "Search speed").
 CostFunction dplan_cost_function(const costmodel::ModelSpec& model, const costmodel::Network& network,
                                  const costmodel::TrainingSpec& training, const costmodel::OverlapOptions& overlap,
                                  double headroom_fraction = costmodel::kDefaultHeadroomFraction,

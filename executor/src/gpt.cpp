@@ -305,6 +305,15 @@ at::Tensor GptStage::leave_tp(const at::Tensor& partial, const at::Tensor& bias)
   return out;
 }
 
+// A row-parallel linear, out of the tensor-parallel region (leave_tp). On one tensor-parallel rank
+// there is nothing to add up, and the bias goes into the GEMM (at::linear's addmm) rather than a
+// pass of its own over the output, as torch.nn.Linear does it.
+at::Tensor GptStage::row_parallel(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias) const {
+  if (ctx_.tp.size() > 1 || !bias.defined()) return leave_tp(at::linear(h, weight), bias);
+  at::Tensor out = at::linear(h, weight, bias);
+  return model_.hidden_dropout > 0 ? at::dropout(out, model_.hidden_dropout, true) : out;
+}
+
 at::Tensor GptStage::attention(const Block& blk, const at::Tensor& x_in) const {
   Group& tp = ctx_.tp;
   at::Tensor qkv = column_parallel(x_in, {blk.qkv_w}, {blk.qkv_b})[0];
@@ -345,7 +354,7 @@ at::Tensor GptStage::attention(const Block& blk, const at::Tensor& x_in) const {
               : attention_core(q, k, v);
     ctx = ctx.transpose(1, 2).reshape({b, s, heads * d});
   }
-  return leave_tp(at::linear(ctx, blk.proj_w), blk.proj_b);
+  return row_parallel(ctx, blk.proj_w, blk.proj_b);
 }
 
 // Flash attention: [b, s, heads * d] out of q [b, heads, s, d] and k, v [b, kv_heads, s, d].
@@ -390,7 +399,7 @@ at::Tensor GptStage::mlp(const Block& blk, const at::Tensor& x_in) const {
   } else {
     h = at::gelu(column_parallel(x_in, {blk.fc1_w}, {blk.fc1_b})[0]);
   }
-  return leave_tp(at::linear(h, blk.fc2_w), blk.fc2_b);
+  return row_parallel(h, blk.fc2_w, blk.fc2_b);
 }
 
 at::Tensor GptStage::head_loss(const at::Tensor& x_in, const at::Tensor& targets, double loss_scale) {

@@ -134,6 +134,7 @@ class GptStage {
   std::vector<at::Tensor> column_parallel(const at::Tensor& x, const std::vector<at::Tensor>& weights,
                                           const std::vector<at::Tensor>& biases) const;
   at::Tensor leave_tp(const at::Tensor& partial, const at::Tensor& bias) const;
+  at::Tensor row_parallel(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias) const;
   at::Tensor attention(const Block& blk, const at::Tensor& x) const;
   at::Tensor attention_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;
   at::Tensor flash_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;

@@ -367,8 +367,15 @@ at::Tensor GptStage::flash_core(const at::Tensor& q, const at::Tensor& k, const 
   // output, the log-sum-exp) and runs as one fused loop; with dropout, ours, whose masks recompute
   // and checkpoints replay from the generator.
   if (q.is_cuda() || model_.attention_dropout == 0) {
-    at::Tensor out = at::scaled_dot_product_attention(q, k, v, {}, model_.attention_dropout, /*is_causal=*/true,
-                                                      /*scale=*/std::nullopt, /*enable_gqa=*/k.size(1) != q.size(1));
+    // SDPA saves its inputs as given: a strided view into the fused QKV projection (v always, q and
+    // k without rotary) would keep that whole tensor alive. Copies of such views, as flash_attention
+    // makes (attention.h), leave saved exactly q, k, v at their own widths; laid out as
+    // [b, s, heads, d], the flash kernels' own layout, in which the CPU kernel then writes its output
+    // too (it follows q's), so that [b, s, heads * d] below is a view of it, not a copy.
+    auto bshd = [](const at::Tensor& t) { return t.transpose(1, 2).contiguous().transpose(1, 2); };
+    at::Tensor out = at::scaled_dot_product_attention(bshd(q), bshd(k), bshd(v), {}, model_.attention_dropout,
+                                                      /*is_causal=*/true, /*scale=*/std::nullopt,
+                                                      /*enable_gqa=*/k.size(1) != q.size(1));
     return out.transpose(1, 2).reshape({q.size(0), q.size(2), q.size(1) * q.size(3)});
   }
 #elif TORCH_VERSION_MAJOR >= 2

@@ -146,13 +146,18 @@ def check_supported(cfg, where):
         raise InputProblem(f"{where}: dropout is not 0; runs with dropout cannot be compared step by step")
 
 
-def config_from_hf(path):
-    """Bench mode: the model of a Hugging Face GPT-2 config.json, as dplan reads it."""
+def read_json(path):
+    """The JSON file at path, or InputProblem naming it (also bench/torch_llama.py's reader)."""
     try:
         with open(path) as f:
-            hf = json.load(f)
+            return json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise InputProblem(f"{path}: {e}")
+
+
+def config_from_hf(path):
+    """Bench mode: the model of a Hugging Face GPT-2 config.json, as dplan reads it."""
+    hf = read_json(path)
     if hf.get("model_type") != "gpt2":
         raise InputProblem(f"{path}: model_type {hf.get('model_type')!r}, expected 'gpt2'")
     h, heads = hf["n_embd"], hf["n_head"]

@@ -22,7 +22,6 @@ embedding when the model says so).
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -33,8 +32,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 
-class InputProblem(Exception):
-    """Bad input: one line, exit status 2."""
+from torch_gpt import InputProblem, read_json  # beside this file: bad input is one line, exit status 2
 
 
 class RMSNorm(nn.Module):
@@ -110,11 +108,7 @@ class Llama(nn.Module):
 
 
 def read_plan(path):
-    try:
-        with open(path) as f:
-            plan = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputProblem(f"{path}: {e}")
+    plan = read_json(path)
     m, p = plan.get("model", {}), plan.get("parallel", {})
     if m.get("mlp") != "swiglu" or m.get("position") != "rotary" or m.get("num_experts", 0) > 1:
         raise InputProblem(f"{path}: model {m.get('name')!r} is not a dense Llama-style model "

@@ -108,15 +108,12 @@ void install_stop_signals() {
 }
 const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
 
-// A CPU rank's intra-op threads: one. The plan's device is one core (the
-// local-cpu cluster's cpu-core GPU; the time model gives each rank min(1, cores
-// / ranks) of a core), so a rank must not spread over idle cores when there are
-// fewer ranks than cores; LibTorch's reference-BLAS GEMMs run on one thread
-// anyway.
-// One intra-op thread per rank, and one BLAS thread: an OpenBLAS built with threads (Debian's
-// libopenblas0-pthread or -openmp, where it is the libblas.so.3 that Debian's LibTorch calls)
-// would otherwise run each GEMM on every core, under every rank at once. setup.sh installs the
-// serial build, which has no threads and no such function.
+// A CPU rank's threads: one. The plan's device is one core (the local-cpu cluster's cpu-core GPU;
+// the time model gives each rank min(1, cores / ranks) of a core), so a rank must not spread over
+// idle cores when there are fewer ranks than cores. One intra-op thread, and one BLAS thread: an
+// OpenBLAS built with threads (Debian's libopenblas0-pthread or -openmp, where it is the
+// libblas.so.3 that Debian's LibTorch calls) would otherwise run each GEMM on every core, under
+// every rank at once; setup.sh installs the serial build, which has no threads and no such function.
 void set_rank_threads(const Place&) {
   // Tensors on the CPU come from glibc's malloc (c10's posix_memalign). Above its mmap threshold
   // each is a fresh mapping, which the kernel zeroes page by page as the step first touches it and

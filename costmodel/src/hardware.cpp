@@ -23,7 +23,6 @@ const std::vector<std::string> kIntraKinds = {"nvswitch", "pcie", "xgmi", "share
 // Ranges of the figures a profile gives: wide enough for a CPU core as a device and for GPUs
 // and fabrics well beyond today's (HBM up to 100 TB, 1 EFLOP/s per device, 1 PB/s links); a
 // figure outside is a typo or a unit mix-up, and tiny ones would make every time infinite.
-constexpr double kMinEfficiency = 1e-3;   // of a peak: below 0.1% nothing is being modelled
 constexpr double kMaxMicroseconds = 1e6;  // latencies and overheads: a second is no latency
 constexpr double kMaxMiB = 1e6;           // half-bandwidth message sizes
 constexpr double kMaxPowerW = 1e5;        // a board's power: 100 kW is no accelerator

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 
 #include "dplan/costmodel/compute.h"
 #include "dplan/costmodel/errors.h"
@@ -200,6 +201,17 @@ GpuFit fit_gpu(const GpuSpec& base, const GpuProbe& measured_probe) {
   const double memory_bytes_per_s =
       probe.elementwise_bytes_per_s > 0 ? probe.elementwise_bytes_per_s : probe.copy_bytes_per_s;
   g.memory_efficiency = std::min(1.0, memory_bytes_per_s / base.hbm_bandwidth_bytes_per_s);
+  // What the import writes must read back (gpu_from_json): a bandwidth under kMinEfficiency of the
+  // base's HBM is not a measurement of that GPU (a probe of another machine, or a broken one).
+  if (g.memory_efficiency < costmodel::kMinEfficiency) {
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  ": /memory: %.3g bytes/s is %.3g of %s's HBM bandwidth (%.3g bytes/s); a probe of that GPU "
+                  "measures at least %g of it: give the --cluster that was probed",
+                  memory_bytes_per_s, g.memory_efficiency, base.name.c_str(), base.hbm_bandwidth_bytes_per_s,
+                  costmodel::kMinEfficiency);
+    throw InputError(probe.file + line);
+  }
   std::vector<double> start = {base.matmul_max_efficiency, std::max(base.kernel_overhead_s, 1e-7)};
   std::vector<detail::Bounds> bounds = {{0.02, 1.0}, {1e-7, 1e-3}};
   if (fit_fp8) {

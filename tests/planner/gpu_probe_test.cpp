@@ -230,6 +230,21 @@ TEST_CASE("fp8 GEMMs on a GPU profile without an fp8 peak are left out, not fata
                                                  Catch::Contains("54 fp8 GEMMs left out"));
 }
 
+TEST_CASE("a probe whose memory bandwidth is under 0.1 % of the base's HBM is refused, not written unreadable",
+          "[gpu-probe]") {
+  // Found by the gpu_probe fuzz target (fuzz/regressions/gpu_probe/memory-bandwidth-below-min-efficiency.json):
+  // 4 KB/s on an H100 base gave memory_efficiency 1.2e-9, which the GPU file's reader refuses.
+  const costmodel::GpuSpec base = dplan::testing::store().load_gpu("h100-sxm5-80gb");
+  json j = synthetic_probe(base);
+  j["memory"]["bytes_per_s"] = 4097.0;
+  const GpuProbe probe = parse_gpu_probe(j, "gpu-probe.json");
+  CHECK_THROWS_WITH(fit_gpu(base, probe), Catch::StartsWith("gpu-probe.json: /memory: 4.1e+03 bytes/s is 1.22e-09 of "
+                                                            "h100-sxm5-80gb's HBM bandwidth") &&
+                                              Catch::Contains("give the --cluster that was probed"));
+  j["memory"]["bytes_per_s"] = 0.002 * base.hbm_bandwidth_bytes_per_s;  // slow, but a reading of it
+  CHECK(fit_gpu(base, parse_gpu_probe(j, "gpu-probe.json")).gpu.memory_efficiency == Approx(0.002));
+}
+
 TEST_CASE("dplan probe --import-gpu-probe prints the launch overhead and the measured rates against the peaks",
           "[gpu-probe][cli]") {
   TempDir dir;

@@ -192,6 +192,9 @@ using GpuLoader = std::function<GpuSpec(const std::string& gpu_name)>;
 // may report (engine_logs.h): HBM in decimal GB, a peak in TFLOP/s.
 inline constexpr double kMaxHbmGB = 1e5;
 inline constexpr double kMaxPeakTflops = 1e6;
+// The smallest fraction of a peak a GPU profile may state (its efficiencies): below 0.1 % nothing
+// is being modelled.
+inline constexpr double kMinEfficiency = 1e-3;
 GpuSpec gpu_from_json(const json& j, const std::string& file);
 ClusterSpec cluster_from_json(const json& j, const std::string& file, const GpuLoader& load_gpu);
 // The cluster block a plan embeds (to_json(ClusterSpec): the GPU's figures in place of its name,

@@ -41,11 +41,12 @@ packages=(cmake g++ make pkg-config nlohmann-json3-dev libcli11-dev libboost-gra
 # ccache: the executor's second build (against PyTorch 2.x, BUILD_DIR=build-torch2) compiles the
 # cost model, the planner and their tests exactly as the first did, and takes them from the cache.
 if ((slurm)); then packages+=(slurm-wlm munge); fi
-# libopenblas0-serial: Debian's LibTorch calls the system libblas.so.3, which on a fresh machine is
+# libopenblas0-pthread: Debian's LibTorch calls the system libblas.so.3, which on a fresh machine is
 # netlib's reference BLAS (13-20x slower GEMMs); OpenBLAS registers itself through the alternatives
-# system as libblas.so.3 and liblapack.so.3. The serial build: one thread per rank, as the executor
-# runs LibTorch, so ranks never oversubscribe the cores, and results do not depend on a thread count.
-if ((all)); then packages+=(catch2 libtorch-dev libgloo-dev zlib1g-dev python3-torch libopenblas0-serial clang libclang-rt-14-dev llvm-14 ccache); fi
+# system as libblas.so.3 and liblapack.so.3. The threaded build, which is safe to call from several
+# threads at once (the tests run ranks as threads of one process; Debian's serial build is not, and
+# gave them wrong sums); dplan-worker keeps it to one thread per rank (openblas_set_num_threads).
+if ((all)); then packages+=(catch2 libtorch-dev libgloo-dev zlib1g-dev python3-torch libopenblas0-pthread clang libclang-rt-14-dev llvm-14 ccache); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -113,7 +113,7 @@ const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGT
 // idle cores when there are fewer ranks than cores. One intra-op thread, and one BLAS thread: an
 // OpenBLAS built with threads (Debian's libopenblas0-pthread or -openmp, where it is the
 // libblas.so.3 that Debian's LibTorch calls) would otherwise run each GEMM on every core, under
-// every rank at once; setup.sh installs the serial build, which has no threads and no such function.
+// every rank at once (setup.sh installs libopenblas0-pthread).
 void set_rank_threads(const Place&) {
   // Tensors on the CPU come from glibc's malloc (c10's posix_memalign). Above its mmap threshold
   // each is a fresh mapping, which the kernel zeroes page by page as the step first touches it and

@@ -189,10 +189,9 @@ std::vector<pid_t> start_ranks(std::vector<std::string>& args, int world,
     std::vector<std::string> env_strings;
     for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
     std::vector<char*> envp;
-    for (auto& s : env_strings) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    envp.pop_back();  // the launch time last, taken as late as can be (the rank's start-up is timed from it)
+    // The launch time last, taken as late as can be (the rank's start-up is timed from it).
     std::string launched = std::string(executor::kLaunchTimeEnv) + "=" + std::to_string(executor::steady_now_ns());
+    for (auto& s : env_strings) envp.push_back(s.data());
     envp.push_back(launched.data());
     envp.push_back(nullptr);
     pid_t pid = ::fork();

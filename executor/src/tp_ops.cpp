@@ -131,6 +131,18 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     if (vocab_start + local > vocab_size)  // padding columns never win and carry no probability
       logits.narrow(1, vocab_size - vocab_start, vocab_start + local - vocab_size)
           .fill_(-std::numeric_limits<float>::infinity());
+    ctx->saved_data["dtype"] = static_cast<int64_t>(logits_in.scalar_type());
+    if (g->size() == 1) {
+      // The whole vocabulary here: ATen's log-softmax, one fused pass over each row (max, sum of
+      // exponentials and the write while the row is in cache), in place, where the steps below
+      // make six passes over [N, V]; backward turns the saved log-probabilities into the softmax
+      // in place (exp_). The loss is -log p(target), as torch.nn.functional.cross_entropy's.
+      at::_log_softmax_out(logits, logits, 1, /*half_to_float=*/false);
+      at::Tensor loss = logits.gather(1, targets.unsqueeze(1)).squeeze(1).neg();
+      ctx->save_for_backward({logits, targets, at::Tensor()});
+      ctx->saved_data["log_probs"] = true;
+      return loss;
+    }
     // Any per-row shift works; it only has to be the same on every rank: the global row maximum.
     at::Tensor row_max = std::get<0>(logits.max(1));
     if (g->size() > 1) {
@@ -147,7 +159,6 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     at::Tensor sum_exp = sums[0];
     exp.div_(sum_exp.unsqueeze(1));  // softmax, kept for backward
     ctx->save_for_backward({exp, local_target, in_shard});
-    ctx->saved_data["dtype"] = static_cast<int64_t>(logits_in.scalar_type());
     return sum_exp.log() - sums[1];
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
@@ -155,8 +166,13 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     // d loss_i / d logit_ij = softmax_ij - [j == target_i], in place of the saved softmax (Megatron's
     // too): the graph is not kept, nothing reads it again.
     at::Tensor g = saved[0];
-    at::Tensor hit = saved[2].to(g.scalar_type());
-    g.scatter_add_(1, saved[1].unsqueeze(1), -hit.unsqueeze(1));
+    if (ctx->saved_data.count("log_probs")) {  // one rank: log-probabilities, every target here
+      g.exp_();
+      g.scatter_add_(1, saved[1].unsqueeze(1), at::full({g.size(0), 1}, -1.0, g.options()));
+    } else {
+      at::Tensor hit = saved[2].to(g.scalar_type());
+      g.scatter_add_(1, saved[1].unsqueeze(1), -hit.unsqueeze(1));
+    }
     g.mul_(grad[0].unsqueeze(1));
     auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
     return {g.to(dtype), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};

@@ -14,7 +14,8 @@
 #   fsdp2 w2    fully_shard (ZeRO-3), 2 ranks     dp 2, ZeRO-3
 #   tp w2       parallelize_module, 2 ranks       tp 2
 #
-# Environment: DPLAN (default ./build/dplan); PYTHON, a Python with torch >= 2 (1.13 will do for
+# Environment: DPLAN (default ./build/dplan); CONFIG, the GPT-2-style config.json (default
+# bench/gpt-bench/config.json); PYTHON, a Python with torch >= 2 (1.13 will do for
 # PAIRINGS="ddp-w1 ddp-w2") (default
 # $DPLAN_TORCH_VENV/bin/python when DPLAN_TORCH_VENV is set, else python3); TORCHRUN (default
 # beside that Python, else torchrun); PAIRINGS="ddp-w1 tp-w2" picks some; KEEP_TMP=1 keeps every
@@ -30,7 +31,7 @@ rounds=${2:-3}
 warmup=2
 global_batch=16
 seq=128
-config=bench/gpt-bench/config.json
+config=${CONFIG:-bench/gpt-bench/config.json}
 DPLAN=${DPLAN:-./build/dplan}
 if [[ -n ${DPLAN_TORCH_VENV:-} ]]; then
     PYTHON=${PYTHON:-$DPLAN_TORCH_VENV/bin/python}

@@ -139,6 +139,9 @@ def check_supported(cfg, where):
     for key, value in wanted.items():
         if cfg.get(key) != value:
             raise InputProblem(f"{where}: {key} is {cfg.get(key)!r}; this reference implements only {value!r} (GPT-2)")
+    if cfg.get("activation", "gelu") != "gelu" or cfg.get("qk_norm", False):
+        raise InputProblem(f"{where}: activation {cfg.get('activation')!r} or q/k norms; this reference implements "
+                           "only exact GELU without q/k norms (GPT-2)")
     if cfg["num_kv_heads"] != cfg["num_heads"]:
         raise InputProblem(f"{where}: {cfg['num_kv_heads']} kv heads for {cfg['num_heads']} heads; this reference "
                            "implements only multi-head attention (GPT-2)")

@@ -63,7 +63,7 @@ class Block(nn.Module):
         super().__init__()
         h, d = m["hidden_size"], m["head_dim"]
         self.heads, self.kv_heads, self.head_dim = m["num_heads"], m["num_kv_heads"], d
-        self.n1, self.n2 = RMSNorm(h), RMSNorm(h)
+        self.n1, self.n2 = RMSNorm(h, m.get("norm_eps", 1e-5)), RMSNorm(h, m.get("norm_eps", 1e-5))
         self.q = nn.Linear(h, self.heads * d, bias=m.get("qkv_bias", False))
         self.k = nn.Linear(h, self.kv_heads * d, bias=m.get("qkv_bias", False))
         self.v = nn.Linear(h, self.kv_heads * d, bias=m.get("qkv_bias", False))
@@ -90,7 +90,7 @@ class Llama(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(m["vocab_size"], m["hidden_size"])
         self.layers = nn.ModuleList(Block(m) for _ in range(m["num_layers"]))
-        self.norm = RMSNorm(m["hidden_size"])
+        self.norm = RMSNorm(m["hidden_size"], m.get("norm_eps", 1e-5))
         self.head = None if m.get("tied_embeddings") else nn.Linear(m["hidden_size"], m["vocab_size"], bias=False)
         self.recompute = recompute
         self.head_dim = m["head_dim"]
@@ -155,7 +155,8 @@ def main():
     rest = [q for q in model.parameters() if q.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
                                   lr=3e-4, betas=(0.9, 0.95), eps=1e-8, fused=cuda)
-    cos, sin = rotary_tables(seq, m["head_dim"], 500000.0, dev)
+    # The plan's rotary base and norm epsilon (absent in plans of models with the old defaults).
+    cos, sin = rotary_tables(seq, m["head_dim"], m.get("rope_theta", 10000.0), dev)
     gen = torch.Generator(device=dev).manual_seed(args.seed)
     times, losses = [], []
     compute_s, optimizer_s = [], []

@@ -9,16 +9,30 @@ std::string executor_does_not_run(const std::string& what) {
          "(dplan --runnable searches only those)";
 }
 
+std::optional<std::string> gelu_approximation(const std::string& activation) {
+  if (activation == "gelu" || activation == "gelu_python") return "none";
+  if (activation == "gelu_new" || activation == "gelu_pytorch_tanh" || activation == "gelu_fast") return "tanh";
+  return std::nullopt;
+}
+
 std::optional<std::string> executor_refusal(const ModelSpec& model, const TrainingSpec& training,
                                             const ParallelConfig& p) {
   // MoE: Mixtral-style layers (executor/src/moe.h): every layer routed, no shared expert, no router bias.
   if (model.num_dense_layers > 0 || model.shared_expert_ffn_size > 0 || model.router_bias)
     return executor_does_not_run("dense layers, shared experts or router biases in a mixture-of-experts model");
-  // Its layers are GELU or SiLU-gated MLPs after plain multi-head / grouped-query attention.
-  if (model.is_mla() || model.qk_norm || model.attention_sinks || model.num_sliding_layers > 0)
-    return executor_does_not_run("latent attention, q/k norms, attention sinks or sliding windows");
-  if (model.mlp == MlpKind::plain ? model.activation.rfind("gelu", 0) != 0 : model.activation != "silu")
+  // Its layers are GELU or SiLU-gated MLPs after plain multi-head / grouped-query attention, with
+  // Qwen3's q/k norms where the model has them, and full rotary at the model's base.
+  if (model.is_mla() || model.attention_sinks || model.num_sliding_layers > 0)
+    return executor_does_not_run("latent attention, attention sinks or sliding windows");
+  if (model.mlp == MlpKind::plain ? !gelu_approximation(model.activation) : model.activation != "silu")
     return executor_does_not_run("the " + model.activation + " activation in a " + to_string(model.mlp) + " MLP");
+  if (!model.rope_scaling.empty())
+    return executor_does_not_run("the " + model.rope_scaling + " rotary scaling (rope_scaling)");
+  // GPT-NeoX rotates a part of each head (rotary_pct) and adds attention and MLP in parallel;
+  // Nemotron's LayerNorm1P and partial rotary: neither is the executor's block.
+  if (model.family == "gpt_neox" || model.family == "nemotron")
+    return executor_does_not_run(model.family == "gpt_neox" ? "GPT-NeoX's partial rotary and parallel residual"
+                                                             : "Nemotron's LayerNorm1P and partial rotary");
   // Its MoE layers send tokens with one all-to-all over ep and run one micro-batch at a time
   // (executor/src/moe.h, trainer.cpp): neither DeepEP's kernels nor Megatron-Core's combined 1F1B.
   if (p.moe_dispatcher != MoeDispatcher::alltoall || p.overlap_ep_comm)

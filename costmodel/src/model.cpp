@@ -16,10 +16,9 @@ namespace {
 const std::initializer_list<const char*> kIgnoredHfKeys = {
     "_name_or_path", "architectures", "torch_dtype", "dtype", "transformers_version",
     "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "use_cache",
-    "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps", "rope_theta", "rope_scaling",
-    "rope_parameters", "pretraining_tp", "sliding_window", "use_sliding_window",
+    "pretraining_tp", "sliding_window", "use_sliding_window",
     "max_window_layers", "layer_types", "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
-    "classifier_dropout", "rotary_pct", "rotary_emb_base", "rotary_emb_dim", "use_parallel_residual",
+    "classifier_dropout", "rotary_pct", "rotary_emb_dim", "use_parallel_residual",
     "partial_rotary_factor", "rope_interleave", "norm_topk_prob", "n_group", "topk_group", "scoring_func",
     "seq_aux", "aux_loss_alpha", "routed_scaling_factor", "ep_size",
     "quantization_config", "swiglu_limit", "initial_context_length", "auto_map", "qk_head_dim",
@@ -251,6 +250,37 @@ void read_gpt_neox(ObjectReader& r, ModelSpec& m) {
   m.position = PositionKind::rotary;
 }
 
+// The norms' epsilon and the rotary base and scaling, under each family's keys, with the defaults
+// of its transformers configuration class (5.23: configuration_<family>.py) where the file has none.
+void read_numerics(ObjectReader& r, ModelSpec& m) {
+  const std::string& f = m.family;
+  const char* eps_key = f == "gpt2" ? "layer_norm_epsilon" : f == "gpt_neox" ? "layer_norm_eps"
+                        : f == "nemotron" ? "norm_eps" : "rms_norm_eps";
+  const bool eps_1e5 = f == "gpt2" || f == "gpt_neox" || f == "nemotron" || f == "mixtral" || f == "gpt_oss";
+  m.norm_eps = r.has(eps_key) ? r.number_in(eps_key, 1e-12, 1.0) : eps_1e5 ? 1e-5 : 1e-6;
+  if (f == "gpt2") return;  // learned positions
+  m.rope_theta = f == "mixtral" ? 1e6 : f == "gpt_oss" ? 150000.0 : 10000.0;
+  if (f == "gpt_oss") m.rope_scaling = "yarn";
+  for (const char* key : {"rotary_emb_base", "rope_theta"})  // gpt_neox's older name first
+    if (r.has(key)) m.rope_theta = r.number_in(key, 1.0, 1e12);
+  // rope_scaling (transformers 4) or rope_parameters (5): {"rope_type" or "type": ..., "rope_theta", ...}.
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (!r.has(key)) continue;
+    const json& j = r.raw(key);
+    if (!j.is_object()) throw InputError(r.where(key) + ": expected an object with \"rope_type\"");
+    if (j.contains("rope_theta")) {
+      if (!j["rope_theta"].is_number() || !(j["rope_theta"].get<double>() >= 1.0))
+        throw InputError(r.where(key) + "/rope_theta: expected a number of at least 1");
+      m.rope_theta = j["rope_theta"].get<double>();
+    }
+    const char* type_key = j.contains("rope_type") ? "rope_type" : j.contains("type") ? "type" : nullptr;
+    if (type_key == nullptr) continue;
+    if (!j[type_key].is_string()) throw InputError(r.where(key) + "/" + type_key + ": expected a string");
+    const std::string type = j[type_key].get<std::string>();
+    m.rope_scaling = type == "default" ? "" : type;
+  }
+}
+
 void read_gpt2(ObjectReader& r, ModelSpec& m) {
   m.hidden_size = width(r, "n_embd");
   m.num_layers = static_cast<int>(r.int_in("n_layer", 1, kMaxLayers));
@@ -268,6 +298,10 @@ void read_gpt2(ObjectReader& r, ModelSpec& m) {
   m.mlp = MlpKind::plain;
   m.norm = NormKind::layernorm;
   m.position = PositionKind::learned;
+  // transformers writes it into every GPT-2 config.json it saves, false for the decoder-only model.
+  if (r.has("add_cross_attention") && r.boolean("add_cross_attention"))
+    throw InputError(r.where("add_cross_attention") +
+                     ": cross-attention (GPT-2 as an encoder-decoder's decoder) is not planned; dplan plans decoder-only models");
 }
 
 // One MLP of width f: plain fc1 (h->f) + fc2 (f->h); gated: gate and up (h->f each) + down (f->h).
@@ -498,6 +532,7 @@ ModelSpec model_from_hf_config(const json& config, const std::string& file, cons
   } else {
     read_llama_like(r, family, m);
   }
+  read_numerics(r, m);
   if (m.head_dim == 0) {
     if (m.hidden_size % m.num_heads != 0)
       throw InputError(file + ": hidden size " + std::to_string(m.hidden_size) +
@@ -558,6 +593,10 @@ json to_json(const ModelSpec& m) {
   count("sliding_window", m.sliding_window);
   count("num_sliding_layers", m.num_sliding_layers);
   count("mtp_layers", m.mtp_layers);
+  const ModelSpec old_plan;  // what plans written before these keys ran with
+  if (m.norm_eps != old_plan.norm_eps) j["norm_eps"] = m.norm_eps;
+  if (m.rope_theta != old_plan.rope_theta) j["rope_theta"] = m.rope_theta;
+  if (!m.rope_scaling.empty()) j["rope_scaling"] = m.rope_scaling;
   return j;
 }
 
@@ -606,6 +645,9 @@ ModelSpec model_from_json(const json& j, const std::string& file, const std::str
   m.sliding_window = count("sliding_window", kMaxTokens);
   m.num_sliding_layers = count("num_sliding_layers", kMaxLayers);
   m.mtp_layers = count("mtp_layers", kMaxLayers);
+  if (r.has("norm_eps")) m.norm_eps = r.number_in("norm_eps", 1e-12, 1.0);
+  if (r.has("rope_theta")) m.rope_theta = r.number_in("rope_theta", 1.0, 1e12);
+  if (r.has("rope_scaling")) m.rope_scaling = r.string("rope_scaling");
   r.ignore("num_params");  // derived, written for readers
   r.finish();
   validate(m, file);

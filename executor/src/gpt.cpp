@@ -10,6 +10,7 @@
 #include <torch/version.h>
 
 #include "attention.h"
+#include "dplan/costmodel/executor_support.h"
 #include "fused_ops.h"
 #include "recompute.h"
 #include "ring_attention.h"
@@ -22,7 +23,6 @@ using costmodel::NormKind;
 using costmodel::PositionKind;
 
 constexpr double kInitStd = 0.02;  // GPT-2 / Megatron --init-method-std
-constexpr double kRopeBase = 10000.0;  // RoFormer (Su et al. 2021) base; the spec carries no rope_theta
 
 uint64_t name_seed(uint64_t seed, const std::string& name) {
   uint64_t h = 1469598103934665603ULL ^ seed;  // FNV-1a over the name, keyed by the seed
@@ -140,7 +140,8 @@ class GptStage::Builder {
   void rotary_tables() {
     const int64_t d = model_.head_dim;
     const int cp = std::max(1, ctx_.cp.size());
-    at::Tensor inv = 1.0 / at::pow(kRopeBase, at::arange(0, d, 2, at::kDouble) / double(d));
+    // RoFormer (Su et al. 2021) frequencies theta^(-2i/d) at the model's base (rope_theta).
+    at::Tensor inv = 1.0 / at::pow(model_.rope_theta, at::arange(0, d, 2, at::kDouble) / double(d));
     // [s, d/2] at this cp rank's tokens' true positions (the whole sequence when cp is 1).
     at::Tensor angles = at::outer(cp_chunks(at::arange(s_.seq_len_, at::kDouble), 0, cp, ctx_.cp.rank()), inv);
     s_.rope_cos_ = angles.cos().to(ctx_.device, ctx_.dtype);
@@ -188,6 +189,14 @@ class GptStage::Builder {
                     tp_slice({qkv_dim}, 0, qkv_rows));
     b.proj_w = split(p + "attn.proj.weight", {H_, model_.q_dim()}, out_std_, 1, true);
     if (model_.out_bias) b.proj_b = replicated(p + "attn.proj.bias", H_, 0.0);
+    if (model_.qk_norm) {
+      // Qwen3's q_norm and k_norm: RMSNorm(head_dim), the same on every tp rank; each rank normalises
+      // its own heads, so each holds part of the gradient, summed over tp (as the router's).
+      for (at::Tensor* w : {&b.q_norm_w, &b.k_norm_w}) {
+        *w = replicated(p + (w == &b.q_norm_w ? "attn.q_norm.weight" : "attn.k_norm.weight"), model_.head_dim, 1.0);
+        s_.params_.back().sequence_parallel_partial = tp_ > 1;
+      }
+    }
   }
 
   void dense_mlp(Block& b, const std::string& p) {
@@ -259,8 +268,8 @@ std::vector<int64_t> GptStage::activation_shape(int64_t micro_batch) const {
 }
 
 at::Tensor GptStage::norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const {
-  if (model_.norm == NormKind::layernorm) return at::layer_norm(x, {model_.hidden_size}, w, b, kNormEps);
-  return rms_norm(x, w, kNormEps);  // saves x and rstd only, as fused kernels do
+  if (model_.norm == NormKind::layernorm) return at::layer_norm(x, {model_.hidden_size}, w, b, model_.norm_eps);
+  return rms_norm(x, w, model_.norm_eps);  // saves x and rstd only, as fused kernels do
 }
 
 at::Tensor GptStage::embed(const at::Tensor& tokens) {
@@ -323,6 +332,10 @@ at::Tensor GptStage::attention(const Block& blk, const at::Tensor& x_in) const {
   at::Tensor q = split[0].view({b, s, heads, d}).transpose(1, 2);
   at::Tensor k = split[1].view({b, s, kv_heads, d}).transpose(1, 2);
   at::Tensor v = split[2].view({b, s, kv_heads, d}).transpose(1, 2);
+  if (blk.q_norm_w.defined()) {  // Qwen3Attention: per-head RMSNorm of q and k, before the rotation
+    q = rms_norm(q.transpose(1, 2), blk.q_norm_w, model_.norm_eps).transpose(1, 2);
+    k = rms_norm(k.transpose(1, 2), blk.k_norm_w, model_.norm_eps).transpose(1, 2);
+  }
   if (rope_cos_.defined()) {  // rotate-half convention (GPT-NeoX, Llama)
     at::Tensor cos = rope_cos_.narrow(0, 0, s), sin = rope_sin_.narrow(0, 0, s);
     auto rotate = [&](const at::Tensor& t) {
@@ -404,7 +417,8 @@ at::Tensor GptStage::mlp(const Block& blk, const at::Tensor& x_in) const {
     auto up_gate = column_parallel(x_in, {blk.fc1_w, blk.gate_w}, {blk.fc1_b});
     h = swiglu(up_gate[1], up_gate[0]);  // Shazeer 2020: down(silu(gate x) * up x); saves gate and up only
   } else {
-    h = at::gelu(column_parallel(x_in, {blk.fc1_w}, {blk.fc1_b})[0]);
+    // GELU exact (erf), or its tanh approximation where the config names one (GPT-2's gelu_new).
+    h = at::gelu(column_parallel(x_in, {blk.fc1_w}, {blk.fc1_b})[0], *costmodel::gelu_approximation(model_.activation));
   }
   return row_parallel(h, blk.fc2_w, blk.fc2_b);
 }

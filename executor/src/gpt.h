@@ -26,10 +26,6 @@ namespace dplan::executor {
 class MemoryMeter;
 class PhaseClock;
 
-// LayerNorm's and RMSNorm's epsilon (GPT-2's layer_norm_epsilon); written into the reference file
-// (--save-reference) so that an outside implementation uses the same.
-inline constexpr double kNormEps = 1e-5;
-
 // What every piece of one rank's model runs in: its process groups and layout choices, and where
 // it reports time (the phase clock) and communication buffers (the memory meter).
 struct ParallelContext {
@@ -124,7 +120,7 @@ class GptStage {
 
  private:
   struct Block {
-    at::Tensor norm1_w, norm1_b, qkv_w, qkv_b, proj_w, proj_b;
+    at::Tensor norm1_w, norm1_b, qkv_w, qkv_b, proj_w, proj_b, q_norm_w, k_norm_w;
     at::Tensor norm2_w, norm2_b, fc1_w, fc1_b, gate_w, fc2_w, fc2_b;
     MoeWeights moe;  // an MoE model's MLP (then fc1 ... fc2 are undefined)
   };

@@ -26,6 +26,7 @@
 #include <torch/version.h>
 
 #include "checkpoint.h"
+#include "hf_load.h"
 #include "comm.h"
 #include "data.h"
 #include "dplan/costmodel/errors.h"
@@ -241,7 +242,8 @@ void save_reference(const RunOptions& args, const ExecPlan& plan, GptStage& stag
         {"position", m.position == costmodel::PositionKind::learned ? "learned" : "rotary"},
         {"tied_embeddings", m.tied_embeddings}, {"qkv_bias", m.qkv_bias}, {"out_bias", m.out_bias},
         {"mlp_bias", m.mlp_bias}, {"attention_dropout", m.attention_dropout}, {"hidden_dropout", m.hidden_dropout},
-        {"norm_eps", kNormEps}}},
+        {"norm_eps", m.norm_eps}, {"rope_theta", m.rope_theta}, {"activation", m.activation},
+        {"qk_norm", m.qk_norm}}},
       {"training",
        {{"steps", args.steps}, {"global_batch", plan.training.global_batch}, {"seq_len", plan.training.seq_len},
         {"loss", "mean over the global batch's tokens"}}},
@@ -538,6 +540,9 @@ void report_stop(const RunOptions& args, const Place& place, const TrainLog& log
 int train(const RunOptions& args, const Place& place, StartupClock& startup) {
   const ExecPlan plan = read_plan(args.plan_path);
   check_run_options(args, plan, place);
+  // --init-from: the checkpoint checked against the plan's model before the rendezvous.
+  const std::optional<HfCheckpoint> init =
+      args.init_from.empty() ? std::nullopt : std::optional<HfCheckpoint>(read_hf_checkpoint(args.init_from, plan.model));
   if (args.deterministic) use_deterministic_kernels();
   const DeviceChoice device = choose_device(args, plan);
   MemoryMeter meter(device.cuda ? place.local_rank : -1);  // before the first tensor
@@ -565,6 +570,7 @@ int train(const RunOptions& args, const Place& place, StartupClock& startup) {
                                device.bf16 ? at::kBFloat16 : at::kFloat, store, go, clock, meter);
     startup.mark("groups");
     GptStage stage = build_model(plan, ctx, args.seed, place.rank);
+    if (init) load_hf_checkpoint(*init, stage.parameters());
     startup.mark("model");
     GradSync grads(stage, ctx, static_cast<int64_t>(plan.training.bucket_bytes), plan.parallel.zero_stage,
                    plan.parallel.distributed_optimizer, device.grad_dtype);

@@ -27,12 +27,21 @@ int64_t safetensors_dtype_bytes(const std::string& dtype) {
   return it == bytes.end() ? 0 : it->second;
 }
 
-SafetensorsHeader parse_safetensors_header(std::string_view bytes) {
-  if (bytes.size() < 8) throw bad("the file has " + std::to_string(bytes.size()) + " bytes, fewer than the 8 of its header length");
+uint64_t safetensors_header_bytes(std::string_view first8, uint64_t file_bytes) {
+  if (first8.size() < 8 || file_bytes < 8)
+    throw bad("the file has " + std::to_string(file_bytes) + " bytes, fewer than the 8 of its header length");
   uint64_t header_bytes = 0;
-  std::memcpy(&header_bytes, bytes.data(), 8);
-  if (header_bytes > kMaxHeaderBytes || header_bytes > bytes.size() - 8)
-    throw bad("header length " + std::to_string(header_bytes) + " exceeds the file (" + std::to_string(bytes.size()) + " bytes)");
+  std::memcpy(&header_bytes, first8.data(), 8);
+  if (header_bytes > kMaxHeaderBytes || header_bytes > file_bytes - 8)
+    throw bad("header length " + std::to_string(header_bytes) + " exceeds the file (" + std::to_string(file_bytes) + " bytes)");
+  return 8 + header_bytes;
+}
+
+SafetensorsHeader parse_safetensors_header(std::string_view bytes) { return parse_safetensors_header(bytes, bytes.size()); }
+
+SafetensorsHeader parse_safetensors_header(std::string_view bytes, uint64_t file_bytes) {
+  const uint64_t header_bytes = safetensors_header_bytes(bytes, file_bytes) - 8;
+  if (bytes.size() < 8 + header_bytes) throw bad("the header ends before its length (" + std::to_string(header_bytes) + " bytes)");
   nlohmann::json header;
   try {
     header = parse_json_text(std::string(bytes.substr(8, header_bytes)), "the header");
@@ -42,7 +51,7 @@ SafetensorsHeader parse_safetensors_header(std::string_view bytes) {
   if (!header.is_object()) throw bad("the header is not a JSON object");
   SafetensorsHeader out;
   out.data_start = 8 + header_bytes;
-  const uint64_t data_bytes = bytes.size() - out.data_start;
+  const uint64_t data_bytes = file_bytes - out.data_start;
   for (const auto& [name, info] : header.items()) {
     const std::string quoted = quote_for_message(name);
     if (name == "__metadata__") {

@@ -32,5 +32,10 @@ struct SafetensorsHeader {
 // its shape and dtype, the ranges tiling the data with nothing left over; "__metadata__" string to
 // string. Throws std::invalid_argument naming what is malformed.
 SafetensorsHeader parse_safetensors_header(std::string_view bytes);
+// The same from the file's first bytes (at least its header) and the file's size, for a reader
+// that does not load the data: safetensors_header_bytes says how many first bytes that is (8 +
+// the header's length, checked against the size) from the first 8.
+uint64_t safetensors_header_bytes(std::string_view first8, uint64_t file_bytes);
+SafetensorsHeader parse_safetensors_header(std::string_view head, uint64_t file_bytes);
 
 }  // namespace dplan::executor

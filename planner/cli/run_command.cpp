@@ -25,6 +25,7 @@
 #include "dplan/costmodel/training.h"
 #include "dplan/planner/profiles.h"
 #include "dplan/planner/report.h"
+#include "hf_checkpoint.h"
 #include "rank_watch.h"
 
 extern char** environ;
@@ -226,6 +227,8 @@ int run_run(const RunOptions& a) {
   const int world = plan.parallel.world_size();
   if (!a.output.empty()) check_output_path(a.output, costmodel::run_record_output(), a.force);
   if (const std::string problem = executor::run_options_problem(a); !problem.empty()) throw InputError(problem);
+  // The checkpoint's names and shapes against the plan's model, from its headers alone.
+  if (!a.init_from.empty()) executor::read_hf_checkpoint(a.init_from, plan.model);
   const std::string worker = find_worker();
   // Before the ranks start (dplan scale says it for all its runs). On stdout: stderr is the ranks'
   // progress and, for input a rank refuses, its one error line.

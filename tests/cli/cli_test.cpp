@@ -587,11 +587,11 @@ TEST_CASE("examples/run_all.sh fails when a dplan command fails", "[cli][example
 }
 
 TEST_CASE("dplan --runnable refuses a model the executor cannot train, with the executor's own reason", "[cli][error]") {
-  // q/k norms (Qwen3): a model the executor does not build; --runnable says so before searching.
+  // Nemotron's squared-ReLU MLP: a model the executor does not build; --runnable says so before searching.
   TempDir dir;
-  std::string line = require_one_error_line(run_dplan({"--model", "qwen3-8b", "--cluster", "local-cpu", "--gpus", "2",
-                                                       "--global-batch", "8", "--precision", "fp32", "--runnable"}));
-  CHECK_THAT(line, Contains("q/k norms"));
+  std::string line = require_one_error_line(run_dplan({"--model", "nemotron-4-340b", "--cluster", "local-cpu", "--gpus",
+                                                       "2", "--global-batch", "8", "--precision", "fp32", "--runnable"}));
+  CHECK_THAT(line, Contains("the relu2 activation in a plain MLP"));
   // A model with attention dropout plans, and its plan leaves context parallel out (the executor's
   // ring attention has no dropout; its flash attention has).
   const std::string model = dir.write("gpt-dropout.json", R"({"model_type": "gpt2", "n_embd": 64, "n_layer": 2,

@@ -421,3 +421,53 @@ TEST_CASE("each model check names the inconsistency it finds, in validate's orde
     CHECK_THROWS_WITH(validate(m, "m.json"), Contains(c.message));
   }
 }
+
+TEST_CASE("the norm epsilon and the rotary base and scaling come from the config, else the family's default", "[model]") {
+  const json base = {{"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 2},
+                     {"num_attention_heads", 4}, {"vocab_size", 100}, {"max_position_embeddings", 128}};
+  auto read = [&](const std::string& family, const json& extra) {
+    json c = base;
+    c["model_type"] = family;
+    c.update(extra);
+    return model_from_hf_config(c, "c.json", "x");
+  };
+  // transformers 5.23's configuration classes: rms_norm_eps 1e-6 (Llama, Qwen), 1e-5 (Mixtral);
+  // rope_theta 10000, Mixtral's 1e6.
+  CHECK(read("llama", {}).norm_eps == 1e-6);
+  CHECK(read("llama", {}).rope_theta == 10000.0);
+  CHECK(read("mixtral", {{"num_local_experts", 4}, {"num_experts_per_tok", 2}}).norm_eps == 1e-5);
+  CHECK(read("mixtral", {{"num_local_experts", 4}, {"num_experts_per_tok", 2}}).rope_theta == 1e6);
+  CHECK(read("qwen3", {{"rms_norm_eps", 1e-5}, {"rope_theta", 1e6}}).norm_eps == 1e-5);
+  CHECK(read("qwen3", {{"rope_theta", 1e6}}).rope_theta == 1e6);
+  // transformers 5 writes the base inside rope_parameters; 4 wrote rope_scaling beside rope_theta.
+  ModelSpec v5 = read("llama", {{"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 500000.0}}}});
+  CHECK(v5.rope_theta == 500000.0);
+  CHECK(v5.rope_scaling.empty());
+  ModelSpec llama31 = read("llama", {{"rope_theta", 500000.0},
+                                     {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}}});
+  CHECK(llama31.rope_theta == 500000.0);
+  CHECK(llama31.rope_scaling == "llama3");
+  CHECK(read("llama", {{"rope_scaling", nullptr}}).rope_scaling.empty());
+  // Other families' keys: GPT-2's layer_norm_epsilon, GPT-NeoX's rotary_emb_base, Nemotron's norm_eps.
+  json gpt2 = {{"model_type", "gpt2"}, {"n_embd", 64}, {"n_layer", 2}, {"n_head", 4}, {"vocab_size", 100},
+               {"n_positions", 64}, {"layer_norm_epsilon", 1e-6}};
+  CHECK(model_from_hf_config(gpt2, "c.json", "x").norm_eps == 1e-6);
+  CHECK(read("gpt_neox", {{"rotary_emb_base", 20000.0}, {"layer_norm_eps", 1e-6}}).rope_theta == 20000.0);
+  CHECK(read("gpt_neox", {{"rotary_emb_base", 20000.0}, {"layer_norm_eps", 1e-6}}).norm_eps == 1e-6);
+  CHECK(read("nemotron", {{"norm_eps", 1e-6}}).norm_eps == 1e-6);
+  // gpt-oss defaults to YaRN scaling.
+  CHECK(read("gpt_oss", {{"num_local_experts", 4}, {"num_experts_per_tok", 2}}).rope_scaling == "yarn");
+  // Bad values are one line naming the key.
+  CHECK_THROWS_WITH(read("llama", {{"rms_norm_eps", 0}}), Contains("c.json: /rms_norm_eps"));
+  CHECK_THROWS_WITH(read("llama", {{"rope_parameters", {{"rope_theta", "big"}}}}), Contains("/rope_parameters/rope_theta"));
+  CHECK_THROWS_WITH(read("llama", {{"rope_scaling", 8}}), Contains("/rope_scaling: expected an object"));
+
+  // Carried in plan files: written where they differ from what older plans ran with, read back.
+  CHECK(model_from_json(to_json(llama31), "plan.json", "/model") == llama31);
+  CHECK(to_json(llama31).at("norm_eps") == 1e-6);
+  ModelSpec old_defaults = read("llama", {{"rms_norm_eps", 1e-5}});
+  CHECK(!to_json(old_defaults).contains("norm_eps"));
+  CHECK(!to_json(old_defaults).contains("rope_theta"));
+  CHECK(!to_json(old_defaults).contains("rope_scaling"));
+  CHECK(model_from_json(to_json(old_defaults), "plan.json", "/model") == old_defaults);
+}

@@ -56,7 +56,8 @@ TEST_CASE("random plans: layouts drawn from the planner's enumeration run and ma
           "[executor][random-plans]") {
   const planner::ProfileStore store(DPLAN_PROFILES_DIR);
   const std::vector<std::string> models = {"gpt-tiny", kLlamaTiny,
-                                           std::string(DPLAN_VALIDATION_DIR) + "/executor/mixtral-tiny/config.json"};
+                                           std::string(DPLAN_VALIDATION_DIR) + "/executor/mixtral-tiny/config.json",
+                                           std::string(DPLAN_VALIDATION_DIR) + "/executor/qwen3-tiny/config.json"};
   const int per_model = 4;  // layouts drawn per model, over 1..8 ranks
   std::mt19937_64 rng(kSeed);
   TempDir dir;

@@ -16,6 +16,11 @@ namespace dplan::costmodel {
 std::optional<std::string> executor_refusal(const ModelSpec& model, const TrainingSpec& training,
                                             const ParallelConfig& parallel);
 
+// The GELU a plain MLP's activation names, as ATen's gelu approximation: "none" (erf: gelu,
+// gelu_python) or "tanh" (gelu_new, gelu_pytorch_tanh, gelu_fast: the same formula,
+// transformers' activations.py); nullopt for any other activation (not run).
+std::optional<std::string> gelu_approximation(const std::string& activation);
+
 // "the executor does not run <what> yet; it runs <what it runs> (dplan --runnable searches only
 // those)": the sentence for a feature the executor lacks.
 std::string executor_does_not_run(const std::string& what);

@@ -75,6 +75,13 @@ struct ModelSpec {
   // projection and a final norm, sharing the embedding and the LM head. Not in num_params (the model
   // cards count the main model); mtp_params counts them.
   int mtp_layers = 0;
+  // Numerics that change the function, not the cost: the norms' epsilon (rms_norm_eps,
+  // layer_norm_eps, layer_norm_epsilon, norm_eps) and the rotary base (rope_theta, or
+  // rope_parameters' in transformers 5); rope_scaling names a scaled rotary (llama3, yarn, ...),
+  // empty for the plain one. Plans written before these keys get the executor's old constants.
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  std::string rope_scaling;
 
   bool is_moe() const { return num_experts > 0; }
   bool is_mla() const { return kv_lora_rank > 0; }

@@ -26,6 +26,7 @@ struct RunOptions {
   std::string plan_path;  // the positional plan.json (each binary declares it: the worker's is optional)
   std::string data_path, output, device = "auto", precision = "auto";
   std::string save_reference;  // a world-size-1 run writes its initial weights and step batches here
+  std::string init_from;       // a Hugging Face checkpoint the weights start from (hf_checkpoint.h)
   int steps = 20, warmup = kAutoWarmup, log_every = 1;
   unsigned long long seed = 1234;
   double timeout_s = 60, lr = 1e-3, max_grad_norm = 1.0;
@@ -69,6 +70,10 @@ void for_each_run_flag(Options& o, Visit&& visit) {
         "deterministic kernels: the same plan and seed give bit-identical losses on CUDA too (slower)", !show_default);
   visit("--lr", o.lr, "AdamW learning rate", show_default);
   visit("--max-grad-norm", o.max_grad_norm, "clip the global gradient norm to this; 0: no clipping", show_default);
+  visit("--init-from", o.init_from,
+        "start from this Hugging Face checkpoint (a .safetensors file, a model.safetensors.index.json, or a folder "
+        "holding either) of the plan's model instead of the seeded init",
+        !show_default);
   visit("--save-reference", o.save_reference,
         "one rank only: write the initial parameters (full, fp32, global names) and every step's token ids "
         "to this safetensors file, the inputs of bench/torch_gpt.py --reference",

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""dplan's executor against Hugging Face's own implementation of each model family.
+
+For a family, a tiny config.json: transformers builds the model (seeded random weights, every
+parameter drawn, biases and norm scales included, so that each tensor's mapping is exercised) and
+saves it as safetensors; `dplan estimate` plans one rank for that config.json, `dplan run
+--init-from` starts from the saved weights and trains --steps steps, writing its batches
+(--save-reference) and its losses and gradient norms (run.json). The same steps in transformers'
+model, fp32: the mean cross-entropy of its logits over the same tokens, the gradient's global norm,
+the executor's clipping and AdamW (bench/torch_gpt.py's, which the existing parity tests use).
+
+Checked: step 1's loss within 1e-5 relative (the forward), step 1's gradient norm within 1e-4
+(the backward), and every step's loss within 1e-4 (training). Prints one JSON line per family.
+With --layout FLAGS, dplan's run uses that layout instead (e.g. "--tp 2"), compared the same way.
+
+    hf_parity.py DPLAN WORKDIR FAMILY [--steps 5] [--layout "--tp 2"]
+
+Exit status: 0 when every check holds, 1 when one fails, 2 on bad usage or a missing package.
+"""
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+
+try:
+    import torch
+    import torch.nn.functional as F
+    import transformers
+    from torch_gpt import adamw, clip_global_norm, read_safetensors
+except ImportError as e:  # the engines' environment has them: scripts/torch-venv.sh --engines
+    print(f"hf_parity: {e}; make the environment with scripts/torch-venv.sh --engines", file=sys.stderr)
+    sys.exit(2)
+
+SEQ, BATCH = 32, 4
+
+# Tiny configs, one per family, each exercising what sets the family apart: grouped-query
+# attention, an untied head, a rotary base and norm epsilon away from the defaults, Qwen2's q/k/v
+# biases, Qwen3's q/k norms and explicit head_dim, GPT-2's Conv1D, learned positions and gelu_new.
+COMMON = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 64,
+          "rms_norm_eps": 1e-5, "rope_theta": 50000.0, "tie_word_embeddings": False, "attention_dropout": 0.0}
+CONFIGS = {
+    "llama": dict(COMMON, model_type="llama", architectures=["LlamaForCausalLM"]),
+    "mistral": dict(COMMON, model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=None),
+    "qwen2": dict(COMMON, model_type="qwen2", architectures=["Qwen2ForCausalLM"], tie_word_embeddings=True),
+    "qwen3": dict(COMMON, model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=32),
+    "gpt2": {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_layer": 2, "n_head": 4,
+             "n_inner": 256, "vocab_size": 256, "n_positions": 64, "activation_function": "gelu_new",
+             "attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "layer_norm_epsilon": 1e-5,
+             "tie_word_embeddings": True},
+}
+
+
+def fail(message):
+    print(f"hf_parity: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def run(cmd, log):
+    with open(log, "w") as out:
+        done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        with open(log) as f:
+            tail = f.read()[-3000:]
+        fail(f"{' '.join(cmd)} exited {done.returncode}:\n{tail}")
+
+
+def hf_model(family, folder):
+    """The family's model from its tiny config, every parameter drawn from a fixed seed, saved."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(CONFIGS[family], f, indent=1)
+    config = transformers.AutoConfig.from_pretrained(folder)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and ("norm" in name or "ln_" in name) and name.endswith("weight"):
+                p.uniform_(0.5, 1.5)  # norm scales away from 1, so a missed one shows
+            else:
+                p.normal_(0.0, 0.05)
+    model.save_pretrained(folder)
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32)
+
+
+def hf_train(model, batches, opt, max_norm):
+    """(losses, gradient norms) of the steps, as the executor trains them."""
+    optimizer = adamw(model, opt)
+    losses, norms = [], []
+    for tokens in batches:
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(input_ids=tokens[:, :-1]).logits
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        norms.append(clip_global_norm(list(model.parameters()), max_norm, 1))
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    return losses, norms
+
+
+def rel(a, b):
+    return abs(a - b) / max(abs(b), 1e-30)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dplan")
+    ap.add_argument("workdir")
+    ap.add_argument("family", choices=sorted(CONFIGS))
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--layout", default="", help="dplan estimate's layout flags (default: one rank)")
+    a = ap.parse_args()
+    work = os.path.join(a.workdir, a.family + a.layout.replace(" ", "").replace("-", "_"))
+    os.makedirs(work, exist_ok=True)
+    torch.set_num_threads(1)
+    model = hf_model(a.family, os.path.join(work, "hf"))
+
+    layout = a.layout.split()
+    world = 1
+    for flag in ("--tp", "--pp", "--dp", "--cp", "--ep"):
+        if flag in layout:
+            world *= int(layout[layout.index(flag) + 1]) if flag != "--ep" else 1
+    plan, run_json, ref = (os.path.join(work, n) for n in ("plan.json", "run.json", "reference.safetensors"))
+    run([a.dplan, "estimate", "--model", os.path.join(work, "hf", "config.json"), "--cluster", "local-cpu",
+         "--gpus", str(world), "--global-batch", str(BATCH), "--seq", str(SEQ), "--precision", "fp32",
+         *(layout or ["--tp", "1", "--pp", "1", "--dp", "1"]), "--force", "-o", plan], os.path.join(work, "estimate.log"))
+    # The batches come from a one-rank run (--save-reference needs one); a layout's run trains the same ones.
+    one_rank_plan = plan
+    if layout:
+        one_rank_plan = os.path.join(work, "plan1.json")
+        run([a.dplan, "estimate", "--model", os.path.join(work, "hf", "config.json"), "--cluster", "local-cpu",
+             "--gpus", "1", "--global-batch", str(BATCH), "--seq", str(SEQ), "--precision", "fp32",
+             "--tp", "1", "--pp", "1", "--dp", "1", "--mbs", str(BATCH), "--force", "-o", one_rank_plan],
+            os.path.join(work, "estimate1.log"))
+    run([a.dplan, "run", one_rank_plan, "--init-from", os.path.join(work, "hf"), "--steps", str(a.steps),
+         "--save-reference", ref, "--force", "--quiet", "-o", os.path.join(work, "run1.json")], os.path.join(work, "run1.log"))
+    if layout:
+        run([a.dplan, "run", plan, "--init-from", os.path.join(work, "hf"), "--steps", str(a.steps), "--force",
+             "--quiet", "-o", run_json], os.path.join(work, "run.log"))
+    else:
+        run_json = os.path.join(work, "run1.json")
+    with open(run_json) as f:
+        steps = json.load(f)["steps"]
+    dplan_losses = [s["loss"] for s in steps]
+    dplan_norms = [s["grad_norm"] for s in steps]
+
+    tensors, metadata = read_safetensors(ref)  # the batches and the optimizer's settings, as dplan ran them
+    opt = json.loads(metadata["dplan"])["optimizer"]
+    batches = [tensors[f"tokens.step{k}"] for k in range(a.steps)]
+    hf_losses, hf_norms = hf_train(model, batches, opt, 1.0)
+    result = {"family": a.family, "layout": a.layout or "one rank", "transformers": transformers.__version__,
+              "loss1_rel": rel(dplan_losses[0], hf_losses[0]), "grad_norm1_rel": rel(dplan_norms[0], hf_norms[0]),
+              "loss_max_rel": max(rel(d, h) for d, h in zip(dplan_losses, hf_losses)),
+              "dplan_losses": dplan_losses, "hf_losses": hf_losses}
+    print(json.dumps(result))
+    checks = [("step 1's loss", result["loss1_rel"], 1e-5), ("step 1's gradient norm", result["grad_norm1_rel"], 1e-4),
+              (f"the {a.steps} steps' losses", result["loss_max_rel"], 1e-4)]
+    bad = [f"{what}: {gap:.2e} relative > {bound:g}" for what, gap, bound in checks if not gap <= bound]
+    if bad:
+        print(f"hf_parity: {a.family} ({result['layout']}): " + "; ".join(bad), file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -433,8 +433,8 @@ TEST_CASE("the norm epsilon and the rotary base and scaling come from the config
   };
   // transformers 5.23's configuration classes: rms_norm_eps 1e-6 (Llama, Qwen), 1e-5 (Mixtral);
   // rope_theta 10000, Mixtral's 1e6.
-  CHECK(read("llama", {}).norm_eps == 1e-6);
-  CHECK(read("llama", {}).rope_theta == 10000.0);
+  CHECK(read("llama", json::object()).norm_eps == 1e-6);
+  CHECK(read("llama", json::object()).rope_theta == 10000.0);
   CHECK(read("mixtral", {{"num_local_experts", 4}, {"num_experts_per_tok", 2}}).norm_eps == 1e-5);
   CHECK(read("mixtral", {{"num_local_experts", 4}, {"num_experts_per_tok", 2}}).rope_theta == 1e6);
   CHECK(read("qwen3", {{"rms_norm_eps", 1e-5}, {"rope_theta", 1e6}}).norm_eps == 1e-5);

@@ -57,7 +57,7 @@ std::string refused(const std::string& plan, const std::string& checkpoint, cons
 }
 }  // namespace
 
-TEST_CASE("--init-from a checkpoint of the run's own initial weights in Hugging Face's names gives the seeded run's losses",
+TEST_CASE("init from a checkpoint of the run's own initial weights in Hugging Face's names gives the seeded run's losses",
           "[executor][init-from]") {
   for (const std::string& model : {kLlamaTiny, std::string(DPLAN_PROFILES_DIR) + "/models/gpt-tiny.json"}) {
     INFO(model);
@@ -79,7 +79,7 @@ TEST_CASE("--init-from a checkpoint of the run's own initial weights in Hugging 
   }
 }
 
-TEST_CASE("--init-from: a checkpoint that does not fit the plan's model is one line naming the tensor, before any rank starts",
+TEST_CASE("init from a checkpoint: one that does not fit the plan's model is one line naming the tensor, before any rank starts",
           "[executor][init-from][error]") {
   TempDir dir;
   const std::string plan = write_plan(dir, kLlamaTiny, Layout{}, 8);

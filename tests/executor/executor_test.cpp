@@ -149,7 +149,7 @@ TEST_CASE("parity: ZeRO-2 and ZeRO-3 shard gradients, then parameters, over dp",
 
 TEST_CASE("memory: measured weights, gradients and optimizer states match the prediction within 1 %, "
           "activations within 15 %, on ten layouts", "[executor][memory]") {
-  // Qwen3's q/k norms (qwen3-tiny: head_dim 32 over hidden 64, q/k/v and output biases) with tp,
+  // Qwen3's q/k norms (qwen3-tiny: head_dim 32 over hidden 64, rope_theta 1e6, eps 1e-6) with tp,
   // sequence parallel and pp: the term they add to the activations (costmodel/src/activations.cpp).
   const std::string qwen3_tiny = std::string(DPLAN_VALIDATION_DIR) + "/executor/qwen3-tiny/config.json";
   check_memory_cases({

@@ -17,10 +17,10 @@ const std::initializer_list<const char*> kIgnoredHfKeys = {
     "_name_or_path", "architectures", "torch_dtype", "dtype", "transformers_version",
     "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "use_cache",
     "pretraining_tp", "sliding_window", "use_sliding_window",
-    "max_window_layers", "layer_types", "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
+    "max_window_layers", "layer_types", "router_jitter_noise",
     "classifier_dropout", "rotary_pct", "rotary_emb_dim", "use_parallel_residual",
     "partial_rotary_factor", "rope_interleave", "norm_topk_prob", "n_group", "topk_group", "scoring_func",
-    "seq_aux", "aux_loss_alpha", "routed_scaling_factor", "ep_size",
+    "seq_aux", "routed_scaling_factor", "ep_size",
     "quantization_config", "swiglu_limit", "initial_context_length", "auto_map", "qk_head_dim",
     "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "n_ctx",
     "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
@@ -281,6 +281,18 @@ void read_numerics(ObjectReader& r, ModelSpec& m) {
   }
 }
 
+// The MoE load-balancing loss's coefficient (ModelSpec::moe_aux_loss_coef). transformers'
+// Mixtral/Qwen-MoE/gpt-oss models add router_aux_loss_coef (default 0.001) times their balance loss
+// to the loss only with output_router_logits (default false); DeepSeek's aux_loss_alpha (0.001).
+void read_aux_loss(ObjectReader& r, ModelSpec& m) {
+  const bool deepseek = m.family == "deepseek_v2" || m.family == "deepseek_v3";
+  const char* key = deepseek ? "aux_loss_alpha" : "router_aux_loss_coef";
+  const double coef = r.has(key) ? r.number_in(key, 0.0, 1e3) : 0.001;
+  const bool trained = deepseek || (r.has("output_router_logits") && r.boolean("output_router_logits"));
+  r.ignore({"router_aux_loss_coef", "aux_loss_alpha", "output_router_logits"});  // the other family's names
+  if (m.is_moe()) m.moe_aux_loss_coef = trained ? coef : 0.0;  // a dense model keeps the default, unused
+}
+
 void read_gpt2(ObjectReader& r, ModelSpec& m) {
   m.hidden_size = width(r, "n_embd");
   m.num_layers = static_cast<int>(r.int_in("n_layer", 1, kMaxLayers));
@@ -533,6 +545,7 @@ ModelSpec model_from_hf_config(const json& config, const std::string& file, cons
     read_llama_like(r, family, m);
   }
   read_numerics(r, m);
+  read_aux_loss(r, m);
   if (m.head_dim == 0) {
     if (m.hidden_size % m.num_heads != 0)
       throw InputError(file + ": hidden size " + std::to_string(m.hidden_size) +
@@ -597,6 +610,7 @@ json to_json(const ModelSpec& m) {
   if (m.norm_eps != old_plan.norm_eps) j["norm_eps"] = m.norm_eps;
   if (m.rope_theta != old_plan.rope_theta) j["rope_theta"] = m.rope_theta;
   if (!m.rope_scaling.empty()) j["rope_scaling"] = m.rope_scaling;
+  if (m.moe_aux_loss_coef != old_plan.moe_aux_loss_coef) j["moe_aux_loss_coef"] = m.moe_aux_loss_coef;
   return j;
 }
 
@@ -648,6 +662,7 @@ ModelSpec model_from_json(const json& j, const std::string& file, const std::str
   if (r.has("norm_eps")) m.norm_eps = r.number_in("norm_eps", 1e-12, 1.0);
   if (r.has("rope_theta")) m.rope_theta = r.number_in("rope_theta", 1.0, 1e12);
   if (r.has("rope_scaling")) m.rope_scaling = r.string("rope_scaling");
+  if (r.has("moe_aux_loss_coef")) m.moe_aux_loss_coef = r.number_in("moe_aux_loss_coef", 0.0, 1e3);
   r.ignore("num_params");  // derived, written for readers
   r.finish();
   validate(m, file);

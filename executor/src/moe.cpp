@@ -142,7 +142,7 @@ at::Tensor load_balancing_loss(const at::Tensor& probs, const at::Tensor& top_e,
   }
   const double S = seq_len;
   at::Tensor per_sequence = (routed / (S * k) * (p_sum / S)).sum(-1) * double(E);  // [b]
-  return per_sequence.sum() * (kRouterAuxLossCoef * aux_scale);
+  return per_sequence.sum() * aux_scale;
 }
 
 // Dispatch: the N*k routed copies ordered by expert (stable: a token's copies keep slot order), and
@@ -209,8 +209,9 @@ at::Tensor moe_mlp(const costmodel::ModelSpec& model, const MoeWeights& w, const
   auto [top_p, top_e] = probs.topk(k, -1);                                            // [N, k]
   top_p = top_p / top_p.sum(-1, true);  // MixtralSparseMoeBlock: routing_weights /= sum
   at::Tensor aux;
-  if (at::GradMode::is_enabled() && kRouterAuxLossCoef > 0)
-    aux = load_balancing_loss(probs, top_e, b, s, seq_len, aux_scale, ctx);
+  // The model's coefficient (ModelSpec::moe_aux_loss_coef: the config's, 0 where it trains without).
+  if (at::GradMode::is_enabled() && model.moe_aux_loss_coef > 0)
+    aux = load_balancing_loss(probs, top_e, b, s, seq_len, model.moe_aux_loss_coef * aux_scale, ctx);
 
   // Dispatch, the local experts, and back. Their tensors stay this function's locals until the
   // output is combined: the activation peak the memory tests check includes them.

@@ -35,9 +35,6 @@ namespace dplan::executor {
 
 struct ParallelContext;  // gpt.h
 
-// Switch Transformer's alpha = 1e-2 (Fedus et al. 2021, Sec. 2.2); Mixtral's config ships 0.02
-// (router_aux_loss_coef), Megatron's --moe-aux-loss-coeff defaults to 0. ModelSpec carries none.
-inline constexpr double kRouterAuxLossCoef = 0.01;
 
 // One MoE layer's weights on this rank: the router (every rank holds all of it) and its ep rank's
 // E/ep experts, each this etp rank's slice (gate, up: rows; down: columns of ffn_hidden_size).

@@ -471,3 +471,28 @@ TEST_CASE("the norm epsilon and the rotary base and scaling come from the config
   CHECK(!to_json(old_defaults).contains("rope_scaling"));
   CHECK(model_from_json(to_json(old_defaults), "plan.json", "/model") == old_defaults);
 }
+
+TEST_CASE("the MoE balance loss's coefficient is the config's where it trains with it, else 0", "[model]") {
+  const json mixtral = {{"model_type", "mixtral"}, {"hidden_size", 64}, {"intermediate_size", 128},
+                        {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"vocab_size", 100},
+                        {"max_position_embeddings", 128}, {"num_local_experts", 4}, {"num_experts_per_tok", 2}};
+  auto coef = [&](const json& extra) {
+    json c = mixtral;
+    c.update(extra);
+    return model_from_hf_config(c, "c.json", "x").moe_aux_loss_coef;
+  };
+  // transformers adds router_aux_loss_coef (default 0.001) x its balance loss only with output_router_logits.
+  CHECK(coef(json::object()) == 0.0);
+  CHECK(coef({{"router_aux_loss_coef", 0.02}}) == 0.0);
+  CHECK(coef({{"router_aux_loss_coef", 0.02}, {"output_router_logits", true}}) == 0.02);
+  CHECK(coef({{"output_router_logits", true}}) == 0.001);
+  CHECK_THROWS_WITH(coef({{"router_aux_loss_coef", -1}, {"output_router_logits", true}}), Contains("/router_aux_loss_coef"));
+  // A dense model's plan has no such key; an MoE model's plan carries it where it is not the 0.01
+  // older plans ran with.
+  CHECK(!to_json(store().load_model("llama-3-8b")).contains("moe_aux_loss_coef"));
+  json c = mixtral;
+  c["output_router_logits"] = true;
+  const ModelSpec m = model_from_hf_config(c, "c.json", "x");
+  CHECK(to_json(m).at("moe_aux_loss_coef") == 0.001);
+  CHECK(model_from_json(to_json(m), "plan.json", "/model") == m);
+}

@@ -12,6 +12,7 @@ the executor's clipping and AdamW (bench/torch_gpt.py's, which the existing pari
 Checked: step 1's loss within 1e-5 relative (the forward), step 1's gradient norm within 1e-4
 (the backward), and every step's loss within 1e-4 (training). Prints one JSON line per family.
 With --layout FLAGS, dplan's run uses that layout instead (e.g. "--tp 2"), compared the same way.
+DPLAN_HF_PERTURB=NAME moves one of transformers' parameters by 1e-3 (the check then fails).
 
     hf_parity.py DPLAN WORKDIR FAMILY [--steps 5] [--layout "--tp 2"]
 
@@ -40,7 +41,8 @@ SEQ, BATCH = 32, 4
 
 # Tiny configs, one per family, each exercising what sets the family apart: grouped-query
 # attention, an untied head, a rotary base and norm epsilon away from the defaults, Qwen2's q/k/v
-# biases, Qwen3's q/k norms and explicit head_dim, GPT-2's Conv1D, learned positions and gelu_new.
+# biases, Qwen3's q/k norms and explicit head_dim, Mixtral's router and experts, GPT-2's Conv1D,
+# learned positions and gelu_new.
 COMMON = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
           "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 64,
           "rms_norm_eps": 1e-5, "rope_theta": 50000.0, "tie_word_embeddings": False, "attention_dropout": 0.0}
@@ -49,6 +51,9 @@ CONFIGS = {
     "mistral": dict(COMMON, model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=None),
     "qwen2": dict(COMMON, model_type="qwen2", architectures=["Qwen2ForCausalLM"], tie_word_embeddings=True),
     "qwen3": dict(COMMON, model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=32),
+    # Mixtral: top-2 of 4 experts; output_router_logits false, so neither side adds the balance loss.
+    "mixtral": dict(COMMON, model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=4,
+                    num_experts_per_tok=2, output_router_logits=False, router_jitter_noise=0.0),
     "gpt2": {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_layer": 2, "n_head": 4,
              "n_inner": 256, "vocab_size": 256, "n_positions": 64, "activation_function": "gelu_new",
              "attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "layer_norm_epsilon": 1e-5,
@@ -85,7 +90,13 @@ def hf_model(family, folder):
             else:
                 p.normal_(0.0, 0.05)
     model.save_pretrained(folder)
-    return transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32)
+    # DPLAN_HF_PERTURB=NAME moves that parameter by 1e-3 on transformers' side only: the check must fail.
+    perturbed = os.environ.get("DPLAN_HF_PERTURB")
+    if perturbed:
+        with torch.no_grad():
+            dict(model.named_parameters())[perturbed].add_(1e-3)
+    return model
 
 
 def hf_train(model, batches, opt, max_norm):

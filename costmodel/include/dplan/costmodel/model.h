@@ -59,6 +59,10 @@ struct ModelSpec {
   int shared_expert_ffn_size = 0;     // 0: no shared expert
   bool shared_expert_gate = false;    // qwen2_moe: sigmoid gate h x 1 on the shared expert
   bool router_bias = false;           // E router biases (gpt_oss; DeepSeek-V3's correction bias)
+  // The load-balancing loss's coefficient: router_aux_loss_coef where the config trains with it
+  // (output_router_logits: transformers adds it to the loss only then), else 0; DeepSeek's
+  // aux_loss_alpha. Plans written before this key ran with Switch Transformer's 0.01.
+  double moe_aux_loss_coef = 0.01;
   // Multi-head latent attention (DeepSeek-V2/V3) when kv_lora_rank > 0: head_dim is the query and
   // key head width (qk_nope_head_dim + qk_rope_head_dim), num_kv_heads == num_heads.
   int q_lora_rank = 0;                // 0: plain q projection

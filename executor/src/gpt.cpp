@@ -192,10 +192,13 @@ class GptStage::Builder {
     if (model_.qk_norm) {
       // Qwen3's q_norm and k_norm: RMSNorm(head_dim), the same on every tp rank; each rank normalises
       // its own heads, so each holds part of the gradient, summed over tp (as the router's).
-      for (at::Tensor* w : {&b.q_norm_w, &b.k_norm_w}) {
-        *w = replicated(p + (w == &b.q_norm_w ? "attn.q_norm.weight" : "attn.k_norm.weight"), model_.head_dim, 1.0);
+      auto head_norm = [&](const std::string& name) {
+        at::Tensor w = replicated(p + name, model_.head_dim, 1.0);
         s_.params_.back().sequence_parallel_partial = tp_ > 1;
-      }
+        return w;
+      };
+      b.q_norm_w = head_norm("attn.q_norm.weight");
+      b.k_norm_w = head_norm("attn.k_norm.weight");
     }
   }
 

@@ -229,7 +229,7 @@ std::vector<HfParameter> hf_parameters(const ModelSpec& m, const std::string& pr
 }
 
 HfCheckpoint read_hf_checkpoint(const std::string& path, const ModelSpec& m) {
-  if (m.family != "gpt2" && !is_llama_like(m)) hf_parameters(m, "");  // the refusal, before any file is read
+  hf_parameters(m, "");  // a family or feature the mapping lacks is refused before any file is read
   const std::vector<std::string> files = checkpoint_files(path);
   std::map<std::string, HfStored> stored = read_headers(files);
   // The names with or without the base model's prefix (a CausalLM's save, or its base model's).

@@ -26,7 +26,6 @@
 #include <torch/version.h>
 
 #include "checkpoint.h"
-#include "hf_load.h"
 #include "comm.h"
 #include "data.h"
 #include "dplan/costmodel/errors.h"
@@ -39,6 +38,7 @@
 #include "gpt.h"
 #include "grad_sync.h"
 #include "heartbeat.h"
+#include "hf_load.h"
 #include "machine_probe.h"
 #include "memory_meter.h"
 #include "offload.h"

@@ -5,7 +5,7 @@ namespace dplan::costmodel {
 std::string executor_does_not_run(const std::string& what) {
   return "the executor does not run " + what +
          " yet; it runs tp, pp (gpipe, 1f1b, interleaved), dp, context parallel, sequence parallel, ZeRO 0-3, the distributed optimizer, optimizer offload, recompute, "
-         "Mixtral-style mixture of experts with ep and etp "
+         "Mixtral- and Qwen3-MoE-style mixture of experts with ep and etp "
          "(dplan --runnable searches only those)";
 }
 

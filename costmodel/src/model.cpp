@@ -19,7 +19,7 @@ const std::initializer_list<const char*> kIgnoredHfKeys = {
     "pretraining_tp", "sliding_window", "use_sliding_window",
     "max_window_layers", "layer_types", "router_jitter_noise",
     "classifier_dropout", "rotary_pct", "rotary_emb_dim", "use_parallel_residual",
-    "partial_rotary_factor", "rope_interleave", "norm_topk_prob", "n_group", "topk_group", "scoring_func",
+    "partial_rotary_factor", "rope_interleave", "n_group", "topk_group", "scoring_func",
     "seq_aux", "routed_scaling_factor", "ep_size",
     "quantization_config", "swiglu_limit", "initial_context_length", "auto_map", "qk_head_dim",
     "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "n_ctx",
@@ -85,7 +85,11 @@ void read_common(ObjectReader& r, ModelSpec& m) {
 // experts unless i is in mlp_only_layers or (i + 1) % decoder_sparse_step != 0; the others have
 // a dense MLP of intermediate_size.
 void read_qwen_moe(ObjectReader& r, const std::string& family, ModelSpec& m) {
-  m.num_experts = static_cast<int>(r.int_in("num_experts", 1, kMaxExperts));
+  // num_experts on the hub's configs; transformers 5 saves it as num_local_experts (its attribute_map).
+  const bool hub = r.has("num_experts"), v5 = r.has("num_local_experts");
+  m.num_experts = static_cast<int>(r.int_in(hub || !v5 ? "num_experts" : "num_local_experts", 1, kMaxExperts));
+  if (hub && v5 && r.int_in("num_local_experts", 1, kMaxExperts) != m.num_experts)
+    throw InputError(r.where("num_local_experts") + ": differs from num_experts (" + std::to_string(m.num_experts) + ")");
   m.experts_per_token = static_cast<int>(r.int_in("num_experts_per_tok", 1, kMaxExperts));
   m.dense_ffn_hidden_size = m.ffn_hidden_size;
   m.ffn_hidden_size = width(r, "moe_intermediate_size");
@@ -96,6 +100,8 @@ void read_qwen_moe(ObjectReader& r, const std::string& family, ModelSpec& m) {
     if (listed || (i + 1) % step != 0) ++m.num_dense_layers;
   }
   if (m.num_dense_layers == 0) m.dense_ffn_hidden_size = 0;
+  // Qwen{2,3}MoeSparseMoeBlock: routing_weights /= sum only with norm_topk_prob (default false).
+  m.moe_norm_topk_prob = optional_bool(r, "norm_topk_prob", false);
   if (family == "qwen2_moe" && r.has("shared_expert_intermediate_size")) {
     m.shared_expert_ffn_size = static_cast<int>(r.int_in("shared_expert_intermediate_size", 0, kMaxWidth));
     m.shared_expert_gate = m.shared_expert_ffn_size > 0;  // Qwen2MoeSparseMoeBlock.shared_expert_gate
@@ -289,7 +295,7 @@ void read_aux_loss(ObjectReader& r, ModelSpec& m) {
   const char* key = deepseek ? "aux_loss_alpha" : "router_aux_loss_coef";
   const double coef = r.has(key) ? r.number_in(key, 0.0, 1e3) : 0.001;
   const bool trained = deepseek || (r.has("output_router_logits") && r.boolean("output_router_logits"));
-  r.ignore({"router_aux_loss_coef", "aux_loss_alpha", "output_router_logits"});  // the other family's names
+  r.ignore({"router_aux_loss_coef", "aux_loss_alpha", "output_router_logits", "norm_topk_prob"});  // other families' names
   if (m.is_moe()) m.moe_aux_loss_coef = trained ? coef : 0.0;  // a dense model keeps the default, unused
 }
 
@@ -611,6 +617,7 @@ json to_json(const ModelSpec& m) {
   if (m.rope_theta != old_plan.rope_theta) j["rope_theta"] = m.rope_theta;
   if (!m.rope_scaling.empty()) j["rope_scaling"] = m.rope_scaling;
   if (m.moe_aux_loss_coef != old_plan.moe_aux_loss_coef) j["moe_aux_loss_coef"] = m.moe_aux_loss_coef;
+  if (!m.moe_norm_topk_prob) j["moe_norm_topk_prob"] = false;
   return j;
 }
 
@@ -663,6 +670,7 @@ ModelSpec model_from_json(const json& j, const std::string& file, const std::str
   if (r.has("rope_theta")) m.rope_theta = r.number_in("rope_theta", 1.0, 1e12);
   if (r.has("rope_scaling")) m.rope_scaling = r.string("rope_scaling");
   if (r.has("moe_aux_loss_coef")) m.moe_aux_loss_coef = r.number_in("moe_aux_loss_coef", 0.0, 1e3);
+  if (r.has("moe_norm_topk_prob")) m.moe_norm_topk_prob = r.boolean("moe_norm_topk_prob");
   r.ignore("num_params");  // derived, written for readers
   r.finish();
   validate(m, file);

@@ -23,7 +23,7 @@ using costmodel::ModelSpec;
 using costmodel::NormKind;
 using costmodel::PositionKind;
 
-const std::vector<std::string> kLlamaLike = {"llama", "mistral", "qwen2", "qwen3", "mixtral"};
+const std::vector<std::string> kLlamaLike = {"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe"};
 
 bool is_llama_like(const ModelSpec& m) {
   return std::find(kLlamaLike.begin(), kLlamaLike.end(), m.family) != kLlamaLike.end();
@@ -60,7 +60,15 @@ std::vector<HfParameter> llama_like(const ModelSpec& m, const std::string& prefi
       one(d + "attn.k_norm.weight", a + "k_norm.weight", {m.head_dim});
     }
     one(d + "norm2.weight", h + "post_attention_layernorm.weight", {H});
-    if (m.is_moe()) {  // modeling_mixtral.py's checkpoint names (block_sparse_moe: gate, experts.e.w1 w2 w3)
+    if (m.is_moe() && m.family == "qwen3_moe") {  // modeling_qwen3_moe.py: mlp.gate, mlp.experts.e.*_proj
+      one(d + "mlp.router.weight", h + "mlp.gate.weight", {m.num_experts, H});
+      for (int e = 0; e < m.num_experts; ++e) {
+        const std::string x = d + "mlp.experts." + std::to_string(e) + ".", y = h + "mlp.experts." + std::to_string(e) + ".";
+        one(x + "gate.weight", y + "gate_proj.weight", {F, H});
+        one(x + "up.weight", y + "up_proj.weight", {F, H});
+        one(x + "down.weight", y + "down_proj.weight", {H, F});
+      }
+    } else if (m.is_moe()) {  // modeling_mixtral.py's checkpoint names (block_sparse_moe: gate, experts.e.w1 w2 w3)
       const std::string b = h + "block_sparse_moe.";
       one(d + "mlp.router.weight", b + "gate.weight", {m.num_experts, H});
       for (int e = 0; e < m.num_experts; ++e) {

@@ -5,7 +5,7 @@
 // load_hf_checkpoint (hf_load.h).
 //
 // The names are transformers' own (5.x, save_pretrained): modeling_llama.py and the families that
-// share its modules (mistral, qwen2, qwen3, mixtral), modeling_gpt2.py (whose Conv1D stores
+// share its modules (mistral, qwen2, qwen3, mixtral, qwen3_moe), modeling_gpt2.py (whose Conv1D stores
 // weights as [in, out], transposed here).
 #pragma once
 

@@ -207,7 +207,8 @@ at::Tensor moe_mlp(const costmodel::ModelSpec& model, const MoeWeights& w, const
   // Router (fp32 softmax, as Megatron's moe_router_dtype and Hugging Face compute it).
   at::Tensor probs = at::softmax(at::linear(tokens, w.router).to(at::kFloat), -1);  // [N, E]
   auto [top_p, top_e] = probs.topk(k, -1);                                            // [N, k]
-  top_p = top_p / top_p.sum(-1, true);  // MixtralSparseMoeBlock: routing_weights /= sum
+  // MixtralSparseMoeBlock: routing_weights /= sum; Qwen-MoE's only with norm_topk_prob.
+  if (model.moe_norm_topk_prob) top_p = top_p / top_p.sum(-1, true);
   at::Tensor aux;
   // The model's coefficient (ModelSpec::moe_aux_loss_coef: the config's, 0 where it trains without).
   if (at::GradMode::is_enabled() && model.moe_aux_loss_coef > 0)

@@ -496,3 +496,26 @@ TEST_CASE("the MoE balance loss's coefficient is the config's where it trains wi
   CHECK(to_json(m).at("moe_aux_loss_coef") == 0.001);
   CHECK(model_from_json(to_json(m), "plan.json", "/model") == m);
 }
+
+TEST_CASE("Qwen-MoE: norm_topk_prob and the expert count under either name", "[model]") {
+  json c = {{"model_type", "qwen3_moe"}, {"hidden_size", 64}, {"intermediate_size", 128}, {"moe_intermediate_size", 32},
+            {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"vocab_size", 100},
+            {"max_position_embeddings", 128}, {"num_experts", 4}, {"num_experts_per_tok", 2}};
+  // Qwen3MoeSparseMoeBlock renormalises the top-k weights only with norm_topk_prob, false by default.
+  CHECK(!model_from_hf_config(c, "c.json", "x").moe_norm_topk_prob);
+  c["norm_topk_prob"] = true;
+  const ModelSpec normalised = model_from_hf_config(c, "c.json", "x");
+  CHECK(normalised.moe_norm_topk_prob);
+  CHECK(!to_json(normalised).contains("moe_norm_topk_prob"));
+  c["norm_topk_prob"] = false;
+  const ModelSpec raw = model_from_hf_config(c, "c.json", "x");
+  CHECK(to_json(raw).at("moe_norm_topk_prob") == false);
+  CHECK(model_from_json(to_json(raw), "plan.json", "/model") == raw);
+  // transformers 5 saves num_experts as num_local_experts.
+  json v5 = c;
+  v5.erase("num_experts");
+  v5["num_local_experts"] = 4;
+  CHECK(model_from_hf_config(v5, "c.json", "x").num_experts == 4);
+  c["num_local_experts"] = 8;
+  CHECK_THROWS_WITH(model_from_hf_config(c, "c.json", "x"), Contains("/num_local_experts: differs from num_experts (4)"));
+}

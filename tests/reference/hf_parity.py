@@ -41,7 +41,8 @@ SEQ, BATCH = 32, 4
 
 # Tiny configs, one per family, each exercising what sets the family apart: grouped-query
 # attention, an untied head, a rotary base and norm epsilon away from the defaults, Qwen2's q/k/v
-# biases, Qwen3's q/k norms and explicit head_dim, Mixtral's router and experts, GPT-2's Conv1D,
+# biases, Qwen3's q/k norms and explicit head_dim, Mixtral's and Qwen3-MoE's routers and experts,
+# GPT-2's Conv1D,
 # learned positions and gelu_new.
 COMMON = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
           "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 64,
@@ -54,6 +55,11 @@ CONFIGS = {
     # Mixtral: top-2 of 4 experts; output_router_logits false, so neither side adds the balance loss.
     "mixtral": dict(COMMON, model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=4,
                     num_experts_per_tok=2, output_router_logits=False, router_jitter_noise=0.0),
+    # Qwen3-MoE: q/k norms and top-2 of 4 experts, norm_topk_prob false (its default): the top-k
+    # softmax probabilities are not renormalised.
+    "qwen3_moe": dict(COMMON, model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], head_dim=32,
+                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=False,
+                      output_router_logits=False),
     "gpt2": {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_layer": 2, "n_head": 4,
              "n_inner": 256, "vocab_size": 256, "n_positions": 64, "activation_function": "gelu_new",
              "attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "layer_norm_epsilon": 1e-5,

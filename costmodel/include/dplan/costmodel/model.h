@@ -63,6 +63,9 @@ struct ModelSpec {
   // (output_router_logits: transformers adds it to the loss only then), else 0; DeepSeek's
   // aux_loss_alpha. Plans written before this key ran with Switch Transformer's 0.01.
   double moe_aux_loss_coef = 0.01;
+  // The top-k routing weights renormalised to sum 1 (Mixtral always; Qwen-MoE's norm_topk_prob,
+  // false by default in transformers), else the softmax probabilities as they are.
+  bool moe_norm_topk_prob = true;
   // Multi-head latent attention (DeepSeek-V2/V3) when kv_lora_rank > 0: head_dim is the query and
   // key head width (qk_nope_head_dim + qk_rope_head_dim), num_kv_heads == num_heads.
   int q_lora_rank = 0;                // 0: plain q projection

@@ -60,22 +60,18 @@ std::vector<HfParameter> llama_like(const ModelSpec& m, const std::string& prefi
       one(d + "attn.k_norm.weight", a + "k_norm.weight", {m.head_dim});
     }
     one(d + "norm2.weight", h + "post_attention_layernorm.weight", {H});
-    if (m.is_moe() && m.family == "qwen3_moe") {  // modeling_qwen3_moe.py: mlp.gate, mlp.experts.e.*_proj
-      one(d + "mlp.router.weight", h + "mlp.gate.weight", {m.num_experts, H});
-      for (int e = 0; e < m.num_experts; ++e) {
-        const std::string x = d + "mlp.experts." + std::to_string(e) + ".", y = h + "mlp.experts." + std::to_string(e) + ".";
-        one(x + "gate.weight", y + "gate_proj.weight", {F, H});
-        one(x + "up.weight", y + "up_proj.weight", {F, H});
-        one(x + "down.weight", y + "down_proj.weight", {H, F});
-      }
-    } else if (m.is_moe()) {  // modeling_mixtral.py's checkpoint names (block_sparse_moe: gate, experts.e.w1 w2 w3)
-      const std::string b = h + "block_sparse_moe.";
+    if (m.is_moe()) {
+      // The checkpoint names: modeling_mixtral.py's block_sparse_moe (gate; experts.e.w1, w3, w2),
+      // modeling_qwen3_moe.py's mlp (gate; experts.e.gate_proj, up_proj, down_proj).
+      const bool qwen = m.family == "qwen3_moe";
+      const std::string b = h + (qwen ? "mlp." : "block_sparse_moe.");
+      const std::string gate = qwen ? "gate_proj" : "w1", up = qwen ? "up_proj" : "w3", down = qwen ? "down_proj" : "w2";
       one(d + "mlp.router.weight", b + "gate.weight", {m.num_experts, H});
       for (int e = 0; e < m.num_experts; ++e) {
         const std::string x = d + "mlp.experts." + std::to_string(e) + ".", y = b + "experts." + std::to_string(e) + ".";
-        one(x + "gate.weight", y + "w1.weight", {F, H});
-        one(x + "up.weight", y + "w3.weight", {F, H});
-        one(x + "down.weight", y + "w2.weight", {H, F});
+        one(x + "gate.weight", y + gate + ".weight", {F, H});
+        one(x + "up.weight", y + up + ".weight", {F, H});
+        one(x + "down.weight", y + down + ".weight", {H, F});
       }
     } else {
       one(d + "mlp.fc1.weight", h + "mlp.up_proj.weight", {F, H});

@@ -124,40 +124,19 @@ bool leftover(const ModelSpec& m, const std::string& name) {
          (m.tied_embeddings && name == "lm_head.weight");
 }
 
-// A file's size and its first `n` bytes (fewer if it is shorter); InputError naming it otherwise.
-std::string read_head(const std::string& path, uint64_t n, uint64_t* size) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) throw InputError(path + ": " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw InputError(path + ": not a regular file (a " + file_kind(st.st_mode) + ")");
-  }
-  *size = static_cast<uint64_t>(st.st_size);
-  std::string out(std::min<uint64_t>(n, *size), '\0');
-  size_t got = 0;
-  while (got < out.size()) {
-    const ssize_t r = ::pread(fd, out.data() + got, out.size() - got, static_cast<off_t>(got));
-    if (r <= 0) {
-      ::close(fd);
-      throw InputError(path + ": cannot read (" + std::string(r < 0 ? std::strerror(errno) : "the file ended early") + ")");
-    }
-    got += static_cast<size_t>(r);
-  }
-  ::close(fd);
-  return out;
-}
-
 // The headers of the checkpoint's files: {checkpoint name: where it is}.
 std::map<std::string, HfStored> read_headers(const std::vector<std::string>& files) {
   std::map<std::string, HfStored> stored;
   for (const std::string& file : files) {
-    uint64_t size = 0;
+    const uint64_t size = regular_file_bytes(file);
     SafetensorsHeader header;
+    auto first = [&](uint64_t n) {
+      std::string bytes(std::min(n, size), '\0');
+      read_file_range(file, 0, bytes.size(), bytes.data());
+      return bytes;
+    };
     try {
-      const std::string first8 = read_head(file, 8, &size);
-      const std::string head = read_head(file, safetensors_header_bytes(first8, size), &size);
-      header = parse_safetensors_header(head, size);
+      header = parse_safetensors_header(first(safetensors_header_bytes(first(8), size)), size);
     } catch (const std::invalid_argument& e) {
       throw InputError(file + ": not a safetensors checkpoint (" + e.what() + ")");
     }
@@ -212,7 +191,39 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   }
   return s + "]";
 }
+// A family or feature the mapping lacks: InputError.
+void check_readable(const ModelSpec& m) {
+  if (m.family == "gpt2") return;
+  if (!is_llama_like(m))
+    throw InputError("--init-from does not read " + m.family + " checkpoints yet; it reads " + joined(hf_init_families()));
+  if (m.mlp_bias)  // the executor's gated MLP has no bias on its gate (gpt.cpp dense_mlp)
+    throw InputError("--init-from does not read a gated MLP with biases (mlp_bias) yet");
+}
+
 }  // namespace
+
+uint64_t regular_file_bytes(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw InputError(path + ": " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) throw InputError(path + ": not a regular file (a " + file_kind(st.st_mode) + ")");
+  return static_cast<uint64_t>(st.st_size);
+}
+
+void read_file_range(const std::string& path, uint64_t offset, uint64_t bytes, char* out) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw InputError(path + ": " + std::strerror(errno));
+  for (uint64_t got = 0; got < bytes;) {
+    const ssize_t r = ::pread(fd, out + got, bytes - got, static_cast<off_t>(offset + got));
+    if (r <= 0) {
+      const std::string why = r < 0 ? std::strerror(errno) : "the file ended early";
+      ::close(fd);
+      throw InputError(path + ": cannot read " + std::to_string(bytes) + " bytes at " + std::to_string(offset) + " (" +
+                       why + ")");
+    }
+    got += static_cast<uint64_t>(r);
+  }
+  ::close(fd);
+}
 
 const std::vector<std::string>& hf_init_families() {
   static const std::vector<std::string> families = [] {
@@ -224,16 +235,12 @@ const std::vector<std::string>& hf_init_families() {
 }
 
 std::vector<HfParameter> hf_parameters(const ModelSpec& m, const std::string& prefix) {
-  if (m.family == "gpt2") return gpt2(m, prefix);
-  if (!is_llama_like(m))
-    throw InputError("--init-from does not read " + m.family + " checkpoints yet; it reads " + joined(hf_init_families()));
-  if (m.mlp_bias)  // the executor's gated MLP has no bias on its gate (gpt.cpp dense_mlp)
-    throw InputError("--init-from does not read a gated MLP with biases (mlp_bias) yet");
-  return llama_like(m, prefix);
+  check_readable(m);
+  return m.family == "gpt2" ? gpt2(m, prefix) : llama_like(m, prefix);
 }
 
 HfCheckpoint read_hf_checkpoint(const std::string& path, const ModelSpec& m) {
-  hf_parameters(m, "");  // a family or feature the mapping lacks is refused before any file is read
+  check_readable(m);  // before any file is read
   const std::vector<std::string> files = checkpoint_files(path);
   std::map<std::string, HfStored> stored = read_headers(files);
   // The names with or without the base model's prefix (a CausalLM's save, or its base model's).

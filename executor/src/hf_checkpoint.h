@@ -47,6 +47,11 @@ struct HfStored {
   uint64_t offset = 0, bytes = 0;  // where its data is in that file, from the file's start
 };
 
+// The size of the regular file `path`, and `bytes` bytes of it at `offset` into `out`: InputError
+// naming the file otherwise (a FIFO or folder is refused without a read).
+uint64_t regular_file_bytes(const std::string& path);
+void read_file_range(const std::string& path, uint64_t offset, uint64_t bytes, char* out);
+
 // A checkpoint read and checked against a model: each executor parameter's parts, found.
 struct HfCheckpoint {
   std::vector<HfParameter> parameters;

@@ -1,15 +1,9 @@
 #include "hf_load.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <map>
 #include <stdexcept>
 
 #include "checkpoint.h"
-#include "dplan/costmodel/errors.h"
 
 namespace dplan::executor {
 namespace {
@@ -22,21 +16,9 @@ at::ScalarType scalar_type(const std::string& dtype) {
 }
 
 // One stored tensor as fp32, read from its byte range alone.
-at::Tensor read_stored(const std::string& name, const HfStored& s) {
+at::Tensor read_stored(const HfStored& s) {
   at::Tensor raw = at::empty({static_cast<int64_t>(s.bytes)}, at::kByte);
-  const int fd = ::open(s.file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw InputError(s.file + ": " + std::strerror(errno));
-  uint64_t got = 0;
-  auto* data = static_cast<char*>(raw.data_ptr());
-  while (got < s.bytes) {
-    const ssize_t r = ::pread(fd, data + got, s.bytes - got, static_cast<off_t>(s.offset + got));
-    if (r <= 0) {
-      ::close(fd);
-      throw InputError(s.file + ": cannot read " + name + " (" + (r < 0 ? std::strerror(errno) : "the file ended early") + ")");
-    }
-    got += static_cast<uint64_t>(r);
-  }
-  ::close(fd);
+  read_file_range(s.file, s.offset, s.bytes, static_cast<char*>(raw.data_ptr()));
   return raw.view(scalar_type(s.dtype)).view(s.shape).to(at::kFloat);  // safetensors is little-endian, as x86 and ARM
 }
 
@@ -51,7 +33,7 @@ void load_hf_checkpoint(const HfCheckpoint& checkpoint, std::vector<Parameter>& 
     if (it == by_name.end()) throw std::logic_error("--init-from: no checkpoint tensor maps to " + p.name);
     std::vector<at::Tensor> parts;
     for (const HfTensor& t : it->second->parts) {
-      at::Tensor x = read_stored(t.name, checkpoint.stored.at(t.name));
+      at::Tensor x = read_stored(checkpoint.stored.at(t.name));
       parts.push_back(it->second->transpose ? x.t() : x);
     }
     at::Tensor global = parts.size() == 1 ? parts[0] : at::cat(parts, 0);

@@ -138,10 +138,10 @@ def main():
     model = hf_model(a.family, os.path.join(work, "hf"))
 
     layout = a.layout.split()
-    world = 1
-    for flag in ("--tp", "--pp", "--dp", "--cp", "--ep"):
+    world = 1  # tp x pp x dp x cp (ep and etp fold into those ranks)
+    for flag in ("--tp", "--pp", "--dp", "--cp"):
         if flag in layout:
-            world *= int(layout[layout.index(flag) + 1]) if flag != "--ep" else 1
+            world *= int(layout[layout.index(flag) + 1])
     plan, run_json, ref = (os.path.join(work, n) for n in ("plan.json", "run.json", "reference.safetensors"))
     run([a.dplan, "estimate", "--model", os.path.join(work, "hf", "config.json"), "--cluster", "local-cpu",
          "--gpus", str(world), "--global-batch", str(BATCH), "--seq", str(SEQ), "--precision", "fp32",

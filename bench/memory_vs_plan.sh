@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Measured memory against the plan's prediction, per pipeline stage, on the layouts of the
-# executor's memory test (ZeRO 0-3, recompute none / selective / full, pp 1 and 2, sp, standard
-# and flash attention, gpt-tiny and a Llama-style model). Each layout is planned with
-# `dplan estimate`, trained for a few steps with `dplan run` (fp32 on CPU), and read back with
-# `dplan compare --json`. Prints one row per stage: weights + gradients + optimizer states and
-# activations (the two bounds the test checks: 1 % and 15 %), and buffers. See bench/README.md.
+# executor's memory tests (ZeRO 0-3, recompute none / selective / full, pp 1 and 2, sp, standard
+# and flash attention, gpt-tiny and a Llama-style model; Nemotron, GPT-NeoX, gpt-oss with ep and
+# cp, Qwen2-MoE with ep). Each layout is planned with `dplan estimate`, trained for a few steps
+# with `dplan run` (fp32 on CPU), and read back with `dplan compare --json`. Prints one row per
+# stage: weights + gradients + optimizer states and activations (the two bounds the test checks:
+# 1 % and 15 %), and buffers. See bench/README.md.
 #
 #   bench/memory_vs_plan.sh [steps]     # steps per run (default 3; the first is left out)
 #
@@ -18,7 +19,8 @@ cd "$(dirname "$0")/.." || exit 2
 steps=${1:-3}
 DPLAN=${DPLAN:-./build/dplan}
 PYTHON=${PYTHON:-python3}
-llama=tests/data/executor/llama-tiny/config.json
+data=tests/data/executor
+llama=$data/llama-tiny/config.json
 
 if ! [[ $steps =~ ^[0-9]+$ ]] || (( steps < 2 )); then
     echo "usage: $0 [steps]   (at least 2: the first step is left out of the activations)" >&2
@@ -38,6 +40,11 @@ layouts=(
     "zero1 tp2 pp2 dp2 sp full|gpt-tiny|--tp 2 --pp 2 --dp 2 --sp --zero 1 --recompute full"
     "zero0 pp2 standard-attn|gpt-tiny|--tp 1 --pp 2 --dp 1 --attention standard"
     "llama zero2 tp2 pp2 sp|$llama|--tp 2 --pp 2 --dp 1 --sp --zero 2"
+    "nemotron tp2 sp|$data/nemotron-tiny/config.json|--tp 2 --pp 1 --dp 1 --sp"
+    "gpt-neox|$data/gpt-neox-tiny/config.json|--tp 1 --pp 1 --dp 1"
+    "gpt-oss dp2 ep2|$data/gpt-oss-tiny/config.json|--tp 1 --pp 1 --dp 2 --ep 2 --etp 1"
+    "gpt-oss cp2|$data/gpt-oss-tiny/config.json|--tp 1 --pp 1 --dp 1 --cp 2"
+    "qwen2-moe dp2 ep2|$data/qwen2-moe-tiny/config.json|--tp 1 --pp 1 --dp 2 --ep 2 --etp 1"
 )
 
 printf '%-38s %5s  %12s %12s %7s  %12s %12s %7s  %10s %10s\n' layout stage "W+G+O pred" "W+G+O meas" "err %" \
@@ -49,6 +56,7 @@ for entry in "${layouts[@]}"; do
     i=$((i + 1))
     # shellcheck disable=SC2086
     gpus=$(( $(echo $flags | sed -E 's/.*--tp ([0-9]+).*--pp ([0-9]+).*--dp ([0-9]+).*/\1*\2*\3/') ))
+    if [[ $flags =~ --cp\ ([0-9]+) ]]; then gpus=$((gpus * BASH_REMATCH[1])); fi
     plan=$tmp/plan$i.json run=$tmp/run$i.json
     # shellcheck disable=SC2086
     if ! "$DPLAN" estimate --model "$model" --cluster local-cpu --gpus "$gpus" $flags --mbs 1 --global-batch 8 \

@@ -248,6 +248,8 @@ def load_reference(path):
         if name not in tensors:
             raise InputProblem(f"{path}: {name} is missing ({steps} steps announced)")
         batches.append(tensors.pop(name))
+    for name in [n for n in tensors if n.startswith(("logits.", "grad.", "hf_grad."))]:
+        del tensors[name]  # step 1's results, for checks against other implementations (tests/reference/)
     return cfg, info["optimizer"], tensors, batches
 
 
@@ -343,10 +345,12 @@ def clip_global_norm(params, max_norm, world):
     return norm
 
 
-def adamw(model, opt):
-    """The executor's groups: weight decay on matrices and embeddings, none on norms and biases."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+def adamw(model, opt, decays=lambda name, p: p.dim() >= 2):
+    """The executor's groups: weight decay on matrices and embeddings, none on norms and biases
+    (by default told apart by their dimensions; `decays(name, parameter)` says otherwise)."""
+    named = list(model.named_parameters())
+    decay = [p for n, p in named if decays(n, p)]
+    no_decay = [p for n, p in named if not decays(n, p)]
     return torch.optim.AdamW([{"params": decay, "weight_decay": opt["weight_decay"]},
                               {"params": no_decay, "weight_decay": 0.0}],
                              lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"], foreach=False)

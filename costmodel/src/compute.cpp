@@ -12,23 +12,20 @@ namespace dplan::costmodel {
 
 namespace {
 
-// Sliding-window attention (gpt_oss): whether the window is shorter than the sequence, the keys a
-// windowed layer's query attends to in the full-s^2 convention of layer_forward_flops (the causal
-// half is taken off where it is skipped): a causal window of w keys over s queries does
-// sum_i min(i, w) ~= s*w - w^2/2 score products, that share of the causal s^2/2, so 2w - w^2/s
-// keys; and the share of the layers that are windowed.
-bool has_window(const ModelSpec& m, double seq_len) {
-  return m.num_sliding_layers > 0 && m.sliding_window < seq_len;
-}
+// Sliding-window attention (ModelSpec::sliding_layers, where the window is shorter than the
+// sequence: window_binds): the keys a windowed layer's query attends to in the full-s^2 convention
+// of layer_forward_flops (the causal half is taken off where it is skipped): a causal window of w
+// keys over s queries does sum_i min(i, w) ~= s*w - w^2/2 score products, that share of the causal
+// s^2/2, so 2w - w^2/s keys; and the share of the layers that are windowed.
 double windowed_keys(const ModelSpec& m, double seq_len) {
   const double w = m.sliding_window;
   return 2 * w - w * w / seq_len;
 }
-double sliding_share(const ModelSpec& m) { return double(m.num_sliding_layers) / m.num_layers; }
+double sliding_share(const ModelSpec& m) { return double(m.num_sliding_layers()) / m.num_layers; }
 
 // Keys each query attends to on average over the layers (s where no window is shorter).
 double mean_attended_keys(const ModelSpec& m, double seq_len) {
-  if (!has_window(m, seq_len)) return seq_len;
+  if (!m.window_binds(seq_len)) return seq_len;
   return (1 - sliding_share(m)) * seq_len + sliding_share(m) * windowed_keys(m, seq_len);
 }
 
@@ -271,7 +268,7 @@ CoreTimes attention_core_times(const ModelSpec& m, const GpuSpec& gpu, const Lay
 // derivation); the core is the layer-weighted mean of the windowed and the full one.
 CoreTimes mean_attention_core_times(const ModelSpec& m, const GpuSpec& gpu, const LayerShape& s, int seq_len) {
   CoreTimes core = attention_core_times(m, gpu, s, s.seq_kv);
-  if (has_window(m, seq_len)) {
+  if (m.window_binds(seq_len)) {
     const double share = sliding_share(m);
     const CoreTimes windowed = attention_core_times(m, gpu, s, windowed_keys(m, seq_len));
     core.forward_s = (1 - share) * core.forward_s + share * windowed.forward_s;
@@ -335,7 +332,7 @@ MlpTimes mlp_times(const ModelSpec& m, const GpuSpec& gpu, const LayerShape& s, 
   if (m.shared_expert_ffn_size > 0)
     add(mlp.shared, dense_mlp_times(gpu, s, s.tokens, m.shared_expert_ffn_size / s.tp), moe);
   // Dense layers of an MoE model: the mean layer weights the MoE and the dense MLP by count.
-  if (m.num_dense_layers > 0)
+  if (m.num_dense_layers() > 0)
     add(mlp.dense, dense_mlp_times(gpu, s, s.tokens, m.dense_ffn_hidden_size / s.tp), 1 - moe);
   return mlp;
 }

@@ -1,12 +1,16 @@
 #include "dplan/costmodel/executor_support.h"
 
+#include "dplan/costmodel/errors.h"
+#include "dplan/costmodel/rotary.h"
+
 namespace dplan::costmodel {
 
 std::string executor_does_not_run(const std::string& what) {
   return "the executor does not run " + what +
-         " yet; it runs tp, pp (gpipe, 1f1b, interleaved), dp, context parallel, sequence parallel, ZeRO 0-3, the distributed optimizer, optimizer offload, recompute, "
-         "Mixtral- and Qwen3-MoE-style mixture of experts with ep and etp "
-         "(dplan --runnable searches only those)";
+         " yet; it runs tp, pp (gpipe, 1f1b, interleaved), dp, context parallel, sequence parallel, ZeRO 0-3, "
+         "the distributed optimizer, optimizer offload, recompute, Mixtral-, Qwen-MoE- and gpt-oss-style mixture of "
+         "experts (dense layers, shared experts) with ep and etp, attention sinks, sliding windows, partial and "
+         "scaled rotary (linear, llama3, yarn) (dplan --runnable searches only those)";
 }
 
 std::optional<std::string> gelu_approximation(const std::string& activation) {
@@ -15,24 +19,32 @@ std::optional<std::string> gelu_approximation(const std::string& activation) {
   return std::nullopt;
 }
 
+bool runs_plain_activation(const std::string& activation) {
+  return gelu_approximation(activation) || activation == "relu" || activation == "relu2";
+}
+
 std::optional<std::string> executor_refusal(const ModelSpec& model, const TrainingSpec& training,
                                             const ParallelConfig& p) {
-  // MoE: Mixtral-style layers (executor/src/moe.h): every layer routed, no shared expert, no router bias.
-  if (model.num_dense_layers > 0 || model.shared_expert_ffn_size > 0 || model.router_bias)
-    return executor_does_not_run("dense layers, shared experts or router biases in a mixture-of-experts model");
-  // Its layers are GELU or SiLU-gated MLPs after plain multi-head / grouped-query attention, with
-  // Qwen3's q/k norms where the model has them, and full rotary at the model's base.
-  if (model.is_mla() || model.attention_sinks || model.num_sliding_layers > 0)
-    return executor_does_not_run("latent attention, attention sinks or sliding windows");
-  if (model.mlp == MlpKind::plain ? !gelu_approximation(model.activation) : model.activation != "silu")
+  // DeepSeek-V2/V3's multi-head latent attention (and with it their routing).
+  if (model.is_mla()) return executor_does_not_run("multi-head latent attention (DeepSeek-V2, V3)");
+  // MoE (executor/src/moe.h): softmax top-k routing over experts with or without biases (gpt-oss),
+  // dense layers and shared experts (gated: Qwen2-MoE) beside them; not DeepSeek-V3's
+  // selection-only correction bias (nor its sigmoid, grouped routing: DeepSeek is refused below).
+  if (model.router_bias && model.family != "gpt_oss")
+    return executor_does_not_run("DeepSeek-V3's routing correction bias (noaux_tc)");
+  // Its layers (executor/src/gpt.h) are GELU, ReLU or squared-ReLU MLPs, or SiLU-gated ones, after
+  // multi-head or grouped-query attention with Qwen3's q/k norms, sliding windows and gpt-oss's
+  // sinks where the model has them, rotary over all or part of each head at the model's base and scaling
+  // (costmodel/rotary.h), and the serial or GPT-NeoX's parallel residual.
+  if (model.mlp == MlpKind::plain ? !runs_plain_activation(model.activation) : model.activation != "silu")
     return executor_does_not_run("the " + model.activation + " activation in a " + to_string(model.mlp) + " MLP");
-  if (!model.rope_scaling.empty())
-    return executor_does_not_run("the " + model.rope_scaling + " rotary scaling (rope_scaling)");
-  // GPT-NeoX rotates a part of each head (rotary_pct) and adds attention and MLP in parallel;
-  // Nemotron's LayerNorm1P and partial rotary: neither is the executor's block.
-  if (model.family == "gpt_neox" || model.family == "nemotron")
-    return executor_does_not_run(model.family == "gpt_neox" ? "GPT-NeoX's partial rotary and parallel residual"
-                                                             : "Nemotron's LayerNorm1P and partial rotary");
+  if (model.position == PositionKind::rotary) {
+    try {
+      rotary_frequencies(model);
+    } catch (const InputError& e) {
+      return std::string(e.what()) + " (the executor's rotary embedding)";
+    }
+  }
   // Its MoE layers send tokens with one all-to-all over ep and run one micro-batch at a time
   // (executor/src/moe.h, trainer.cpp): neither DeepEP's kernels nor Megatron-Core's combined 1F1B.
   if (p.moe_dispatcher != MoeDispatcher::alltoall || p.overlap_ep_comm)
@@ -56,10 +68,6 @@ std::optional<std::string> executor_refusal(const ModelSpec& model, const Traini
   // Its pipeline plays pipeline_order (pipeline.h), which has no bidirectional schedule.
   if (p.schedule == Schedule::dualpipe)
     return executor_does_not_run("the dualpipe schedule (--schedule dualpipe)");
-  // Context parallel runs the blockwise ring whatever --attention says (ring_attention.h).
-  if (p.cp > 1 && model.attention_dropout > 0)
-    return "context parallel with attention dropout " + std::to_string(model.attention_dropout) +
-           " is not run (the executor's ring attention has no dropout); use cp 1 or a model with attention dropout 0";
   return std::nullopt;
 }
 

@@ -123,6 +123,11 @@ bool ObjectReader::has(const std::string& key) {
   return it != object_.end() && !it->is_null();
 }
 
+bool ObjectReader::has_key(const std::string& key) {
+  known_.insert(key);
+  return object_.find(key) != object_.end();
+}
+
 namespace {
 // Levenshtein distance, for pointing at the misspelling of a missing key.
 size_t edit_distance(const std::string& a, const std::string& b) {

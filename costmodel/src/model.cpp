@@ -11,20 +11,21 @@ namespace {
 
 // Keys found in real config.json files that do not change memory or time (tokenizer ids, init,
 // numerics, RoPE details, routing rules, inference-time weight quantization and the MTP head).
-// Accepted and ignored. Sliding windows are priced only where gpt_oss marks its windowed layers
-// (layer_types); the other families' sliding_window is treated as full attention.
+// Accepted and ignored (sliding windows and partial rotary are read for the families that have
+// them: read_sliding_window, read_numerics).
 const std::initializer_list<const char*> kIgnoredHfKeys = {
     "_name_or_path", "architectures", "torch_dtype", "dtype", "transformers_version",
     "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "use_cache",
     "pretraining_tp", "sliding_window", "use_sliding_window",
     "max_window_layers", "layer_types", "router_jitter_noise",
-    "classifier_dropout", "rotary_pct", "rotary_emb_dim", "use_parallel_residual",
+    "classifier_dropout", "rotary_pct", "rotary_emb_dim",
     "partial_rotary_factor", "rope_interleave", "n_group", "topk_group", "scoring_func",
     "seq_aux", "routed_scaling_factor", "ep_size",
-    "quantization_config", "swiglu_limit", "initial_context_length", "auto_map", "qk_head_dim",
+    "quantization_config", "initial_context_length", "auto_map", "qk_head_dim",
     "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "n_ctx",
     "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
-    "summary_first_dropout", "task_specific_params", "attn_implementation", "use_mrope", "model_type"};
+    "summary_first_dropout", "task_specific_params", "attn_implementation", "use_mrope", "model_type",
+    "is_decoder"};
 
 const std::vector<std::string> kFamilies = {"llama",     "mistral",   "mixtral",     "qwen2",   "qwen3",
                                             "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "nemotron",
@@ -37,6 +38,18 @@ constexpr long long kMaxWidth = 1 << 20;
 constexpr long long kMaxLayers = 1 << 16;
 constexpr long long kMaxTokens = 1 << 24;  // vocabulary and positions
 constexpr long long kMaxExperts = 1 << 16;
+
+}  // namespace
+
+int ModelSpec::attention_window(int layer) const {
+  return std::binary_search(sliding_layers.begin(), sliding_layers.end(), layer) ? sliding_window : 0;
+}
+
+bool ModelSpec::is_dense_layer(int layer) const {
+  return std::binary_search(dense_layers.begin(), dense_layers.end(), layer);
+}
+
+namespace {
 
 int width(ObjectReader& r, const char* key) { return static_cast<int>(r.int_in(key, 1, kMaxWidth)); }
 int optional_width(ObjectReader& r, const char* key) { return r.has(key) ? width(r, key) : 0; }
@@ -97,9 +110,9 @@ void read_qwen_moe(ObjectReader& r, const std::string& family, ModelSpec& m) {
   const std::vector<int> dense_only = layer_list(r, "mlp_only_layers", m.num_layers);
   for (int i = 0; i < m.num_layers; ++i) {
     bool listed = std::find(dense_only.begin(), dense_only.end(), i) != dense_only.end();
-    if (listed || (i + 1) % step != 0) ++m.num_dense_layers;
+    if (listed || (i + 1) % step != 0) m.dense_layers.push_back(i);
   }
-  if (m.num_dense_layers == 0) m.dense_ffn_hidden_size = 0;
+  if (m.dense_layers.empty()) m.dense_ffn_hidden_size = 0;
   // Qwen{2,3}MoeSparseMoeBlock: routing_weights /= sum only with norm_topk_prob (default false).
   m.moe_norm_topk_prob = optional_bool(r, "norm_topk_prob", false);
   if (family == "qwen2_moe" && r.has("shared_expert_intermediate_size")) {
@@ -124,7 +137,9 @@ void read_llama_like(ObjectReader& r, const std::string& family, ModelSpec& m) {
     m.qkv_bias = m.out_bias = attention_bias;
     m.mlp_bias = optional_bool(r, "mlp_bias", false);
   } else if (family == "qwen2" || family == "qwen2_moe") {
-    m.qkv_bias = true;  // Qwen2(Moe)Attention: q/k/v projections with bias, o_proj without
+    // Qwen2(Moe)Attention: q/k/v projections with bias, o_proj without (transformers 5's
+    // Qwen2MoeConfig names it qkv_bias).
+    m.qkv_bias = family == "qwen2_moe" ? optional_bool(r, "qkv_bias", true) : true;
   } else if (qwen3) {
     // Qwen3Attention: q/k/v/o bias = attention_bias; q_norm and k_norm RMSNorm(head_dim).
     m.qkv_bias = m.out_bias = optional_bool(r, "attention_bias", false);
@@ -158,8 +173,8 @@ void read_deepseek_v3(ObjectReader& r, ModelSpec& m) {
                               ? static_cast<int>(r.int_in("first_k_dense_replace", 0, kMaxLayers)) : 0;
   const int freq = r.has("moe_layer_freq") ? static_cast<int>(r.int_in("moe_layer_freq", 1, kMaxLayers)) : 1;
   for (int i = 0; i < m.num_layers; ++i)
-    if (!(i >= first_dense && i % freq == 0)) ++m.num_dense_layers;
-  if (m.num_dense_layers == 0) m.dense_ffn_hidden_size = 0;
+    if (!(i >= first_dense && i % freq == 0)) m.dense_layers.push_back(i);
+  if (m.dense_layers.empty()) m.dense_ffn_hidden_size = 0;
   // noaux_tc routing keeps a learned per-expert correction bias (DeepSeek-V3, arXiv 2412.19437, Sec. 2.1.2).
   m.router_bias = r.has("topk_method") && r.string("topk_method") == "noaux_tc";
   m.q_lora_rank = r.has("q_lora_rank") ? width(r, "q_lora_rank") : 0;
@@ -193,27 +208,13 @@ void read_gpt_oss(ObjectReader& r, ModelSpec& m) {
   if (k1 && k2 && r.int_in("experts_per_token", 1, kMaxExperts) != m.experts_per_token)
     throw InputError(r.where("experts_per_token") + ": differs from num_experts_per_tok (" +
                      std::to_string(m.experts_per_token) + ")");
-  m.sliding_window = r.has("sliding_window") ? static_cast<int>(r.int_in("sliding_window", 0, kMaxTokens)) : 128;
-  if (r.has("layer_types")) {
-    const json& types = r.raw("layer_types");
-    if (!types.is_array() || static_cast<long long>(types.size()) != m.num_layers)
-      throw InputError(r.where("layer_types") + ": expected a list of " + std::to_string(m.num_layers) +
-                       " entries, each \"sliding_attention\" or \"full_attention\"");
-    for (const json& t : types) {
-      if (t == "sliding_attention") ++m.num_sliding_layers;
-      else if (t != "full_attention")
-        throw InputError(r.where("layer_types") + ": unknown layer type " + t.dump() +
-                         "; valid: sliding_attention or full_attention");
-    }
-  } else {
-    m.num_sliding_layers = (m.num_layers + 1) / 2;
-  }
-  if (m.sliding_window == 0) m.num_sliding_layers = 0;
   m.activation = activation(r, "hidden_act", "silu");
   m.qkv_bias = m.out_bias = optional_bool(r, "attention_bias", true);
   m.mlp_bias = true;
   m.router_bias = true;
   m.attention_sinks = true;
+  m.swiglu_limit = r.has("swiglu_limit") ? r.number_in("swiglu_limit", 1e-6, 1e6) : 7.0;
+  m.swiglu_alpha = r.has("swiglu_alpha") ? r.number_in("swiglu_alpha", 1e-6, 1e6) : 1.702;
   m.mlp = MlpKind::gated;
   m.norm = NormKind::rmsnorm;
   m.position = PositionKind::rotary;
@@ -251,40 +252,113 @@ void read_gpt_neox(ObjectReader& r, ModelSpec& m) {
   m.mlp_bias = true;
   m.attention_dropout = r.has("attention_dropout") ? r.fraction("attention_dropout") : 0.0;
   m.hidden_dropout = r.has("hidden_dropout") ? r.fraction("hidden_dropout") : 0.0;
+  m.parallel_residual = optional_bool(r, "use_parallel_residual", true);
   m.mlp = MlpKind::plain;
   m.norm = NormKind::layernorm;
   m.position = PositionKind::rotary;
 }
 
+// Sliding-window attention (ModelSpec::sliding_layers) with each family's transformers defaults
+// (5.23, configuration_<family>.py and the attention modules): gpt_oss's window (128) on the layers
+// layer_types calls "sliding_attention", by default the even ones; Qwen2's and Qwen3's only with
+// use_sliding_window, on layer_types' or else from max_window_layers (28) on; Qwen2-MoE's on the
+// even layers below max_window_layers; Mistral's (4096 unless null), Mixtral's and Qwen3-MoE's (with
+// use_sliding_window) on every layer. A null or 0 window is none; the other families have none.
+void read_sliding_window(ObjectReader& r, ModelSpec& m) {
+  const std::string& f = m.family;
+  const bool qwen = f == "qwen2" || f == "qwen3" || f == "qwen2_moe" || f == "qwen3_moe";
+  if (!(qwen || f == "gpt_oss" || f == "mistral" || f == "mixtral")) return;
+  m.sliding_window = f == "gpt_oss" ? 128 : f == "mixtral" ? 0 : 4096;
+  if (r.has("sliding_window")) m.sliding_window = static_cast<int>(r.int_in("sliding_window", 0, kMaxTokens));
+  else if (r.has_key("sliding_window")) m.sliding_window = 0;  // null
+  if (qwen && !optional_bool(r, "use_sliding_window", false)) m.sliding_window = 0;
+  const int max_window = r.has("max_window_layers") ? static_cast<int>(r.int_in("max_window_layers", 0, kMaxLayers)) : 28;
+  std::vector<bool> sliding(m.num_layers, false);
+  if (r.has("layer_types") && f != "mistral" && f != "mixtral" && f != "qwen3_moe") {
+    const json& types = r.raw("layer_types");
+    if (!types.is_array() || static_cast<long long>(types.size()) != m.num_layers)
+      throw InputError(r.where("layer_types") + ": expected a list of " + std::to_string(m.num_layers) +
+                       " entries, each \"sliding_attention\" or \"full_attention\"");
+    for (int i = 0; i < m.num_layers; ++i) {
+      const json& t = types[i];
+      if (t != "sliding_attention" && t != "full_attention")
+        throw InputError(r.where("layer_types") + ": unknown layer type " + t.dump() +
+                         "; valid: sliding_attention or full_attention");
+      sliding[i] = t == "sliding_attention";
+    }
+  } else {
+    for (int i = 0; i < m.num_layers; ++i)
+      sliding[i] = f == "gpt_oss" ? i % 2 == 0
+                   : f == "qwen2_moe" ? i % 2 == 0 && i < max_window
+                   : f == "qwen2" || f == "qwen3" ? i >= max_window
+                   : true;
+  }
+  if (m.sliding_window == 0) return;
+  for (int i = 0; i < m.num_layers; ++i)
+    if (sliding[i]) m.sliding_layers.push_back(i);
+  if (m.sliding_layers.empty()) m.sliding_window = 0;
+}
+
 // The norms' epsilon and the rotary base and scaling, under each family's keys, with the defaults
 // of its transformers configuration class (5.23: configuration_<family>.py) where the file has none.
-void read_numerics(ObjectReader& r, ModelSpec& m) {
+// Returns the share of each head's dims that rotate (partial rotary), for set_rotary_dim.
+double read_numerics(ObjectReader& r, ModelSpec& m) {
   const std::string& f = m.family;
   const char* eps_key = f == "gpt2" ? "layer_norm_epsilon" : f == "gpt_neox" ? "layer_norm_eps"
                         : f == "nemotron" ? "norm_eps" : "rms_norm_eps";
   const bool eps_1e5 = f == "gpt2" || f == "gpt_neox" || f == "nemotron" || f == "mixtral" || f == "gpt_oss";
   m.norm_eps = r.has(eps_key) ? r.number_in(eps_key, 1e-12, 1.0) : eps_1e5 ? 1e-5 : 1e-6;
-  if (f == "gpt2") return;  // learned positions
+  if (f == "gpt2") return 1.0;  // learned positions
   m.rope_theta = f == "mixtral" ? 1e6 : f == "gpt_oss" ? 150000.0 : 10000.0;
   if (f == "gpt_oss") m.rope_scaling = "yarn";
   for (const char* key : {"rotary_emb_base", "rope_theta"})  // gpt_neox's older name first
     if (r.has(key)) m.rope_theta = r.number_in(key, 1.0, 1e12);
-  // rope_scaling (transformers 4) or rope_parameters (5): {"rope_type" or "type": ..., "rope_theta", ...}.
+  // Partial rotary: Nemotron's partial_rotary_factor (0.5 by default), GPT-NeoX's rotary_pct (0.25),
+  // at the top level (transformers 4) or inside rope_parameters (5).
+  double rotary_fraction = f == "nemotron" ? 0.5 : f == "gpt_neox" ? 0.25 : 1.0;
+  for (const char* key : {"partial_rotary_factor", "rotary_pct"})
+    if (r.has(key)) rotary_fraction = r.number_in(key, 1e-6, 1.0);
+  // rope_scaling (transformers 4) or rope_parameters (5): {"rope_type" or "type": ..., "rope_theta",
+  // "partial_rotary_factor", and the scaling's own parameters}; those are kept for rotary.h.
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
     if (!r.has(key)) continue;
     const json& j = r.raw(key);
     if (!j.is_object()) throw InputError(r.where(key) + ": expected an object with \"rope_type\"");
+    json params = j;
     if (j.contains("rope_theta")) {
       if (!j["rope_theta"].is_number() || !(j["rope_theta"].get<double>() >= 1.0))
         throw InputError(r.where(key) + "/rope_theta: expected a number of at least 1");
       m.rope_theta = j["rope_theta"].get<double>();
     }
+    if (j.contains("partial_rotary_factor")) {
+      const json& x = j["partial_rotary_factor"];
+      if (!x.is_number() || !(x.get<double>() > 0 && x.get<double>() <= 1))
+        throw InputError(r.where(key) + "/partial_rotary_factor: expected a number above 0, at most 1");
+      rotary_fraction = x.get<double>();
+    }
     const char* type_key = j.contains("rope_type") ? "rope_type" : j.contains("type") ? "type" : nullptr;
+    for (const char* k : {"rope_theta", "partial_rotary_factor", "rope_type", "type"}) params.erase(k);
     if (type_key == nullptr) continue;
     if (!j[type_key].is_string()) throw InputError(r.where(key) + "/" + type_key + ": expected a string");
     const std::string type = j[type_key].get<std::string>();
     m.rope_scaling = type == "default" ? "" : type;
+    m.rope_scaling_params = type == "default" ? json::object() : params;
   }
+  if (f == "gpt_oss" && m.rope_scaling == "yarn" && m.rope_scaling_params.empty())
+    m.rope_scaling_params = {{"factor", 32.0}, {"beta_fast", 32.0}, {"beta_slow", 1.0}, {"truncate", false},
+                             {"original_max_position_embeddings", 4096}};  // GptOssConfig's default
+  return rotary_fraction;
+}
+
+// ModelSpec::rotary_dim from the share of head_dim that rotates, int() of the product as transformers takes it.
+void set_rotary_dim(ModelSpec& m, double rotary_fraction, const std::string& file) {
+  if (rotary_fraction >= 1.0) return;
+  const int rotary = static_cast<int>(m.head_dim * rotary_fraction);
+  if (rotary < 2 || rotary % 2 != 0)
+    throw InputError(file + ": the partial rotary fraction " + std::to_string(rotary_fraction) + " of head_dim " +
+                     std::to_string(m.head_dim) + " leaves " + std::to_string(rotary) +
+                     " rotated dims; it must leave an even number, at least 2");
+  m.rotary_dim = rotary == m.head_dim ? 0 : rotary;
 }
 
 // The MoE load-balancing loss's coefficient (ModelSpec::moe_aux_loss_coef). transformers'
@@ -466,14 +540,14 @@ void validate_routing(const ModelSpec& m, const BadModel& bad) {
 // Dense layers of an MoE model, and its dense and shared-expert MLP sizes.
 void validate_layer_mix(const ModelSpec& m, const BadModel& bad) {
   const std::string layers = std::to_string(m.num_layers);
-  if (m.num_dense_layers < 0 || m.num_dense_layers > m.num_layers)
-    bad("the number of dense layers (" + std::to_string(m.num_dense_layers) + ") must be from 0 to the " + layers +
-        " layers");
-  if (m.num_dense_layers > 0 && !m.is_moe()) bad("dense layers are counted only in MoE models (no experts given)");
-  if (m.is_moe() && m.num_dense_layers == m.num_layers) bad("every layer is dense: no layer uses the experts");
-  if ((m.num_dense_layers > 0) != (m.dense_ffn_hidden_size > 0))
+  for (size_t i = 0; i < m.dense_layers.size(); ++i)
+    if (m.dense_layers[i] < 0 || m.dense_layers[i] >= m.num_layers || (i > 0 && m.dense_layers[i] <= m.dense_layers[i - 1]))
+      bad("the dense layers must be distinct layer indices from 0 to " + std::to_string(m.num_layers - 1) + ", ascending");
+  if (m.num_dense_layers() > 0 && !m.is_moe()) bad("dense layers are counted only in MoE models (no experts given)");
+  if (m.is_moe() && m.num_dense_layers() == m.num_layers) bad("every layer is dense: no layer uses the experts");
+  if ((m.num_dense_layers() > 0) != (m.dense_ffn_hidden_size > 0))
     bad("a dense-layer MLP size (" + std::to_string(m.dense_ffn_hidden_size) + ") is needed exactly when there are dense layers (" +
-        std::to_string(m.num_dense_layers) + ")");
+        std::to_string(m.num_dense_layers()) + ")");
   if (m.dense_ffn_hidden_size < 0 || m.dense_ffn_hidden_size > kMaxWidth || m.shared_expert_ffn_size < 0 ||
       m.shared_expert_ffn_size > kMaxWidth)
     bad("dense-layer and shared-expert MLP sizes must be from 0 to " + std::to_string(kMaxWidth));
@@ -500,15 +574,20 @@ void validate_latent_attention(const ModelSpec& m, const BadModel& bad) {
     bad("num_attention_heads x v_head_dim must be at most " + std::to_string(kMaxWidth));
 }
 
-// Sliding-window layers: a window, and at most every layer.
+// Sliding-window layers: a window and ascending layer indices; partial rotary: an even share.
 void validate_sliding_window(const ModelSpec& m, const BadModel& bad) {
-  const std::string layers = std::to_string(m.num_layers);
   if (m.sliding_window < 0 || m.sliding_window > kMaxTokens)
     bad("the sliding window must be from 0 to " + std::to_string(kMaxTokens) + " tokens");
-  if (m.num_sliding_layers < 0 || m.num_sliding_layers > m.num_layers)
-    bad("the number of sliding-window layers (" + std::to_string(m.num_sliding_layers) + ") must be from 0 to the " +
-        layers + " layers");
-  if (m.num_sliding_layers > 0 && m.sliding_window == 0) bad("sliding-window layers need a window (sliding_window > 0)");
+  for (size_t i = 0; i < m.sliding_layers.size(); ++i)
+    if (m.sliding_layers[i] < 0 || m.sliding_layers[i] >= m.num_layers || (i > 0 && m.sliding_layers[i] <= m.sliding_layers[i - 1]))
+      bad("the sliding-window layers must be distinct layer indices from 0 to " + std::to_string(m.num_layers - 1) +
+          ", ascending");
+  if ((m.num_sliding_layers() > 0) != (m.sliding_window > 0))
+    bad("a sliding window (sliding_window > 0) needs the layers it applies to, and sliding-window layers need a window");
+  if (m.rotary_dim < 0 || m.rotary_dim > m.head_dim || m.rotary_dim % 2 != 0)
+    bad("the rotary dims (" + std::to_string(m.rotary_dim) + ") must be even, from 0 (all) to head_dim (" +
+        std::to_string(m.head_dim) + ")");
+  if (m.rotary_dim > 0 && m.position != PositionKind::rotary) bad("partial rotary needs rotary positions");
 }
 
 }  // namespace
@@ -550,8 +629,9 @@ ModelSpec model_from_hf_config(const json& config, const std::string& file, cons
   } else {
     read_llama_like(r, family, m);
   }
-  read_numerics(r, m);
+  const double rotary_fraction = read_numerics(r, m);
   read_aux_loss(r, m);
+  read_sliding_window(r, m);
   if (m.head_dim == 0) {
     if (m.hidden_size % m.num_heads != 0)
       throw InputError(file + ": hidden size " + std::to_string(m.hidden_size) +
@@ -559,6 +639,7 @@ ModelSpec model_from_hf_config(const json& config, const std::string& file, cons
                        "; give head_dim");
     m.head_dim = m.hidden_size / m.num_heads;
   }
+  set_rotary_dim(m, rotary_fraction, file);
   r.ignore(kIgnoredHfKeys);
   r.finish();
   validate(m, file);
@@ -598,7 +679,7 @@ json to_json(const ModelSpec& m) {
   auto flag = [&](const char* key, bool value) {
     if (value) j[key] = true;
   };
-  count("num_dense_layers", m.num_dense_layers);
+  if (!m.dense_layers.empty()) j["dense_layers"] = m.dense_layers;
   count("dense_ffn_hidden_size", m.dense_ffn_hidden_size);
   count("shared_expert_ffn_size", m.shared_expert_ffn_size);
   flag("shared_expert_gate", m.shared_expert_gate);
@@ -610,14 +691,19 @@ json to_json(const ModelSpec& m) {
   flag("qk_norm", m.qk_norm);
   flag("attention_sinks", m.attention_sinks);
   count("sliding_window", m.sliding_window);
-  count("num_sliding_layers", m.num_sliding_layers);
+  if (!m.sliding_layers.empty()) j["sliding_layers"] = m.sliding_layers;
+  count("rotary_dim", m.rotary_dim);
+  flag("parallel_residual", m.parallel_residual);
   count("mtp_layers", m.mtp_layers);
   const ModelSpec old_plan;  // what plans written before these keys ran with
   if (m.norm_eps != old_plan.norm_eps) j["norm_eps"] = m.norm_eps;
   if (m.rope_theta != old_plan.rope_theta) j["rope_theta"] = m.rope_theta;
   if (!m.rope_scaling.empty()) j["rope_scaling"] = m.rope_scaling;
+  if (!m.rope_scaling_params.empty()) j["rope_scaling_params"] = m.rope_scaling_params;
   if (m.moe_aux_loss_coef != old_plan.moe_aux_loss_coef) j["moe_aux_loss_coef"] = m.moe_aux_loss_coef;
   if (!m.moe_norm_topk_prob) j["moe_norm_topk_prob"] = false;
+  if (m.swiglu_limit != old_plan.swiglu_limit) j["swiglu_limit"] = m.swiglu_limit;
+  if (m.swiglu_alpha != old_plan.swiglu_alpha) j["swiglu_alpha"] = m.swiglu_alpha;
   return j;
 }
 
@@ -652,7 +738,17 @@ ModelSpec model_from_json(const json& j, const std::string& file, const std::str
   m.activation = r.has("activation") ? r.one_of("activation", kActivations) : m.mlp == MlpKind::plain ? "gelu" : "silu";
   auto count = [&](const char* key, long long hi) { return r.has(key) ? static_cast<int>(r.int_in(key, 0, hi)) : 0; };
   auto flag = [&](const char* key) { return r.has(key) ? r.boolean(key) : false; };
-  m.num_dense_layers = count("num_dense_layers", kMaxLayers);
+  if (r.has("dense_layers")) {
+    m.dense_layers = layer_list(r, "dense_layers", m.num_layers);
+  } else if (r.has("num_dense_layers")) {
+    // Plans written before dense_layers counted them; DeepSeek's are its first k (first_k_dense_replace),
+    // the pattern such a count stands for.
+    const int n = count("num_dense_layers", kMaxLayers);
+    if (n > 0 && m.family != "deepseek_v2" && m.family != "deepseek_v3")
+      throw InputError(r.where("num_dense_layers") + ": " + std::to_string(n) +
+                       " dense layers, but not which; plan again from the model's config.json");
+    for (int i = 0; i < n && i < m.num_layers; ++i) m.dense_layers.push_back(i);
+  }
   m.dense_ffn_hidden_size = count("dense_ffn_hidden_size", kMaxWidth);
   m.shared_expert_ffn_size = count("shared_expert_ffn_size", kMaxWidth);
   m.shared_expert_gate = flag("shared_expert_gate");
@@ -664,13 +760,32 @@ ModelSpec model_from_json(const json& j, const std::string& file, const std::str
   m.qk_norm = flag("qk_norm");
   m.attention_sinks = flag("attention_sinks");
   m.sliding_window = count("sliding_window", kMaxTokens);
-  m.num_sliding_layers = count("num_sliding_layers", kMaxLayers);
+  if (r.has("sliding_layers")) {
+    m.sliding_layers = layer_list(r, "sliding_layers", m.num_layers);
+  } else if (r.has("num_sliding_layers")) {
+    // Plans written before sliding_layers counted gpt-oss's windowed layers only: its default
+    // pattern, the even layers, is the one such a count can stand for.
+    const int n = count("num_sliding_layers", kMaxLayers);
+    if (n != (m.num_layers + 1) / 2)
+      throw InputError(r.where("num_sliding_layers") + ": " + std::to_string(n) +
+                       " windowed layers, but not which; plan again from the model's config.json");
+    for (int i = 0; i < m.num_layers; i += 2) m.sliding_layers.push_back(i);
+  }
+  m.rotary_dim = count("rotary_dim", kMaxWidth);
+  m.parallel_residual = flag("parallel_residual");
   m.mtp_layers = count("mtp_layers", kMaxLayers);
   if (r.has("norm_eps")) m.norm_eps = r.number_in("norm_eps", 1e-12, 1.0);
   if (r.has("rope_theta")) m.rope_theta = r.number_in("rope_theta", 1.0, 1e12);
   if (r.has("rope_scaling")) m.rope_scaling = r.string("rope_scaling");
+  if (r.has("rope_scaling_params")) {
+    m.rope_scaling_params = r.raw("rope_scaling_params");
+    if (!m.rope_scaling_params.is_object())
+      throw InputError(r.where("rope_scaling_params") + ": expected an object (the rotary scaling's parameters)");
+  }
   if (r.has("moe_aux_loss_coef")) m.moe_aux_loss_coef = r.number_in("moe_aux_loss_coef", 0.0, 1e3);
   if (r.has("moe_norm_topk_prob")) m.moe_norm_topk_prob = r.boolean("moe_norm_topk_prob");
+  if (r.has("swiglu_limit")) m.swiglu_limit = r.number_in("swiglu_limit", 0.0, 1e6);
+  if (r.has("swiglu_alpha")) m.swiglu_alpha = r.number_in("swiglu_alpha", 1e-6, 1e6);
   r.ignore("num_params");  // derived, written for readers
   r.finish();
   validate(m, file);

@@ -47,11 +47,20 @@ struct RmsNorm : torch::autograd::Function<RmsNorm> {
 
 struct SwiGlu : torch::autograd::Function<SwiGlu> {
   // Function::apply runs this with autograd off: nothing below is recorded.
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up, double limit,
+                            double alpha) {
     TORCH_CHECK(gate.sizes() == up.sizes(), "swiglu: gate and up differ in shape");
     TORCH_CHECK(gate.scalar_type() == up.scalar_type(), "swiglu: gate and up differ in dtype");
     const at::ScalarType ct = compute_type(gate.scalar_type());
-    at::Tensor out = at::silu(gate.to(ct)).mul_(up.to(ct)).to(gate.scalar_type());
+    at::Tensor out;
+    if (limit > 0) {
+      at::Tensor g = gate.to(ct).clamp_max(limit);
+      out = at::sigmoid(g * alpha).mul_(g).mul_(up.to(ct).clamp(-limit, limit).add_(1)).to(gate.scalar_type());
+    } else {
+      out = at::silu(gate.to(ct)).mul_(up.to(ct)).to(gate.scalar_type());
+    }
+    ctx->saved_data["limit"] = limit;
+    ctx->saved_data["alpha"] = alpha;
     ctx->save_for_backward({gate, up});
     return out;
   }
@@ -60,16 +69,32 @@ struct SwiGlu : torch::autograd::Function<SwiGlu> {
     at::NoGradGuard no_grad;
     const variable_list saved = ctx->get_saved_variables();
     const at::ScalarType ct = compute_type(saved[0].scalar_type());
+    const double limit = ctx->saved_data["limit"].toDouble(), alpha = ctx->saved_data["alpha"].toDouble();
     at::Tensor g = saved[0].to(ct), u = saved[1].to(ct), dy = grad[0].to(ct);
-    at::Tensor s = at::sigmoid(g);  // recomputed, not stored
-    at::Tensor dgate, dup;
-    if (ctx->needs_input_grad(1)) dup = (dy * g * s).to(saved[1].scalar_type());  // dy * silu(gate)
-    if (ctx->needs_input_grad(0)) {
-      // d silu(g) / dg = s * (1 + g * (1 - s))
-      at::Tensor dsilu = (1 - s).mul_(g).add_(1).mul_(s);
-      dgate = dsilu.mul_(dy).mul_(u).to(saved[0].scalar_type());
+    // Clamped: g = min(gate, limit) and u = clamp(up) + 1 (gradients through where the clamps pass
+    // the input, bounds included, as ATen's clamp), and silu at alpha: g * sigmoid(alpha g).
+    at::Tensor gate_passes, up_passes;
+    if (limit > 0) {
+      gate_passes = g <= limit;
+      up_passes = (u >= -limit).logical_and_(u <= limit);
+      g = g.clamp_max(limit);
+      u = u.clamp(-limit, limit).add_(1);
     }
-    return {dgate, dup};
+    at::Tensor s = at::sigmoid(g * alpha);  // recomputed, not stored
+    at::Tensor dgate, dup;
+    if (ctx->needs_input_grad(1)) {
+      at::Tensor d = dy * g * s;  // dy * silu_alpha(g)
+      if (up_passes.defined()) d.mul_(up_passes);
+      dup = d.to(saved[1].scalar_type());
+    }
+    if (ctx->needs_input_grad(0)) {
+      // d (g sigmoid(alpha g)) / dg = s * (1 + alpha g (1 - s))
+      at::Tensor dsilu = (1 - s).mul_(g).mul_(alpha).add_(1).mul_(s);
+      at::Tensor d = dsilu.mul_(dy).mul_(u);
+      if (gate_passes.defined()) d.mul_(gate_passes);
+      dgate = d.to(saved[0].scalar_type());
+    }
+    return {dgate, dup, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -85,7 +110,9 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return RmsNorm::apply(x, weight, eps);
 }
 
-at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return SwiGlu::apply(gate, up); }
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up, double limit, double alpha) {
+  return SwiGlu::apply(gate, up, limit, alpha);
+}
 
 std::vector<at::Tensor> rms_norm_saved(const at::Tensor& out) { return saved_of<RmsNorm>(out); }
 std::vector<at::Tensor> swiglu_saved(const at::Tensor& out) { return saved_of<SwiGlu>(out); }

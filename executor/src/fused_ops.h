@@ -23,8 +23,10 @@ namespace dplan::executor {
 // y = x * rsqrt(mean(x^2, -1) + eps) * weight over the last dim; weight [x.size(-1)].
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
-// silu(gate) * up; gate and up of one shape and dtype.
-at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
+// silu(gate) * up; gate and up of one shape and dtype. limit > 0: gpt-oss's clamped form
+// (transformers GptOssExperts._apply_gate), (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)
+// with g = min(gate, limit), saving the same two tensors.
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up, double limit = 0, double alpha = 1);
 
 // The tensors an rms_norm / swiglu output's graph node holds for backward, in the orders
 // {x, weight, rstd} and {gate, up}; empty if `out` did not come from that function; throws once

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -11,6 +12,7 @@
 
 #include "attention.h"
 #include "dplan/costmodel/executor_support.h"
+#include "dplan/costmodel/rotary.h"
 #include "fused_ops.h"
 #include "recompute.h"
 #include "ring_attention.h"
@@ -52,6 +54,8 @@ void check_divisible_shapes(const costmodel::ModelSpec& model, int seq_len, cons
   require_divides(tp, model.num_heads, "num_heads");
   require_divides(tp, model.num_kv_heads, "num_kv_heads");
   require_divides(tp, model.ffn_hidden_size, "ffn_hidden_size");
+  if (model.dense_ffn_hidden_size > 0) require_divides(tp, model.dense_ffn_hidden_size, "the dense layers' intermediate_size");
+  if (model.shared_expert_ffn_size > 0) require_divides(tp, model.shared_expert_ffn_size, "the shared expert's width");
   const int cp = std::max(1, ctx.cp.size());
   // Context parallel: 2*cp chunks of the sequence, two per cp rank (ring_attention.h); the planner's
   // rule (costmodel check_context_parallel) refuses such plans first.
@@ -62,6 +66,13 @@ void check_divisible_shapes(const costmodel::ModelSpec& model, int seq_len, cons
   if (seq_len > model.max_seq_len && model.position == PositionKind::learned)
     throw std::invalid_argument("seq_len " + std::to_string(seq_len) + " exceeds the model's learned positions (" +
                                 std::to_string(model.max_seq_len) + ")");
+}
+// The keys each of s queries sees under a causal sliding window of `window` keys (attention.h),
+// as SDPA's boolean mask [s, s]: true where query i sees key j, j <= i and i - j < window.
+at::Tensor window_mask(int64_t s, int64_t window, at::Device device) {
+  at::Tensor i = at::arange(s, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(1);
+  at::Tensor j = i.view({1, s});
+  return (j <= i).logical_and_(i - j < window);
 }
 }  // namespace
 
@@ -115,10 +126,23 @@ class GptStage::Builder {
     attention(b, p);
     b.norm2_w = replicated(p + "norm2.weight", H_, 1.0);
     if (ln_) b.norm2_b = replicated(p + "norm2.bias", H_, 0.0);
-    if (model_.is_moe())
+    // An MoE model's dense layers (Qwen's mlp_only_layers, DeepSeek's first k) have a dense MLP of
+    // their own width; its MoE layers the experts, and the shared expert where the model has one.
+    b.moe_layer = model_.is_moe() && !model_.is_dense_layer(layer);
+    if (b.moe_layer) {
       moe_mlp(b, p);
-    else
-      dense_mlp(b, p);
+      if (model_.shared_expert_ffn_size > 0) {
+        b.shared = dense_mlp(p + "mlp.shared.", model_.shared_expert_ffn_size);
+        // Qwen2MoeSparseMoeBlock.shared_expert_gate: sigmoid(x w) scales the shared expert's output.
+        if (model_.shared_expert_gate) b.shared_gate_w = add(p + "mlp.shared_gate.weight",
+                                                             draw(seed_, p + "mlp.shared_gate.weight", {1, H_}, kInitStd), true, true);
+      }
+    } else {
+      b.mlp = dense_mlp(p + "mlp.", model_.is_moe() ? model_.dense_ffn_hidden_size : model_.ffn_hidden_size);
+    }
+    // A window as long as the sequence hides nothing: such a layer runs full causal attention.
+    const int window = model_.attention_window(layer);
+    if (window > 0 && window < s_.seq_len_) b.window = window;
     s_.blocks_.push_back(b);
     ++s_.num_units_;
   }
@@ -138,14 +162,14 @@ class GptStage::Builder {
   }
 
   void rotary_tables() {
-    const int64_t d = model_.head_dim;
     const int cp = std::max(1, ctx_.cp.size());
-    // RoFormer (Su et al. 2021) frequencies theta^(-2i/d) at the model's base (rope_theta).
-    at::Tensor inv = 1.0 / at::pow(model_.rope_theta, at::arange(0, d, 2, at::kDouble) / double(d));
-    // [s, d/2] at this cp rank's tokens' true positions (the whole sequence when cp is 1).
+    // The model's frequencies over its rotary dims, scaled as its config says (costmodel/rotary.h).
+    const costmodel::RotaryFrequencies freq = costmodel::rotary_frequencies(model_);
+    at::Tensor inv = at::tensor(freq.inv_freq, at::kDouble);
+    // [s, rotary dims / 2] at this cp rank's tokens' true positions (the whole sequence when cp is 1).
     at::Tensor angles = at::outer(cp_chunks(at::arange(s_.seq_len_, at::kDouble), 0, cp, ctx_.cp.rank()), inv);
-    s_.rope_cos_ = angles.cos().to(ctx_.device, ctx_.dtype);
-    s_.rope_sin_ = angles.sin().to(ctx_.device, ctx_.dtype);
+    s_.rope_cos_ = (angles.cos() * freq.attention_scale).to(ctx_.device, ctx_.dtype);
+    s_.rope_sin_ = (angles.sin() * freq.attention_scale).to(ctx_.device, ctx_.dtype);
   }
 
  private:
@@ -155,7 +179,7 @@ class GptStage::Builder {
                  GlobalSlice slice = {}) {
     at::Tensor t = local.to(ctx_.device, ctx_.dtype).contiguous().clone().set_requires_grad(true);
     if (slice.shape.empty()) slice.shape = local.sizes().vec();
-    s_.params_.push_back({name, t, decay, replicated && sp_, tied, replicated, false, slice});
+    s_.params_.push_back({name, t, decay, replicated && sp_, tied, replicated, false, false, slice});
     s_.unit_of_param_.push_back(s_.num_units_);
     return t;
   }
@@ -188,6 +212,8 @@ class GptStage::Builder {
       b.qkv_b = add(p + "attn.qkv.bias", at::zeros({q.size(0) + 2 * k.size(0)}), false, false, false,
                     tp_slice({qkv_dim}, 0, qkv_rows));
     b.proj_w = split(p + "attn.proj.weight", {H_, model_.q_dim()}, out_std_, 1, true);
+    // gpt-oss's sinks: one logit per head, split with the heads.
+    if (model_.attention_sinks) b.sinks = split(p + "attn.sinks", {model_.num_heads}, kInitStd, 0, false);
     if (model_.out_bias) b.proj_b = replicated(p + "attn.proj.bias", H_, 0.0);
     if (model_.qk_norm) {
       // Qwen3's q_norm and k_norm: RMSNorm(head_dim), the same on every tp rank; each rank normalises
@@ -202,12 +228,18 @@ class GptStage::Builder {
     }
   }
 
-  void dense_mlp(Block& b, const std::string& p) {
-    b.fc1_w = split(p + "mlp.fc1.weight", {F_, H_}, kInitStd, 0, true);
-    if (model_.mlp_bias) b.fc1_b = split(p + "mlp.fc1.bias", {F_}, 0, 0, false);
-    if (model_.mlp == MlpKind::swiglu) b.gate_w = split(p + "mlp.gate.weight", {F_, H_}, kInitStd, 0, true);
-    b.fc2_w = split(p + "mlp.fc2.weight", {H_, F_}, out_std_, 1, true);
-    if (model_.mlp_bias) b.fc2_b = replicated(p + "mlp.fc2.bias", H_, 0.0);
+  // A dense MLP of width f under the name prefix p ("layers.3.mlp.", "layers.3.mlp.shared.").
+  DenseMlp dense_mlp(const std::string& p, int64_t f) {
+    DenseMlp m;
+    m.fc1_w = split(p + "fc1.weight", {f, H_}, kInitStd, 0, true);
+    if (model_.mlp_bias) m.fc1_b = split(p + "fc1.bias", {f}, 0, 0, false);
+    if (model_.mlp == MlpKind::swiglu) {
+      m.gate_w = split(p + "gate.weight", {f, H_}, kInitStd, 0, true);
+      if (model_.mlp_bias) m.gate_b = split(p + "gate.bias", {f}, 0, 0, false);
+    }
+    m.fc2_w = split(p + "fc2.weight", {H_, f}, out_std_, 1, true);
+    if (model_.mlp_bias) m.fc2_b = replicated(p + "fc2.bias", H_, 0.0);
+    return m;
   }
 
   void moe_mlp(Block& b, const std::string& p) {
@@ -220,6 +252,10 @@ class GptStage::Builder {
                                   std::to_string(etp));
     b.moe.router = add(p + "mlp.router.weight", draw(seed_, p + "mlp.router.weight", {E, H_}, kInitStd), true, true);
     s_.params_.back().sequence_parallel_partial = tp_ > 1;
+    if (model_.router_bias) {  // gpt-oss's GptOssTopKRouter.bias, drawn as its weight
+      b.moe.router_bias = add(p + "mlp.router.bias", draw(seed_, p + "mlp.router.bias", {E}, kInitStd), false, true);
+      s_.params_.back().sequence_parallel_partial = tp_ > 1;
+    }
     // This ep rank's experts, each drawn whole from its global name and cut to this etp rank's slice.
     b.moe.first_expert = static_cast<int>(ctx_.ep.rank() * local);
     auto expert = [&](const std::string& name, at::IntArrayRef shape, double std, int64_t dim) {
@@ -233,6 +269,18 @@ class GptStage::Builder {
       b.moe.gate.push_back(expert(e + "gate.weight", {F_, H_}, kInitStd, 0));
       b.moe.up.push_back(expert(e + "up.weight", {F_, H_}, kInitStd, 0));
       b.moe.down.push_back(expert(e + "down.weight", {H_, F_}, out_std_, 1));
+      if (model_.mlp_bias) {  // gpt-oss's gate_up_proj_bias and down_proj_bias, zero as it starts them
+        auto bias = [&](const std::string& name, int64_t n, int parts) {
+          at::Tensor t = add(name, shard(at::zeros({n}), 0, parts, parts > 1 ? er : 0), false, false, false,
+                             GlobalSlice{{n}, 0, parts, parts > 1 ? er : 0, {}});
+          s_.params_.back().expert = true;
+          return t;
+        };
+        b.moe.gate_b.push_back(bias(e + "gate.bias", F_, etp));
+        b.moe.up_b.push_back(bias(e + "up.bias", F_, etp));
+        b.moe.down_b.push_back(bias(e + "down.bias", H_, 1));
+        s_.params_.back().etp_replicated = etp > 1;
+      }
     }
   }
 
@@ -339,12 +387,7 @@ at::Tensor GptStage::attention(const Block& blk, const at::Tensor& x_in) const {
     q = rms_norm(q.transpose(1, 2), blk.q_norm_w, model_.norm_eps).transpose(1, 2);
     k = rms_norm(k.transpose(1, 2), blk.k_norm_w, model_.norm_eps).transpose(1, 2);
   }
-  if (rope_cos_.defined()) {  // rotate-half convention (GPT-NeoX, Llama)
-    at::Tensor cos = rope_cos_.narrow(0, 0, s), sin = rope_sin_.narrow(0, 0, s);
-    auto rotate = [&](const at::Tensor& t) {
-      auto halves = t.chunk(2, -1);
-      return at::cat({halves[0] * cos - halves[1] * sin, halves[1] * cos + halves[0] * sin}, -1);
-    };
+  if (rope_cos_.defined()) {
     q = rotate(q);
     k = rotate(k);
   }
@@ -354,27 +397,48 @@ at::Tensor GptStage::attention(const Block& blk, const at::Tensor& x_in) const {
     // (Megatron-Core runs context parallel only through Transformer Engine's fused attention; the
     // cost model prices it so, activations.cpp); nothing quadratic is stored, so selective
     // recompute has nothing to drop.
-    ctx = ring_attention(q, k, v, ctx_.cp, &ctx_.clock);
+    // Attention dropout's masks from one seed drawn here, from the generator recompute restores.
+    AttentionDropout dropout;
+    if (model_.attention_dropout > 0)
+      dropout = {model_.attention_dropout,
+                 static_cast<uint64_t>(at::empty({1}, q.options().dtype(at::kLong)).random_().item<int64_t>())};
+    ctx = ring_attention(q, k, v, ctx_.cp, &ctx_.clock, blk.window, blk.sinks, dropout);
   } else if (ctx_.attention == costmodel::Attention::flash) {
     // Nothing quadratic is stored, so selective recompute has nothing to drop (Megatron's practice
     // with flash attention); grouped K/V stay at kv-head width.
-    ctx = flash_core(q, k, v);
+    ctx = flash_core(q, k, v, blk.window, blk.sinks);
   } else {
     if (kv_heads < heads) {  // grouped-query attention: each key/value head serves heads/kv_heads queries
       k = k.repeat_interleave(heads / kv_heads, 1);
       v = v.repeat_interleave(heads / kv_heads, 1);
     }
     ctx = ctx_.recompute == costmodel::Recompute::selective
-              ? recompute([this](const std::vector<at::Tensor>& in) { return attention_core(in[0], in[1], in[2]); },
-                          {q, k, v}, &ctx_.clock)
-              : attention_core(q, k, v);
+              ? recompute([this, &blk](const std::vector<at::Tensor>& in) {
+                  return attention_core(in[0], in[1], in[2], blk.window, blk.sinks);
+                }, {q, k, v}, &ctx_.clock)
+              : attention_core(q, k, v, blk.window, blk.sinks);
     ctx = ctx.transpose(1, 2).reshape({b, s, heads * d});
   }
   return row_parallel(ctx, blk.proj_w, blk.proj_b);
 }
 
-// Flash attention: [b, s, heads * d] out of q [b, heads, s, d] and k, v [b, kv_heads, s, d].
-at::Tensor GptStage::flash_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const {
+// Rotary embedding of q or k [b, heads, s, d] at this rank's positions, rotate-half convention
+// (GPT-NeoX, Llama: transformers' apply_rotary_pos_emb), on the first rotary_width dims of each
+// head (partial rotary: Nemotron, GPT-NeoX), the rest passed through.
+at::Tensor GptStage::rotate(const at::Tensor& t) const {
+  const int64_t s = t.size(2), d = t.size(3), rot = model_.rotary_width();
+  at::Tensor cos = rope_cos_.narrow(0, 0, s), sin = rope_sin_.narrow(0, 0, s);
+  auto halves = (rot < d ? t.narrow(-1, 0, rot) : t).chunk(2, -1);
+  at::Tensor out = at::cat({halves[0] * cos - halves[1] * sin, halves[1] * cos + halves[0] * sin}, -1);
+  return rot < d ? at::cat({out, t.narrow(-1, rot, d - rot)}, -1) : out;
+}
+
+// Flash attention: [b, s, heads * d] out of q [b, heads, s, d] and k, v [b, kv_heads, s, d];
+// window > 0: a sliding window; sinks: attention sinks (attention.h).
+at::Tensor GptStage::flash_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
+                                const at::Tensor& sinks) const {
+  // SDPA has no sinks: ours on every device.
+  if (sinks.defined()) return flash_attention(q, k, v, 64, model_.attention_dropout, window, sinks);
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
   // The fused kernel (FlashAttention-2 where it applies); grouped K/V through enable_gqa (PyTorch
   // 2.5+, torch.nn.functional.scaled_dot_product_attention's docs), whose flash kernel reads them
@@ -382,60 +446,102 @@ at::Tensor GptStage::flash_core(const at::Tensor& q, const at::Tensor& k, const 
   // kernel (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp) saves what ours does (q, k, v, the
   // output, the log-sum-exp) and runs as one fused loop; with dropout, ours, whose masks recompute
   // and checkpoints replay from the generator.
-  if (q.is_cuda() || model_.attention_dropout == 0) {
+  // A sliding window on the CPU: ours, which multiplies only the keys in the window (ATen's CPU
+  // kernel would run a mask over every key); on CUDA the fused kernels take it as a boolean mask.
+  if (q.is_cuda() || (model_.attention_dropout == 0 && window == 0)) {
     // SDPA saves its inputs as given: a strided view into the fused QKV projection (v always, q and
     // k without rotary) would keep that whole tensor alive. Copies of such views, as flash_attention
     // makes (attention.h), leave saved exactly q, k, v at their own widths; laid out as
     // [b, s, heads, d], the flash kernels' own layout, in which the CPU kernel then writes its output
     // too (it follows q's), so that [b, s, heads * d] below is a view of it, not a copy.
     auto bshd = [](const at::Tensor& t) { return t.transpose(1, 2).contiguous().transpose(1, 2); };
-    at::Tensor out = at::scaled_dot_product_attention(bshd(q), bshd(k), bshd(v), {}, model_.attention_dropout,
-                                                      /*is_causal=*/true, /*scale=*/std::nullopt,
+    std::optional<at::Tensor> mask;
+    if (window > 0) mask = window_mask(q.size(2), window, q.device());
+    at::Tensor out = at::scaled_dot_product_attention(bshd(q), bshd(k), bshd(v), mask, model_.attention_dropout,
+                                                      /*is_causal=*/window == 0, /*scale=*/std::nullopt,
                                                       /*enable_gqa=*/k.size(1) != q.size(1));
     return out.transpose(1, 2).reshape({q.size(0), q.size(2), q.size(1) * q.size(3)});
   }
 #elif TORCH_VERSION_MAJOR >= 2
   if (q.is_cuda() && k.size(1) == q.size(1)) {  // the fused kernel (FlashAttention-2 where it applies)
-    at::Tensor out = at::scaled_dot_product_attention(q, k, v, {}, model_.attention_dropout, /*is_causal=*/true);
+    c10::optional<at::Tensor> mask;
+    if (window > 0) mask = window_mask(q.size(2), window, q.device());
+    at::Tensor out = at::scaled_dot_product_attention(q, k, v, mask, model_.attention_dropout, /*is_causal=*/window == 0);
     return out.transpose(1, 2).reshape({q.size(0), q.size(2), q.size(1) * q.size(3)});
   }
 #endif
-  return flash_attention(q, k, v, 64, model_.attention_dropout);
+  return flash_attention(q, k, v, 64, model_.attention_dropout, window);
 }
 
 // softmax(q k^T / sqrt(d) + causal mask) v, per head: what selective recompute recomputes.
-at::Tensor GptStage::attention_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const {
+at::Tensor GptStage::attention_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    int64_t window, const at::Tensor& sinks) const {
   const int64_t s = q.size(2);
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(q.size(3))));
-  at::Tensor future = at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu(1);
-  at::Tensor probs = at::softmax(scores.masked_fill(future, -std::numeric_limits<float>::infinity()), -1);
+  at::Tensor hidden = window > 0 ? window_mask(s, window, q.device()).logical_not()
+                                 : at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu(1);
+  scores = scores.masked_fill(hidden, -std::numeric_limits<float>::infinity());
+  at::Tensor probs;
+  if (sinks.defined()) {  // gpt-oss's eager_attention_forward: a sink column in the softmax, dropped after it
+    at::Tensor column = sinks.to(scores.scalar_type()).view({1, -1, 1, 1}).expand({q.size(0), -1, s, 1});
+    probs = at::softmax(at::cat({scores, column}, -1), -1).narrow(-1, 0, s);
+  } else {
+    probs = at::softmax(scores, -1);
+  }
   if (model_.attention_dropout > 0) probs = at::dropout(probs, model_.attention_dropout, true);
   return at::matmul(probs, v);
 }
 
 at::Tensor GptStage::mlp(const Block& blk, const at::Tensor& x_in) const {
-  if (model_.is_moe()) return moe_mlp(model_, blk.moe, x_in, seq_len_, aux_scale_, ctx_, moe_counts_);
+  if (!blk.moe_layer) return dense_mlp(blk.mlp, x_in);
+  at::Tensor y = moe_mlp(model_, blk.moe, x_in, seq_len_, aux_scale_, ctx_, moe_counts_);
+  if (!blk.shared.fc1_w.defined()) return y;
+  // The shared expert runs on every token beside the routed ones (DeepSeekMoE, arXiv 2401.06066;
+  // Qwen2MoeSparseMoeBlock), split over tp as any dense MLP; Qwen2-MoE scales it by its gate.
+  at::Tensor shared = dense_mlp(blk.shared, x_in);
+  if (blk.shared_gate_w.defined()) {
+    // The gate's input is this rank's tokens (the sequence-parallel shard, or all of them).
+    shared = shared * at::sigmoid(at::linear(x_in, blk.shared_gate_w));
+  }
+  return y + shared;
+}
+
+at::Tensor GptStage::dense_mlp(const DenseMlp& w, const at::Tensor& x_in) const {
   at::Tensor h;
   if (model_.mlp == MlpKind::swiglu) {
-    auto up_gate = column_parallel(x_in, {blk.fc1_w, blk.gate_w}, {blk.fc1_b});
+    auto up_gate = column_parallel(x_in, {w.fc1_w, w.gate_w}, {w.fc1_b, w.gate_b});
     h = swiglu(up_gate[1], up_gate[0]);  // Shazeer 2020: down(silu(gate x) * up x); saves gate and up only
   } else {
-    // GELU exact (erf), or its tanh approximation where the config names one (GPT-2's gelu_new).
-    h = at::gelu(column_parallel(x_in, {blk.fc1_w}, {blk.fc1_b})[0], *costmodel::gelu_approximation(model_.activation));
+    at::Tensor up = column_parallel(x_in, {w.fc1_w}, {w.fc1_b})[0];
+    if (model_.activation == "relu2") {
+      h = at::relu(up).square();  // squared ReLU (So et al. 2021, Primer): Nemotron's relu2
+    } else if (model_.activation == "relu") {
+      h = at::relu(up);
+    } else {
+      // GELU exact (erf), or its tanh approximation where the config names one (GPT-2's gelu_new).
+      h = at::gelu(up, *costmodel::gelu_approximation(model_.activation));
+    }
   }
-  return row_parallel(h, blk.fc2_w, blk.fc2_b);
+  return row_parallel(h, w.fc2_w, w.fc2_b);
 }
 
 at::Tensor GptStage::head_loss(const at::Tensor& x_in, const at::Tensor& targets, double loss_scale) {
   Group& tp = ctx_.tp;
   at::Tensor logits = column_parallel(norm(x_in, final_norm_w_, final_norm_b_), {head_w_}, {})[0];  // [b, s, V/tp]
   const int64_t local = head_w_.size(0);
+  if (keep_logits_) {
+    const int64_t real = std::clamp<int64_t>(model_.vocab_size - int64_t(tp.rank()) * local, 0, local);
+    kept_logits_.push_back(logits.detach().narrow(-1, 0, real).to(at::kFloat).clone());
+  }
   at::Tensor per_token = vocab_parallel_cross_entropy(logits.reshape({-1, local}), targets.to(ctx_.device).reshape({-1}),
                                                       int64_t(tp.rank()) * local, model_.vocab_size, tp, ctx_.clock);
   return per_token.sum() * loss_scale;
 }
 
 at::Tensor GptStage::layer(const Block& blk, const at::Tensor& x_in) const {
+  // GPT-NeoX's parallel residual (GPTNeoXLayer with use_parallel_residual): both from the same x.
+  if (model_.parallel_residual)
+    return x_in + attention(blk, norm(x_in, blk.norm1_w, blk.norm1_b)) + mlp(blk, norm(x_in, blk.norm2_w, blk.norm2_b));
   at::Tensor x = x_in + attention(blk, norm(x_in, blk.norm1_w, blk.norm1_b));
   return x + mlp(blk, norm(x, blk.norm2_w, blk.norm2_b));
 }

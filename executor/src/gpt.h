@@ -1,8 +1,10 @@
 // One pipeline stage of a GPT-style decoder, split over a tensor-parallel group in Megatron's way:
 // vocabulary-parallel embedding and LM head, column-parallel QKV and first MLP matrices,
 // row-parallel output projections, replicated norms and row-parallel biases; sequence parallel
-// optional. Pre-norm blocks: x += attn(norm1(x)); x += mlp(norm2(x)). Multi-head or grouped-query
-// attention, GELU or SwiGLU MLP, LayerNorm or RMSNorm, learned or rotary positions, as the
+// optional. Pre-norm blocks: x += attn(norm1(x)); x += mlp(norm2(x)), or GPT-NeoX's parallel
+// residual x += attn(norm1(x)) + mlp(norm2(x)). Multi-head or grouped-query attention (q/k norms,
+// sliding windows on the model's windowed layers), a GELU, ReLU or squared-ReLU MLP or a SwiGLU one,
+// LayerNorm or RMSNorm, learned or rotary positions (partial, scaled: costmodel/rotary.h), as the
 // model spec says.
 //
 // Every parameter is initialised from its global name and the seed alone (the full matrix is drawn,
@@ -75,6 +77,7 @@ struct Parameter {
   // An MoE expert's weight: this rank holds its ep rank's experts (etp slice); its gradient is
   // summed and ZeRO-sharded over ctx.edp, not dp (moe.h).
   bool expert = false;
+  bool etp_replicated = false;  // an expert's parameter every etp rank holds whole (its down bias)
   GlobalSlice slice;            // the part of the global tensor this rank holds
 };
 
@@ -116,13 +119,29 @@ class GptStage {
   int num_units() const { return num_units_; }
   void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
   int64_t padded_vocab() const { return padded_vocab_; }
+  // While on, the head keeps each micro-batch's logits (fp32, [b, s, this rank's vocabulary slice
+  // without padding]) for --save-reference; turning it off drops them.
+  void keep_logits(bool on) {
+    keep_logits_ = on;
+    if (!on) kept_logits_.clear();
+  }
+  const std::vector<at::Tensor>& kept_logits() const { return kept_logits_; }
   const MoeCounts& moe_counts() const { return moe_counts_; }
 
  private:
+  // A dense MLP, split over tp: fc1 (the up projection) and, gated, its gate; fc2 the down one.
+  struct DenseMlp {
+    at::Tensor fc1_w, fc1_b, gate_w, gate_b, fc2_w, fc2_b;
+  };
   struct Block {
-    at::Tensor norm1_w, norm1_b, qkv_w, qkv_b, proj_w, proj_b, q_norm_w, k_norm_w;
-    at::Tensor norm2_w, norm2_b, fc1_w, fc1_b, gate_w, fc2_w, fc2_b;
-    MoeWeights moe;  // an MoE model's MLP (then fc1 ... fc2 are undefined)
+    at::Tensor norm1_w, norm1_b, qkv_w, qkv_b, proj_w, proj_b, q_norm_w, k_norm_w, sinks;
+    at::Tensor norm2_w, norm2_b;
+    bool moe_layer = false;
+    DenseMlp mlp;     // a dense layer's MLP
+    MoeWeights moe;   // an MoE layer's router and experts,
+    DenseMlp shared;  // its shared expert where the model has one (fc1 undefined: none),
+    at::Tensor shared_gate_w;  // and Qwen2-MoE's sigmoid gate on it [1, h]
+    int64_t window = 0;  // a sliding window shorter than the sequence (attention.h), 0: none
   };
   at::Tensor& add(const std::string& name, at::Tensor full, int64_t split_dim, bool decay, bool replicated);
   at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const;
@@ -132,10 +151,14 @@ class GptStage {
   at::Tensor leave_tp(const at::Tensor& partial, const at::Tensor& bias) const;
   at::Tensor row_parallel(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias) const;
   at::Tensor attention(const Block& blk, const at::Tensor& x) const;
-  at::Tensor attention_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;
-  at::Tensor flash_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;
+  at::Tensor attention_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
+                            const at::Tensor& sinks) const;
+  at::Tensor flash_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
+                        const at::Tensor& sinks) const;
+  at::Tensor rotate(const at::Tensor& t) const;
   at::Tensor layer(const Block& blk, const at::Tensor& x) const;
   at::Tensor mlp(const Block& blk, const at::Tensor& x) const;
+  at::Tensor dense_mlp(const DenseMlp& w, const at::Tensor& x) const;
   at::Tensor embed(const at::Tensor& tokens);
   at::Tensor head_loss(const at::Tensor& x, const at::Tensor& targets, double loss_scale);
   class Builder;  // the constructor's parts (gpt.cpp)
@@ -157,6 +180,8 @@ class GptStage {
   at::Tensor wte_, wpe_, final_norm_w_, final_norm_b_, head_w_;
   at::Tensor rope_cos_, rope_sin_;
   mutable MoeCounts moe_counts_;
+  bool keep_logits_ = false;
+  std::vector<at::Tensor> kept_logits_;
   double aux_scale_ = 0;  // this forward's loss_scale x seq_len (moe.h)
 };
 

@@ -311,7 +311,8 @@ double GradSync::clip_grad_norm(double max_norm) {
   auto sum_sq_of = [&](const Parameter& p) -> at::Tensor& { return p.expert ? expert_sq : dense_sq; };
   const bool last_stage_copy = ctx_.has_embedding_group && ctx_.stage == ctx_.num_stages - 1;
   auto counted = [&](const Parameter& p) {
-    return !(p.tp_replicated && ctx_.tp.rank() != 0) && !(p.tied_embedding && last_stage_copy);
+    return !(p.tp_replicated && ctx_.tp.rank() != 0) && !(p.etp_replicated && ctx_.etp.rank() != 0) &&
+           !(p.tied_embedding && last_stage_copy);
   };
   if (zero_stage_ >= 2) {
     for (auto& b : buckets_) {
@@ -442,6 +443,7 @@ std::vector<GradSync::StatePiece> GradSync::state_pieces() {
       const int64_t first = std::max(lo, offset), last = std::min(hi, offset + numel);
       if (first < last) {
         const bool writes = owner && (!p.tp_replicated || ctx_.tp.rank() == 0) &&
+                            (!p.etp_replicated || ctx_.etp.rank() == 0) &&
                             !(p.tied_embedding && ctx_.has_embedding_group && ctx_.stage != 0);
         out.push_back({i, first - offset, last - first, weights.narrow(0, first - lo, last - first),
                        b.master.narrow(0, first - lo, last - first), writes});

@@ -23,7 +23,8 @@ using costmodel::ModelSpec;
 using costmodel::NormKind;
 using costmodel::PositionKind;
 
-const std::vector<std::string> kLlamaLike = {"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe"};
+const std::vector<std::string> kLlamaLike = {"llama",     "mistral",   "qwen2",    "qwen3",  "mixtral",
+                                             "qwen2_moe", "qwen3_moe", "nemotron", "gpt_oss"};
 
 bool is_llama_like(const ModelSpec& m) {
   return std::find(kLlamaLike.begin(), kLlamaLike.end(), m.family) != kLlamaLike.end();
@@ -38,17 +39,44 @@ std::string joined(const std::vector<std::string>& names) {
   return out;
 }
 
-// transformers' modeling_llama.py LlamaForCausalLM and the families built from its modules.
+// gpt-oss's GptOssMLP (modeling_gpt_oss.py): a biased router, and the experts stacked, x @ W:
+// gate_up_proj [E, h, 2f] with each expert's gate and up columns interleaved (gate even, up odd;
+// GptOssExperts._apply_gate), gate_up_proj_bias [E, 2f], down_proj [E, f, h], down_proj_bias [E, h].
+void gpt_oss_experts(const ModelSpec& m, const std::string& d, const std::string& b, std::vector<HfParameter>& out) {
+  const int64_t H = m.hidden_size, F = m.ffn_hidden_size, E = m.num_experts;
+  out.push_back({d + "mlp.router.weight", {{b + "router.weight", {E, H}}}, false});
+  out.push_back({d + "mlp.router.bias", {{b + "router.bias", {E}}}, false});
+  const std::string x = b + "experts.";
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string p = d + "mlp.experts." + std::to_string(e) + ".";
+    for (int64_t which : {0, 1}) {  // gate, up
+      const std::string name = p + (which == 0 ? "gate" : "up");
+      out.push_back({name + ".weight", {{x + "gate_up_proj", {E, H, 2 * F}, e, which, 2}}, true});
+      out.push_back({name + ".bias", {{x + "gate_up_proj_bias", {E, 2 * F}, e, which, 2}}, false});
+    }
+    out.push_back({p + "down.weight", {{x + "down_proj", {E, F, H}, e}}, true});
+    out.push_back({p + "down.bias", {{x + "down_proj_bias", {E, H}, e}}, false});
+  }
+}
+
+// transformers' modeling_llama.py LlamaForCausalLM and the families built from its modules;
+// Nemotron's (modeling_nemotron.py) has the same names, with LayerNorm1P norms (a bias, and the
+// scale stored minus 1) and an ungated MLP.
 std::vector<HfParameter> llama_like(const ModelSpec& m, const std::string& prefix) {
   const int64_t H = m.hidden_size, V = m.vocab_size, q = m.q_dim(), kv = m.kv_dim(), F = m.ffn_hidden_size;
   std::vector<HfParameter> out;
   auto one = [&](const std::string& name, const std::string& hf, std::vector<int64_t> shape) {
     out.push_back({name, {{hf, std::move(shape)}}, false});
   };
+  auto norm = [&](const std::string& name, const std::string& hf) {
+    one(name + ".weight", hf + ".weight", {H});
+    if (m.family == "nemotron") out.back().offset = 1.0;
+    if (m.norm == NormKind::layernorm) one(name + ".bias", hf + ".bias", {H});
+  };
   one("wte", prefix + "embed_tokens.weight", {V, H});
   for (int i = 0; i < m.num_layers; ++i) {
     const std::string d = "layers." + std::to_string(i) + ".", h = prefix + "layers." + std::to_string(i) + ".";
-    one(d + "norm1.weight", h + "input_layernorm.weight", {H});
+    norm(d + "norm1", h + "input_layernorm");
     const std::string a = h + "self_attn.";
     out.push_back({d + "attn.qkv.weight", {{a + "q_proj.weight", {q, H}}, {a + "k_proj.weight", {kv, H}}, {a + "v_proj.weight", {kv, H}}}, false});
     if (m.qkv_bias)
@@ -59,11 +87,26 @@ std::vector<HfParameter> llama_like(const ModelSpec& m, const std::string& prefi
       one(d + "attn.q_norm.weight", a + "q_norm.weight", {m.head_dim});
       one(d + "attn.k_norm.weight", a + "k_norm.weight", {m.head_dim});
     }
-    one(d + "norm2.weight", h + "post_attention_layernorm.weight", {H});
-    if (m.is_moe()) {
+    norm(d + "norm2", h + "post_attention_layernorm");
+    if (m.attention_sinks) one(d + "attn.sinks", a + "sinks", {m.num_heads});
+    // A dense MLP of width f: its up (fc1), gate (gated) and down (fc2) projections and their biases.
+    auto dense = [&](const std::string& x, const std::string& y, int64_t f) {
+      one(x + "fc1.weight", y + "up_proj.weight", {f, H});
+      if (m.mlp_bias) one(x + "fc1.bias", y + "up_proj.bias", {f});
+      if (m.mlp == MlpKind::gated) {
+        one(x + "gate.weight", y + "gate_proj.weight", {f, H});
+        if (m.mlp_bias) one(x + "gate.bias", y + "gate_proj.bias", {f});
+      }
+      one(x + "fc2.weight", y + "down_proj.weight", {H, f});
+      if (m.mlp_bias) one(x + "fc2.bias", y + "down_proj.bias", {H});
+    };
+    if (m.family == "gpt_oss") {
+      gpt_oss_experts(m, d, h + "mlp.", out);
+    } else if (m.is_moe() && !m.is_dense_layer(i)) {
       // The checkpoint names: modeling_mixtral.py's block_sparse_moe (gate; experts.e.w1, w3, w2),
-      // modeling_qwen3_moe.py's mlp (gate; experts.e.gate_proj, up_proj, down_proj).
-      const bool qwen = m.family == "qwen3_moe";
+      // modeling_qwen{2,3}_moe.py's mlp (gate; experts.e.gate_proj, up_proj, down_proj; Qwen2-MoE's
+      // shared_expert and its shared_expert_gate).
+      const bool qwen = m.family != "mixtral";
       const std::string b = h + (qwen ? "mlp." : "block_sparse_moe.");
       const std::string gate = qwen ? "gate_proj" : "w1", up = qwen ? "up_proj" : "w3", down = qwen ? "down_proj" : "w2";
       one(d + "mlp.router.weight", b + "gate.weight", {m.num_experts, H});
@@ -73,14 +116,46 @@ std::vector<HfParameter> llama_like(const ModelSpec& m, const std::string& prefi
         one(x + "up.weight", y + up + ".weight", {F, H});
         one(x + "down.weight", y + down + ".weight", {H, F});
       }
+      if (m.shared_expert_ffn_size > 0) dense(d + "mlp.shared.", b + "shared_expert.", m.shared_expert_ffn_size);
+      if (m.shared_expert_gate) one(d + "mlp.shared_gate.weight", b + "shared_expert_gate.weight", {1, H});
     } else {
-      one(d + "mlp.fc1.weight", h + "mlp.up_proj.weight", {F, H});
-      one(d + "mlp.gate.weight", h + "mlp.gate_proj.weight", {F, H});
-      one(d + "mlp.fc2.weight", h + "mlp.down_proj.weight", {H, F});
+      dense(d + "mlp.", h + "mlp.", m.is_moe() ? m.dense_ffn_hidden_size : F);
     }
   }
-  one("final_norm.weight", prefix + "norm.weight", {H});
+  norm("final_norm", prefix + "norm");
   if (!m.tied_embeddings) one("lm_head.weight", "lm_head.weight", {V, H});
+  return out;
+}
+
+// transformers' modeling_gpt_neox.py GPTNeoXForCausalLM: one fused query_key_value per layer,
+// each head's q, k and v rows together; LayerNorms and biases throughout; embed_out the head.
+std::vector<HfParameter> gpt_neox(const ModelSpec& m, const std::string& prefix) {
+  const int64_t H = m.hidden_size, V = m.vocab_size, F = m.ffn_hidden_size, qkv = m.q_dim() + 2 * m.kv_dim();
+  std::vector<HfParameter> out;
+  auto one = [&](const std::string& name, const std::string& hf, std::vector<int64_t> shape) {
+    out.push_back({name, {{hf, std::move(shape)}}, false});
+  };
+  one("wte", prefix + "embed_in.weight", {V, H});
+  for (int i = 0; i < m.num_layers; ++i) {
+    const std::string d = "layers." + std::to_string(i) + ".", h = prefix + "layers." + std::to_string(i) + ".";
+    // A linear's weight [out, in] and, where the model has it, its bias [out].
+    auto linear = [&](const std::string& name, const std::string& hf, int64_t rows, int64_t cols, bool bias) {
+      one(d + name + ".weight", h + hf + ".weight", {rows, cols});
+      if (bias) one(d + name + ".bias", h + hf + ".bias", {rows});
+    };
+    one(d + "norm1.weight", h + "input_layernorm.weight", {H});
+    one(d + "norm1.bias", h + "input_layernorm.bias", {H});
+    linear("attn.qkv", "attention.query_key_value", qkv, H, m.qkv_bias);
+    for (size_t k = out.size() - (m.qkv_bias ? 2 : 1); k < out.size(); ++k) out[k].heads_interleaved = m.num_heads;
+    linear("attn.proj", "attention.dense", H, H, m.out_bias);
+    one(d + "norm2.weight", h + "post_attention_layernorm.weight", {H});
+    one(d + "norm2.bias", h + "post_attention_layernorm.bias", {H});
+    linear("mlp.fc1", "mlp.dense_h_to_4h", F, H, m.mlp_bias);
+    linear("mlp.fc2", "mlp.dense_4h_to_h", H, F, m.mlp_bias);
+  }
+  one("final_norm.weight", prefix + "final_layer_norm.weight", {H});
+  one("final_norm.bias", prefix + "final_layer_norm.bias", {H});
+  if (!m.tied_embeddings) one("lm_head.weight", "embed_out.weight", {V, H});
   return out;
 }
 
@@ -120,8 +195,10 @@ bool leftover(const ModelSpec& m, const std::string& name) {
   auto ends = [&](const std::string& tail) {
     return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
   };
-  return ends(".rotary_emb.inv_freq") || (m.family == "gpt2" && (ends(".attn.bias") || ends(".attn.masked_bias"))) ||
-         (m.tied_embeddings && name == "lm_head.weight");
+  const bool masks = (m.family == "gpt2" && (ends(".attn.bias") || ends(".attn.masked_bias"))) ||
+                     (m.family == "gpt_neox" && (ends(".attention.bias") || ends(".attention.masked_bias")));
+  return ends(".rotary_emb.inv_freq") || masks ||
+         (m.tied_embeddings && name == (m.family == "gpt_neox" ? "embed_out.weight" : "lm_head.weight"));
 }
 
 // The headers of the checkpoint's files: {checkpoint name: where it is}.
@@ -193,11 +270,12 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 }
 // A family or feature the mapping lacks: InputError.
 void check_readable(const ModelSpec& m) {
-  if (m.family == "gpt2") return;
+  if (m.family == "gpt_neox" && m.num_kv_heads != m.num_heads)  // transformers' GPT-NeoX has none
+    throw InputError("--init-from does not read a GPT-NeoX checkpoint with grouped-query attention: transformers' "
+                     "GPTNeoX has one key/value head per head");
+  if (m.family == "gpt2" || m.family == "gpt_neox") return;
   if (!is_llama_like(m))
     throw InputError("--init-from does not read " + m.family + " checkpoints yet; it reads " + joined(hf_init_families()));
-  if (m.mlp_bias)  // the executor's gated MLP has no bias on its gate (gpt.cpp dense_mlp)
-    throw InputError("--init-from does not read a gated MLP with biases (mlp_bias) yet");
 }
 
 }  // namespace
@@ -229,6 +307,7 @@ const std::vector<std::string>& hf_init_families() {
   static const std::vector<std::string> families = [] {
     std::vector<std::string> f = kLlamaLike;
     f.push_back("gpt2");
+    f.push_back("gpt_neox");
     return f;
   }();
   return families;
@@ -236,7 +315,7 @@ const std::vector<std::string>& hf_init_families() {
 
 std::vector<HfParameter> hf_parameters(const ModelSpec& m, const std::string& prefix) {
   check_readable(m);
-  return m.family == "gpt2" ? gpt2(m, prefix) : llama_like(m, prefix);
+  return m.family == "gpt2" ? gpt2(m, prefix) : m.family == "gpt_neox" ? gpt_neox(m, prefix) : llama_like(m, prefix);
 }
 
 HfCheckpoint read_hf_checkpoint(const std::string& path, const ModelSpec& m) {
@@ -244,8 +323,9 @@ HfCheckpoint read_hf_checkpoint(const std::string& path, const ModelSpec& m) {
   const std::vector<std::string> files = checkpoint_files(path);
   std::map<std::string, HfStored> stored = read_headers(files);
   // The names with or without the base model's prefix (a CausalLM's save, or its base model's).
-  const std::string base = m.family == "gpt2" ? "transformer." : "model.";
-  const std::string prefix = stored.count(base + (m.family == "gpt2" ? "wte.weight" : "embed_tokens.weight")) ? base : "";
+  const std::string base = m.family == "gpt2" ? "transformer." : m.family == "gpt_neox" ? "gpt_neox." : "model.";
+  const char* embedding = m.family == "gpt2" ? "wte.weight" : m.family == "gpt_neox" ? "embed_in.weight" : "embed_tokens.weight";
+  const std::string prefix = stored.count(base + embedding) ? base : "";
   HfCheckpoint out;
   out.parameters = hf_parameters(m, prefix);
   std::set<std::string> used;

@@ -5,8 +5,8 @@
 // load_hf_checkpoint (hf_load.h).
 //
 // The names are transformers' own (5.x, save_pretrained): modeling_llama.py and the families that
-// share its modules (mistral, qwen2, qwen3, mixtral, qwen3_moe), modeling_gpt2.py (whose Conv1D stores
-// weights as [in, out], transposed here).
+// share its modules (mistral, qwen2, qwen3, mixtral, qwen3_moe, nemotron, gpt_oss), modeling_gpt2.py (whose
+// Conv1D stores weights as [in, out], transposed here), modeling_gpt_neox.py.
 #pragma once
 
 #include <cstdint>
@@ -24,11 +24,18 @@ namespace dplan::executor {
 struct HfTensor {
   std::string name;             // in the checkpoint, e.g. "model.layers.0.self_attn.q_proj.weight"
   std::vector<int64_t> shape;   // as stored
+  // The part used: entry `select` of dim 0 (-1: all), then every `step`-th entry of the last dim
+  // from `start` (gpt-oss stores its experts stacked, each gate and up column interleaved).
+  int64_t select = -1, start = 0, step = 1;
 };
 struct HfParameter {
   std::string name;  // the executor's global name, e.g. "layers.0.attn.qkv.weight"
   std::vector<HfTensor> parts;
   bool transpose = false;
+  // GPT-NeoX's fused query_key_value holds each head's q, k and v rows together (heads x 3 x
+  // head_dim): regrouped into the executor's [all q; all k; all v] when this is the head count.
+  int64_t heads_interleaved = 0;
+  double offset = 0;  // added to the stored values: Nemotron's LayerNorm1P stores its scale minus 1
 };
 
 // The families whose checkpoints --init-from reads.

@@ -15,11 +15,21 @@ at::ScalarType scalar_type(const std::string& dtype) {
   return at::kDouble;  // F64: read_hf_checkpoint admits no other
 }
 
-// One stored tensor as fp32, read from its byte range alone.
-at::Tensor read_stored(const HfStored& s) {
-  at::Tensor raw = at::empty({static_cast<int64_t>(s.bytes)}, at::kByte);
-  read_file_range(s.file, s.offset, s.bytes, static_cast<char*>(raw.data_ptr()));
-  return raw.view(scalar_type(s.dtype)).view(s.shape).to(at::kFloat);  // safetensors is little-endian, as x86 and ARM
+// The part of one stored tensor `t` names, as fp32, read from its byte range alone (an entry of
+// dim 0 from that entry's bytes: a stack of experts is not read whole for each).
+at::Tensor read_stored(const HfStored& s, const HfTensor& t) {
+  std::vector<int64_t> shape = s.shape;
+  uint64_t offset = s.offset, bytes = s.bytes;
+  if (t.select >= 0) {
+    bytes = s.bytes / static_cast<uint64_t>(shape.at(0));
+    offset += bytes * static_cast<uint64_t>(t.select);
+    shape.erase(shape.begin());
+  }
+  at::Tensor raw = at::empty({static_cast<int64_t>(bytes)}, at::kByte);
+  read_file_range(s.file, offset, bytes, static_cast<char*>(raw.data_ptr()));
+  at::Tensor x = raw.view(scalar_type(s.dtype)).view(shape).to(at::kFloat);  // safetensors is little-endian, as x86 and ARM
+  if (t.step > 1) x = x.slice(-1, t.start, x.size(-1), t.step).contiguous();
+  return x;
 }
 
 }  // namespace
@@ -33,15 +43,47 @@ void load_hf_checkpoint(const HfCheckpoint& checkpoint, std::vector<Parameter>& 
     if (it == by_name.end()) throw std::logic_error("--init-from: no checkpoint tensor maps to " + p.name);
     std::vector<at::Tensor> parts;
     for (const HfTensor& t : it->second->parts) {
-      at::Tensor x = read_stored(checkpoint.stored.at(t.name));
+      at::Tensor x = read_stored(checkpoint.stored.at(t.name), t);
       parts.push_back(it->second->transpose ? x.t() : x);
     }
     at::Tensor global = parts.size() == 1 ? parts[0] : at::cat(parts, 0);
+    if (const int64_t heads = it->second->heads_interleaved; heads > 0) {  // [heads, 3, d, ...] -> [3, heads, d, ...]
+      std::vector<int64_t> grouped = {heads, 3, global.size(0) / (3 * heads)};
+      for (int64_t i = 1; i < global.dim(); ++i) grouped.push_back(global.size(i));
+      global = global.view(grouped).transpose(0, 1).reshape(global.sizes());
+    }
+    if (it->second->offset != 0) global = global + it->second->offset;
     if (global.sizes().vec() != p.slice.shape)
       throw std::logic_error("--init-from: " + p.name + " assembles to " + std::to_string(global.numel()) +
                              " elements of another shape than the model's");
     p.tensor.copy_(local_from_global(global, p.slice).view(p.tensor.sizes()));
   }
+}
+
+std::map<std::string, at::Tensor> to_hf_tensors(const HfCheckpoint& checkpoint,
+                                                const std::map<std::string, at::Tensor>& global, bool gradients) {
+  std::map<std::string, at::Tensor> out;
+  for (const HfParameter& p : checkpoint.parameters) {
+    at::Tensor g = global.at(p.name).to(at::kFloat);
+    if (!gradients && p.offset != 0) g = g - p.offset;
+    if (const int64_t heads = p.heads_interleaved; heads > 0) {  // [3, heads, d, ...] -> [heads, 3, d, ...]
+      std::vector<int64_t> grouped = {3, heads, g.size(0) / (3 * heads)};
+      for (int64_t i = 1; i < g.dim(); ++i) grouped.push_back(g.size(i));
+      g = g.reshape(grouped).transpose(0, 1).reshape(g.sizes());
+    }
+    int64_t row = 0;
+    for (const HfTensor& t : p.parts) {
+      at::Tensor& whole = out[t.name];
+      if (!whole.defined()) whole = at::zeros(t.shape, at::kFloat);
+      at::Tensor slot = t.select >= 0 ? whole.select(0, t.select) : whole;
+      if (t.step > 1) slot = slot.slice(-1, t.start, slot.size(-1), t.step);
+      const int64_t rows = p.transpose ? slot.size(-1) : slot.size(0);
+      at::Tensor piece = g.narrow(0, row, rows);
+      row += rows;
+      slot.copy_(p.transpose ? piece.t() : piece);
+    }
+  }
+  return out;
 }
 
 }  // namespace dplan::executor

@@ -179,16 +179,33 @@ Dispatch dispatch_counts(const at::Tensor& top_e, int64_t E, int64_t k, Parallel
   return d;
 }
 
+// x / parts forward, the gradient passed whole: a bias each of `parts` ranks adds to its partial
+// output before they are summed, so that the sum holds it once and every replica's gradient is
+// the whole bias's.
+struct ShareOfSum : torch::autograd::Function<ShareOfSum> {
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x, int64_t parts) { return x / double(parts); }
+  static variable_list backward(AutogradContext*, variable_list grad) { return {grad[0], at::Tensor()}; }
+};
+
+at::Tensor biased(const at::Tensor& x, const at::Tensor& w, const std::vector<at::Tensor>& biases, size_t l) {
+  return biases.empty() ? at::linear(x, w) : at::linear(x, w, biases[l]);
+}
+
 // Each local expert's output for its rows of `grouped` (the received rows ordered by expert, rows[l]
-// of them expert l's).
-std::vector<at::Tensor> expert_outputs(const MoeWeights& w, const at::Tensor& grouped, const std::vector<int64_t>& rows) {
+// of them expert l's): the partial sum over this etp rank's slice of ffn_hidden_size.
+std::vector<at::Tensor> expert_outputs(const costmodel::ModelSpec& model, const MoeWeights& w, const at::Tensor& grouped,
+                                       const std::vector<int64_t>& rows, int etp) {
   std::vector<at::Tensor> outs;
   int64_t first = 0;
   for (size_t l = 0; l < rows.size(); ++l) {
     at::Tensor in = grouped.narrow(0, first, rows[l]);
     first += rows[l];
-    // Shazeer 2020: down(silu(gate x) * up x), the dense MLP's SwiGLU (fused_ops.h).
-    outs.push_back(at::linear(swiglu(at::linear(in, w.gate[l]), at::linear(in, w.up[l])), w.down[l]));
+    // Shazeer 2020: down(silu(gate x) * up x), the dense MLP's SwiGLU (fused_ops.h); gpt-oss's clamped one.
+    at::Tensor h = swiglu(biased(in, w.gate[l], w.gate_b, l), biased(in, w.up[l], w.up_b, l), model.swiglu_limit,
+                          model.swiglu_limit > 0 ? model.swiglu_alpha : 1.0);
+    at::Tensor out = at::linear(h, w.down[l]);
+    if (!w.down_b.empty()) out = out + (etp > 1 ? ShareOfSum::apply(w.down_b[l], etp) : w.down_b[l]);
+    outs.push_back(out);
   }
   return outs;
 }
@@ -205,7 +222,8 @@ at::Tensor moe_mlp(const costmodel::ModelSpec& model, const MoeWeights& w, const
   at::Tensor tokens = x.reshape({b * s, H});
 
   // Router (fp32 softmax, as Megatron's moe_router_dtype and Hugging Face compute it).
-  at::Tensor probs = at::softmax(at::linear(tokens, w.router).to(at::kFloat), -1);  // [N, E]
+  at::Tensor logits = w.router_bias.defined() ? at::linear(tokens, w.router, w.router_bias) : at::linear(tokens, w.router);
+  at::Tensor probs = at::softmax(logits.to(at::kFloat), -1);  // [N, E]
   auto [top_p, top_e] = probs.topk(k, -1);                                            // [N, k]
   // MixtralSparseMoeBlock: routing_weights /= sum; Qwen-MoE's only with norm_topk_prob.
   if (model.moe_norm_topk_prob) top_p = top_p / top_p.sum(-1, true);
@@ -243,7 +261,7 @@ at::Tensor moe_mlp(const costmodel::ModelSpec& model, const MoeWeights& w, const
   at::Tensor by_expert = std::get<1>(at::sort(expert_of, /*stable=*/true, 0, false));
   std::vector<int64_t> rows = to_vector(at::bincount(expert_of, {}, d.local));
   at::Tensor grouped = received.index_select(0, by_expert);
-  std::vector<at::Tensor> outs = expert_outputs(w, grouped, rows);
+  std::vector<at::Tensor> outs = expert_outputs(model, w, grouped, rows, etp.size());
   at::Tensor out = at::cat(outs, 0).index_select(0, at::argsort(by_expert));  // back to arrival order
   if (etp_split) out = EtpRows::apply(out, &etp, &ctx.clock, etp_rows, false);
   at::Tensor back = d.n_ep > 1 ? AllToAll::apply(out, &ep, &ctx.clock, d.recv, d.send) : out;

@@ -1,7 +1,10 @@
 // A Mixtral-style mixture-of-experts MLP (Jiang et al. 2024, arXiv 2401.04088; Hugging Face
-// MixtralSparseMoeBlock): a router linear h -> E without bias, softmax over the E experts, the
-// top-k kept and their weights renormalised to sum 1, each expert a SwiGLU MLP of the model's
-// ffn_hidden_size, the token's output the weighted sum of its k experts' outputs. No capacity
+// MixtralSparseMoeBlock): a router linear h -> E, softmax over the E experts, the top-k kept and
+// their weights renormalised to sum 1 (where the model says: Qwen-MoE's norm_topk_prob), each
+// expert a SwiGLU MLP of the model's ffn_hidden_size, the token's output the weighted sum of its k
+// experts' outputs. gpt-oss's (GptOssMLP) is the same with biases on the router and the experts'
+// matrices and its clamped SwiGLU (ModelSpec::swiglu_limit): its softmax over the top-k logits is
+// the renormalised top-k of the softmax over all. No capacity
 // factor: every routed copy is processed (dropless, as the cost model prices it).
 //
 // Expert parallel runs as Megatron-Core's alltoall token dispatcher with MoE parallel folding
@@ -40,8 +43,12 @@ struct ParallelContext;  // gpt.h
 // E/ep experts, each this etp rank's slice (gate, up: rows; down: columns of ffn_hidden_size).
 struct MoeWeights {
   at::Tensor router;                        // [E, h]
+  at::Tensor router_bias;                   // [E] (gpt-oss), or undefined
   int first_expert = 0;                     // global id of local expert 0
   std::vector<at::Tensor> gate, up, down;   // [F/etp, h], [F/etp, h], [h, F/etp]
+  // gpt-oss's expert biases (ModelSpec::mlp_bias), else empty: gate and up [F/etp], down [h]
+  // whole on every etp rank (each adds 1/etp of it to its partial output; the gradient passes whole).
+  std::vector<at::Tensor> gate_b, up_b, down_b;
 };
 
 // Routed copies this rank's tokens made, and copies its experts received, summed over every

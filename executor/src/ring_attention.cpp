@@ -1,6 +1,7 @@
 #include "ring_attention.h"
 
 #include <optional>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -15,16 +16,39 @@ using torch::autograd::variable_list;
 // in the order it is sent, which every member follows).
 constexpr int kForwardKvTag = 1, kBackwardKvTag = 2, kBackwardDkvTag = 3;
 
-// The keys of cp rank `src`'s block that this rank's query chunk `chunk` (0: chunk `rank`, 1:
-// chunk 2cp-1-rank) sees: a prefix of the block [chunk src, chunk 2cp-1-src], of 0, c or 2c keys.
-// Own block (src == rank): chunk 0 sees its own chunk causally; chunk 1 sees chunk `rank`
-// (earlier) and itself causally, i.e. the 2c keys with the mask aligned to their end. Another
-// block: chunk src is earlier than chunk 1 always and than chunk 0 iff src < rank; chunk 2cp-1-src
-// is later than chunk 0 always and earlier than chunk 1 iff src > rank.
-int64_t keys_seen(int rank, int src, int chunk, int64_t c) {
-  if (src == rank) return chunk == 0 ? c : 2 * c;
-  if (chunk == 0) return src < rank ? c : 0;
-  return src > rank ? 2 * c : c;
+// A part of a K,V block that one of this rank's query chunks sees, with its mask.
+struct Piece {
+  int query_chunk, key_chunk;
+  KeyMask mask;
+};
+
+// The parts of cp rank `src`'s K,V block that this rank's query chunks see. The block holds the
+// sequence chunks src (its rows 0 .. c) and 2cp-1-src (rows c .. 2c), this rank's queries the
+// chunks rank (query chunk 0) and 2cp-1-rank (1); a key chunk is seen unless it is in the query
+// chunk's future or, under a sliding window, wholly beyond it. Each comes with its mask by the
+// tokens' true positions; in the own block (src == rank) each query chunk's own key chunk first,
+// so that every query has seen a key (its own) before anything is merged into its output.
+std::vector<Piece> pieces_seen(int rank, int src, int cp, int64_t c, int64_t window) {
+  auto position = [&](int holder, int chunk) { return (chunk == 0 ? holder : 2 * cp - 1 - holder) * c; };
+  std::vector<Piece> out;
+  for (int qc = 0; qc < 2; ++qc) {
+    const int64_t q_first = position(rank, qc);
+    for (int kc : src == rank ? std::vector<int>{qc, 1 - qc} : std::vector<int>{0, 1}) {
+      const int64_t k_first = position(src, kc);
+      if (k_first > q_first) continue;                                     // the query chunk's future
+      if (window > 0 && q_first - (k_first + c - 1) >= window) continue;  // beyond every query's window
+      out.push_back({qc, kc, KeyMask{true, q_first, k_first, window}});
+    }
+  }
+  return out;
+}
+
+// The dropout masks of one piece of one block: drawn from the forward's seed and the piece alone,
+// so backward, which meets each piece once as forward did, draws them again.
+AttentionDropout piece_dropout(double probability, int64_t seed, int src, const Piece& piece) {
+  if (probability == 0) return {};
+  const uint64_t which = static_cast<uint64_t>(src) * 4 + piece.query_chunk * 2 + piece.key_chunk + 1;
+  return {probability, static_cast<uint64_t>(seed) ^ (which * 0xD1B54A32D192ED03ULL)};
 }
 
 // Times the enclosed ring communication into cp_comm when there is a clock.
@@ -58,7 +82,8 @@ PhaseClock* clock_of(AutogradContext* ctx) { return reinterpret_cast<PhaseClock*
 
 struct RingAttention : torch::autograd::Function<RingAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            Group* cp, PhaseClock* clock, int64_t block) {
+                            Group* cp, PhaseClock* clock, int64_t block, int64_t window, const at::Tensor& sinks,
+                            double dropout, int64_t dropout_seed) {
     at::NoGradGuard no_grad;
     at::Tensor q_c = q.contiguous(), k_c = k.contiguous(), v_c = v.contiguous();
     TORCH_CHECK(q_c.dim() == 4 && k_c.dim() == 4 && v_c.sizes() == k_c.sizes() && k_c.size(2) == q_c.size(2) &&
@@ -77,17 +102,19 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       std::optional<Transfer> next;
       if (t + 1 < n) next.emplace(*cp, kv, kForwardKvTag, clock);
       at::Tensor kf = kv[0].to(at::kFloat), vf = kv[1].to(at::kFloat);
-      for (int chunk = 0; chunk < 2; ++chunk) {
-        const int64_t keys = keys_seen(r, src, chunk, c);
-        if (keys == 0) continue;
-        at::Tensor qc = qf.narrow(2, chunk * c, c), acc_c = acc.narrow(1, chunk * c, c), lse_c = lse.narrow(2, chunk * c, c);
-        if (t == 0) {
-          attend_block(qc, kf.narrow(2, 0, keys), vf.narrow(2, 0, keys), /*causal=*/true, block, acc_c, lse_c);
+      for (const Piece& piece : pieces_seen(r, src, n, c, window)) {
+        const int64_t q0 = piece.query_chunk * c, k0 = piece.key_chunk * c;
+        at::Tensor qc = qf.narrow(2, q0, c), acc_c = acc.narrow(1, q0, c), lse_c = lse.narrow(2, q0, c);
+        at::Tensor kc = kf.narrow(2, k0, c), vc = vf.narrow(2, k0, c);
+        const AttentionDropout drop = piece_dropout(dropout, dropout_seed, src, piece);
+        if (t == 0 && piece.key_chunk == piece.query_chunk) {  // the diagonal: the first keys these queries see
+          attend_block(qc, kc, vc, piece.mask, block, acc_c, lse_c, drop);
           continue;
         }
         at::Tensor part = at::empty({b, c, heads, d}, qf.options()), part_lse = at::empty({b, heads, c}, qf.options());
-        attend_block(qc, kf.narrow(2, 0, keys), vf.narrow(2, 0, keys), /*causal=*/false, block, part, part_lse);
-        // softmax over the union of keys: weights exp(lse_i - lse_new), lse_new = log(e^lse + e^lse_t).
+        attend_block(qc, kc, vc, piece.mask, block, part, part_lse, drop);
+        // softmax over the union of keys: weights exp(lse_i - lse_new), lse_new = log(e^lse + e^lse_t)
+        // (a query that saw none of the piece's keys has lse_t = -inf, weight 0).
         at::Tensor merged = at::logaddexp(lse_c, part_lse);
         auto weight = [&](const at::Tensor& l) { return (l - merged).exp_().transpose(1, 2).unsqueeze(-1); };
         acc_c.mul_(weight(lse_c)).add_(part.mul_(weight(part_lse)));
@@ -95,11 +122,16 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       }
       if (next) kv = next->finish(clock);
     }
+    const bool has_sinks = sinks.numel() > 0;  // an empty tensor stands for none (ring_attention)
+    if (has_sinks) add_sinks(acc, lse, sinks);  // every query's softmax complete: fold the sinks in
     at::Tensor out = acc.to(q_c.scalar_type()).view({b, 2 * c, heads * d});
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(cp);
     ctx->saved_data["clock"] = reinterpret_cast<int64_t>(clock);
     ctx->saved_data["block"] = block;
-    ctx->save_for_backward({q_c, k_c, v_c, out, lse});
+    ctx->saved_data["window"] = window;
+    ctx->saved_data["dropout"] = dropout;
+    ctx->saved_data["dropout_seed"] = dropout_seed;
+    ctx->save_for_backward({q_c, k_c, v_c, out, lse, has_sinks ? sinks : at::Tensor()});
     return out;
   }
 
@@ -109,7 +141,9 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     Group* cp = group_of(ctx);
     PhaseClock* clock = clock_of(ctx);
-    const int64_t block = ctx->saved_data["block"].toInt();
+    const int64_t block = ctx->saved_data["block"].toInt(), window = ctx->saved_data["window"].toInt();
+    const double dropout = ctx->saved_data["dropout"].toDouble();
+    const int64_t dropout_seed = ctx->saved_data["dropout_seed"].toInt();
     const int64_t b = q.size(0), heads = q.size(1), c = q.size(2) / 2, d = q.size(3);
     const int n = cp->size(), r = cp->rank();
     at::Tensor qf = q.to(at::kFloat);
@@ -133,13 +167,12 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       if (t > 0) post_dkv_recv();  // block src's dK,dV so far, from the member that held it last step
       at::Tensor kf = kv[0].to(at::kFloat), vf = kv[1].to(at::kFloat);
       at::Tensor dkv = at::zeros({2, b, k.size(1), 2 * c, d}, qf.options());
-      for (int chunk = 0; chunk < 2; ++chunk) {
-        const int64_t keys = keys_seen(r, src, chunk, c);
-        if (keys == 0) continue;
-        attend_block_backward(qf.narrow(2, chunk * c, c), kf.narrow(2, 0, keys), vf.narrow(2, 0, keys),
-                              out4.narrow(1, chunk * c, c), dout4.narrow(1, chunk * c, c), lse.narrow(2, chunk * c, c),
-                              /*causal=*/t == 0, block, dq.narrow(2, chunk * c, c), dkv[0].narrow(2, 0, keys),
-                              dkv[1].narrow(2, 0, keys));
+      for (const Piece& piece : pieces_seen(r, src, n, c, window)) {
+        const int64_t q0 = piece.query_chunk * c, k0 = piece.key_chunk * c;
+        attend_block_backward(qf.narrow(2, q0, c), kf.narrow(2, k0, c), vf.narrow(2, k0, c), out4.narrow(1, q0, c),
+                              dout4.narrow(1, q0, c), lse.narrow(2, q0, c), piece.mask, block, dq.narrow(2, q0, c),
+                              dkv[0].narrow(2, k0, c), dkv[1].narrow(2, k0, c),
+                              piece_dropout(dropout, dropout_seed, src, piece));
       }
       if (t > 0) {
         RingScope scope(clock);
@@ -159,7 +192,11 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       dkv_recv.wait();
       for (Work& w : dkv_sends) w.wait();
     }
-    return {dq.to(q.scalar_type()), dkv_in[0], dkv_in[1], at::Tensor(), at::Tensor(), at::Tensor()};
+    // The sinks' gradient from this rank's queries (summed over cp with the other replicated parameters').
+    at::Tensor dsinks;
+    if (saved[5].defined()) dsinks = sinks_backward(out4, dout4, lse, saved[5]).to(saved[5].scalar_type());
+    return {dq.to(q.scalar_type()), dkv_in[0], dkv_in[1], at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            dsinks,         at::Tensor(),        at::Tensor()};
   }
 };
 }  // namespace
@@ -172,15 +209,23 @@ at::Tensor cp_chunks(const at::Tensor& full, int64_t dim, int cp, int rank) {
 }
 
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Group& cp,
-                          PhaseClock* clock, int64_t block) {
+                          PhaseClock* clock, int64_t window, const at::Tensor& sinks, const AttentionDropout& dropout,
+                          int64_t block) {
   TORCH_CHECK(block > 0, "ring_attention: block must be positive");
-  return RingAttention::apply(q, k, v, &cp, clock, block);
+  TORCH_CHECK(window >= 0, "ring_attention: the window must be 0 (none) or positive");
+  TORCH_CHECK(dropout.probability >= 0 && dropout.probability < 1, "ring_attention: dropout must be in [0, 1)");
+  // An empty tensor stands for "no sinks": every tensor a Function takes must be defined.
+  return RingAttention::apply(q, k, v, &cp, clock, block, window,
+                              sinks.defined() ? sinks : at::empty({0}, q.options().dtype(at::kFloat)),
+                              dropout.probability, static_cast<int64_t>(dropout.seed));
 }
 
 std::vector<at::Tensor> ring_attention_saved(const at::Tensor& out) {
   auto* node = dynamic_cast<torch::autograd::CppNode<RingAttention>*>(out.grad_fn().get());
   if (node == nullptr) return {};
-  return node->ctx_.get_saved_variables();
+  std::vector<at::Tensor> saved = node->ctx_.get_saved_variables();
+  if (!saved.back().defined()) saved.pop_back();  // no sinks
+  return saved;
 }
 
 }  // namespace dplan::executor

@@ -7,8 +7,9 @@
 //     2cp-1-i, in that order (Megatron-LM get_batch_on_this_cp_rank), so every rank does the same
 //     causal work;
 //   - forward: cp steps; at step t the rank holds the K,V of cp rank i-t, attends its queries to
-//     them (the blockwise flash pieces of attention.h, the causal mask by each token's true
-//     position; a chunk entirely in a query chunk's future is skipped), merges the partial outputs
+//     them (the blockwise flash pieces of attention.h, the causal mask and any sliding window by
+//     each token's true position; a chunk entirely in a query chunk's future, or beyond its window,
+//     is skipped), merges the partial outputs
 //     by their log-sum-exp (online softmax, Milakov & Gimelshein 2018), and meanwhile sends the
 //     K,V in hand to cp rank i+1 and receives cp rank i-t-1's: cp-1 transfers of its K,V chunk;
 //   - backward: the ring again, K,V prefetched the same way; dQ accumulates here, the partial dK,dV
@@ -25,6 +26,7 @@
 
 #include <ATen/ATen.h>
 
+#include "attention.h"
 #include "comm.h"
 #include "phase_clock.h"
 
@@ -37,11 +39,20 @@ at::Tensor cp_chunks(const at::Tensor& full, int64_t dim, int cp, int rank);
 // q [b, heads, 2c, d]; k, v [b, kv_heads, 2c, d]: this rank's two chunks (cp_chunks order) of the
 // queries, keys and values of a causal sequence of 2*c*cp tokens, heads % kv_heads == 0. Every
 // member of `cp` calls it with the same shapes in the same order. Returns this rank's rows of the
-// context as [b, 2c, heads * d] (contiguous), with q's dtype. `clock` may be null.
+// context as [b, 2c, heads * d] (contiguous), with q's dtype. `clock` may be null. window > 0: a
+// sliding window (flash_attention's), by the tokens' true positions; a K,V chunk wholly outside
+// every query's window is not multiplied (it still travels the ring). sinks [heads], defined:
+// attention sinks (attention.h add_sinks), folded in once every query's keys are done; their
+// gradient is this rank's queries' share. dropout: attention dropout as flash_attention's (its
+// probabilities' keep masks), each (block, query chunk, key chunk) tile's masks drawn from
+// dropout.seed and the tile alone, so that backward draws them again; the caller draws the seed
+// (from the generator recompute restores: the masks replay).
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Group& cp,
-                          PhaseClock* clock, int64_t block = 64);
+                          PhaseClock* clock, int64_t window = 0, const at::Tensor& sinks = {},
+                          const AttentionDropout& dropout = {}, int64_t block = 64);
 
-// The tensors a ring_attention output's graph node holds for backward, {q, k, v, out, lse}; empty
+// The tensors a ring_attention output's graph node holds for backward, {q, k, v, out, lse} and
+// the sinks where given; empty
 // if `out` did not come from ring_attention. For tests and memory accounting.
 std::vector<at::Tensor> ring_attention_saved(const at::Tensor& out);
 

@@ -218,11 +218,15 @@ DeviceChoice choose_device(const RunOptions& args, const ExecPlan& plan) {
 // name (a one-rank run holds them whole), "tokens.step<k>" int64 [global_batch, seq + 1] for each
 // step k (row j is global sample j: inputs row[:-1], targets row[1:]; data-parallel rank r of dp
 // reads rows r, r + dp, ...), and in the metadata "dplan" a JSON object with the model, the batch
-// and the optimizer's settings. Draws the steps' data from a copy of the run's data source, so
-// training sees the same batches.
-void save_reference(const RunOptions& args, const ExecPlan& plan, GptStage& stage, const DataSource& data) {
+// and the optimizer's settings; and what step 1 computed from them (save_reference_step1). Draws
+// the steps' data from a copy of the run's data source, so training sees the same batches.
+struct ReferenceFile {
   NamedTensors tensors;
-  for (const Parameter& p : stage.parameters()) tensors.emplace_back(p.name, p.tensor.detach().to(at::kFloat));
+  json info;
+};
+ReferenceFile reference_inputs(const RunOptions& args, const ExecPlan& plan, GptStage& stage, const DataSource& data) {
+  NamedTensors tensors;
+  for (const Parameter& p : stage.parameters()) tensors.emplace_back(p.name, p.tensor.detach().to(at::kFloat).clone());
   DataSource ahead = data;
   for (int s = 0; s < args.steps; ++s) {
     std::vector<at::Tensor> rows;
@@ -251,8 +255,29 @@ void save_reference(const RunOptions& args, const ExecPlan& plan, GptStage& stag
        {{"name", "AdamW"}, {"lr", args.lr}, {"betas", {kAdamBeta1, kAdamBeta2}}, {"eps", kAdamEps},
         {"weight_decay", kWeightDecay}, {"weight_decay_on", "matrices and embeddings (not norms, not biases)"},
         {"max_grad_norm", args.max_grad_norm}, {"clip_eps", 1e-6}}}};
-  write_safetensors(args.save_reference, tensors, {{"format", "pt"}, {"dplan", info.dump()}});
-  if (!args.quiet) std::fprintf(stderr, "wrote the reference inputs of %d steps to %s\n", args.steps, args.save_reference.c_str());
+  return {std::move(tensors), info};
+}
+
+// Step 1's results, added once its gradients are complete (before clipping): "logits.step0" fp32
+// [global_batch, seq, vocab] (the micro-batches' in order), "grad.<global name>" for every
+// parameter, and with --init-from "hf_grad.<checkpoint name>" for every checkpoint tensor (the
+// gradient of the mean loss over the global batch, as loss.backward() of that mean gives it);
+// then the file is written.
+void save_reference_step1(const RunOptions& args, ReferenceFile& ref, GptStage& stage, const HfCheckpoint* init) {
+  ref.tensors.emplace_back("logits.step0", at::cat(stage.kept_logits(), 0).cpu());
+  std::map<std::string, at::Tensor> grads;
+  for (const Parameter& p : stage.parameters()) {
+    at::Tensor g = p.tensor.grad().defined() ? p.tensor.grad().detach().to(at::kFloat).cpu() : at::zeros_like(p.tensor, at::kFloat).cpu();
+    if (p.name == "wte" || p.name == "lm_head.weight") g = g.narrow(0, 0, p.slice.shape[0]);  // the padded rows dropped
+    grads[p.name] = g;
+    ref.tensors.emplace_back("grad." + p.name, g);
+  }
+  if (init)
+    for (auto& [name, g] : to_hf_tensors(*init, grads, /*gradients=*/true)) ref.tensors.emplace_back("hf_grad." + name, g);
+  write_safetensors(args.save_reference, ref.tensors, {{"format", "pt"}, {"dplan", ref.info.dump()}});
+  if (!args.quiet)
+    std::fprintf(stderr, "wrote the reference inputs of %d steps and step 1's logits and gradients to %s\n", args.steps,
+                 args.save_reference.c_str());
 }
 
 struct TrainLog {
@@ -577,7 +602,17 @@ int train(const RunOptions& args, const Place& place, StartupClock& startup) {
     std::unique_ptr<torch::optim::AdamW> optimizer = build_optimizer(grads, args.lr, plan.parallel.offload_optimizer);
     Trainer trainer(stage, ctx, grads, *optimizer, step_options(plan, args.max_grad_norm));
     startup.mark("optimizer");
-    if (!args.save_reference.empty()) save_reference(args, plan, stage, data);
+    std::optional<ReferenceFile> reference;
+    if (!args.save_reference.empty()) {
+      reference = reference_inputs(args, plan, stage, data);
+      stage.keep_logits(true);
+      trainer.observe_gradients([&, written = false]() mutable {
+        if (written) return;  // step 1's only
+        save_reference_step1(args, *reference, stage, init ? &*init : nullptr);
+        stage.keep_logits(false);
+        written = true;
+      });
+    }
 
     // Checkpoints: resume (--resume, or a torchrun restart with --checkpoint-dir), then save.
     const TrainingState state{stage, grads, *optimizer, data, ctx.device};

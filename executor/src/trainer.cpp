@@ -195,6 +195,7 @@ StepResult Trainer::step(const std::vector<Batch>& batches) {
     pipeline.retire_sends(true);
   }
   grads_.finish();
+  if (observer_) observer_();
   StepResult result;
   {
     PhaseScope scope(ctx_.clock, Phase::optimizer);

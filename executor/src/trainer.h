@@ -4,6 +4,8 @@
 // step. Time goes to the phases of the context's PhaseClock.
 #pragma once
 
+#include <functional>
+
 #include <torch/torch.h>
 
 #include "data.h"
@@ -31,6 +33,9 @@ class Trainer {
           StepOptions options);
   // Runs one step on this rank's micro-batches.
   StepResult step(const std::vector<Batch>& microbatches);
+  // Called in each step once the gradients are complete, before clipping and the optimizer
+  // (--save-reference); an empty function: none.
+  void observe_gradients(std::function<void()> observer) { observer_ = std::move(observer); }
 
  private:
   GptStage& stage_;
@@ -38,6 +43,7 @@ class Trainer {
   GradSync& grads_;
   torch::optim::Optimizer& optimizer_;
   StepOptions options_;
+  std::function<void()> observer_;
 };
 
 }  // namespace dplan::executor

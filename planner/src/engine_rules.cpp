@@ -134,9 +134,9 @@ void megatron_model_rules(const Plan& plan, Rules& r) {
                        "(--multi-latent-attention, --q-lora-rank, --kv-lora-rank) yet; the model ") +
            m.name + " uses it";
   });
-  r.rule(m.num_sliding_layers == 0 && !m.attention_sinks, [&] {
-    return std::string(v) + "sliding-window attention or attention sinks with the " + version +
-           " flags dplan writes; the model " + m.name + " uses them";
+  r.rule(!m.attention_sinks, [&] {
+    return std::string(v) + "attention sinks with the " + version + " flags dplan writes; the model " + m.name +
+           " uses them";
   });
   const bool silu = m.activation == "silu" || m.activation == "swish";
   const bool gelu = m.activation.rfind("gelu", 0) == 0;
@@ -154,11 +154,6 @@ void megatron_model_rules(const Plan& plan, Rules& r) {
            "); its flags give all biases, none (--disable-bias-linear) or q/k/v only (--add-qkv-bias)";
   });
   if (m.is_moe()) {
-    r.rule(m.num_dense_layers == 0 || m.family.rfind("deepseek", 0) == 0, [&] {
-      return std::string(v) + "the dense layers of " + m.name +
-             ": the plan records how many (" + str(m.num_dense_layers) +
-             ") but not where, and --moe-layer-freq needs their positions (dplan writes the first-k pattern for DeepSeek only)";
-    });
     r.rule(!m.router_bias && !m.shared_expert_gate, [&] {
       return std::string(v) + "a router bias or a gated shared expert with the " + version +
              " flags dplan writes; the model " + m.name + " has one";
@@ -180,7 +175,7 @@ void torchtitan_model_rules(const Plan& plan, Rules& r) {
   if (m.qk_norm) differs.push_back("q/k norms");
   if (m.is_moe()) differs.push_back("mixture of experts");
   if (m.is_mla()) differs.push_back("latent attention");
-  if (m.num_sliding_layers > 0 || m.attention_sinks) differs.push_back("sliding windows or attention sinks");
+  if (m.window_binds(plan.training.seq_len) || m.attention_sinks) differs.push_back("sliding windows or attention sinks");
   if (m.head_dim * m.num_heads != m.hidden_size) differs.push_back("head_dim x heads != hidden size");
   std::string list;
   for (size_t i = 0; i < differs.size(); ++i) list += (i ? ", " : "") + differs[i];

@@ -36,6 +36,12 @@ constexpr const char* add_qkv_bias = "--add-qkv-bias";
 constexpr const char* vocab_size = "--vocab-size";
 constexpr const char* make_vocab_size_divisible_by = "--make-vocab-size-divisible-by";
 constexpr const char* mtp_num_layers = "--mtp-num-layers";  // _add_network_size_args (core_v0.15.0)
+constexpr const char* rotary_percent = "--rotary-percent";
+// Sliding windows: TransformerConfig.window_size (left, right) through arguments.py's tuple_type,
+// and window_attn_skip_freq, a pattern with 1 for a windowed layer
+// (megatron/core/transformer/utils.py is_layer_window_attention).
+constexpr const char* window_size = "--window-size";
+constexpr const char* window_attn_skip_freq = "--window-attn-skip-freq";
 // _add_regularization_args
 constexpr const char* attention_dropout = "--attention-dropout";
 constexpr const char* hidden_dropout = "--hidden-dropout";
@@ -107,7 +113,7 @@ void model_arguments(Args& a, const ModelSpec& m, const TrainingSpec& t) {
   add(a, flag::hidden_size, num(m.hidden_size));
   // --ffn-hidden-size is the dense MLP's; MoE layers take --moe-ffn-hidden-size (Mixtral example:
   // both the expert width).
-  add(a, flag::ffn_hidden_size, num(m.num_dense_layers > 0 ? m.dense_ffn_hidden_size : m.ffn_hidden_size));
+  add(a, flag::ffn_hidden_size, num(m.num_dense_layers() > 0 ? m.dense_ffn_hidden_size : m.ffn_hidden_size));
   add(a, flag::num_attention_heads, num(m.num_heads));
   if (m.num_kv_heads != m.num_heads) {
     add(a, flag::group_query_attention);
@@ -130,6 +136,18 @@ void model_arguments(Args& a, const ModelSpec& m, const TrainingSpec& t) {
   add(a, flag::vocab_size, num(m.vocab_size));
   add(a, flag::make_vocab_size_divisible_by, num(t.vocab_pad_multiple));
   if (m.mtp_layers > 0) add(a, flag::mtp_num_layers, num(m.mtp_layers));
+  // Partial rotary (Nemotron, GPT-NeoX): the share of each head's dims that rotates.
+  if (m.rotary_dim > 0) add(a, flag::rotary_percent, number(double(m.rotary_dim) / m.head_dim));
+  // A window of w keys, the query's own included (transformers' sliding_window), is w - 1 keys to
+  // the left in Transformer Engine's (left, right); the layers that have it, where not all do.
+  if (m.num_sliding_layers() > 0) {
+    add(a, flag::window_size, num(m.sliding_window - 1) + ",0");
+    if (m.num_sliding_layers() < m.num_layers) {
+      std::string pattern;
+      for (int i = 0; i < m.num_layers; ++i) pattern += std::string(i ? "," : "[") + (m.attention_window(i) > 0 ? "1" : "0");
+      add(a, flag::window_attn_skip_freq, pattern + "]");
+    }
+  }
   // Megatron's defaults are 0.1 each: written always.
   add(a, flag::attention_dropout, number(m.attention_dropout));
   add(a, flag::hidden_dropout, number(m.hidden_dropout));
@@ -143,8 +161,21 @@ void moe_arguments(Args& a, const Plan& plan) {
   add(a, flag::moe_router_topk, num(m.experts_per_token));
   add(a, flag::moe_ffn_hidden_size, num(m.ffn_hidden_size));
   if (m.shared_expert_ffn_size > 0) add(a, flag::moe_shared_expert_intermediate_size, num(m.shared_expert_ffn_size));
-  if (m.num_dense_layers > 0)  // DeepSeek's first_k_dense_replace (engine_rules: other families refused)
-    add(a, flag::moe_layer_freq, "([0]*" + num(m.num_dense_layers) + "+[1]*" + num(m.num_moe_layers()) + ")");
+  // The dense layers' places (Megatron-LM arguments.py: --moe-layer-freq takes a Python list
+  // expression, 1 for an MoE layer): DeepSeek's first k as its own scripts write them, any other
+  // pattern (Qwen's mlp_only_layers, decoder_sparse_step) layer by layer.
+  if (m.num_dense_layers() > 0) {
+    bool first_k = true;
+    for (int i = 0; i < m.num_dense_layers(); ++i) first_k = first_k && m.dense_layers[i] == i;
+    std::string pattern;
+    if (first_k) {
+      pattern = "([0]*" + num(m.num_dense_layers()) + "+[1]*" + num(m.num_moe_layers()) + ")";
+    } else {
+      for (int i = 0; i < m.num_layers; ++i) pattern += std::string(i ? "," : "[") + (m.is_dense_layer(i) ? "0" : "1");
+      pattern += "]";
+    }
+    add(a, flag::moe_layer_freq, pattern);
+  }
   // The plan's dispatcher: alltoall, or DeepEP through the flex dispatcher (transformer_config.py:
   // "DeepEP backend is only supported with flex token dispatcher") with the SMs dplan priced
   // (costmodel kDeepepSms, Megatron's default written out).

@@ -87,7 +87,6 @@ SearchSpace SearchSpace::runnable_by_executor(int gpus, const ModelSpec& model, 
   };
   SearchSpace s;
   s.gpus = gpus;
-  if (!runs([](ParallelConfig& p) { p.cp = 2; })) s.max_cp = 1;
   if (!runs([](ParallelConfig& p) { p.vpp = 2, p.schedule = Schedule::interleaved; })) s.max_vpp = 1;
   if (!runs([](ParallelConfig& p) { p.zero_stage = 1, p.offload_optimizer = true; })) s.allow_offload = false;
   if (!runs([](ParallelConfig& p) { p.dp = 2, p.ep = 2; })) s.allow_expert_parallel = false;

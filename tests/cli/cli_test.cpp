@@ -587,22 +587,26 @@ TEST_CASE("examples/run_all.sh fails when a dplan command fails", "[cli][example
 }
 
 TEST_CASE("dplan --runnable refuses a model the executor cannot train, with the executor's own reason", "[cli][error]") {
-  // Nemotron's squared-ReLU MLP: a model the executor does not build; --runnable says so before searching.
+  // DeepSeek-V3's latent attention: a model the executor does not build; --runnable says so before searching.
   TempDir dir;
-  std::string line = require_one_error_line(run_dplan({"--model", "nemotron-4-340b", "--cluster", "local-cpu", "--gpus",
+  std::string line = require_one_error_line(run_dplan({"--model", "deepseek-v3", "--cluster", "local-cpu", "--gpus",
                                                        "2", "--global-batch", "8", "--precision", "fp32", "--runnable"}));
-  CHECK_THAT(line, Contains("the relu2 activation in a plain MLP"));
-  // A model with attention dropout plans, and its plan leaves context parallel out (the executor's
-  // ring attention has no dropout; its flash attention has).
+  CHECK_THAT(line, Contains("multi-head latent attention"));
+  // A model with attention dropout plans the same with --runnable as without: the executor runs
+  // every layout of it, context parallel's ring included.
   const std::string model = dir.write("gpt-dropout.json", R"({"model_type": "gpt2", "n_embd": 64, "n_layer": 2,
       "n_head": 4, "n_inner": 256, "vocab_size": 256, "n_positions": 128, "attn_pdrop": 0.1, "resid_pdrop": 0.0,
       "embd_pdrop": 0.0, "tie_word_embeddings": true})");
-  const std::string plan = (dir.path() / "plan.json").string();
-  Result r = run_dplan({"--model", model, "--cluster", "local-cpu", "--gpus", "2", "--global-batch", "8",
-                        "--precision", "fp32", "--attention", "standard", "--runnable", "-o", plan});
-  INFO(r.err);
-  REQUIRE(r.status == 0);
-  CHECK(json::parse(read_file(plan))["parallel"]["cp"] == 1);
+  const std::string plan = (dir.path() / "plan.json").string(), any = (dir.path() / "any.json").string();
+  for (const auto& [path, runnable] : {std::pair{plan, true}, std::pair{any, false}}) {
+    std::vector<std::string> args = {"--model", model, "--cluster", "local-cpu", "--gpus", "2", "--global-batch", "8",
+                                     "--precision", "fp32", "--attention", "standard", "-o", path};
+    if (runnable) args.push_back("--runnable");
+    Result r = run_dplan(args);
+    INFO(r.err);
+    REQUIRE(r.status == 0);
+  }
+  CHECK(json::parse(read_file(plan))["parallel"] == json::parse(read_file(any))["parallel"]);
 }
 
 // dplan explain and --headroom (planner/explain.h): structure, not figures.

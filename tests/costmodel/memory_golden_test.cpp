@@ -98,8 +98,8 @@ MegatronCase megatron_case(const json& row) {
   if (a.contains("num-experts")) {
     m.num_experts = a.at("num-experts");
     m.experts_per_token = int_arg(a, "moe-router-topk", 2);
-    m.num_dense_layers = leading_dense_layers(a);
-    m.dense_ffn_hidden_size = m.num_dense_layers > 0 ? m.ffn_hidden_size : 0;
+    for (int i = 0; i < leading_dense_layers(a); ++i) m.dense_layers.push_back(i);
+    m.dense_ffn_hidden_size = m.num_dense_layers() > 0 ? m.ffn_hidden_size : 0;
     m.ffn_hidden_size = int_arg(a, "moe-ffn-hidden-size", m.ffn_hidden_size);
     m.shared_expert_ffn_size = int_arg(a, "moe-shared-expert-intermediate-size", 0);
     m.router_bias = flag(a, "moe-router-enable-expert-bias");

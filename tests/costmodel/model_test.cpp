@@ -1,8 +1,11 @@
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include "dplan/costmodel/compute.h"
 #include "dplan/costmodel/errors.h"
 #include "dplan/costmodel/model.h"
+#include "dplan/costmodel/rotary.h"
 #include "dplan/planner/profiles.h"
 #include "test_profiles.h"
 
@@ -152,7 +155,7 @@ TEST_CASE("today's models: parameter counts match their model cards", "[model]")
     ModelSpec m = store().load_model("deepseek-v3");
     CHECK(m.is_mla());
     CHECK(m.head_dim == 192);
-    CHECK(m.num_dense_layers == 3);
+    CHECK(m.dense_layers == std::vector<int>{0, 1, 2});
     CHECK(m.shared_expert_ffn_size == 2048);
     CHECK(num_params(m) == 671026419200.0);
     CHECK(num_active_params(m) == 37552297472.0);
@@ -170,7 +173,8 @@ TEST_CASE("today's models: parameter counts match their model cards", "[model]")
   }
   SECTION("gpt-oss-120b: 116.83 B total, 5.13 B active without the input embedding (model card)") {
     ModelSpec m = store().load_model("gpt-oss-120b");
-    CHECK(m.num_sliding_layers == 18);
+    CHECK(m.num_sliding_layers() == 18);
+    CHECK(m.sliding_layers.front() == 0);  // layer_types: the even layers
     CHECK(m.sliding_window == 128);
     CHECK(num_params(m) == 116829156672.0);
     CHECK(num_active_params(m) - double(m.vocab_size) * m.hidden_size == 5132849472.0);
@@ -232,7 +236,7 @@ TEST_CASE("forward FLOPs per token are twice the active matrix parameters", "[mo
 TEST_CASE("sliding-window layers price attention over their window", "[model]") {
   ModelSpec m = store().load_model("gpt-oss-120b");
   ModelSpec full = m;
-  full.num_sliding_layers = 0;
+  full.sliding_layers.clear();
   full.sliding_window = 0;
   const double s = 8192, w = 128;
   double ratio = layer_forward_flops(m, s, s).attention / layer_forward_flops(full, s, s).attention;
@@ -270,7 +274,7 @@ TEST_CASE("config.json of the new families", "[model]") {
               {"num_experts", 8}, {"num_experts_per_tok", 2}, {"decoder_sparse_step", 2},
               {"mlp_only_layers", {1}}};
     ModelSpec m = model_from_hf_config(c, "c.json", "x");
-    CHECK(m.num_dense_layers == 4);  // layers 0, 2, 4 by the step; 1 listed (3 and 5 have experts)
+    CHECK(m.dense_layers == std::vector<int>{0, 1, 2, 4});  // layers 0, 2, 4 by the step; 1 listed (3 and 5 have experts)
     CHECK(m.dense_ffn_hidden_size == 256);
     c["mlp_only_layers"] = {7};
     CHECK_THAT(msg(c), Contains("/mlp_only_layers: expected a list of layer indices from 0 to 5"));
@@ -293,7 +297,7 @@ TEST_CASE("config.json of the new families", "[model]") {
     ModelSpec m = model_from_hf_config(c, "c.json", "x");
     // q_proj 64 x 4*12, kv_a 64 x (16+4) + norm 16, kv_b 16 x 4*(8+8), o 4*8 x 64.
     CHECK(layer_params(m).attention == 64.0 * 48 + 64 * 20 + 16 + 16 * 64 + 32 * 64);
-    CHECK(m.num_dense_layers == 1);
+    CHECK(m.dense_layers == std::vector<int>{0});
     c.erase("kv_lora_rank");
     CHECK_THAT(msg(c), Contains("missing key \"kv_lora_rank\""));
   }
@@ -304,7 +308,9 @@ TEST_CASE("config.json of the new families", "[model]") {
               {"experts_per_token", 2}, {"sliding_window", 32},
               {"layer_types", {"sliding_attention", "full_attention"}}};
     ModelSpec m = model_from_hf_config(c, "c.json", "x");
-    CHECK(m.num_sliding_layers == 1);
+    CHECK(m.sliding_layers == std::vector<int>{0});
+    CHECK(m.attention_window(0) == 32);
+    CHECK(m.attention_window(1) == 0);
     CHECK(m.experts_per_token == 2);
     c["layer_types"] = {"sliding_attention", "chunked_attention"};
     CHECK_THAT(msg(c), Contains("unknown layer type \"chunked_attention\"; valid: sliding_attention or full_attention"));
@@ -313,9 +319,9 @@ TEST_CASE("config.json of the new families", "[model]") {
 
 TEST_CASE("plan files written before the MLP kind split still read", "[model]") {
   json j = to_json(store().load_model("llama-3-8b"));
-  for (const char* key : {"activation", "num_dense_layers", "dense_ffn_hidden_size", "shared_expert_ffn_size",
+  for (const char* key : {"activation", "dense_layers", "dense_ffn_hidden_size", "shared_expert_ffn_size",
                           "shared_expert_gate", "router_bias", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
-                          "v_head_dim", "qk_norm", "attention_sinks", "sliding_window", "num_sliding_layers"})
+                          "v_head_dim", "qk_norm", "attention_sinks", "sliding_window", "sliding_layers"})
     j.erase(key);
   j["mlp"] = "swiglu";
   ModelSpec m = model_from_json(j, "plan.json", "/model");
@@ -337,7 +343,7 @@ TEST_CASE("the layer's GEMM time follows the architecture", "[model]") {
   SECTION("windowed layers attend to fewer keys") {
     ModelSpec m = store().load_model("gpt-oss-120b");
     ModelSpec full = m;
-    full.num_sliding_layers = 0;
+    full.sliding_layers.clear();
     full.sliding_window = 0;
     TrainingSpec t{.seq_len = 32768, .global_batch = 64};
     ParallelConfig p{.tp = 1, .pp = 1, .dp = 64, .ep = 8};
@@ -356,11 +362,12 @@ TEST_CASE("the layer's GEMM time follows the architecture", "[model]") {
   SECTION("dense layers of an MoE model are priced at their share") {
     ModelSpec m = store().load_model("deepseek-v3");
     ModelSpec all_moe = m;
-    all_moe.num_dense_layers = 0;
+    all_moe.dense_layers.clear();
     all_moe.dense_ffn_hidden_size = 0;
     const double moe = layer_forward_flops(all_moe, 4096, 4096).mlp;
     ModelSpec dense_mlp = m;  // the dense layer's MLP, as a dense model
-    dense_mlp.num_experts = dense_mlp.experts_per_token = dense_mlp.num_dense_layers = 0;
+    dense_mlp.num_experts = dense_mlp.experts_per_token = 0;
+    dense_mlp.dense_layers.clear();
     dense_mlp.shared_expert_ffn_size = 0;
     dense_mlp.router_bias = false;
     dense_mlp.ffn_hidden_size = m.dense_ffn_hidden_size;
@@ -391,15 +398,15 @@ TEST_CASE("each model check names the inconsistency it finds, in validate's orde
        },
        "num_experts_per_tok (0)"},
       {"mixtral-8x7b", [](ModelSpec& m) { m.activation = "swiglu"; }, "unknown activation \"swiglu\"; valid: gelu"},
-      {"mixtral-8x7b", [](ModelSpec& m) { m.num_dense_layers = 33; }, "dense layers (33) must be from 0 to the 32"},
-      {"llama-3-8b", [](ModelSpec& m) { m.num_dense_layers = 1; }, "dense layers are counted only in MoE models"},
+      {"mixtral-8x7b", [](ModelSpec& m) { m.dense_layers = {32}; }, "dense layers must be distinct layer indices from 0 to 31"},
+      {"llama-3-8b", [](ModelSpec& m) { m.dense_layers = {0}; }, "dense layers are counted only in MoE models"},
       {"mixtral-8x7b",
        [](ModelSpec& m) {
-         m.num_dense_layers = 32;
+         for (int i = 0; i < 32; ++i) m.dense_layers.push_back(i);
          m.dense_ffn_hidden_size = 100;
        },
        "every layer is dense"},
-      {"mixtral-8x7b", [](ModelSpec& m) { m.num_dense_layers = 1; }, "a dense-layer MLP size (0) is needed exactly"},
+      {"mixtral-8x7b", [](ModelSpec& m) { m.dense_layers = {0}; }, "a dense-layer MLP size (0) is needed exactly"},
       {"mixtral-8x7b", [](ModelSpec& m) { m.shared_expert_ffn_size = -1; }, "shared-expert MLP sizes must be from 0"},
       {"llama-3-8b", [](ModelSpec& m) { m.router_bias = true; }, "shared experts and router biases need experts"},
       {"mixtral-8x7b", [](ModelSpec& m) { m.shared_expert_gate = true; }, "a shared-expert gate needs a shared expert"},
@@ -410,8 +417,9 @@ TEST_CASE("each model check names the inconsistency it finds, in validate's orde
       {"llama-3-8b", [](ModelSpec& m) { m.v_head_dim = 64; }, "belong to multi-head latent attention"},
       {"deepseek-v3", [](ModelSpec& m) { m.v_head_dim = 1 << 20; }, "num_attention_heads x v_head_dim must be at most"},
       {"gpt-oss-120b", [](ModelSpec& m) { m.sliding_window = -1; }, "the sliding window must be from 0 to"},
-      {"gpt-oss-120b", [](ModelSpec& m) { m.num_sliding_layers = 100; }, "sliding-window layers (100) must be"},
+      {"gpt-oss-120b", [](ModelSpec& m) { m.sliding_layers.push_back(100); }, "sliding-window layers must be distinct"},
       {"gpt-oss-120b", [](ModelSpec& m) { m.sliding_window = 0; }, "sliding-window layers need a window"},
+      {"gpt-oss-120b", [](ModelSpec& m) { m.rotary_dim = 3; }, "the rotary dims (3) must be even"},
   };
   for (const Case& c : cases) {
     ModelSpec m = store().load_model(c.model);
@@ -455,8 +463,14 @@ TEST_CASE("the norm epsilon and the rotary base and scaling come from the config
   CHECK(read("gpt_neox", {{"rotary_emb_base", 20000.0}, {"layer_norm_eps", 1e-6}}).rope_theta == 20000.0);
   CHECK(read("gpt_neox", {{"rotary_emb_base", 20000.0}, {"layer_norm_eps", 1e-6}}).norm_eps == 1e-6);
   CHECK(read("nemotron", {{"norm_eps", 1e-6}}).norm_eps == 1e-6);
-  // gpt-oss defaults to YaRN scaling.
-  CHECK(read("gpt_oss", {{"num_local_experts", 4}, {"num_experts_per_tok", 2}}).rope_scaling == "yarn");
+  // gpt-oss defaults to YaRN scaling, with GptOssConfig's parameters.
+  const ModelSpec oss = read("gpt_oss", {{"num_local_experts", 4}, {"num_experts_per_tok", 2}});
+  CHECK(oss.rope_scaling == "yarn");
+  CHECK(oss.rope_scaling_params.at("factor") == 32.0);
+  CHECK(oss.swiglu_limit == 7.0);
+  CHECK(oss.swiglu_alpha == 1.702);
+  CHECK(model_from_json(to_json(oss), "plan.json", "/model") == oss);
+  CHECK(llama31.rope_scaling_params == json{{"factor", 8.0}});
   // Bad values are one line naming the key.
   CHECK_THROWS_WITH(read("llama", {{"rms_norm_eps", 0}}), Contains("c.json: /rms_norm_eps"));
   CHECK_THROWS_WITH(read("llama", {{"rope_parameters", {{"rope_theta", "big"}}}}), Contains("/rope_parameters/rope_theta"));
@@ -470,6 +484,116 @@ TEST_CASE("the norm epsilon and the rotary base and scaling come from the config
   CHECK(!to_json(old_defaults).contains("rope_theta"));
   CHECK(!to_json(old_defaults).contains("rope_scaling"));
   CHECK(model_from_json(to_json(old_defaults), "plan.json", "/model") == old_defaults);
+}
+
+TEST_CASE("sliding windows land on the layers each family's transformers code windows", "[model]") {
+  auto read = [](const std::string& family, const json& extra) {
+    json c = {{"model_type", family}, {"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 4},
+              {"num_attention_heads", 4}, {"vocab_size", 100}, {"max_position_embeddings", 128}};
+    c.update(extra);
+    return model_from_hf_config(c, "c.json", "x");
+  };
+  const json moe = {{"num_experts", 4}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 32}};
+  // Mistral: 4096 on every layer unless null; Mixtral: none unless given.
+  CHECK(read("mistral", json::object()).sliding_layers == std::vector<int>{0, 1, 2, 3});
+  CHECK(read("mistral", json::object()).sliding_window == 4096);
+  CHECK(read("mistral", {{"sliding_window", nullptr}}).sliding_layers.empty());
+  CHECK(read("mistral", {{"sliding_window", nullptr}}).sliding_window == 0);
+  CHECK(read("mixtral", {{"num_local_experts", 4}, {"num_experts_per_tok", 2}}).sliding_window == 0);
+  // Qwen2 and Qwen3: only with use_sliding_window, from max_window_layers on, or where layer_types says.
+  CHECK(read("qwen2", {{"sliding_window", 8}}).sliding_layers.empty());
+  CHECK(read("qwen2", {{"use_sliding_window", true}, {"sliding_window", 8}, {"max_window_layers", 1}}).sliding_layers ==
+        std::vector<int>{1, 2, 3});
+  CHECK(read("qwen3", {{"use_sliding_window", true}, {"sliding_window", 8},
+                       {"layer_types", {"full_attention", "sliding_attention", "full_attention", "full_attention"}}})
+            .sliding_layers == std::vector<int>{1});
+  // Qwen2-MoE: the even layers below max_window_layers; Qwen3-MoE: every layer.
+  json q2 = moe;
+  q2.update({{"use_sliding_window", true}, {"sliding_window", 8}, {"max_window_layers", 3}});
+  CHECK(read("qwen2_moe", q2).sliding_layers == std::vector<int>{0, 2});
+  CHECK(read("qwen3_moe", q2).sliding_layers == std::vector<int>{0, 1, 2, 3});
+  // A window as long as the sequence binds nothing (mistral-7b at 4096 tokens).
+  const ModelSpec mistral = read("mistral", json::object());
+  CHECK_FALSE(mistral.window_binds(4096));
+  CHECK(mistral.window_binds(8192));
+  // Carried in plans; a plan written before sliding_layers counted gpt-oss's even layers.
+  CHECK(model_from_json(to_json(mistral), "plan.json", "/model") == mistral);
+  json old = to_json(store().load_model("gpt-oss-120b"));
+  old.erase("sliding_layers");
+  old["num_sliding_layers"] = 18;
+  CHECK(model_from_json(old, "plan.json", "/model") == store().load_model("gpt-oss-120b"));
+  old["num_sliding_layers"] = 5;
+  CHECK_THROWS_WITH(model_from_json(old, "plan.json", "/model"),
+                    Contains("5 windowed layers, but not which; plan again from the model's config.json"));
+  json bad = to_json(mistral);
+  bad["sliding_layers"] = {2, 1};
+  CHECK_THROWS_WITH(model_from_json(bad, "plan.json", "/model"), Contains("ascending"));
+}
+
+TEST_CASE("scaled rotary frequencies are transformers' own", "[model]") {
+  // ROPE_INIT_FUNCTIONS of transformers 5.23 (modeling_rope_utils.py, fp32) for head_dim 16, base 5e4:
+  // llama3 {factor 8, low 1, high 4, original 16}; yarn {factor 4, original 16, beta_fast 8, beta_slow 1};
+  // linear {factor 2}.
+  ModelSpec m = store().load_model("llama-3-8b");
+  m.hidden_size = 64;
+  m.num_heads = 4;
+  m.head_dim = 16;
+  m.max_seq_len = 64;
+  m.rope_theta = 50000.0;
+  auto check = [&](const std::string& type, const json& params, const std::vector<double>& want, double scale) {
+    m.rope_scaling = type;
+    m.rope_scaling_params = params;
+    const RotaryFrequencies f = rotary_frequencies(m);
+    INFO(type);
+    REQUIRE(f.inv_freq.size() == want.size());
+    for (size_t i = 0; i < want.size(); ++i) CHECK_THAT(f.inv_freq[i], WithinRel(want[i], 1e-6));
+    CHECK_THAT(f.attention_scale, WithinRel(scale, 1e-12));
+  };
+  check("llama3", {{"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                   {"original_max_position_embeddings", 16}},
+        {0.5760563611984253, 0.03232501819729805, 0.008359254337847233, 0.0021617042366415262, 0.0005590170039795339,
+         0.00014456186909228563, 3.738372106454335e-05, 9.667434824223164e-06}, 1.0);
+  check("yarn", {{"factor", 4.0}, {"original_max_position_embeddings", 16}, {"beta_fast", 8.0}, {"beta_slow", 1.0}},
+        {1.0, 0.0646500363945961, 0.016718508675694466, 0.0043234084732830524, 0.0011180340079590678,
+         0.00028912373818457127, 7.47674421290867e-05, 1.933486964844633e-05}, 1.138629436111989);
+  check("linear", {{"factor", 2.0}},
+        {0.5, 0.1293000727891922, 0.03343701735138893, 0.008646816946566105, 0.0022360680159181356,
+         0.0005782474763691425, 0.0001495348842581734, 3.866973929689266e-05}, 1.0);
+  // A scaling it does not compute, or one missing a parameter: one line naming it.
+  m.rope_scaling = "longrope";
+  CHECK_THROWS_WITH(rotary_frequencies(m), Contains("the longrope rotary scaling is not computed; computed: linear, llama3, yarn"));
+  m.rope_scaling = "llama3";
+  m.rope_scaling_params = {{"factor", 8.0}};
+  CHECK_THROWS_WITH(rotary_frequencies(m), Contains("the llama3 rotary scaling needs \"low_freq_factor\""));
+  // Partial rotary: frequencies over the rotated dims only (Nemotron's, GPT-NeoX's).
+  m.rope_scaling.clear();
+  m.rotary_dim = 4;
+  const std::vector<double> partial = rotary_frequencies(m).inv_freq;
+  REQUIRE(partial.size() == 2);
+  CHECK(partial[0] == 1.0);
+  CHECK_THAT(partial[1], WithinRel(1.0 / std::sqrt(50000.0), 1e-12));
+}
+
+TEST_CASE("partial rotary and GPT-NeoX's parallel residual are read", "[model]") {
+  auto read = [](const std::string& family, const json& extra) {
+    json c = {{"model_type", family}, {"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 2},
+              {"num_attention_heads", 4}, {"vocab_size", 100}, {"max_position_embeddings", 128}};
+    c.update(extra);
+    return model_from_hf_config(c, "c.json", "x");
+  };
+  // Nemotron: half of each 16-wide head by default; transformers 5 keeps the factor in rope_parameters.
+  CHECK(read("nemotron", json::object()).rotary_dim == 8);
+  CHECK(read("nemotron", {{"rope_parameters", {{"rope_type", "default"}, {"partial_rotary_factor", 0.25}}}}).rotary_dim == 4);
+  CHECK(read("nemotron", {{"partial_rotary_factor", 1.0}}).rotary_dim == 0);  // all of it
+  // GPT-NeoX: rotary_pct 0.25 and the parallel residual by default.
+  const ModelSpec neox = read("gpt_neox", json::object());
+  CHECK(neox.rotary_dim == 4);
+  CHECK(neox.rotary_width() == 4);
+  CHECK(neox.parallel_residual);
+  CHECK_FALSE(read("gpt_neox", {{"use_parallel_residual", false}}).parallel_residual);
+  CHECK(read("llama", json::object()).rotary_width() == 16);
+  CHECK(model_from_json(to_json(neox), "plan.json", "/model") == neox);
+  CHECK_THROWS_WITH(read("nemotron", {{"partial_rotary_factor", 0.05}}), Contains("leaves 0 rotated dims"));
 }
 
 TEST_CASE("the MoE balance loss's coefficient is the config's where it trains with it, else 0", "[model]") {

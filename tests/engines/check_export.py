@@ -206,7 +206,7 @@ MEGATRON_TRAINING_ONLY = {
     "num_virtual_stages_per_pipeline_rank", "ckpt_format", "tokenizer_type", "grad_reduce_in_bf16",
     "rotary_base", "norm_epsilon", "use_distributed_optimizer", "use_megatron_fsdp",
     "data_parallel_sharding_strategy", "overlap_grad_reduce", "overlap_param_gather",
-    "optimizer_cpu_offload", "bf16", "fp16",
+    "optimizer_cpu_offload", "bf16", "fp16", "rotary_percent",
 }
 
 
@@ -278,6 +278,15 @@ def check_megatron(plan, export_dir):
         if not known:
             raise Rejected(file, f"--{dest.replace('_', '-')} is neither a field of Megatron-Core {version}'s "
                                  "config classes nor a known pretrain_gpt.py argument")
+    # arguments.py's parsers: --window-size through tuple_type ("4095,0"), --window-attn-skip-freq
+    # and --moe-layer-freq through their list-expression types.
+    if "window_size" in args:
+        kw["window_size"] = tuple(int(x) for x in str(args["window_size"]).strip("()").split(","))
+    for dest in ("window_attn_skip_freq", "moe_layer_freq"):
+        if isinstance(args.get(dest), str) and "[" in args[dest]:
+            if re.search(r"[^,\d\[\]\(\)\+\*]", args[dest]):
+                raise Rejected(file, f"--{dest.replace('_', '-')} {args[dest]}: not a list expression")
+            kw[dest] = eval(args[dest])  # digits, brackets, + and * only (checked above), as arguments.py evaluates it
     # validate_args / core_transformer_config_from_args (core_v0.15.0): dtype, gated units, GQA.
     dtype = torch.bfloat16 if args.get("bf16") else torch.half if args.get("fp16") else torch.float32
     kw["params_dtype"] = kw["pipeline_dtype"] = dtype

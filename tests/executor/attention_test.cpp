@@ -29,14 +29,25 @@ using dplan::executor::flash_attention_saved;
 
 constexpr double kTolerance = 1e-5;
 
-// Naive causal attention, GQA by repeating each kv head over its heads / kv_heads query heads.
-at::Tensor naive_attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in) {
+// Naive causal attention, GQA by repeating each kv head over its heads / kv_heads query heads;
+// window > 0: query i sees keys i - window + 1 .. i only (transformers' sliding_window_overlay).
+// sinks [heads], defined: one more logit per head in each softmax, dropped after it (gpt-oss's
+// eager_attention_forward).
+at::Tensor naive_attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in, int64_t window = 0,
+                           const at::Tensor& sinks = {}) {
   const int64_t b = q.size(0), heads = q.size(1), s = q.size(2), d = q.size(3);
   at::Tensor k = k_in.repeat_interleave(heads / k_in.size(1), 1);
   at::Tensor v = v_in.repeat_interleave(heads / v_in.size(1), 1);
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(d));
   at::Tensor future = at::ones({s, s}, q.options().dtype(at::kBool)).triu(1);
-  at::Tensor probs = at::softmax(scores.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
+  if (window > 0) future.logical_or_(at::ones({s, s}, future.options()).tril(-window));
+  scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
+  if (sinks.defined()) {
+    at::Tensor column = sinks.view({1, heads, 1, 1}).expand({b, heads, s, 1});
+    at::Tensor probs = at::softmax(at::cat({scores, column}, -1), -1).narrow(-1, 0, s);
+    return at::matmul(probs, v).transpose(1, 2).reshape({b, s, heads * d});
+  }
+  at::Tensor probs = at::softmax(scores, -1);
   return at::matmul(probs, v).transpose(1, 2).reshape({b, s, heads * d});
 }
 
@@ -75,11 +86,11 @@ double fp32_tolerance(const at::Tensor& fp32, const at::Tensor& ref) {
   } while (0)
 
 struct Case {
-  int64_t b, heads, kv_heads, s, d, block;
+  int64_t b, heads, kv_heads, s, d, block, window = 0;
 };
 
 void check_against_naive(const Case& c) {
-  CAPTURE(c.b, c.heads, c.kv_heads, c.s, c.d, c.block);
+  CAPTURE(c.b, c.heads, c.kv_heads, c.s, c.d, c.block, c.window);
   torch::manual_seed(1234);
   at::Tensor q = torch::randn({c.b, c.heads, c.s, c.d});
   at::Tensor k = torch::randn({c.b, c.kv_heads, c.s, c.d});
@@ -87,7 +98,7 @@ void check_against_naive(const Case& c) {
   at::Tensor dout = torch::randn({c.b, c.s, c.heads * c.d});
 
   at::Tensor fq = q.clone().requires_grad_(), fk = k.clone().requires_grad_(), fv = v.clone().requires_grad_();
-  at::Tensor out = flash_attention(fq, fk, fv, c.block);
+  at::Tensor out = flash_attention(fq, fk, fv, c.block, 0.0, c.window);
   REQUIRE(out.sizes() == at::IntArrayRef{c.b, c.s, c.heads * c.d});
   REQUIRE(out.is_contiguous());
   REQUIRE(out.scalar_type() == at::kFloat);
@@ -95,12 +106,12 @@ void check_against_naive(const Case& c) {
 
   at::Tensor rq = q.to(at::kDouble).requires_grad_(), rk = k.to(at::kDouble).requires_grad_(),
              rv = v.to(at::kDouble).requires_grad_();
-  at::Tensor ref = naive_attention(rq, rk, rv);
+  at::Tensor ref = naive_attention(rq, rk, rv, c.window);
   ref.backward(dout.to(at::kDouble));
 
   // The same naive attention in fp32: how closely this machine's fp32 arithmetic can get.
   at::Tensor nq = q.clone().requires_grad_(), nk = k.clone().requires_grad_(), nv = v.clone().requires_grad_();
-  at::Tensor naive = naive_attention(nq, nk, nv);
+  at::Tensor naive = naive_attention(nq, nk, nv, c.window);
   naive.backward(dout);
 
   REQUIRE(fk.grad().sizes() == k.sizes());  // at kv-head width, summed over each group
@@ -123,6 +134,39 @@ TEST_CASE("flash attention matches naive attention, partial last block", "[atten
   SECTION("s = 100, block 32") { check_against_naive({2, 4, 4, 100, 16, 32}); }
   SECTION("s = 100, block 32, grouped-query") { check_against_naive({2, 4, 2, 100, 16, 32}); }
   SECTION("block of one query") { check_against_naive({1, 2, 1, 17, 8, 1}); }
+}
+
+TEST_CASE("flash attention matches naive attention under a sliding window", "[attention]") {
+  SECTION("window 1: each query its own key") { check_against_naive({1, 2, 2, 40, 8, 16, 1}); }
+  SECTION("window inside a query block") { check_against_naive({2, 4, 2, 100, 16, 32, 7}); }
+  SECTION("window across query blocks") { check_against_naive({2, 4, 2, 100, 16, 32, 45}); }
+  SECTION("window as long as the sequence") { check_against_naive({2, 4, 4, 64, 16, 16, 64}); }
+}
+
+TEST_CASE("flash attention with attention sinks matches the naive softmax with a sink column", "[attention]") {
+  const int64_t b = 2, heads = 4, kv = 2, s = 50, d = 8;
+  torch::manual_seed(99);
+  at::Tensor q = torch::randn({b, heads, s, d}), k = torch::randn({b, kv, s, d}), v = torch::randn({b, kv, s, d});
+  at::Tensor sinks = torch::randn({heads}) * 2, dout = torch::randn({b, s, heads * d});
+  for (int64_t window : {0, 9}) {
+    CAPTURE(window);
+    at::Tensor fq = q.clone().requires_grad_(), fk = k.clone().requires_grad_(), fv = v.clone().requires_grad_(),
+               fs = sinks.clone().requires_grad_();
+    at::Tensor out = flash_attention(fq, fk, fv, 16, 0.0, window, fs);
+    CHECK(flash_attention_saved(out).size() == 6);  // q, k, v, out, lse and the sinks
+    out.backward(dout);
+    at::Tensor rq = q.to(at::kDouble).requires_grad_(), rk = k.to(at::kDouble).requires_grad_(),
+               rv = v.to(at::kDouble).requires_grad_(), rs = sinks.to(at::kDouble).requires_grad_();
+    at::Tensor ref = naive_attention(rq, rk, rv, window, rs);
+    ref.backward(dout.to(at::kDouble));
+    // 1e-4: PyTorch 2's CPU GEMMs round differently from call to call (fp32_tolerance); a wrong
+    // sink term errs by 1e-2 and more.
+    CHECK(worst(out, ref, 1e-4) <= 1.0);
+    CHECK(worst(fq.grad(), rq.grad(), 1e-4) <= 1.0);
+    CHECK(worst(fk.grad(), rk.grad(), 1e-4) <= 1.0);
+    CHECK(worst(fv.grad(), rv.grad(), 1e-4) <= 1.0);
+    CHECK(worst(fs.grad(), rs.grad(), 1e-4) <= 1.0);
+  }
 }
 
 TEST_CASE("flash attention matches naive attention, one block covers the sequence", "[attention]") {

@@ -123,6 +123,27 @@ TEST_CASE("swiglu matches the eager formula, forward and gradients", "[fused_ops
   CHECK_CLOSE(u.grad(), ru.grad());
 }
 
+TEST_CASE("clamped swiglu (gpt-oss) matches transformers' eager formula, forward and gradients", "[fused_ops]") {
+  torch::manual_seed(4322);
+  const double limit = 2.0, alpha = 1.702;
+  // Wide enough that both clamps cut: gate above the limit, up outside [-limit, limit].
+  at::Tensor g0 = 3 * torch::randn({kB, kS, kH}), u0 = 3 * torch::randn({kB, kS, kH}), dy = torch::randn({kB, kS, kH});
+  REQUIRE((g0 > limit).any().item<bool>());
+  REQUIRE((u0.abs() > limit).any().item<bool>());
+  at::Tensor g = g0.clone().requires_grad_(), u = u0.clone().requires_grad_();
+  at::Tensor y = swiglu(g, u, limit, alpha);
+  CHECK(swiglu_saved(y).size() == 2);  // gate and up only, as the plain one
+  y.backward(dy);
+  // GptOssExperts._apply_gate, differentiated by autograd in fp64.
+  at::Tensor rg = g0.to(at::kDouble).requires_grad_(), ru = u0.to(at::kDouble).requires_grad_();
+  at::Tensor cg = rg.clamp_max(limit);
+  at::Tensor ry = (ru.clamp(-limit, limit) + 1) * (cg * at::sigmoid(cg * alpha));
+  ry.backward(dy.to(at::kDouble));
+  CHECK_CLOSE(y, ry);
+  CHECK_CLOSE(g.grad(), rg.grad());
+  CHECK_CLOSE(u.grad(), ru.grad());
+}
+
 TEST_CASE("swiglu takes gate and up as halves of a fused projection", "[fused_ops]") {
   torch::manual_seed(9);
   at::Tensor h0 = torch::randn({kB, kS, 2 * kH});

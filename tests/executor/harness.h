@@ -47,6 +47,11 @@ struct Layout {
   }
 };
 
+inline Layout with_cp(Layout l, int cp) {
+  l.cp = cp;
+  return l;
+}
+
 inline std::string write_plan(const TempDir& dir, const std::string& model, const Layout& l, int global_batch,
                        const std::vector<std::string>& extra = {}) {
   std::string name = "plan-" + std::to_string(l.tp) + std::to_string(l.pp) + std::to_string(l.dp) +

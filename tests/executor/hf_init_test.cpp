@@ -1,6 +1,6 @@
 // dplan run --init-from, without transformers: a checkpoint in Hugging Face's names and layouts made
-// from the executor's own initial weights (--save-reference, mapped back through hf_parameters:
-// the fused QKV split into q, k and v, GPT-2's Conv1D transposed) starts a run whose losses are the
+// from the executor's own initial weights (--save-reference, mapped back by to_hf_tensors: the
+// fused QKV split into q, k and v, GPT-2's Conv1D transposed) starts a run whose losses are the
 // seeded run's, on one rank and across tp and pp; a checkpoint that does not fit the plan's model
 // is one line naming the tensor, before any rank starts. tests/reference/hf_parity.py holds the
 // same runs against transformers' own models.
@@ -11,28 +11,21 @@
 #include "dplan/costmodel/plan_file.h"
 #include "harness.h"
 #include "hf_checkpoint.h"
+#include "hf_load.h"
 #include "safetensors.h"
 
 namespace dplan::testing::executor {
 namespace {
-using dplan::executor::HfParameter;
 using dplan::executor::NamedTensors;
 
-// The executor's parameters (a --save-reference file) under the checkpoint names of `model`'s family.
+// The executor's parameters (a --save-reference file) under the checkpoint names of `model`'s
+// family, by the inverse of the loader's mapping (hf_load.h to_hf_tensors).
 NamedTensors as_hf_checkpoint(const std::string& reference, const costmodel::ModelSpec& model, const std::string& prefix) {
   NamedTensors own = dplan::executor::parse_safetensors(read_file(reference));
-  std::map<std::string, at::Tensor> by_name(own.begin(), own.end());
+  const std::map<std::string, at::Tensor> by_name(own.begin(), own.end());
+  const dplan::executor::HfCheckpoint mapping{dplan::executor::hf_parameters(model, prefix), {}};
   NamedTensors out;
-  for (const HfParameter& p : dplan::executor::hf_parameters(model, prefix)) {
-    at::Tensor t = by_name.at(p.name);
-    int64_t row = 0;
-    for (const auto& part : p.parts) {
-      const int64_t rows = p.transpose ? part.shape.at(1) : part.shape.at(0);
-      at::Tensor x = t.narrow(0, row, rows);
-      out.emplace_back(part.name, (p.transpose ? x.t() : x).contiguous());
-      row += rows;
-    }
-  }
+  for (auto& [name, t] : dplan::executor::to_hf_tensors(mapping, by_name, /*gradients=*/false)) out.emplace_back(name, t);
   return out;
 }
 
@@ -59,14 +52,19 @@ std::string refused(const std::string& plan, const std::string& checkpoint, cons
 
 TEST_CASE("init from a checkpoint of the run's own initial weights in Hugging Face's names gives the seeded run's losses",
           "[executor][init-from]") {
-  for (const std::string& model : {kLlamaTiny, std::string(DPLAN_PROFILES_DIR) + "/models/gpt-tiny.json"}) {
+  // Each family's mapping back and forth: Nemotron's scale minus one, GPT-NeoX's per-head QKV,
+  // gpt-oss's stacked and interleaved experts, Qwen2-MoE's dense layer and shared expert.
+  std::vector<std::string> models = {kLlamaTiny, std::string(DPLAN_PROFILES_DIR) + "/models/gpt-tiny.json"};
+  for (const char* tiny : {"nemotron-tiny", "gpt-neox-tiny", "gpt-oss-tiny", "qwen2-moe-tiny"})
+    models.push_back(std::string(DPLAN_VALIDATION_DIR) + "/executor/" + tiny + "/config.json");
+  for (const std::string& model : models) {
     INFO(model);
     TempDir dir;
     const std::string plan = write_plan(dir, model, Layout{}, 8);
     const std::string reference = (dir.path() / "reference.safetensors").string();
     const json seeded = run_plan(plan, {"--save-reference", reference}, 3);
     const costmodel::ModelSpec spec = costmodel::read_plan(plan).model;
-    const std::string prefix = spec.family == "gpt2" ? "transformer." : "model.";
+    const std::string prefix = spec.family == "gpt2" ? "transformer." : spec.family == "gpt_neox" ? "gpt_neox." : "model.";
     const std::string ckpt = write_checkpoint(dir, "model.safetensors", as_hf_checkpoint(reference, spec, prefix));
 
     // The same weights, so the same run: one rank exactly, tp 2 x pp 2 within the parity tolerance.

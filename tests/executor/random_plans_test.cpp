@@ -55,10 +55,11 @@ std::vector<std::string> estimate_args(const planner::PlanCase& c, const std::st
 TEST_CASE("random plans: layouts drawn from the planner's enumeration run and match the single-process losses",
           "[executor][random-plans]") {
   const planner::ProfileStore store(DPLAN_PROFILES_DIR);
-  const std::vector<std::string> models = {"gpt-tiny", kLlamaTiny,
-                                           std::string(DPLAN_VALIDATION_DIR) + "/executor/mixtral-tiny/config.json",
-                                           std::string(DPLAN_VALIDATION_DIR) + "/executor/qwen3-tiny/config.json"};
-  const int per_model = 4;  // layouts drawn per model, over 1..8 ranks
+  std::vector<std::string> models = {"gpt-tiny", kLlamaTiny};
+  for (const char* tiny :
+       {"mixtral-tiny", "qwen3-tiny", "nemotron-tiny", "gpt-neox-tiny", "gpt-oss-tiny", "qwen2-moe-tiny"})
+    models.push_back(std::string(DPLAN_VALIDATION_DIR) + "/executor/" + tiny + "/config.json");
+  const int per_model = 3;  // layouts drawn per model, over 1..8 ranks
   std::mt19937_64 rng(kSeed);
   TempDir dir;
   const auto start = std::chrono::steady_clock::now();

@@ -29,14 +29,15 @@ using dplan::executor::ring_attention;
 using dplan::executor::ring_attention_saved;
 
 struct Result {
-  at::Tensor out, dq, dk, dv;
+  at::Tensor out, dq, dk, dv, dsinks;
   std::vector<at::Tensor> saved;
   double ring_comm_s = 0;
 };
 
 // Every member runs the ring on its chunks of the same q, k, v and output gradient.
 std::vector<Result> run_ring(int members, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             const at::Tensor& dout, int64_t block) {
+                             const at::Tensor& dout, int64_t block, int64_t window, const at::Tensor& sinks = {},
+                             const dplan::executor::AttentionDropout& dropout = {}) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   GroupOptions options;
   options.gloo_address = "127.0.0.1";
@@ -55,13 +56,15 @@ std::vector<Result> run_ring(int members, const at::Tensor& q, const at::Tensor&
         at::Tensor ql = cp_chunks(q, 2, members, rank).detach().requires_grad_(true);
         at::Tensor kl = cp_chunks(k, 2, members, rank).detach().requires_grad_(true);
         at::Tensor vl = cp_chunks(v, 2, members, rank).detach().requires_grad_(true);
+        at::Tensor sl = sinks.defined() ? sinks.detach().clone().requires_grad_(true) : at::Tensor();
         Result& res = results[rank];
-        res.out = ring_attention(ql, kl, vl, g, &clock, block);
+        res.out = ring_attention(ql, kl, vl, g, &clock, window, sl, dropout, block);
         res.saved = ring_attention_saved(res.out);
         res.out.backward(cp_chunks(dout, 1, members, rank));
         res.dq = ql.grad();
         res.dk = kl.grad();
         res.dv = vl.grad();
+        if (sl.defined()) res.dsinks = sl.grad();
         res.ring_comm_s = clock.end_step()[static_cast<int>(dplan::executor::Phase::cp_comm)];
       } catch (...) {
         failure[rank] = std::current_exception();
@@ -83,18 +86,21 @@ void check_close(const at::Tensor& got, const at::Tensor& want, const std::strin
 }  // namespace
 
 TEST_CASE("ring attention over 2 and 4 members equals flash attention on the whole sequence", "[executor][cp]") {
-  for (int members : {2, 4}) {
+  // Sliding windows of 3 (inside a 4-token chunk), 6 (across one chunk boundary) and 9 (past a
+  // whole chunk): key chunks wholly beyond it are skipped, partial ones masked by true position.
+  for (auto [members, window] : std::vector<std::pair<int, int>>{{2, 0}, {4, 0}, {2, 3}, {4, 6}, {4, 9}}) {
     for (auto [heads, kv_heads, block] : std::vector<std::tuple<int, int, int>>{{4, 4, 64}, {4, 2, 3}}) {
-      INFO("cp " << members << " heads " << heads << " kv_heads " << kv_heads << " block " << block);
-      at::manual_seed(members * 10 + kv_heads);
+      INFO("cp " << members << " window " << window << " heads " << heads << " kv_heads " << kv_heads << " block "
+                 << block);
+      at::manual_seed(members * 10 + kv_heads + 100 * window);
       const int64_t b = 2, s = 8 * members, d = 8;  // chunks of 4 tokens: several query blocks of 3
       at::Tensor q = at::randn({b, heads, s, d}).requires_grad_(true);
       at::Tensor k = at::randn({b, kv_heads, s, d}).requires_grad_(true);
       at::Tensor v = at::randn({b, kv_heads, s, d}).requires_grad_(true);
       at::Tensor dout = at::randn({b, s, heads * d});
-      at::Tensor want = flash_attention(q, k, v, block);
+      at::Tensor want = flash_attention(q, k, v, block, 0.0, window);
       want.backward(dout);
-      const std::vector<Result> got = run_ring(members, q, k, v, dout, block);
+      const std::vector<Result> got = run_ring(members, q, k, v, dout, block, window);
       for (int r = 0; r < members; ++r) {
         INFO("member " << r);
         check_close(got[r].out, cp_chunks(want.detach(), 1, members, r), "output");
@@ -110,6 +116,61 @@ TEST_CASE("ring attention over 2 and 4 members equals flash attention on the who
       }
     }
   }
+}
+
+TEST_CASE("ring attention with attention sinks and a window equals flash attention's, sinks' gradient summed over cp",
+          "[executor][cp]") {
+  const int members = 2, window = 6;
+  const int64_t b = 2, heads = 4, kv_heads = 2, s = 8 * members, d = 8;
+  at::manual_seed(77);
+  at::Tensor q = at::randn({b, heads, s, d}).requires_grad_(true);
+  at::Tensor k = at::randn({b, kv_heads, s, d}).requires_grad_(true);
+  at::Tensor v = at::randn({b, kv_heads, s, d}).requires_grad_(true);
+  at::Tensor sinks = at::randn({heads}).requires_grad_(true);
+  at::Tensor dout = at::randn({b, s, heads * d});
+  at::Tensor want = flash_attention(q, k, v, 3, 0.0, window, sinks);
+  want.backward(dout);
+  const std::vector<Result> got = run_ring(members, q, k, v, dout, 3, window, sinks);
+  at::Tensor dsinks = at::zeros({heads});
+  for (int r = 0; r < members; ++r) {
+    INFO("member " << r);
+    check_close(got[r].out, cp_chunks(want.detach(), 1, members, r), "output");
+    check_close(got[r].dq, cp_chunks(q.grad(), 2, members, r), "dq");
+    check_close(got[r].dk, cp_chunks(k.grad(), 2, members, r), "dk");
+    REQUIRE(got[r].saved.size() == 6);  // and the sinks
+    dsinks += got[r].dsinks;
+  }
+  check_close(dsinks, sinks.grad(), "dsinks");
+}
+
+TEST_CASE("ring attention with attention dropout: masks replay from the seed, backward is the dropped forward's gradient",
+          "[executor][cp]") {
+  const int members = 2;
+  const int64_t b = 1, heads = 2, kv_heads = 2, s = 8 * members, d = 8;
+  at::manual_seed(5);
+  at::Tensor q = at::randn({b, heads, s, d}), k = at::randn({b, kv_heads, s, d}), v = at::randn({b, kv_heads, s, d});
+  at::Tensor dout = at::randn({b, s, heads * d}), u = at::randn({b, heads, s, d});
+  const dplan::executor::AttentionDropout drop{0.3, 1234};
+  // f(q) = <out, dout> summed over the members, and its gradient along u from the members' dq.
+  auto f = [&](const at::Tensor& qq) {
+    double total = 0;
+    const std::vector<Result> got = run_ring(members, qq, k, v, dout, 3, 0, {}, drop);
+    for (int r = 0; r < members; ++r) total += (got[r].out * cp_chunks(dout, 1, members, r)).sum().item<double>();
+    return total;
+  };
+  const std::vector<Result> got = run_ring(members, q, k, v, dout, 3, 0, {}, drop);
+  const std::vector<Result> again = run_ring(members, q, k, v, dout, 3, 0, {}, drop);
+  const std::vector<Result> undropped = run_ring(members, q, k, v, dout, 3, 0);
+  double along_u = 0;
+  for (int r = 0; r < members; ++r) {
+    CHECK(at::equal(got[r].out, again[r].out));       // the same masks from the same seed
+    CHECK(at::equal(got[r].dq, again[r].dq));
+    CHECK_FALSE(at::allclose(got[r].out, undropped[r].out));  // and they drop something
+    along_u += (got[r].dq * cp_chunks(u, 2, members, r)).sum().item<double>();
+  }
+  const double eps = 1e-2, numeric = (f(q + eps * u) - f(q - eps * u)) / (2 * eps);
+  INFO("directional derivative: backward " << along_u << ", central difference " << numeric);
+  CHECK(std::abs(along_u - numeric) <= 1e-2 * std::abs(numeric));
 }
 
 TEST_CASE("cp_chunks gives rank i chunks i and 2cp-1-i and refuses a length 2cp does not divide", "[executor][cp]") {

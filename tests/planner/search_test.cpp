@@ -278,11 +278,11 @@ TEST_CASE("an empty search space is an input error", "[search]") {
 
 TEST_CASE("the executor's search space holds only layouts dplan run executes, and all of those", "[search]") {
   // The one definition is costmodel::executor_refusal; the space is derived from it. For a dense
-  // model, one with dropout (context parallel's ring has no dropout) and one the executor does not
-  // run at all (a DeepSeek-style mixture of experts), the runnable space is exactly the full space filtered by the rule, and a
-  // model the rule refuses outright is refused with the rule's reason, the reason the plan reader
-  // gives (executor/src/plan_file.cpp). For the dense model and a Mixtral-style one it is the
-  // whole space: every layout the search may pick, dplan run executes.
+  // model, one with dropout (context parallel's ring has dropout too) and one the executor does not
+  // run at all (DeepSeek's latent attention), the runnable space is exactly the full space filtered
+  // by the rule, and a model the rule refuses outright is refused with the rule's reason, the reason
+  // the plan reader gives (executor/src/plan_file.cpp). For the dense models and a Mixtral-style
+  // one it is the whole space: every layout the search may pick, dplan run executes.
   ModelSpec dense = store().load_model("llama-3-8b");
   ModelSpec dropout = dense;
   dropout.hidden_dropout = 0.1;
@@ -307,23 +307,22 @@ TEST_CASE("the executor's search space holds only layouts dplan run executes, an
       return !executor_refusal(m, training, p);
     });
     CHECK(long(runnable.size()) == expected);
-    if (m.attention_dropout > 0)
-      CHECK(expected < long(all.size()));  // context parallel is left out
-    else
-      CHECK(expected == long(all.size()));
+    CHECK(expected == long(all.size()));
   }
   // Without a model: a dense one without dropout, the same space as the dense model's.
   CHECK(enumerate_layouts(dense, t, SearchSpace::runnable_by_executor(16)).size() ==
         enumerate_layouts(dense, t, SearchSpace::runnable_by_executor(16, dense, t)).size());
-  // Flash attention with attention dropout runs (the blockwise kernel has dropout), except with cp.
+  // Attention dropout runs in the blockwise kernel and in context parallel's ring.
   CHECK_FALSE(executor_refusal(dropout, t, ParallelConfig{}));
-  CHECK(executor_refusal(dropout, t, ParallelConfig{.dp = 8, .cp = 2}));
-  // A DeepSeek-style mixture of experts (dense layers, shared experts) is refused; a Mixtral-style
-  // one runs, expert parallel included.
+  CHECK_FALSE(executor_refusal(dropout, t, ParallelConfig{.dp = 8, .cp = 2}));
+  // DeepSeek's latent attention is refused; a Mixtral-style mixture of experts runs, expert
+  // parallel included, and so do gpt-oss and Nemotron.
   ModelSpec moe = store().load_model("deepseek-v3");
   REQUIRE(executor_refusal(moe, t, ParallelConfig{}));
   CHECK_THROWS_WITH(SearchSpace::runnable_by_executor(16, moe, t), *executor_refusal(moe, t, ParallelConfig{}));
-  CHECK_THAT(*executor_refusal(moe, t, ParallelConfig{}), Catch::Contains("mixture-of-experts"));
+  CHECK_THAT(*executor_refusal(moe, t, ParallelConfig{}), Catch::Contains("multi-head latent attention"));
+  CHECK_FALSE(executor_refusal(store().load_model("gpt-oss-120b"), t, ParallelConfig{.dp = 8, .ep = 8}));
+  CHECK_FALSE(executor_refusal(store().load_model("nemotron-4-340b"), t, ParallelConfig{}));
   ModelSpec mixtral = store().load_model("mixtral-8x7b");
   CHECK_FALSE(executor_refusal(mixtral, t, ParallelConfig{.dp = 2, .ep = 2}));
   CHECK(enumerate_layouts(mixtral, t, SearchSpace::runnable_by_executor(16, mixtral, t)).size() ==

@@ -9,8 +9,11 @@ saves it as safetensors; `dplan estimate` plans one rank for that config.json, `
 model, fp32: the mean cross-entropy of its logits over the same tokens, the gradient's global norm,
 the executor's clipping and AdamW (bench/torch_gpt.py's, which the existing parity tests use).
 
-Checked: step 1's loss within 1e-5 relative (the forward), step 1's gradient norm within 1e-4
-(the backward), and every step's loss within 1e-4 (training). Prints one JSON line per family.
+Checked: step 1's loss within 1e-5 relative and its logits within 1e-5 of the largest logit (the
+forward), step 1's gradient norm and every checkpoint tensor's gradient within 1e-4 relative (the
+backward: the one-rank run writes them under the checkpoint's names, dplan run --save-reference
+with --init-from; tensors transformers holds fused in memory by their joint norm), and every
+step's loss within 1e-4 (training). Prints one JSON line per family.
 With --layout FLAGS, dplan's run uses that layout instead (e.g. "--tp 2"), compared the same way.
 DPLAN_HF_PERTURB=NAME moves one of transformers' parameters by 1e-3 (the check then fails).
 
@@ -42,15 +45,28 @@ SEQ, BATCH = 32, 4
 # Tiny configs, one per family, each exercising what sets the family apart: grouped-query
 # attention, an untied head, a rotary base and norm epsilon away from the defaults, Qwen2's q/k/v
 # biases, Qwen3's q/k norms and explicit head_dim, Mixtral's and Qwen3-MoE's routers and experts,
-# GPT-2's Conv1D,
-# learned positions and gelu_new.
+# Qwen2-MoE's dense layer and gated shared expert,
+# GPT-2's Conv1D, learned positions and gelu_new; sliding windows shorter than the 32-token
+# sequence (Mistral's on every layer, Qwen2's from max_window_layers on, gpt-oss's on its even
+# layers); Llama 3.1's and YaRN's scaled rotary; Nemotron's squared ReLU, LayerNorm1P and partial
+# rotary; GPT-NeoX's fused per-head QKV, partial rotary and parallel residual; gpt-oss's sinks,
+# biased router and experts (stacked, gate and up interleaved) and a clamped SwiGLU that clamps.
 COMMON = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
           "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 64,
           "rms_norm_eps": 1e-5, "rope_theta": 50000.0, "tie_word_embeddings": False, "attention_dropout": 0.0}
 CONFIGS = {
     "llama": dict(COMMON, model_type="llama", architectures=["LlamaForCausalLM"]),
-    "mistral": dict(COMMON, model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=None),
-    "qwen2": dict(COMMON, model_type="qwen2", architectures=["Qwen2ForCausalLM"], tie_word_embeddings=True),
+    # Llama 3.1's rope_scaling at a small original context, so that all three frequency bands occur
+    # (head_dim 16, base 5e4: wavelengths 6.3, 25, 97, ... against 16 / 4 and 16 / 1).
+    "llama_rope_llama3": dict(COMMON, model_type="llama", architectures=["LlamaForCausalLM"],
+                              rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+    "llama_rope_yarn": dict(COMMON, model_type="llama", architectures=["LlamaForCausalLM"],
+                            rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                                          "beta_fast": 8.0, "beta_slow": 1.0}),
+    "mistral": dict(COMMON, model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=8),
+    "qwen2": dict(COMMON, model_type="qwen2", architectures=["Qwen2ForCausalLM"], tie_word_embeddings=True,
+                  use_sliding_window=True, sliding_window=8, max_window_layers=1),
     "qwen3": dict(COMMON, model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=32),
     # Mixtral: top-2 of 4 experts; output_router_logits false, so neither side adds the balance loss.
     "mixtral": dict(COMMON, model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=4,
@@ -60,6 +76,25 @@ CONFIGS = {
     "qwen3_moe": dict(COMMON, model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], head_dim=32,
                       num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=False,
                       output_router_logits=False),
+    # Qwen2-MoE: a dense first layer (mlp_only_layers), then top-2 of 4 experts beside a gated
+    # shared expert.
+    "qwen2_moe": dict(COMMON, model_type="qwen2_moe", architectures=["Qwen2MoeForCausalLM"], num_experts=4,
+                      num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                      mlp_only_layers=[0], decoder_sparse_step=1, norm_topk_prob=False, output_router_logits=False),
+    "nemotron": dict({k: v for k, v in COMMON.items() if k != "rms_norm_eps"}, model_type="nemotron", architectures=["NemotronForCausalLM"], hidden_act="relu2",
+                     norm_eps=1e-5, partial_rotary_factor=0.5, attention_bias=False, mlp_bias=False),
+    "gpt_neox": {"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"], "hidden_size": 64,
+                 "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 256,
+                 "max_position_embeddings": 64, "rotary_pct": 0.25, "rotary_emb_base": 50000,
+                 "use_parallel_residual": True, "layer_norm_eps": 1e-5, "hidden_act": "gelu",
+                 "attention_dropout": 0.0, "hidden_dropout": 0.0, "tie_word_embeddings": False},
+    # gpt-oss: top-2 of 4 biased experts, swiglu_limit 0.5 so that both clamps cut, window 8 on
+    # layer 0, YaRN as its config has it but at a small original context.
+    "gpt_oss": dict(COMMON, model_type="gpt_oss", architectures=["GptOssForCausalLM"], head_dim=16,
+                    intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                    swiglu_limit=0.5, output_router_logits=False,
+                    rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                                  "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}),
     "gpt2": {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_layer": 2, "n_head": 4,
              "n_inner": 256, "vocab_size": 256, "n_positions": 64, "activation_function": "gelu_new",
              "attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "layer_norm_epsilon": 1e-5,
@@ -105,19 +140,46 @@ def hf_model(family, folder):
     return model
 
 
+def decays(name, p):
+    """The executor's weight-decay rule by what a tensor is: matrices and embeddings decay, norms,
+    biases and sinks do not (gpt-oss stacks its experts' biases into matrices, which still do not)."""
+    return p.dim() >= 2 and not name.endswith("bias")
+
+
 def hf_train(model, batches, opt, max_norm):
-    """(losses, gradient norms) of the steps, as the executor trains them."""
-    optimizer = adamw(model, opt)
-    losses, norms = [], []
+    """(losses, gradient norms, step 1's logits, step 1's gradients by name) of the steps, as the
+    executor trains them."""
+    optimizer = adamw(model, opt, decays)
+    losses, norms, logits1, grads1 = [], [], None, None
     for tokens in batches:
         optimizer.zero_grad(set_to_none=True)
         logits = model(input_ids=tokens[:, :-1]).logits
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), tokens[:, 1:].reshape(-1))
         loss.backward()
+        if logits1 is None:
+            logits1 = logits.detach().float().clone()
+            grads1 = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
         norms.append(clip_global_norm(list(model.parameters()), max_norm, 1))
         optimizer.step()
         losses.append(float(loss.detach()))
-    return losses, norms
+    return losses, norms, logits1, grads1
+
+
+def gradient_gaps(dplan_grads, hf_grads):
+    """The largest relative gap ||d - h|| / ||h|| over the checkpoint tensors transformers holds
+    under the same name, and the relative gap of the joint norm of the rest (transformers 5 holds
+    Mixtral's and Qwen3-MoE's experts fused in memory, saving them per expert), with their counts."""
+    matched = [n for n in dplan_grads if n in hf_grads]
+    worst = max((float((dplan_grads[n] - hf_grads[n]).norm() / hf_grads[n].norm().clamp_min(1e-30)) for n in matched),
+                default=0.0)
+    rest_d = [g for n, g in dplan_grads.items() if n not in hf_grads]
+    rest_h = [g for n, g in hf_grads.items() if n not in dplan_grads]
+    joint = 0.0
+    if rest_d or rest_h:
+        nd = math.sqrt(sum(float(g.double().pow(2).sum()) for g in rest_d))
+        nh = math.sqrt(sum(float(g.double().pow(2).sum()) for g in rest_h))
+        joint = abs(nd - nh) / max(nh, 1e-30)
+    return worst, len(matched), joint, len(rest_d)
 
 
 def rel(a, b):
@@ -169,14 +231,27 @@ def main():
     tensors, metadata = read_safetensors(ref)  # the batches and the optimizer's settings, as dplan ran them
     opt = json.loads(metadata["dplan"])["optimizer"]
     batches = [tensors[f"tokens.step{k}"] for k in range(a.steps)]
-    hf_losses, hf_norms = hf_train(model, batches, opt, 1.0)
+    hf_losses, hf_norms, hf_logits, hf_grads = hf_train(model, batches, opt, 1.0)
+    # Step 1's logits and per-tensor gradients, from the one-rank run's reference file.
+    dplan_logits = tensors["logits.step0"]
+    logits_rel = float((dplan_logits - hf_logits).abs().max() / hf_logits.abs().max())
+    dplan_grads = {n[len("hf_grad."):]: t for n, t in tensors.items() if n.startswith("hf_grad.")}
+    grad_rel, grads_matched, grad_rest_rel, grads_rest = gradient_gaps(dplan_grads, hf_grads)
     result = {"family": a.family, "layout": a.layout or "one rank", "transformers": transformers.__version__,
               "loss1_rel": rel(dplan_losses[0], hf_losses[0]), "grad_norm1_rel": rel(dplan_norms[0], hf_norms[0]),
               "loss_max_rel": max(rel(d, h) for d, h in zip(dplan_losses, hf_losses)),
+              "logits1_rel": logits_rel, "grad1_max_rel": grad_rel, "grads_compared": grads_matched,
+              "grad1_fused_norm_rel": grad_rest_rel, "grads_fused": grads_rest,
               "dplan_losses": dplan_losses, "hf_losses": hf_losses}
     print(json.dumps(result))
     checks = [("step 1's loss", result["loss1_rel"], 1e-5), ("step 1's gradient norm", result["grad_norm1_rel"], 1e-4),
-              (f"the {a.steps} steps' losses", result["loss_max_rel"], 1e-4)]
+              (f"the {a.steps} steps' losses", result["loss_max_rel"], 1e-4),
+              ("step 1's logits (largest gap over the largest logit)", logits_rel, 1e-5),
+              ("step 1's gradients (largest per-tensor gap)", grad_rel, 1e-4),
+              ("step 1's gradients of transformers' fused tensors (their joint norm)", grad_rest_rel, 1e-4)]
+    if grads_matched == 0:
+        print(f"hf_parity: {a.family}: no gradient tensor compared", file=sys.stderr)
+        sys.exit(1)
     bad = [f"{what}: {gap:.2e} relative > {bound:g}" for what, gap, bound in checks if not gap <= bound]
     if bad:
         print(f"hf_parity: {a.family} ({result['layout']}): " + "; ".join(bad), file=sys.stderr)

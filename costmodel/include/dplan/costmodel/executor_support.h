@@ -18,8 +18,12 @@ std::optional<std::string> executor_refusal(const ModelSpec& model, const Traini
 
 // The GELU a plain MLP's activation names, as ATen's gelu approximation: "none" (erf: gelu,
 // gelu_python) or "tanh" (gelu_new, gelu_pytorch_tanh, gelu_fast: the same formula,
-// transformers' activations.py); nullopt for any other activation (not run).
+// transformers' activations.py); nullopt for any other activation.
 std::optional<std::string> gelu_approximation(const std::string& activation);
+
+// Whether the executor runs a plain (ungated) MLP with this activation: the GELUs above, relu and
+// relu2 (squared ReLU, Nemotron's).
+bool runs_plain_activation(const std::string& activation);
 
 // "the executor does not run <what> yet; it runs <what it runs> (dplan --runnable searches only
 // those)": the sentence for a feature the executor lacks.

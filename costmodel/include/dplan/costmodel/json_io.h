@@ -89,6 +89,7 @@ class ObjectReader {
   const json& raw(const std::string& key);                     // marks the key as known
 
   bool has(const std::string& key);                            // present and not null; marks key valid
+  bool has_key(const std::string& key);                        // present, null or not; marks key valid
   // Marks keys as valid without reading them (metadata that does not change any estimate).
   void ignore(std::initializer_list<const char*> keys);
   void ignore(const std::string& key);

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "dplan/costmodel/json_io.h"
 
@@ -51,11 +52,12 @@ struct ModelSpec {
   double attention_dropout = 0.0;     // probability
   double hidden_dropout = 0.0;        // residual / embedding dropout probability
   std::string activation = "silu";    // Hugging Face hidden_act (element-wise; no cost of its own)
-  // MoE structure. Dense layers of an MoE model (DeepSeek's first_k_dense_replace, Qwen's
-  // mlp_only_layers) have a dense MLP of dense_ffn_hidden_size; every MoE layer also runs the
-  // shared experts, one dense MLP of shared_expert_ffn_size (n_shared_experts x their width).
-  int num_dense_layers = 0;
-  int dense_ffn_hidden_size = 0;      // 0 when num_dense_layers is 0
+  // MoE structure. Dense layers of an MoE model (DeepSeek's first_k_dense_replace and
+  // moe_layer_freq, Qwen's mlp_only_layers and decoder_sparse_step), listed ascending, have a dense
+  // MLP of dense_ffn_hidden_size; every MoE layer also runs the shared experts, one dense MLP of
+  // shared_expert_ffn_size (n_shared_experts x their width).
+  std::vector<int> dense_layers;
+  int dense_ffn_hidden_size = 0;      // 0 when there are no dense layers
   int shared_expert_ffn_size = 0;     // 0: no shared expert
   bool shared_expert_gate = false;    // qwen2_moe: sigmoid gate h x 1 on the shared expert
   bool router_bias = false;           // E router biases (gpt_oss; DeepSeek-V3's correction bias)
@@ -66,6 +68,11 @@ struct ModelSpec {
   // The top-k routing weights renormalised to sum 1 (Mixtral always; Qwen-MoE's norm_topk_prob,
   // false by default in transformers), else the softmax probabilities as they are.
   bool moe_norm_topk_prob = true;
+  // gpt-oss's clamped SwiGLU in its experts (transformers GptOssExperts._apply_gate):
+  // (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit), when
+  // swiglu_limit > 0 (its swiglu_limit, 7, and swiglu_alpha, 1.702); 0: the plain SwiGLU.
+  double swiglu_limit = 0.0;
+  double swiglu_alpha = 1.0;
   // Multi-head latent attention (DeepSeek-V2/V3) when kv_lora_rank > 0: head_dim is the query and
   // key head width (qk_nope_head_dim + qk_rope_head_dim), num_kv_heads == num_heads.
   int q_lora_rank = 0;                // 0: plain q projection
@@ -74,8 +81,18 @@ struct ModelSpec {
   int v_head_dim = 0;                 // 0: head_dim
   bool qk_norm = false;               // qwen3: RMSNorm over head_dim on each q and k head
   bool attention_sinks = false;       // gpt_oss: one learned logit per head
-  int sliding_window = 0;             // keys per query on the windowed layers; 0: none
-  int num_sliding_layers = 0;         // layers attending over the window only
+  // Sliding-window attention: on the layers listed (ascending), query i sees keys i - w + 1 .. i,
+  // w = sliding_window, its own included (transformers masking_utils.py sliding_window_overlay).
+  // Which layers: layer_types' "sliding_attention" (gpt_oss: the even ones by default; Qwen2 and
+  // Qwen3: from max_window_layers on with use_sliding_window), every layer for Mistral, Mixtral and
+  // Qwen3-MoE where the config has a window.
+  int sliding_window = 0;             // 0: none
+  std::vector<int> sliding_layers;
+  // Rotary on the first rotary_dim of each query and key head's dims, the rest passed through
+  // (Nemotron's partial_rotary_factor, GPT-NeoX's rotary_pct: int(head_dim x fraction)); 0: all.
+  int rotary_dim = 0;
+  // GPT-NeoX's use_parallel_residual: x + attn(norm1(x)) + mlp(norm2(x)), both from the same x.
+  bool parallel_residual = false;
   // Multi-token prediction (DeepSeek-V3, arXiv 2412.19437, Sec. 2.2; its config's
   // num_nextn_predict_layers; Megatron-LM's --mtp-num-layers): D sequential modules on the last
   // pipeline stage, each one transformer layer (of the last layer's kind), two norms, a 2h x h
@@ -84,11 +101,14 @@ struct ModelSpec {
   int mtp_layers = 0;
   // Numerics that change the function, not the cost: the norms' epsilon (rms_norm_eps,
   // layer_norm_eps, layer_norm_epsilon, norm_eps) and the rotary base (rope_theta, or
-  // rope_parameters' in transformers 5); rope_scaling names a scaled rotary (llama3, yarn, ...),
-  // empty for the plain one. Plans written before these keys get the executor's old constants.
+  // rope_parameters' in transformers 5); rope_scaling names a scaled rotary (linear, llama3, yarn,
+  // ...), empty for the plain one, and rope_scaling_params holds its parameters as the config gives
+  // them (factor, original_max_position_embeddings, ...: rotary.h reads them). Plans written before
+  // these keys get the executor's old constants.
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
   std::string rope_scaling;
+  json rope_scaling_params = json::object();
 
   bool is_moe() const { return num_experts > 0; }
   bool is_mla() const { return kv_lora_rank > 0; }
@@ -96,7 +116,16 @@ struct ModelSpec {
   int kv_dim() const { return num_kv_heads * head_dim; }
   // Width of the attention output over all heads (the output projection's input): heads x value dim.
   int attn_out_dim() const { return num_heads * (v_head_dim > 0 ? v_head_dim : head_dim); }
-  int num_moe_layers() const { return is_moe() ? num_layers - num_dense_layers : 0; }
+  int num_dense_layers() const { return static_cast<int>(dense_layers.size()); }
+  bool is_dense_layer(int layer) const;  // a layer with a dense MLP in an MoE model
+  int num_moe_layers() const { return is_moe() ? num_layers - num_dense_layers() : 0; }
+  int num_sliding_layers() const { return static_cast<int>(sliding_layers.size()); }
+  // Whether a window cuts anything off at this sequence length (a window as long as the sequence is
+  // full causal attention).
+  bool window_binds(double seq_len) const { return num_sliding_layers() > 0 && sliding_window < seq_len; }
+  // The keys a query of `layer` sees back to its own (sliding_window on a windowed layer), 0: all.
+  int attention_window(int layer) const;
+  int rotary_width() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
   // Share of the layers that are MoE layers (the rest have a dense MLP).
   double moe_layer_fraction() const { return double(num_moe_layers()) / num_layers; }
   bool operator==(const ModelSpec&) const = default;

@@ -76,7 +76,8 @@ void for_each_run_flag(Options& o, Visit&& visit) {
         !show_default);
   visit("--save-reference", o.save_reference,
         "one rank only: write the initial parameters (full, fp32, global names) and every step's token ids "
-        "to this safetensors file, the inputs of bench/torch_gpt.py --reference",
+        "to this safetensors file, the inputs of bench/torch_gpt.py --reference, and step 1's logits and "
+        "gradients (also under the checkpoint's names with --init-from)",
         !show_default);
   visit("--checkpoint-dir", o.checkpoint_dir,
         "save sharded checkpoints into this folder (every --save-every steps, and when SIGTERM or SIGINT stops the "

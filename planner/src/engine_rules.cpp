@@ -620,10 +620,13 @@ void keep_engine_runnable(SearchResult& result, const costmodel::ModelSpec& mode
   plan.cluster = costmodel::to_json(cluster);
   plan.training = training;
   plan.overlap = overlap;
+  std::string first_failure;  // the first refused layout's first reason
   auto runs = [&](const ParallelConfig& p) {
     plan.parallel = p;
     plan.num_microbatches = costmodel::num_microbatches(training, p);
-    return check_engine_rules(plan, engine).ok();
+    const RuleReport report = check_engine_rules(plan, engine);
+    if (!report.ok() && first_failure.empty()) first_failure = report.failures.front();
+    return report.ok();
   };
   std::vector<Candidate> kept;
   long refused = 0;
@@ -640,7 +643,13 @@ void keep_engine_runnable(SearchResult& result, const costmodel::ModelSpec& mode
   // (search() kept the near misses that beat its winner, so they beat any the filter promotes.)
   std::erase_if(result.near_misses, [&](const Candidate& c) { return !runs(c.parallel); });
   result.feasible -= refused;
-  if (refused) result.rejected[std::string(to_string(engine)) + "'s rules refuse it"] += refused;
+  // When the engine takes none of them, its first reason is what the user needs (often the model:
+  // a feature its flags cannot say), with the way out.
+  if (refused && result.ranked.empty())
+    result.rejected[std::string(to_string(engine)) + "'s rules refuse it (the first: " + first_failure +
+                    "; --engine torchrun plans for dplan's own executor instead)"] += refused;
+  else if (refused)
+    result.rejected[std::string(to_string(engine)) + "'s rules refuse it"] += refused;
 }
 
 std::string rules_ok_line(const Plan& plan, Engine engine, const RuleReport& report) {

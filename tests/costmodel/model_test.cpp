@@ -430,15 +430,18 @@ TEST_CASE("each model check names the inconsistency it finds, in validate's orde
   }
 }
 
+namespace {
+// A small config.json of `family` (hidden 64, 4 heads of 16, `layers` layers) with `extra` keys, read.
+ModelSpec small_config(const std::string& family, const json& extra, int layers = 2) {
+  json c = {{"model_type", family}, {"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", layers},
+            {"num_attention_heads", 4}, {"vocab_size", 100}, {"max_position_embeddings", 128}};
+  c.update(extra);
+  return model_from_hf_config(c, "c.json", "x");
+}
+}  // namespace
+
 TEST_CASE("the norm epsilon and the rotary base and scaling come from the config, else the family's default", "[model]") {
-  const json base = {{"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 2},
-                     {"num_attention_heads", 4}, {"vocab_size", 100}, {"max_position_embeddings", 128}};
-  auto read = [&](const std::string& family, const json& extra) {
-    json c = base;
-    c["model_type"] = family;
-    c.update(extra);
-    return model_from_hf_config(c, "c.json", "x");
-  };
+  auto read = [](const std::string& family, const json& extra) { return small_config(family, extra); };
   // transformers 5.23's configuration classes: rms_norm_eps 1e-6 (Llama, Qwen), 1e-5 (Mixtral);
   // rope_theta 10000, Mixtral's 1e6.
   CHECK(read("llama", json::object()).norm_eps == 1e-6);
@@ -487,12 +490,7 @@ TEST_CASE("the norm epsilon and the rotary base and scaling come from the config
 }
 
 TEST_CASE("sliding windows land on the layers each family's transformers code windows", "[model]") {
-  auto read = [](const std::string& family, const json& extra) {
-    json c = {{"model_type", family}, {"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 4},
-              {"num_attention_heads", 4}, {"vocab_size", 100}, {"max_position_embeddings", 128}};
-    c.update(extra);
-    return model_from_hf_config(c, "c.json", "x");
-  };
+  auto read = [](const std::string& family, const json& extra) { return small_config(family, extra, 4); };
   const json moe = {{"num_experts", 4}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 32}};
   // Mistral: 4096 on every layer unless null; Mixtral: none unless given.
   CHECK(read("mistral", json::object()).sliding_layers == std::vector<int>{0, 1, 2, 3});
@@ -575,12 +573,7 @@ TEST_CASE("scaled rotary frequencies are transformers' own", "[model]") {
 }
 
 TEST_CASE("partial rotary and GPT-NeoX's parallel residual are read", "[model]") {
-  auto read = [](const std::string& family, const json& extra) {
-    json c = {{"model_type", family}, {"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 2},
-              {"num_attention_heads", 4}, {"vocab_size", 100}, {"max_position_embeddings", 128}};
-    c.update(extra);
-    return model_from_hf_config(c, "c.json", "x");
-  };
+  auto read = [](const std::string& family, const json& extra) { return small_config(family, extra); };
   // Nemotron: half of each 16-wide head by default; transformers 5 keeps the factor in rope_parameters.
   CHECK(read("nemotron", json::object()).rotary_dim == 8);
   CHECK(read("nemotron", {{"rope_parameters", {{"rope_type", "default"}, {"partial_rotary_factor", 0.25}}}}).rotary_dim == 4);

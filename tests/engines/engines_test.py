@@ -42,6 +42,10 @@ PLANS = {
     "cp2-tp2-sp-dp2-zero3": ("llama-tiny", "--gpus 8 --cp 2 --tp 2 --sp --zero 3"),
     "moe-tp2-sp-pp2-ep2-distopt": ("mixtral-tiny", "--gpus 8 --tp 2 --sp --pp 2 --ep 2 --dist-opt"),
     "moe-ep4-etp1-dp8-zero1-full": ("mixtral-tiny", "--gpus 8 --ep 4 --etp 1 --zero 1 --recompute full"),
+    # Megatron's --window-size (a window of 16 at 64 tokens) and --rotary-percent, squared ReLU
+    # and LayerNorm1P.
+    "window-tp2-dp4": ("mistral-tiny", "--gpus 8 --tp 2 --zero 1"),
+    "nemotron-tp2-sp-dp4": ("nemotron-tiny", "--gpus 8 --tp 2 --sp --zero 1"),
 }
 COMMON = "--global-batch 32 --seq 64"
 
@@ -67,6 +71,11 @@ REFUSED = {
     ("cp2-tp2-sp-dp2-zero3", "accelerate"): r"sequence parallel",
     ("moe-tp2-sp-pp2-ep2-distopt", "accelerate"): r"pipeline parallel|expert parallel|sequence parallel",
     ("moe-ep4-etp1-dp8-zero1-full", "accelerate"): r"expert parallel",
+    ("window-tp2-dp4", "torchtitan"): r"sliding windows",
+    ("window-tp2-dp4", "accelerate"): r"tp 2 with DeepSpeed",
+    ("nemotron-tp2-sp-dp4", "torchtitan"): r"relu2|LayerNorm",
+    ("nemotron-tp2-sp-dp4", "deepspeed"): r"sequence parallel",
+    ("nemotron-tp2-sp-dp4", "accelerate"): r"sequence parallel",
 }
 
 

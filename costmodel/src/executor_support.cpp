@@ -29,7 +29,7 @@ std::optional<std::string> executor_refusal(const ModelSpec& model, const Traini
   if (model.is_mla()) return executor_does_not_run("multi-head latent attention (DeepSeek-V2, V3)");
   // MoE (executor/src/moe.h): softmax top-k routing over experts with or without biases (gpt-oss),
   // dense layers and shared experts (gated: Qwen2-MoE) beside them; not DeepSeek-V3's
-  // selection-only correction bias (nor its sigmoid, grouped routing: DeepSeek is refused below).
+  // selection-only correction bias (nor its sigmoid, grouped routing: DeepSeek is refused above).
   if (model.router_bias && model.family != "gpt_oss")
     return executor_does_not_run("DeepSeek-V3's routing correction bias (noaux_tc)");
   // Its layers (executor/src/gpt.h) are GELU, ReLU or squared-ReLU MLPs, or SiLU-gated ones, after

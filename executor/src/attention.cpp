@@ -51,20 +51,28 @@ KeyRange keys_seen(const Shape& sh, const KeyMask& mask, int64_t i0, int64_t n) 
 // Scaled scores of query rows [i0, i0 + n) against keys [lo, hi), as one fp32 tile
 // [b, kv, g * n, keys] that callers turn into probabilities in place, -inf where the mask hides a
 // key (only where it can: the causal mask where the keys reach past the first row, the window
-// where they reach back beyond the last row's).
+// where they reach back beyond the last row's window).
 at::Tensor scores(const at::Tensor& qb, const at::Tensor& kb, const Shape& sh, const KeyMask& mask, int64_t i0,
                   int64_t n, KeyRange keys) {
   at::Tensor s = at::matmul(qb, kb.transpose(-2, -1)).mul_(sh.scale);
   const int64_t q0 = mask.q_first + i0, k0 = mask.k_first + keys.lo, count = keys.hi - keys.lo;
   const bool future = mask.causal && k0 + count - 1 > q0;
   const bool past = mask.window > 0 && q0 + n - 1 - k0 >= mask.window;
-  if (future || past) {
-    const at::TensorOptions index = qb.options().dtype(at::kLong);
-    at::Tensor q_pos = at::arange(q0, q0 + n, index).unsqueeze(1), k_pos = at::arange(k0, k0 + count, index).unsqueeze(0);
-    at::Tensor hidden = future ? k_pos > q_pos : at::zeros({n, count}, qb.options().dtype(at::kBool));
-    if (past) hidden.logical_or_(q_pos - k_pos >= mask.window);
-    s.view({sh.b, sh.kv, sh.g, n, count}).masked_fill_(hidden, -std::numeric_limits<float>::infinity());
-  }
+  if (!future && !past) return s;
+  const at::TensorOptions index = qb.options().dtype(at::kLong);
+  at::Tensor q_pos = at::arange(q0, q0 + n, index).unsqueeze(1), tile = s.view({sh.b, sh.kv, sh.g, n, count});
+  // Each mask over the columns it can hide only: the causal one over the keys after the first
+  // query (the last n x n part of a diagonal block), the window over those before the last
+  // query's window.
+  auto hide = [&](int64_t from, int64_t to, auto&& hidden) {
+    if (from >= to) return;
+    at::Tensor k_pos = at::arange(k0 + from, k0 + to, index).unsqueeze(0);
+    tile.narrow(-1, from, to - from).masked_fill_(hidden(k_pos), -std::numeric_limits<float>::infinity());
+  };
+  if (future) hide(std::max<int64_t>(0, q0 + 1 - k0), count, [&](const at::Tensor& k_pos) { return k_pos > q_pos; });
+  if (past)
+    hide(0, std::min<int64_t>(count, q0 + n - mask.window - k0),
+         [&](const at::Tensor& k_pos) { return q_pos - k_pos >= mask.window; });
   return s;
 }
 }  // namespace

@@ -32,6 +32,14 @@ at::Tensor read_stored(const HfStored& s, const HfTensor& t) {
   return x;
 }
 
+// Rows grouped [outer, inner, d] regrouped as [inner, outer, d] (other dims kept): GPT-NeoX's
+// per-head q, k, v rows (outer heads, inner 3) into the executor's [q; k; v] and back.
+at::Tensor swap_head_groups(const at::Tensor& t, int64_t outer, int64_t inner) {
+  std::vector<int64_t> grouped = {outer, inner, t.size(0) / (outer * inner)};
+  for (int64_t i = 1; i < t.dim(); ++i) grouped.push_back(t.size(i));
+  return t.reshape(grouped).transpose(0, 1).reshape(t.sizes());
+}
+
 }  // namespace
 
 void load_hf_checkpoint(const HfCheckpoint& checkpoint, std::vector<Parameter>& params) {
@@ -47,11 +55,7 @@ void load_hf_checkpoint(const HfCheckpoint& checkpoint, std::vector<Parameter>& 
       parts.push_back(it->second->transpose ? x.t() : x);
     }
     at::Tensor global = parts.size() == 1 ? parts[0] : at::cat(parts, 0);
-    if (const int64_t heads = it->second->heads_interleaved; heads > 0) {  // [heads, 3, d, ...] -> [3, heads, d, ...]
-      std::vector<int64_t> grouped = {heads, 3, global.size(0) / (3 * heads)};
-      for (int64_t i = 1; i < global.dim(); ++i) grouped.push_back(global.size(i));
-      global = global.view(grouped).transpose(0, 1).reshape(global.sizes());
-    }
+    if (it->second->heads_interleaved > 0) global = swap_head_groups(global, it->second->heads_interleaved, 3);
     if (it->second->offset != 0) global = global + it->second->offset;
     if (global.sizes().vec() != p.slice.shape)
       throw std::logic_error("--init-from: " + p.name + " assembles to " + std::to_string(global.numel()) +
@@ -66,11 +70,7 @@ std::map<std::string, at::Tensor> to_hf_tensors(const HfCheckpoint& checkpoint,
   for (const HfParameter& p : checkpoint.parameters) {
     at::Tensor g = global.at(p.name).to(at::kFloat);
     if (!gradients && p.offset != 0) g = g - p.offset;
-    if (const int64_t heads = p.heads_interleaved; heads > 0) {  // [3, heads, d, ...] -> [heads, 3, d, ...]
-      std::vector<int64_t> grouped = {3, heads, g.size(0) / (3 * heads)};
-      for (int64_t i = 1; i < g.dim(); ++i) grouped.push_back(g.size(i));
-      g = g.reshape(grouped).transpose(0, 1).reshape(g.sizes());
-    }
+    if (p.heads_interleaved > 0) g = swap_head_groups(g, 3, p.heads_interleaved);
     int64_t row = 0;
     for (const HfTensor& t : p.parts) {
       at::Tensor& whole = out[t.name];

@@ -268,7 +268,7 @@ void save_reference_step1(const RunOptions& args, ReferenceFile& ref, GptStage& 
   std::map<std::string, at::Tensor> grads;
   for (const Parameter& p : stage.parameters()) {
     at::Tensor g = p.tensor.grad().defined() ? p.tensor.grad().detach().to(at::kFloat).cpu() : at::zeros_like(p.tensor, at::kFloat).cpu();
-    if (p.name == "wte" || p.name == "lm_head.weight") g = g.narrow(0, 0, p.slice.shape[0]);  // the padded rows dropped
+    if (g.size(0) > p.slice.shape[0]) g = g.narrow(0, 0, p.slice.shape[0]);  // a padded vocabulary's extra rows dropped
     grads[p.name] = g;
     ref.tensors.emplace_back("grad." + p.name, g);
   }

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <stdexcept>
 
@@ -66,8 +67,20 @@ bool nccl_available() {
 #endif
 }
 
-Work::Work(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then)
-    : work_(std::move(work)), then_(std::move(then)) {}
+namespace {
+
+// Waits for `work` and, where the backend's worker may still hold it (Gloo), until this is its
+// last owner, then drops it: its tensors are gone when this returns, unless the caller holds them.
+void finish(c10::intrusive_ptr<c10d::Work> work, bool lingers) {
+  work->wait();
+  if (!lingers) return;
+  for (int i = 0; i < 100000 && work.use_count() > 1; ++i) std::this_thread::yield();
+}
+
+}  // namespace
+
+Work::Work(c10::intrusive_ptr<c10d::Work> work, bool lingers, std::function<void()> then)
+    : work_(std::move(work)), lingers_(lingers), then_(std::move(then)) {}
 Work::~Work() = default;
 Work::Work(Work&&) noexcept = default;
 Work& Work::operator=(Work&&) noexcept = default;
@@ -90,7 +103,7 @@ void Work::wait() {
   auto then = std::move(then_);
   work_.reset();
   then_ = nullptr;
-  if (w) w->wait();
+  if (w) finish(std::move(w), lingers_);
   if (then) then();
 }
 
@@ -101,6 +114,11 @@ struct Group::Impl {
   bool one_tensor = false;
   // Gloo's kernels stop at fp16: bf16 is summed in fp32 and gathered as fp16 bits (a gather only moves bytes).
   bool lacks(const at::Tensor& t) const { return backend == Backend::gloo && t.scalar_type() == at::kBFloat16; }
+  // An operation of this group's backend, to wait for later or now (Work above).
+  Work track(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then = {}) const {
+    return Work(std::move(work), backend == Backend::gloo, std::move(then));
+  }
+  void complete(c10::intrusive_ptr<c10d::Work> work) const { finish(std::move(work), backend == Backend::gloo); }
 
   // Starts a one-tensor collective; a Gloo that refuses it (c10d's Backend throws "does not
   // support" before anything is sent, so no peer has started either) turns them off for good, and
@@ -124,10 +142,10 @@ struct Group::Impl {
     if (lacks(flat)) {  // summed in fp32, this member's slice converted back when done
       at::Tensor wide_flat = flat.to(at::kFloat), wide_shard = at::empty(shard.sizes(), wide_flat.options());
       if (auto work = try_one_tensor([&] { return pg->_reduce_scatter_base(wide_shard, wide_flat); }))
-        return Work(std::move(work), [shard, wide_shard, wide_flat]() mutable { shard.copy_(wide_shard); });
+        return track(std::move(work), [shard, wide_shard, wide_flat]() mutable { shard.copy_(wide_shard); });
       return Work();
     }
-    if (auto work = try_one_tensor([&] { return pg->_reduce_scatter_base(shard, flat); })) return Work(std::move(work));
+    if (auto work = try_one_tensor([&] { return pg->_reduce_scatter_base(shard, flat); })) return track(std::move(work));
     return Work();
   }
 };
@@ -174,10 +192,10 @@ Work Group::all_reduce_async(at::Tensor& tensor) {
   if (local()) return Work();
   if (impl_->lacks(tensor)) {
     std::vector<at::Tensor> wide{tensor.to(at::kFloat)};
-    return Work(impl_->pg->allreduce(wide), [tensor, wide]() mutable { tensor.copy_(wide[0]); });
+    return impl_->track(impl_->pg->allreduce(wide), [tensor, wide]() mutable { tensor.copy_(wide[0]); });
   }
   std::vector<at::Tensor> t{tensor};
-  return Work(impl_->pg->allreduce(t));
+  return impl_->track(impl_->pg->allreduce(t));
 }
 
 at::Tensor Group::all_gather(const at::Tensor& tensor, int64_t dim) {
@@ -229,11 +247,11 @@ Work Group::all_gather_async(at::Tensor& flat, const at::Tensor& shard) {
   }
   at::Tensor input = shard;  // in place when the shard is this member's slice of flat
   if (auto work = impl_->try_one_tensor([&] { return impl_->pg->_allgather_base(flat, input); }))
-    return Work(std::move(work));
+    return impl_->track(std::move(work));
   // Gloo: the list form, each output a slice of the flat buffer.
   std::vector<at::Tensor> in{shard.contiguous()};
   std::vector<std::vector<at::Tensor>> out{flat.chunk(size(), 0)};
-  return Work(impl_->pg->allgather(out, in));
+  return impl_->track(impl_->pg->allgather(out, in));
 }
 
 Work Group::reduce_scatter_async(at::Tensor& flat, at::Tensor& shard) {
@@ -259,12 +277,12 @@ at::Tensor Group::all_to_all(const at::Tensor& input, const std::vector<int64_t>
     at::Tensor bits = out.view(at::kHalf), in_bits = in.view(at::kHalf);
     std::vector<int64_t> s(send_rows), r(recv_rows);
     CommunicationScope buffers;
-    impl_->pg->alltoall_base(bits, in_bits, r, s)->wait();
+    impl_->complete(impl_->pg->alltoall_base(bits, in_bits, r, s));
     return out;
   }
   std::vector<int64_t> s(send_rows), r(recv_rows);  // c10d takes them by non-const reference
   CommunicationScope buffers;  // what the backend allocates while it runs is the collective's
-  impl_->pg->alltoall_base(out, in, r, s)->wait();
+  impl_->complete(impl_->pg->alltoall_base(out, in, r, s));
   return out;
 }
 
@@ -273,17 +291,17 @@ void Group::broadcast(at::Tensor& tensor, int root) {
   std::vector<at::Tensor> t{tensor};
   c10d::BroadcastOptions o;
   o.rootRank = root;
-  impl_->pg->broadcast(t, o)->wait();
+  impl_->complete(impl_->pg->broadcast(t, o));
 }
 
 Work Group::send(const at::Tensor& tensor, int peer, int tag) {
   std::vector<at::Tensor> t{tensor};
-  return Work(impl_->pg->send(t, peer, tag));
+  return impl_->track(impl_->pg->send(t, peer, tag));
 }
 
 Work Group::recv(at::Tensor& tensor, int peer, int tag) {
   std::vector<at::Tensor> t{tensor};
-  return Work(impl_->pg->recv(t, peer, tag));
+  return impl_->track(impl_->pg->recv(t, peer, tag));
 }
 
 bool Group::one_tensor_collectives() const { return impl_->one_tensor; }
@@ -292,7 +310,7 @@ bool Group::local() const { return !impl_ || !impl_->pg; }
 
 void Group::barrier() {
   if (local()) return;
-  impl_->pg->barrier()->wait();
+  impl_->complete(impl_->pg->barrier());
 }
 
 std::vector<CollectiveCheck> check_collectives(Backend backend, const at::Device& device,

@@ -38,11 +38,17 @@ void set_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& p
                          std::unique_ptr<torch::optim::OptimizerParamState> state);
 
 // An outstanding asynchronous operation; wait() rethrows the backend's error (peer gone, timeout).
+// Gloo's worker thread lets go of an operation, and of the tensors it holds, just after it marks
+// the operation complete: wait() on a Gloo operation returns once it has (bounded: a few ms at
+// most), so that what the caller drops next is freed then. On CPU, where memory is counted
+// exactly, a tensor that outlived its last use by the worker's delay raised the measured peak by a
+// timing-dependent amount.
 class Work {
  public:
   Work() = default;
-  // `then` runs once, after the operation completes, inside wait().
-  explicit Work(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then = {});
+  // `then` runs once, after the operation completes, inside wait(); `lingers`: the backend's
+  // worker may hold the operation past its completion (Gloo).
+  Work(c10::intrusive_ptr<c10d::Work> work, bool lingers, std::function<void()> then = {});
   ~Work();
   Work(Work&&) noexcept;
   Work& operator=(Work&&) noexcept;
@@ -55,6 +61,7 @@ class Work {
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
+  bool lingers_ = false;
   std::function<void()> then_;
 };
 

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
-#include <thread>
 
 #include "memory_meter.h"
 #include "phase_clock.h"
@@ -23,14 +22,6 @@ namespace {
 // ZeRO-3 frees a unit's full parameters by taking the storage's memory away and gives it back
 // before the next use; the parameters stay views of that storage (shapes, strides and autograd
 // identity unchanged), which is how FSDP frees and refills its flat parameters.
-// Gloo's worker thread lets go of a tensor just after it marks the work complete; on CPU, where
-// memory is counted exactly, the buffers' count drops only once the memory is really gone
-// (bounded: a few ms at most).
-void await_sole_owner(const at::Tensor& t) {
-  if (t.is_cuda()) return;
-  for (int i = 0; i < 100000 && t.use_count() > 1; ++i) std::this_thread::yield();
-}
-
 void free_storage(const at::Tensor& flat) {
   c10::StorageImpl* s = flat.storage().unsafeGetStorageImpl();
   s->set_data_ptr_noswap(at::DataPtr(nullptr, flat.device()));
@@ -237,8 +228,7 @@ void GradSync::complete_reductions() {
   PhaseScope scope(ctx_.clock, Phase::dp_comm);
   for (int i : reducing_) {
     Bucket& b = buckets_[i];
-    b.work.wait();
-    await_sole_owner(b.grads);
+    b.work.wait();  // the backend has let go of the buffers: they go when dropped here
     b.grad_shard.add_(b.grads_reduced);
     const int64_t bytes = b.grads.nbytes() + b.grads_reduced.nbytes();
     b.grads = at::Tensor();

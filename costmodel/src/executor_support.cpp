@@ -8,9 +8,10 @@ namespace dplan::costmodel {
 std::string executor_does_not_run(const std::string& what) {
   return "the executor does not run " + what +
          " yet; it runs tp, pp (gpipe, 1f1b, interleaved), dp, context parallel, sequence parallel, ZeRO 0-3, "
-         "the distributed optimizer, optimizer offload, recompute, Mixtral-, Qwen-MoE- and gpt-oss-style mixture of "
-         "experts (dense layers, shared experts) with ep and etp, attention sinks, sliding windows, partial and "
-         "scaled rotary (linear, llama3, yarn) (dplan --runnable searches only those)";
+         "the distributed optimizer, optimizer offload, recompute, Mixtral-, Qwen-MoE-, gpt-oss- and DeepSeek-style "
+         "mixture of experts (dense layers, shared experts) with ep and etp, multi-head latent attention, attention "
+         "sinks, sliding windows, partial and scaled rotary (linear, llama3, yarn) (dplan --runnable searches only "
+         "those)";
 }
 
 std::optional<std::string> gelu_approximation(const std::string& activation) {
@@ -25,16 +26,12 @@ bool runs_plain_activation(const std::string& activation) {
 
 std::optional<std::string> executor_refusal(const ModelSpec& model, const TrainingSpec& training,
                                             const ParallelConfig& p) {
-  // DeepSeek-V2/V3's multi-head latent attention (and with it their routing).
-  if (model.is_mla()) return executor_does_not_run("multi-head latent attention (DeepSeek-V2, V3)");
   // MoE (executor/src/moe.h): softmax top-k routing over experts with or without biases (gpt-oss),
-  // dense layers and shared experts (gated: Qwen2-MoE) beside them; not DeepSeek-V3's
-  // selection-only correction bias (nor its sigmoid, grouped routing: DeepSeek is refused above).
-  if (model.router_bias && model.family != "gpt_oss")
-    return executor_does_not_run("DeepSeek-V3's routing correction bias (noaux_tc)");
+  // DeepSeek's sigmoid or softmax routing over expert groups with its correction bias, dense layers
+  // and shared experts (gated: Qwen2-MoE) beside them: every router the planner reads.
   // Its layers (executor/src/gpt.h) are GELU, ReLU or squared-ReLU MLPs, or SiLU-gated ones, after
-  // multi-head or grouped-query attention with Qwen3's q/k norms, sliding windows and gpt-oss's
-  // sinks where the model has them, rotary over all or part of each head at the model's base and scaling
+  // multi-head, grouped-query or DeepSeek's multi-head latent attention with Qwen3's q/k norms,
+  // sliding windows and gpt-oss's sinks where the model has them, rotary over all or part of each head at the model's base and scaling
   // (costmodel/rotary.h), and the serial or GPT-NeoX's parallel residual.
   if (model.mlp == MlpKind::plain ? !runs_plain_activation(model.activation) : model.activation != "silu")
     return executor_does_not_run("the " + model.activation + " activation in a " + to_string(model.mlp) + " MLP");

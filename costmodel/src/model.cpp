@@ -19,8 +19,7 @@ const std::initializer_list<const char*> kIgnoredHfKeys = {
     "pretraining_tp", "sliding_window", "use_sliding_window",
     "max_window_layers", "layer_types", "router_jitter_noise",
     "classifier_dropout", "rotary_pct", "rotary_emb_dim",
-    "partial_rotary_factor", "rope_interleave", "n_group", "topk_group", "scoring_func",
-    "seq_aux", "routed_scaling_factor", "ep_size",
+    "partial_rotary_factor", "scoring_func", "seq_aux", "ep_size",
     "quantization_config", "initial_context_length", "auto_map", "qk_head_dim",
     "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "n_ctx",
     "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
@@ -175,8 +174,30 @@ void read_deepseek_v3(ObjectReader& r, ModelSpec& m) {
   for (int i = 0; i < m.num_layers; ++i)
     if (!(i >= first_dense && i % freq == 0)) m.dense_layers.push_back(i);
   if (m.dense_layers.empty()) m.dense_ffn_hidden_size = 0;
-  // noaux_tc routing keeps a learned per-expert correction bias (DeepSeek-V3, arXiv 2412.19437, Sec. 2.1.2).
-  m.router_bias = r.has("topk_method") && r.string("topk_method") == "noaux_tc";
+  // Routing as transformers 5.23 runs it (ModelSpec::moe_router_score): V3's router is always the
+  // sigmoid one with its correction bias (noaux_tc; DeepSeek-V3, arXiv 2412.19437, Sec. 2.1.2) over
+  // n_group groups (8, 4 of them chosen, by default), its weights renormalised (norm_topk_prob,
+  // default true) and scaled (routed_scaling_factor, 2.5); V2's a softmax, greedy or
+  // group_limited_greedy, never renormalised (DeepseekV2TopkRouter does not read norm_topk_prob),
+  // scaled by routed_scaling_factor (1).
+  const bool v3 = m.family == "deepseek_v3";
+  const std::string method = r.has("topk_method") ? r.string("topk_method") : v3 ? "noaux_tc" : "greedy";
+  m.router_bias = v3 || method == "noaux_tc";
+  m.moe_router_score = v3 ? ModelSpec::RouterScore::sigmoid : ModelSpec::RouterScore::softmax;
+  if (!v3 && method != "greedy" && method != "group_limited_greedy")
+    throw InputError(r.where("topk_method") + ": '" + method + "' is not DeepSeek-V2's; valid: greedy, group_limited_greedy");
+  if (v3 || method == "group_limited_greedy") {
+    m.moe_groups = r.has("n_group") ? static_cast<int>(r.int_in("n_group", 1, m.num_experts)) : v3 ? 8 : 1;
+    m.moe_group_topk = r.has("topk_group") ? static_cast<int>(r.int_in("topk_group", 1, m.moe_groups))
+                                           : v3 ? std::min(4, m.moe_groups) : 1;
+  } else {
+    r.ignore({"n_group", "topk_group"});
+  }
+  m.moe_routed_scaling = r.has("routed_scaling_factor") ? r.number_in("routed_scaling_factor", 1e-6, 1e6) : v3 ? 2.5 : 1.0;
+  m.moe_norm_topk_prob = v3 ? optional_bool(r, "norm_topk_prob", true) : false;
+  // transformers' DeepseekV3Config: rope_interleave, default true; DeepseekV2's rotary is always
+  // interleaved (its complex-number apply_rotary_emb pairs neighbouring dims).
+  m.rope_interleave = v3 ? optional_bool(r, "rope_interleave", true) : true;
   m.q_lora_rank = r.has("q_lora_rank") ? width(r, "q_lora_rank") : 0;
   m.kv_lora_rank = width(r, "kv_lora_rank");
   m.qk_rope_head_dim = width(r, "qk_rope_head_dim");
@@ -189,6 +210,9 @@ void read_deepseek_v3(ObjectReader& r, ModelSpec& m) {
   r.ignore("num_key_value_heads");
   m.activation = activation(r, "hidden_act", "silu");
   m.qkv_bias = m.out_bias = optional_bool(r, "attention_bias", false);
+  // transformers' DeepseekV2Config has mlp_bias (biases on the dense and shared MLPs, not the experts').
+  if (optional_bool(r, "mlp_bias", false))
+    throw InputError(r.where("mlp_bias") + ": DeepSeek-V2's MLP biases (mlp_bias true) are not read; valid: false");
   m.mlp = MlpKind::gated;
   m.norm = NormKind::rmsnorm;
   m.position = PositionKind::rotary;
@@ -554,6 +578,18 @@ void validate_layer_mix(const ModelSpec& m, const BadModel& bad) {
   if (!m.is_moe() && (m.shared_expert_ffn_size > 0 || m.shared_expert_gate || m.router_bias))
     bad("shared experts and router biases need experts (num_experts > 0)");
   if (m.shared_expert_gate && m.shared_expert_ffn_size == 0) bad("a shared-expert gate needs a shared expert");
+  if (m.moe_groups > 0) {  // group-limited routing (ModelSpec::moe_groups)
+    const std::string groups = "n_group " + std::to_string(m.moe_groups);
+    if (!m.is_moe() || m.num_experts % m.moe_groups != 0)
+      bad(groups + " must divide the " + std::to_string(m.num_experts) + " routed experts");
+    else if (m.moe_group_topk < 1 || m.moe_group_topk > m.moe_groups)
+      bad("topk_group " + std::to_string(m.moe_group_topk) + " must be from 1 to " + groups);
+    else if (m.moe_group_topk * (m.num_experts / m.moe_groups) < m.experts_per_token)
+      bad("the topk_group " + std::to_string(m.moe_group_topk) + " chosen groups of " + std::to_string(m.num_experts / m.moe_groups) +
+          " experts hold fewer than num_experts_per_tok (" + std::to_string(m.experts_per_token) + ")");
+    else if (m.moe_router_score == ModelSpec::RouterScore::sigmoid && m.num_experts / m.moe_groups < 2)
+      bad("a sigmoid router scores a group by its two best experts: " + groups + " leaves fewer than two in each");
+  }
 }
 
 // Multi-head latent attention's ranks and head widths, and only with latent attention.
@@ -702,6 +738,11 @@ json to_json(const ModelSpec& m) {
   if (!m.rope_scaling_params.empty()) j["rope_scaling_params"] = m.rope_scaling_params;
   if (m.moe_aux_loss_coef != old_plan.moe_aux_loss_coef) j["moe_aux_loss_coef"] = m.moe_aux_loss_coef;
   if (!m.moe_norm_topk_prob) j["moe_norm_topk_prob"] = false;
+  if (m.moe_router_score == ModelSpec::RouterScore::sigmoid) j["moe_router_score"] = "sigmoid";
+  count("moe_groups", m.moe_groups);
+  count("moe_group_topk", m.moe_group_topk);
+  if (m.moe_routed_scaling != old_plan.moe_routed_scaling) j["moe_routed_scaling"] = m.moe_routed_scaling;
+  flag("rope_interleave", m.rope_interleave);
   if (m.swiglu_limit != old_plan.swiglu_limit) j["swiglu_limit"] = m.swiglu_limit;
   if (m.swiglu_alpha != old_plan.swiglu_alpha) j["swiglu_alpha"] = m.swiglu_alpha;
   return j;
@@ -784,6 +825,13 @@ ModelSpec model_from_json(const json& j, const std::string& file, const std::str
   }
   if (r.has("moe_aux_loss_coef")) m.moe_aux_loss_coef = r.number_in("moe_aux_loss_coef", 0.0, 1e3);
   if (r.has("moe_norm_topk_prob")) m.moe_norm_topk_prob = r.boolean("moe_norm_topk_prob");
+  if (r.has("moe_router_score"))
+    m.moe_router_score = r.one_of("moe_router_score", {"softmax", "sigmoid"}) == "sigmoid" ? ModelSpec::RouterScore::sigmoid
+                                                                                       : ModelSpec::RouterScore::softmax;
+  m.moe_groups = count("moe_groups", kMaxExperts);
+  m.moe_group_topk = count("moe_group_topk", kMaxExperts);
+  if (r.has("moe_routed_scaling")) m.moe_routed_scaling = r.number_in("moe_routed_scaling", 1e-6, 1e6);
+  m.rope_interleave = flag("rope_interleave");
   if (r.has("swiglu_limit")) m.swiglu_limit = r.number_in("swiglu_limit", 0.0, 1e6);
   if (r.has("swiglu_alpha")) m.swiglu_alpha = r.number_in("swiglu_alpha", 1e-6, 1e6);
   r.ignore("num_params");  // derived, written for readers

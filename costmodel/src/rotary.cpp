@@ -25,6 +25,9 @@ double param(const ModelSpec& m, const char* key, double otherwise) {
 constexpr double kRequired = std::numeric_limits<double>::quiet_NaN();
 constexpr double kPi = 3.14159265358979323846;
 
+// yarn_get_mscale: the attention temperature's correction for a context `scale` times longer.
+double get_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+
 // _compute_llama3_parameters.
 void llama3(const ModelSpec& m, std::vector<double>& inv) {
   const double factor = param(m, "factor", kRequired), low = param(m, "low_freq_factor", kRequired),
@@ -46,7 +49,6 @@ double yarn(const ModelSpec& m, std::vector<double>& inv) {
   const double dim = m.rotary_width(), base = m.rope_theta;
   const double original = param(m, "original_max_position_embeddings", m.max_seq_len);
   const double factor = param(m, "factor", m.max_seq_len / original);
-  auto get_mscale = [](double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; };
   const double mscale = param(m, "mscale", 0), mscale_all_dim = param(m, "mscale_all_dim", 0);
   double attention = param(m, "attention_factor", 0);
   if (attention == 0)
@@ -100,6 +102,19 @@ RotaryFrequencies rotary_frequencies(const ModelSpec& m) {
     throw InputError("the " + m.rope_scaling + " rotary scaling is not computed; computed: " + valid);
   }
   return out;
+}
+
+double softmax_scale(const ModelSpec& m) {
+  double scale = 1.0 / std::sqrt(double(m.head_dim));
+  const bool deepseek = m.family == "deepseek_v2" || m.family == "deepseek_v3";
+  if (deepseek && !m.rope_scaling.empty()) {
+    const double all_dim = param(m, "mscale_all_dim", 0);
+    if (all_dim != 0) {
+      const double mscale = get_mscale(param(m, "factor", kRequired), all_dim);
+      scale *= mscale * mscale;
+    }
+  }
+  return scale;
 }
 
 }  // namespace dplan::costmodel

@@ -200,6 +200,7 @@ class GptStage::Builder {
   }
 
   void attention(Block& b, const std::string& p) {
+    if (model_.is_mla()) return latent_attention(b, p);
     // Column-parallel QKV: this rank's query heads, then its key heads, then its value heads.
     at::Tensor q = shard(draw(seed_, p + "attn.q.weight", {model_.q_dim(), H_}, kInitStd), 0, tp_, r_);
     at::Tensor k = shard(draw(seed_, p + "attn.k.weight", {model_.kv_dim(), H_}, kInitStd), 0, tp_, r_);
@@ -228,6 +229,33 @@ class GptStage::Builder {
     }
   }
 
+  // DeepSeek's multi-head latent attention (transformers DeepseekV3Attention; DeepSeek-V2, arXiv
+  // 2405.04434, Sec. 2.1): the down projections and the latents' norms whole on every tp rank, as
+  // Megatron-Core's MLASelfAttention keeps linear_q_down_proj and linear_kv_down_proj (under sequence
+  // parallel each rank projects its own tokens: their gradients are partial, summed over tp); the
+  // up projections column-parallel by heads, the output projection row-parallel.
+  void latent_attention(Block& b, const std::string& p) {
+    const int64_t heads = model_.num_heads, dqk = model_.head_dim, rope = model_.qk_rope_head_dim;
+    const int64_t dv = model_.attn_out_dim() / heads, rq = model_.q_lora_rank, rkv = model_.kv_lora_rank;
+    auto down = [&](const std::string& name, int64_t rows) {
+      return add(name, draw(seed_, name, {rows, H_}, kInitStd), true, true);
+    };
+    if (rq > 0) {
+      b.mla.q_a_w = down(p + "attn.q_a.weight", rq);
+      if (model_.qkv_bias) b.mla.q_a_b = replicated(p + "attn.q_a.bias", rq, 0.0);
+      b.mla.q_a_norm_w = replicated(p + "attn.q_a_norm.weight", rq, 1.0);
+      b.mla.q_b_w = split(p + "attn.q_b.weight", {heads * dqk, rq}, kInitStd, 0, true);
+    } else {
+      b.mla.q_b_w = split(p + "attn.q.weight", {heads * dqk, H_}, kInitStd, 0, true);
+    }
+    b.mla.kv_a_w = down(p + "attn.kv_a.weight", rkv + rope);
+    if (model_.qkv_bias) b.mla.kv_a_b = replicated(p + "attn.kv_a.bias", rkv + rope, 0.0);
+    b.mla.kv_a_norm_w = replicated(p + "attn.kv_a_norm.weight", rkv, 1.0);
+    b.mla.kv_b_w = split(p + "attn.kv_b.weight", {heads * (dqk - rope + dv), rkv}, kInitStd, 0, true);
+    b.proj_w = split(p + "attn.proj.weight", {H_, heads * dv}, out_std_, 1, true);
+    if (model_.out_bias) b.proj_b = replicated(p + "attn.proj.bias", H_, 0.0);
+  }
+
   // A dense MLP of width f under the name prefix p ("layers.3.mlp.", "layers.3.mlp.shared.").
   DenseMlp dense_mlp(const std::string& p, int64_t f) {
     DenseMlp m;
@@ -252,8 +280,12 @@ class GptStage::Builder {
                                   std::to_string(etp));
     b.moe.router = add(p + "mlp.router.weight", draw(seed_, p + "mlp.router.weight", {E, H_}, kInitStd), true, true);
     s_.params_.back().sequence_parallel_partial = tp_ > 1;
-    if (model_.router_bias) {  // gpt-oss's GptOssTopKRouter.bias, drawn as its weight
-      b.moe.router_bias = add(p + "mlp.router.bias", draw(seed_, p + "mlp.router.bias", {E}, kInitStd), false, true);
+    if (model_.router_bias) {
+      // gpt-oss's GptOssTopKRouter.bias, drawn as its weight; DeepSeek-V3's e_score_correction_bias,
+      // zero as transformers starts it, which no gradient reaches (ModelSpec::router_bias).
+      const bool correction = model_.moe_router_score == costmodel::ModelSpec::RouterScore::sigmoid;
+      const std::string name = p + "mlp.router.bias";
+      b.moe.router_bias = add(name, correction ? at::zeros({E}) : draw(seed_, name, {E}, kInitStd), false, true);
       s_.params_.back().sequence_parallel_partial = tp_ > 1;
     }
     // This ep rank's experts, each drawn whole from its global name and cut to this etp rank's slice.
@@ -309,6 +341,7 @@ GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, in
   for (int layer : build.layers()) build.block(layer);
   if (stage.lm_head) build.head();
   if (model.position == PositionKind::rotary) build.rotary_tables();
+  softmax_scale_ = costmodel::softmax_scale(model);
 }
 
 std::vector<int64_t> GptStage::activation_shape(int64_t micro_batch) const {
@@ -375,6 +408,7 @@ at::Tensor GptStage::row_parallel(const at::Tensor& h, const at::Tensor& weight,
 }
 
 at::Tensor GptStage::attention(const Block& blk, const at::Tensor& x_in) const {
+  if (model_.is_mla()) return latent_attention(blk, x_in);
   Group& tp = ctx_.tp;
   at::Tensor qkv = column_parallel(x_in, {blk.qkv_w}, {blk.qkv_b})[0];
   const int64_t b = qkv.size(0), s = qkv.size(1), d = model_.head_dim;
@@ -391,7 +425,50 @@ at::Tensor GptStage::attention(const Block& blk, const at::Tensor& x_in) const {
     q = rotate(q);
     k = rotate(k);
   }
-  at::Tensor ctx;
+  return row_parallel(attend(blk, q, k, v), blk.proj_w, blk.proj_b);
+}
+
+// The latents' RMSNorm epsilon: DeepseekV3RMSNorm's default, with which transformers builds
+// q_a_layernorm and kv_a_layernorm (not rms_norm_eps).
+constexpr double kLatentNormEps = 1e-6;
+
+// Multi-head latent attention (Builder::latent_attention): the down projections on this rank's
+// tokens, the latents and the rotary key into the tensor-parallel region (gathered along the
+// sequence under SP, else through f), the up projections to this rank's heads, the rotary key
+// shared by all of them; q and k of nope + rope dims, v of v_head_dim.
+at::Tensor GptStage::latent_attention(const Block& blk, const at::Tensor& x_in) const {
+  const LatentAttention& w = blk.mla;
+  Group& tp = ctx_.tp;
+  const int64_t rope = model_.qk_rope_head_dim, nope = model_.head_dim - rope, rkv = model_.kv_lora_rank;
+  const int64_t heads = model_.num_heads / tp.size(), dv = model_.attn_out_dim() / model_.num_heads;
+  auto linear = [](const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+    return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
+  };
+  at::Tensor q;
+  if (w.q_a_w.defined()) {
+    at::Tensor q_latent = rms_norm(linear(x_in, w.q_a_w, w.q_a_b), w.q_a_norm_w, kLatentNormEps);
+    q = column_parallel(q_latent, {w.q_b_w}, {})[0];
+  } else {
+    q = column_parallel(x_in, {w.q_b_w}, {})[0];
+  }
+  at::Tensor kv_a = linear(x_in, w.kv_a_w, w.kv_a_b);
+  at::Tensor kv = column_parallel(rms_norm(kv_a.narrow(-1, 0, rkv), w.kv_a_norm_w, kLatentNormEps), {w.kv_b_w}, {})[0];
+  at::Tensor k_rope = kv_a.narrow(-1, rkv, rope);
+  k_rope = sequence_parallel() ? gather_from_sp(k_rope, tp, ctx_.clock, 1) : copy_to_tp(k_rope, tp, ctx_.clock);
+  const int64_t b = q.size(0), s = q.size(1);
+  q = q.view({b, s, heads, nope + rope}).transpose(1, 2);
+  auto q_parts = q.split_with_sizes({nope, rope}, -1);
+  q = at::cat({q_parts[0], rotate(q_parts[1])}, -1);
+  auto kv_parts = kv.view({b, s, heads, nope + dv}).transpose(1, 2).split_with_sizes({nope, dv}, -1);
+  k_rope = rotate(k_rope.view({b, 1, s, rope}));
+  at::Tensor k = at::cat({kv_parts[0], k_rope.expand({b, heads, s, rope})}, -1);
+  return row_parallel(attend(blk, q, k, kv_parts[1]), blk.proj_w, blk.proj_b);
+}
+
+// The attention core of this rank's heads: q [b, heads, s, d], k [b, kv_heads, s, d] and v
+// [b, kv_heads, s, dv] to the context [b, s, heads * dv].
+at::Tensor GptStage::attend(const Block& blk, at::Tensor q, at::Tensor k, at::Tensor v) const {
+  const int64_t b = q.size(0), s = q.size(2), heads = q.size(1), kv_heads = k.size(1), dv = v.size(3);
   if (ctx_.cp.size() > 1) {
     // Context parallel: the ring, blockwise like flash attention whatever --attention says
     // (Megatron-Core runs context parallel only through Transformer Engine's fused attention; the
@@ -402,24 +479,23 @@ at::Tensor GptStage::attention(const Block& blk, const at::Tensor& x_in) const {
     if (model_.attention_dropout > 0)
       dropout = {model_.attention_dropout,
                  static_cast<uint64_t>(at::empty({1}, q.options().dtype(at::kLong)).random_().item<int64_t>())};
-    ctx = ring_attention(q, k, v, ctx_.cp, &ctx_.clock, blk.window, blk.sinks, dropout);
-  } else if (ctx_.attention == costmodel::Attention::flash) {
+    return ring_attention(q, k, v, ctx_.cp, &ctx_.clock, blk.window, blk.sinks, dropout, 64, softmax_scale_);
+  }
+  if (ctx_.attention == costmodel::Attention::flash) {
     // Nothing quadratic is stored, so selective recompute has nothing to drop (Megatron's practice
     // with flash attention); grouped K/V stay at kv-head width.
-    ctx = flash_core(q, k, v, blk.window, blk.sinks);
-  } else {
-    if (kv_heads < heads) {  // grouped-query attention: each key/value head serves heads/kv_heads queries
-      k = k.repeat_interleave(heads / kv_heads, 1);
-      v = v.repeat_interleave(heads / kv_heads, 1);
-    }
-    ctx = ctx_.recompute == costmodel::Recompute::selective
-              ? recompute([this, &blk](const std::vector<at::Tensor>& in) {
-                  return attention_core(in[0], in[1], in[2], blk.window, blk.sinks);
-                }, {q, k, v}, &ctx_.clock)
-              : attention_core(q, k, v, blk.window, blk.sinks);
-    ctx = ctx.transpose(1, 2).reshape({b, s, heads * d});
+    return flash_core(q, k, v, blk.window, blk.sinks);
   }
-  return row_parallel(ctx, blk.proj_w, blk.proj_b);
+  if (kv_heads < heads) {  // grouped-query attention: each key/value head serves heads/kv_heads queries
+    k = k.repeat_interleave(heads / kv_heads, 1);
+    v = v.repeat_interleave(heads / kv_heads, 1);
+  }
+  at::Tensor ctx = ctx_.recompute == costmodel::Recompute::selective
+                       ? recompute([this, &blk](const std::vector<at::Tensor>& in) {
+                           return attention_core(in[0], in[1], in[2], blk.window, blk.sinks);
+                         }, {q, k, v}, &ctx_.clock)
+                       : attention_core(q, k, v, blk.window, blk.sinks);
+  return ctx.transpose(1, 2).reshape({b, s, heads * dv});
 }
 
 // Rotary embedding of q or k [b, heads, s, d] at this rank's positions, rotate-half convention
@@ -433,12 +509,13 @@ at::Tensor GptStage::rotate(const at::Tensor& t) const {
   return rot < d ? at::cat({out, t.narrow(-1, rot, d - rot)}, -1) : out;
 }
 
-// Flash attention: [b, s, heads * d] out of q [b, heads, s, d] and k, v [b, kv_heads, s, d];
+// Flash attention: [b, s, heads * dv] out of q [b, heads, s, d], k [b, kv_heads, s, d] and v
+// [b, kv_heads, s, dv];
 // window > 0: a sliding window; sinks: attention sinks (attention.h).
 at::Tensor GptStage::flash_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
                                 const at::Tensor& sinks) const {
   // SDPA has no sinks: ours on every device.
-  if (sinks.defined()) return flash_attention(q, k, v, 64, model_.attention_dropout, window, sinks);
+  if (sinks.defined()) return flash_attention(q, k, v, 64, model_.attention_dropout, window, sinks, softmax_scale_);
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
   // The fused kernel (FlashAttention-2 where it applies); grouped K/V through enable_gqa (PyTorch
   // 2.5+, torch.nn.functional.scaled_dot_product_attention's docs), whose flash kernel reads them
@@ -448,7 +525,8 @@ at::Tensor GptStage::flash_core(const at::Tensor& q, const at::Tensor& k, const 
   // and checkpoints replay from the generator.
   // A sliding window on the CPU: ours, which multiplies only the keys in the window (ATen's CPU
   // kernel would run a mask over every key); on CUDA the fused kernels take it as a boolean mask.
-  if (q.is_cuda() || (model_.attention_dropout == 0 && window == 0)) {
+  // ATen's CPU flash kernel wants v as wide as q and k: MLA's narrower v takes ours there.
+  if (q.is_cuda() || (model_.attention_dropout == 0 && window == 0 && v.size(3) == q.size(3))) {
     // SDPA saves its inputs as given: a strided view into the fused QKV projection (v always, q and
     // k without rotary) would keep that whole tensor alive. Copies of such views, as flash_attention
     // makes (attention.h), leave saved exactly q, k, v at their own widths; laid out as
@@ -458,26 +536,26 @@ at::Tensor GptStage::flash_core(const at::Tensor& q, const at::Tensor& k, const 
     std::optional<at::Tensor> mask;
     if (window > 0) mask = window_mask(q.size(2), window, q.device());
     at::Tensor out = at::scaled_dot_product_attention(bshd(q), bshd(k), bshd(v), mask, model_.attention_dropout,
-                                                      /*is_causal=*/window == 0, /*scale=*/std::nullopt,
+                                                      /*is_causal=*/window == 0, /*scale=*/softmax_scale_,
                                                       /*enable_gqa=*/k.size(1) != q.size(1));
-    return out.transpose(1, 2).reshape({q.size(0), q.size(2), q.size(1) * q.size(3)});
+    return out.transpose(1, 2).reshape({q.size(0), q.size(2), q.size(1) * v.size(3)});
   }
 #elif TORCH_VERSION_MAJOR >= 2
-  if (q.is_cuda() && k.size(1) == q.size(1)) {  // the fused kernel (FlashAttention-2 where it applies)
+  if (q.is_cuda() && k.size(1) == q.size(1) && !model_.is_mla()) {  // the fused kernel (FlashAttention-2 where it applies)
     c10::optional<at::Tensor> mask;
     if (window > 0) mask = window_mask(q.size(2), window, q.device());
     at::Tensor out = at::scaled_dot_product_attention(q, k, v, mask, model_.attention_dropout, /*is_causal=*/window == 0);
     return out.transpose(1, 2).reshape({q.size(0), q.size(2), q.size(1) * q.size(3)});
   }
 #endif
-  return flash_attention(q, k, v, 64, model_.attention_dropout, window);
+  return flash_attention(q, k, v, 64, model_.attention_dropout, window, {}, softmax_scale_);
 }
 
-// softmax(q k^T / sqrt(d) + causal mask) v, per head: what selective recompute recomputes.
+// softmax(q k^T x softmax_scale_ + causal mask) v, per head: what selective recompute recomputes.
 at::Tensor GptStage::attention_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     int64_t window, const at::Tensor& sinks) const {
   const int64_t s = q.size(2);
-  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(q.size(3))));
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * softmax_scale_;
   at::Tensor hidden = window > 0 ? window_mask(s, window, q.device()).logical_not()
                                  : at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu(1);
   scores = scores.masked_fill(hidden, -std::numeric_limits<float>::infinity());

@@ -5,7 +5,7 @@
 // residual x += attn(norm1(x)) + mlp(norm2(x)). Multi-head or grouped-query attention (q/k norms,
 // sliding windows on the model's windowed layers), a GELU, ReLU or squared-ReLU MLP or a SwiGLU one,
 // LayerNorm or RMSNorm, learned or rotary positions (partial, scaled: costmodel/rotary.h), as the
-// model spec says.
+// model spec says; or DeepSeek's multi-head latent attention.
 //
 // Every parameter is initialised from its global name and the seed alone (the full matrix is drawn,
 // then this rank's slice is kept), so the model is the same function of the seed whatever the
@@ -133,8 +133,16 @@ class GptStage {
   struct DenseMlp {
     at::Tensor fc1_w, fc1_b, gate_w, gate_b, fc2_w, fc2_b;
   };
+  // DeepSeek's multi-head latent attention (ModelSpec::is_mla): the down projections to the q and
+  // kv latents (kv_a's last qk_rope_head_dim rows: the shared rotary key), their biases and norms,
+  // whole on every tp rank; the up projections split by heads (q_b: the plain q projection of
+  // hidden_size columns where there is no q latent, q_a undefined).
+  struct LatentAttention {
+    at::Tensor q_a_w, q_a_b, q_a_norm_w, q_b_w, kv_a_w, kv_a_b, kv_a_norm_w, kv_b_w;
+  };
   struct Block {
     at::Tensor norm1_w, norm1_b, qkv_w, qkv_b, proj_w, proj_b, q_norm_w, k_norm_w, sinks;
+    LatentAttention mla;  // where the model has it (then qkv_w is undefined)
     at::Tensor norm2_w, norm2_b;
     bool moe_layer = false;
     DenseMlp mlp;     // a dense layer's MLP
@@ -151,6 +159,8 @@ class GptStage {
   at::Tensor leave_tp(const at::Tensor& partial, const at::Tensor& bias) const;
   at::Tensor row_parallel(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias) const;
   at::Tensor attention(const Block& blk, const at::Tensor& x) const;
+  at::Tensor latent_attention(const Block& blk, const at::Tensor& x) const;
+  at::Tensor attend(const Block& blk, at::Tensor q, at::Tensor k, at::Tensor v) const;
   at::Tensor attention_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
                             const at::Tensor& sinks) const;
   at::Tensor flash_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
@@ -179,6 +189,7 @@ class GptStage {
   std::vector<Block> blocks_;
   at::Tensor wte_, wpe_, final_norm_w_, final_norm_b_, head_w_;
   at::Tensor rope_cos_, rope_sin_;
+  double softmax_scale_ = 0;  // costmodel::softmax_scale
   mutable MoeCounts moe_counts_;
   bool keep_logits_ = false;
   std::vector<at::Tensor> kept_logits_;

@@ -23,8 +23,8 @@ using costmodel::ModelSpec;
 using costmodel::NormKind;
 using costmodel::PositionKind;
 
-const std::vector<std::string> kLlamaLike = {"llama",     "mistral",   "qwen2",    "qwen3",  "mixtral",
-                                             "qwen2_moe", "qwen3_moe", "nemotron", "gpt_oss"};
+const std::vector<std::string> kLlamaLike = {"llama",     "mistral",   "qwen2",    "qwen3",   "mixtral",    "qwen2_moe",
+                                             "qwen3_moe", "nemotron", "gpt_oss", "deepseek_v2", "deepseek_v3"};
 
 bool is_llama_like(const ModelSpec& m) {
   return std::find(kLlamaLike.begin(), kLlamaLike.end(), m.family) != kLlamaLike.end();
@@ -59,6 +59,41 @@ void gpt_oss_experts(const ModelSpec& m, const std::string& d, const std::string
   }
 }
 
+// DeepSeek's multi-head latent attention (modeling_deepseek_v3.py DeepseekV3Attention): q_a_proj,
+// q_a_layernorm and q_b_proj (or q_proj), kv_a_proj_with_mqa (its last qk_rope_head_dim rows the
+// rotary key), kv_a_layernorm, kv_b_proj; biases on the down projections with attention_bias. The
+// rotary rows of q and of the key are stored interleaved where the model says (rope_interleave).
+void latent_attention(const ModelSpec& m, const std::string& d, const std::string& a, std::vector<HfParameter>& out) {
+  const int64_t H = m.hidden_size, q = m.q_dim(), rope = m.qk_rope_head_dim, nope = m.head_dim - rope;
+  const int64_t rq = m.q_lora_rank, rkv = m.kv_lora_rank, v = m.attn_out_dim() / m.num_heads;
+  auto one = [&](const std::string& name, const std::string& hf, std::vector<int64_t> shape) {
+    out.push_back({name, {{hf, std::move(shape)}}, false});
+  };
+  auto rotary_rows = [&](int64_t block, int64_t first) {
+    if (!m.rope_interleave) return;
+    out.back().rotary_block = block;
+    out.back().rotary_first = first;
+    out.back().rotary_count = rope;
+  };
+  if (rq > 0) {
+    one(d + "attn.q_a.weight", a + "q_a_proj.weight", {rq, H});
+    if (m.qkv_bias) one(d + "attn.q_a.bias", a + "q_a_proj.bias", {rq});
+    one(d + "attn.q_a_norm.weight", a + "q_a_layernorm.weight", {rq});
+    one(d + "attn.q_b.weight", a + "q_b_proj.weight", {q, rq});
+  } else {
+    one(d + "attn.q.weight", a + "q_proj.weight", {q, H});
+  }
+  rotary_rows(m.head_dim, nope);
+  one(d + "attn.kv_a.weight", a + "kv_a_proj_with_mqa.weight", {rkv + rope, H});
+  rotary_rows(rkv + rope, rkv);
+  if (m.qkv_bias) {
+    one(d + "attn.kv_a.bias", a + "kv_a_proj_with_mqa.bias", {rkv + rope});
+    rotary_rows(rkv + rope, rkv);
+  }
+  one(d + "attn.kv_a_norm.weight", a + "kv_a_layernorm.weight", {rkv});
+  one(d + "attn.kv_b.weight", a + "kv_b_proj.weight", {m.num_heads * (nope + v), rkv});
+}
+
 // transformers' modeling_llama.py LlamaForCausalLM and the families built from its modules;
 // Nemotron's (modeling_nemotron.py) has the same names, with LayerNorm1P norms (a bias, and the
 // scale stored minus 1) and an ungated MLP.
@@ -78,10 +113,14 @@ std::vector<HfParameter> llama_like(const ModelSpec& m, const std::string& prefi
     const std::string d = "layers." + std::to_string(i) + ".", h = prefix + "layers." + std::to_string(i) + ".";
     norm(d + "norm1", h + "input_layernorm");
     const std::string a = h + "self_attn.";
-    out.push_back({d + "attn.qkv.weight", {{a + "q_proj.weight", {q, H}}, {a + "k_proj.weight", {kv, H}}, {a + "v_proj.weight", {kv, H}}}, false});
-    if (m.qkv_bias)
-      out.push_back({d + "attn.qkv.bias", {{a + "q_proj.bias", {q}}, {a + "k_proj.bias", {kv}}, {a + "v_proj.bias", {kv}}}, false});
-    one(d + "attn.proj.weight", a + "o_proj.weight", {H, q});
+    if (m.is_mla()) {
+      latent_attention(m, d, a, out);
+    } else {
+      out.push_back({d + "attn.qkv.weight", {{a + "q_proj.weight", {q, H}}, {a + "k_proj.weight", {kv, H}}, {a + "v_proj.weight", {kv, H}}}, false});
+      if (m.qkv_bias)
+        out.push_back({d + "attn.qkv.bias", {{a + "q_proj.bias", {q}}, {a + "k_proj.bias", {kv}}, {a + "v_proj.bias", {kv}}}, false});
+    }
+    one(d + "attn.proj.weight", a + "o_proj.weight", {H, m.attn_out_dim()});
     if (m.out_bias) one(d + "attn.proj.bias", a + "o_proj.bias", {H});
     if (m.qk_norm) {
       one(d + "attn.q_norm.weight", a + "q_norm.weight", {m.head_dim});
@@ -105,18 +144,22 @@ std::vector<HfParameter> llama_like(const ModelSpec& m, const std::string& prefi
     } else if (m.is_moe() && !m.is_dense_layer(i)) {
       // The checkpoint names: modeling_mixtral.py's block_sparse_moe (gate; experts.e.w1, w3, w2),
       // modeling_qwen{2,3}_moe.py's mlp (gate; experts.e.gate_proj, up_proj, down_proj; Qwen2-MoE's
-      // shared_expert and its shared_expert_gate).
+      // shared_expert and its shared_expert_gate), modeling_deepseek_v{2,3}.py's the same as Qwen's
+      // (gate.e_score_correction_bias: V3's router bias; shared_experts).
       const bool qwen = m.family != "mixtral";
       const std::string b = h + (qwen ? "mlp." : "block_sparse_moe.");
       const std::string gate = qwen ? "gate_proj" : "w1", up = qwen ? "up_proj" : "w3", down = qwen ? "down_proj" : "w2";
       one(d + "mlp.router.weight", b + "gate.weight", {m.num_experts, H});
+      if (m.router_bias) one(d + "mlp.router.bias", b + "gate.e_score_correction_bias", {m.num_experts});
       for (int e = 0; e < m.num_experts; ++e) {
         const std::string x = d + "mlp.experts." + std::to_string(e) + ".", y = b + "experts." + std::to_string(e) + ".";
         one(x + "gate.weight", y + gate + ".weight", {F, H});
         one(x + "up.weight", y + up + ".weight", {F, H});
         one(x + "down.weight", y + down + ".weight", {H, F});
       }
-      if (m.shared_expert_ffn_size > 0) dense(d + "mlp.shared.", b + "shared_expert.", m.shared_expert_ffn_size);
+      const bool deepseek = m.family == "deepseek_v2" || m.family == "deepseek_v3";
+      if (m.shared_expert_ffn_size > 0)
+        dense(d + "mlp.shared.", b + (deepseek ? "shared_experts." : "shared_expert."), m.shared_expert_ffn_size);
       if (m.shared_expert_gate) one(d + "mlp.shared_gate.weight", b + "shared_expert_gate.weight", {1, H});
     } else {
       dense(d + "mlp.", h + "mlp.", m.is_moe() ? m.dense_ffn_hidden_size : F);

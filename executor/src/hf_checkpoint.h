@@ -36,6 +36,10 @@ struct HfParameter {
   // head_dim): regrouped into the executor's [all q; all k; all v] when this is the head count.
   int64_t heads_interleaved = 0;
   double offset = 0;  // added to the stored values: Nemotron's LayerNorm1P stores its scale minus 1
+  // DeepSeek's interleaved rotary rows (ModelSpec::rope_interleave): in each block of rotary_block
+  // rows (dim 0), the rotary_count rows from rotary_first are stored as pairs (x0, x1), (x2, x3), ...;
+  // the executor rotates halves, so it takes them evens first, then odds (and writes them back so).
+  int64_t rotary_block = 0, rotary_first = 0, rotary_count = 0;
 };
 
 // The families whose checkpoints --init-from reads.

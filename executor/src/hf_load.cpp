@@ -40,6 +40,19 @@ at::Tensor swap_head_groups(const at::Tensor& t, int64_t outer, int64_t inner) {
   return t.reshape(grouped).transpose(0, 1).reshape(t.sizes());
 }
 
+// For each of the executor's rows of `p`'s tensor, the stored row it is (HfParameter::rotary_block):
+// the interleaved rotary pairs' evens first, then their odds; the identity elsewhere.
+at::Tensor stored_rows(const HfParameter& p, int64_t rows) {
+  std::vector<int64_t> index(static_cast<size_t>(rows));
+  const int64_t half = p.rotary_count / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t in_block = r % p.rotary_block, j = in_block - p.rotary_first;
+    index[r] = r;
+    if (j >= 0 && j < p.rotary_count) index[r] = r - j + (j < half ? 2 * j : 2 * (j - half) + 1);
+  }
+  return at::tensor(index, at::kLong);
+}
+
 }  // namespace
 
 void load_hf_checkpoint(const HfCheckpoint& checkpoint, std::vector<Parameter>& params) {
@@ -56,6 +69,7 @@ void load_hf_checkpoint(const HfCheckpoint& checkpoint, std::vector<Parameter>& 
     }
     at::Tensor global = parts.size() == 1 ? parts[0] : at::cat(parts, 0);
     if (it->second->heads_interleaved > 0) global = swap_head_groups(global, it->second->heads_interleaved, 3);
+    if (it->second->rotary_block > 0) global = global.index_select(0, stored_rows(*it->second, global.size(0)));
     if (it->second->offset != 0) global = global + it->second->offset;
     if (global.sizes().vec() != p.slice.shape)
       throw std::logic_error("--init-from: " + p.name + " assembles to " + std::to_string(global.numel()) +
@@ -71,6 +85,7 @@ std::map<std::string, at::Tensor> to_hf_tensors(const HfCheckpoint& checkpoint,
     at::Tensor g = global.at(p.name).to(at::kFloat);
     if (!gradients && p.offset != 0) g = g - p.offset;
     if (p.heads_interleaved > 0) g = swap_head_groups(g, 3, p.heads_interleaved);
+    if (p.rotary_block > 0) g = at::zeros_like(g).index_copy_(0, stored_rows(p, g.size(0)), g);
     int64_t row = 0;
     for (const HfTensor& t : p.parts) {
       at::Tensor& whole = out[t.name];

@@ -1,6 +1,8 @@
 #include "moe.h"
 
 #include <algorithm>
+#include <limits>
+#include <tuple>
 
 #include <torch/torch.h>
 
@@ -145,6 +147,53 @@ at::Tensor load_balancing_loss(const at::Tensor& probs, const at::Tensor& top_e,
   return per_sequence.sum() * aux_scale;
 }
 
+// The router's choice for tokens [N, h]: each token's k experts [N, k], their weights [N, k] (fp32,
+// as Megatron's moe_router_dtype and transformers compute them), and the probabilities [N, E] the
+// load-balancing loss reads.
+struct Routing {
+  at::Tensor experts, weights, probs;
+};
+Routing route(const costmodel::ModelSpec& model, const MoeWeights& w, const at::Tensor& tokens) {
+  using Score = costmodel::ModelSpec::RouterScore;
+  const int64_t E = model.num_experts, k = model.experts_per_token;
+  const bool sigmoid = model.moe_router_score == Score::sigmoid;
+  // gpt-oss's router bias enters the logits; a sigmoid router's (DeepSeek-V3's correction bias)
+  // only the choice below.
+  at::Tensor logits = w.router_bias.defined() && !sigmoid ? at::linear(tokens, w.router, w.router_bias)
+                                                          : at::linear(tokens, w.router);
+  at::Tensor scores = sigmoid ? logits.to(at::kFloat).sigmoid() : at::softmax(logits.to(at::kFloat), -1);  // [N, E]
+  Routing r;
+  if (!sigmoid && model.moe_groups == 0) {
+    std::tie(r.weights, r.experts) = scores.topk(k, -1);
+  } else {
+    // DeepSeek (transformers 5.23 DeepseekV2TopkRouter, DeepseekV3TopkRouter): the choice by the
+    // scores plus the correction bias, among the best groups' experts only; the weights are the
+    // chosen experts' scores without the bias.
+    at::Tensor choice = scores.detach();
+    if (sigmoid && w.router_bias.defined()) choice = choice + w.router_bias.detach().to(at::kFloat);
+    if (model.moe_groups > 0) {
+      const int64_t groups = model.moe_groups, per_group = E / groups;
+      at::Tensor by_group = choice.view({-1, groups, per_group});
+      // A group's score: its best expert's (V2's group_limited_greedy), or its two best summed (V3).
+      at::Tensor group_score = sigmoid ? std::get<0>(by_group.topk(2, -1)).sum(-1) : std::get<0>(by_group.max(-1));
+      at::Tensor kept = at::zeros_like(group_score, at::kBool).scatter_(1, std::get<1>(group_score.topk(model.moe_group_topk, -1)), true);
+      // Outside the kept groups: -inf (V3), 0 (V2: its scores are positive, so the same choice).
+      choice = choice.masked_fill(kept.logical_not().unsqueeze(-1).expand({-1, groups, per_group}).reshape({-1, E}),
+                                  -std::numeric_limits<float>::infinity());
+    }
+    r.experts = std::get<1>(choice.topk(k, -1));
+    r.weights = scores.gather(1, r.experts);  // the gradient reaches the router through these
+  }
+  // MixtralSparseMoeBlock: routing_weights /= sum; Qwen-MoE's and DeepSeek-V3's only with
+  // norm_topk_prob (V3 adds 1e-20 to the sum of its sigmoid scores).
+  if (model.moe_norm_topk_prob) r.weights = r.weights / (sigmoid ? r.weights.sum(-1, true) + 1e-20 : r.weights.sum(-1, true));
+  if (model.moe_routed_scaling != 1.0) r.weights = r.weights * model.moe_routed_scaling;
+  // The balance loss's probabilities: a sigmoid router's scores normalised over the experts
+  // (Megatron-LM moe_utils.py compute_routing_scores_for_aux_loss, score_function "sigmoid").
+  r.probs = sigmoid ? scores / (scores.sum(-1, true) + 1e-20) : scores;
+  return r;
+}
+
 // Dispatch: the N*k routed copies ordered by expert (stable: a token's copies keep slot order), and
 // how many go between this rank and each ep rank.
 struct Dispatch {
@@ -221,16 +270,13 @@ at::Tensor moe_mlp(const costmodel::ModelSpec& model, const MoeWeights& w, const
   const int64_t b = x.size(0), s = x.size(1);
   at::Tensor tokens = x.reshape({b * s, H});
 
-  // Router (fp32 softmax, as Megatron's moe_router_dtype and Hugging Face compute it).
-  at::Tensor logits = w.router_bias.defined() ? at::linear(tokens, w.router, w.router_bias) : at::linear(tokens, w.router);
-  at::Tensor probs = at::softmax(logits.to(at::kFloat), -1);  // [N, E]
-  auto [top_p, top_e] = probs.topk(k, -1);                                            // [N, k]
-  // MixtralSparseMoeBlock: routing_weights /= sum; Qwen-MoE's only with norm_topk_prob.
-  if (model.moe_norm_topk_prob) top_p = top_p / top_p.sum(-1, true);
+  const Routing r = route(model, w, tokens);
+  const at::Tensor& top_p = r.weights;
+  const at::Tensor& top_e = r.experts;
   at::Tensor aux;
   // The model's coefficient (ModelSpec::moe_aux_loss_coef: the config's, 0 where it trains without).
   if (at::GradMode::is_enabled() && model.moe_aux_loss_coef > 0)
-    aux = load_balancing_loss(probs, top_e, b, s, seq_len, model.moe_aux_loss_coef * aux_scale, ctx);
+    aux = load_balancing_loss(r.probs, top_e, b, s, seq_len, model.moe_aux_loss_coef * aux_scale, ctx);
 
   // Dispatch, the local experts, and back. Their tensors stay this function's locals until the
   // output is combined: the activation peak the memory tests check includes them.

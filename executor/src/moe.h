@@ -4,7 +4,9 @@
 // expert a SwiGLU MLP of the model's ffn_hidden_size, the token's output the weighted sum of its k
 // experts' outputs. gpt-oss's (GptOssMLP) is the same with biases on the router and the experts'
 // matrices and its clamped SwiGLU (ModelSpec::swiglu_limit): its softmax over the top-k logits is
-// the renormalised top-k of the softmax over all. No capacity
+// the renormalised top-k of the softmax over all. DeepSeek's routes by sigmoid scores with a
+// correction bias or by softmax, among its best expert groups, and scales the weights
+// (ModelSpec::moe_router_score, moe_groups, moe_routed_scaling). No capacity
 // factor: every routed copy is processed (dropless, as the cost model prices it).
 //
 // Expert parallel runs as Megatron-Core's alltoall token dispatcher with MoE parallel folding

@@ -66,6 +66,18 @@ struct ScatterToSp : torch::autograd::Function<ScatterToSp> {
   }
 };
 
+struct GatherFromSp : torch::autograd::Function<GatherFromSp> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Group* g, PhaseClock* clock, int64_t dim) {
+    remember(ctx, *g, *clock);
+    ctx->saved_data["dim"] = dim;
+    return gathered(x, *g, *clock, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {scattered(grad[0], group_of(ctx), clock_of(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
 // Sequence parallel into column-parallel linears sharing one input (QKV; fc1 and gate; the LM
 // head), as Megatron's LinearWithGradAccumulationAndAsyncCommunication does with
 // sequence_parallel: the sequence-sharded input is all-gathered for the matmuls, only the shard is
@@ -189,6 +201,9 @@ at::Tensor reduce_from_tp(const at::Tensor& x, Group& tp, PhaseClock& clock) {
 }
 at::Tensor scatter_to_sp(const at::Tensor& x, Group& tp, PhaseClock& clock, int64_t dim) {
   return tp.size() == 1 ? x : ScatterToSp::apply(x, &tp, &clock, dim);
+}
+at::Tensor gather_from_sp(const at::Tensor& x, Group& tp, PhaseClock& clock, int64_t dim) {
+  return tp.size() == 1 ? x : GatherFromSp::apply(x, &tp, &clock, dim);
 }
 std::vector<at::Tensor> sp_column_linears(const at::Tensor& x, const std::vector<at::Tensor>& weights,
                                           const std::vector<at::Tensor>& biases, Group& tp, PhaseClock& clock,

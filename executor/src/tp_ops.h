@@ -5,6 +5,7 @@
 //   copy_to_tp       f: forward identity,          backward all-reduce
 //   reduce_from_tp   g: forward all-reduce,        backward identity
 //   scatter_to_sp    forward reduce-scatter(seq),  backward all-gather(seq)
+//   gather_from_sp   forward all-gather(seq),      backward reduce-scatter(seq)
 //   sp_column_linears  g (all-gather(seq)) fused with the column-parallel linears that follow it
 #pragma once
 
@@ -20,6 +21,7 @@ namespace dplan::executor {
 at::Tensor copy_to_tp(const at::Tensor& x, Group& tp, PhaseClock& clock);
 at::Tensor reduce_from_tp(const at::Tensor& x, Group& tp, PhaseClock& clock);
 at::Tensor scatter_to_sp(const at::Tensor& x, Group& tp, PhaseClock& clock, int64_t dim);
+at::Tensor gather_from_sp(const at::Tensor& x, Group& tp, PhaseClock& clock, int64_t dim);
 
 // Under sequence parallel: the column-parallel linears y_i = x_full W_i^T + b_i of one
 // sequence-sharded input x (all-gathered along `dim` for them), saving only the shard and

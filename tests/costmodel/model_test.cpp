@@ -293,11 +293,44 @@ TEST_CASE("config.json of the new families", "[model]") {
          {"moe_intermediate_size", 32}, {"num_hidden_layers", 3}, {"num_attention_heads", 4},
          {"vocab_size", 100}, {"max_position_embeddings", 128}, {"n_routed_experts", 8},
          {"num_experts_per_tok", 2}, {"first_k_dense_replace", 1}, {"q_lora_rank", nullptr},
-         {"kv_lora_rank", 16}, {"qk_nope_head_dim", 8}, {"qk_rope_head_dim", 4}, {"v_head_dim", 8}};
+         {"kv_lora_rank", 16}, {"qk_nope_head_dim", 8}, {"qk_rope_head_dim", 4}, {"v_head_dim", 8},
+         {"n_group", 4}, {"topk_group", 2}};
     ModelSpec m = model_from_hf_config(c, "c.json", "x");
     // q_proj 64 x 4*12, kv_a 64 x (16+4) + norm 16, kv_b 16 x 4*(8+8), o 4*8 x 64.
     CHECK(layer_params(m).attention == 64.0 * 48 + 64 * 20 + 16 + 16 * 64 + 32 * 64);
     CHECK(m.dense_layers == std::vector<int>{0});
+    // transformers' DeepseekV3 routing: sigmoid scores with the correction bias, 4 groups of which
+    // 2 are chosen, renormalised, scaled by 2.5; interleaved rotary rows.
+    CHECK(m.moe_router_score == ModelSpec::RouterScore::sigmoid);
+    CHECK(m.router_bias);
+    CHECK(m.moe_groups == 4);
+    CHECK(m.moe_group_topk == 2);
+    CHECK(m.moe_norm_topk_prob);
+    CHECK(m.moe_routed_scaling == 2.5);
+    CHECK(m.rope_interleave);
+    CHECK(model_from_json(to_json(m), "plan.json", "/model") == m);
+    // Its defaults, 8 groups, leave one of 8 experts in each: no two best to sum.
+    json defaults = c;
+    defaults.erase("n_group");
+    defaults.erase("topk_group");
+    CHECK_THAT(msg(defaults), Contains("n_group 8 leaves fewer than two in each"));
+    json few = c;
+    few["topk_group"] = 1;
+    few["num_experts_per_tok"] = 3;
+    CHECK_THAT(msg(few), Contains("hold fewer than num_experts_per_tok (3)"));
+    // DeepSeek-V2: softmax, greedy unless group_limited_greedy, never renormalised.
+    json v2 = c;
+    v2["model_type"] = "deepseek_v2";
+    v2["norm_topk_prob"] = true;
+    ModelSpec m2 = model_from_hf_config(v2, "c.json", "x");
+    CHECK(m2.moe_router_score == ModelSpec::RouterScore::softmax);
+    CHECK(m2.moe_groups == 0);
+    CHECK_FALSE(m2.moe_norm_topk_prob);
+    CHECK(m2.moe_routed_scaling == 1.0);
+    v2["topk_method"] = "group_limited_greedy";
+    CHECK(model_from_hf_config(v2, "c.json", "x").moe_groups == 4);
+    v2["topk_method"] = "noaux";
+    CHECK_THAT(msg(v2), Contains("valid: greedy, group_limited_greedy"));
     c.erase("kv_lora_rank");
     CHECK_THAT(msg(c), Contains("missing key \"kv_lora_rank\""));
   }

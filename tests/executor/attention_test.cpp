@@ -2,7 +2,8 @@
 // mask) v differentiated by autograd, computed in fp64 from the same inputs:
 //  - output and the gradients of q, k, v for a random upstream gradient agree within 1e-5
 //    (|x - ref| <= 1e-5 + 1e-5 |ref|) for multi-head, grouped-query, a sequence that is not a
-//    multiple of the block, and a block that covers the whole sequence; where this machine's fp32
+//    multiple of the block, a block that covers the whole sequence, a value head width dv other
+//    than q's and k's d (DeepSeek's multi-head latent attention) and an explicit softmax scale; where this machine's fp32
 //    GEMMs round more coarsely than that (a BLAS or oneDNN build that computes fp32 products
 //    through bf16 pieces on some CPUs), within 4x the error of the naive attention itself run in
 //    fp32 on the same inputs, so the bound follows the machine's arithmetic, not the algorithm;
@@ -14,6 +15,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
+#include <vector>
 
 // LibTorch first: its glog defines CHECK, which must give way to Catch's.
 #include <torch/torch.h>
@@ -32,23 +35,25 @@ constexpr double kTolerance = 1e-5;
 // Naive causal attention, GQA by repeating each kv head over its heads / kv_heads query heads;
 // window > 0: query i sees keys i - window + 1 .. i only (transformers' sliding_window_overlay).
 // sinks [heads], defined: one more logit per head in each softmax, dropped after it (gpt-oss's
-// eager_attention_forward).
+// eager_attention_forward). v's head width dv may differ from q's and k's d (the context is
+// [b, s, heads * dv]); scale 0: the scores are q k^T / sqrt(d), else q k^T * scale.
 at::Tensor naive_attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in, int64_t window = 0,
-                           const at::Tensor& sinks = {}) {
-  const int64_t b = q.size(0), heads = q.size(1), s = q.size(2), d = q.size(3);
+                           const at::Tensor& sinks = {}, double scale = 0) {
+  const int64_t b = q.size(0), heads = q.size(1), s = q.size(2), d = q.size(3), dv = v_in.size(3);
   at::Tensor k = k_in.repeat_interleave(heads / k_in.size(1), 1);
   at::Tensor v = v_in.repeat_interleave(heads / v_in.size(1), 1);
-  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(d));
+  at::Tensor scores = scale > 0 ? at::matmul(q, k.transpose(-2, -1)) * scale
+                                : at::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(d));
   at::Tensor future = at::ones({s, s}, q.options().dtype(at::kBool)).triu(1);
   if (window > 0) future.logical_or_(at::ones({s, s}, future.options()).tril(-window));
   scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
   if (sinks.defined()) {
     at::Tensor column = sinks.view({1, heads, 1, 1}).expand({b, heads, s, 1});
     at::Tensor probs = at::softmax(at::cat({scores, column}, -1), -1).narrow(-1, 0, s);
-    return at::matmul(probs, v).transpose(1, 2).reshape({b, s, heads * d});
+    return at::matmul(probs, v).transpose(1, 2).reshape({b, s, heads * dv});
   }
   at::Tensor probs = at::softmax(scores, -1);
-  return at::matmul(probs, v).transpose(1, 2).reshape({b, s, heads * d});
+  return at::matmul(probs, v).transpose(1, 2).reshape({b, s, heads * dv});
 }
 
 // Largest |x - ref| / (tol + tol |ref|): at most 1 when within tolerance.
@@ -85,36 +90,41 @@ double fp32_tolerance(const at::Tensor& fp32, const at::Tensor& ref) {
     CHECK(worst(x, ref, tolerance) <= 1.0);               \
   } while (0)
 
+// dv: the value head width, 0 for d; scale: flash_attention's (0: 1 / sqrt(d)).
 struct Case {
-  int64_t b, heads, kv_heads, s, d, block, window = 0;
+  int64_t b, heads, kv_heads, s, d, block, window = 0, dv = 0;
+  double scale = 0;
 };
 
 void check_against_naive(const Case& c) {
-  CAPTURE(c.b, c.heads, c.kv_heads, c.s, c.d, c.block, c.window);
+  const int64_t dv = c.dv > 0 ? c.dv : c.d;
+  CAPTURE(c.b, c.heads, c.kv_heads, c.s, c.d, dv, c.block, c.window, c.scale);
   torch::manual_seed(1234);
   at::Tensor q = torch::randn({c.b, c.heads, c.s, c.d});
   at::Tensor k = torch::randn({c.b, c.kv_heads, c.s, c.d});
-  at::Tensor v = torch::randn({c.b, c.kv_heads, c.s, c.d});
-  at::Tensor dout = torch::randn({c.b, c.s, c.heads * c.d});
+  at::Tensor v = torch::randn({c.b, c.kv_heads, c.s, dv});
+  at::Tensor dout = torch::randn({c.b, c.s, c.heads * dv});
 
   at::Tensor fq = q.clone().requires_grad_(), fk = k.clone().requires_grad_(), fv = v.clone().requires_grad_();
-  at::Tensor out = flash_attention(fq, fk, fv, c.block, 0.0, c.window);
-  REQUIRE(out.sizes() == at::IntArrayRef{c.b, c.s, c.heads * c.d});
+  at::Tensor out = flash_attention(fq, fk, fv, c.block, 0.0, c.window, {}, c.scale);
+  REQUIRE(out.sizes() == at::IntArrayRef{c.b, c.s, c.heads * dv});
   REQUIRE(out.is_contiguous());
   REQUIRE(out.scalar_type() == at::kFloat);
   out.backward(dout);
 
   at::Tensor rq = q.to(at::kDouble).requires_grad_(), rk = k.to(at::kDouble).requires_grad_(),
              rv = v.to(at::kDouble).requires_grad_();
-  at::Tensor ref = naive_attention(rq, rk, rv, c.window);
+  at::Tensor ref = naive_attention(rq, rk, rv, c.window, {}, c.scale);
   ref.backward(dout.to(at::kDouble));
 
   // The same naive attention in fp32: how closely this machine's fp32 arithmetic can get.
   at::Tensor nq = q.clone().requires_grad_(), nk = k.clone().requires_grad_(), nv = v.clone().requires_grad_();
-  at::Tensor naive = naive_attention(nq, nk, nv, c.window);
+  at::Tensor naive = naive_attention(nq, nk, nv, c.window, {}, c.scale);
   naive.backward(dout);
 
+  REQUIRE(fq.grad().sizes() == q.sizes());
   REQUIRE(fk.grad().sizes() == k.sizes());  // at kv-head width, summed over each group
+  REQUIRE(fv.grad().sizes() == v.sizes());  // and at the value head width
   CHECK_CLOSE_AS_FP32(out, naive, ref);
   CHECK_CLOSE_AS_FP32(fq.grad(), nq.grad(), rq.grad());
   CHECK_CLOSE_AS_FP32(fk.grad(), nk.grad(), rk.grad());
@@ -167,6 +177,89 @@ TEST_CASE("flash attention with attention sinks matches the naive softmax with a
     CHECK(worst(fv.grad(), rv.grad(), 1e-4) <= 1.0);
     CHECK(worst(fs.grad(), rs.grad(), 1e-4) <= 1.0);
   }
+}
+
+// DeepSeek's multi-head latent attention: q, k of head width d, v (and the context) of dv != d.
+TEST_CASE("flash attention with a value head width other than the query/key one matches naive attention",
+          "[attention]") {
+  SECTION("multi-head, d 24, dv 16") { check_against_naive({2, 4, 4, 64, 24, 32, 0, 16}); }
+  SECTION("grouped-query, partial last block, d 24, dv 16") { check_against_naive({2, 4, 2, 100, 24, 32, 0, 16}); }
+  SECTION("grouped-query under a window across query blocks, d 24, dv 16") {
+    check_against_naive({2, 4, 2, 100, 24, 32, 45, 16});
+  }
+  SECTION("multi-query, dv wider than d") { check_against_naive({1, 4, 1, 70, 8, 16, 0, 20}); }
+  SECTION("block of one query, window 3") { check_against_naive({1, 2, 1, 17, 12, 1, 3, 4}); }
+}
+
+// DeepSeek's yarn mscale: the scores scaled by other than 1 / sqrt(d).
+TEST_CASE("flash attention with an explicit softmax scale matches naive attention so scaled", "[attention]") {
+  SECTION("multi-head, scale 0.4") { check_against_naive({2, 4, 4, 64, 16, 32, 0, 0, 0.4}); }
+  SECTION("grouped-query, window, dv != d, scale 0.11") { check_against_naive({2, 4, 2, 100, 24, 32, 7, 16, 0.11}); }
+
+  // 0 stands for 1 / sqrt(d): that scale given explicitly gives the very same output and gradients.
+  const int64_t b = 1, heads = 4, kv = 2, s = 40, d = 16;
+  torch::manual_seed(21);
+  at::Tensor q = torch::randn({b, heads, s, d}), k = torch::randn({b, kv, s, d}), v = torch::randn({b, kv, s, d});
+  at::Tensor dout = torch::randn({b, s, heads * d});
+  std::vector<at::Tensor> results;
+  for (double scale : {0.0, 1.0 / std::sqrt(double(d)), 0.4}) {
+    at::Tensor fq = q.clone().requires_grad_(), fk = k.clone().requires_grad_(), fv = v.clone().requires_grad_();
+    at::Tensor out = flash_attention(fq, fk, fv, 16, 0.0, 0, {}, scale);
+    out.backward(dout);
+    results.insert(results.end(), {out.detach(), fq.grad(), fk.grad(), fv.grad()});
+  }
+  for (int i = 0; i < 4; ++i) {
+    CHECK(at::equal(results[i], results[4 + i]));
+    CHECK_FALSE(at::allclose(results[i], results[8 + i]));  // and another scale is used
+  }
+}
+
+TEST_CASE("flash attention with sinks, dv != d and an explicit scale matches the naive softmax with a sink column",
+          "[attention]") {
+  const int64_t b = 2, heads = 4, kv = 2, s = 50, d = 24, dv = 16;
+  torch::manual_seed(98);
+  at::Tensor q = torch::randn({b, heads, s, d}), k = torch::randn({b, kv, s, d}), v = torch::randn({b, kv, s, dv});
+  at::Tensor sinks = torch::randn({heads}) * 2, dout = torch::randn({b, s, heads * dv});
+  for (auto [window, scale] : std::vector<std::pair<int64_t, double>>{{0, 0.0}, {9, 0.0}, {9, 0.13}}) {
+    CAPTURE(window, scale);
+    at::Tensor fq = q.clone().requires_grad_(), fk = k.clone().requires_grad_(), fv = v.clone().requires_grad_(),
+               fs = sinks.clone().requires_grad_();
+    at::Tensor out = flash_attention(fq, fk, fv, 16, 0.0, window, fs, scale);
+    REQUIRE(out.sizes() == at::IntArrayRef{b, s, heads * dv});
+    out.backward(dout);
+    at::Tensor rq = q.to(at::kDouble).requires_grad_(), rk = k.to(at::kDouble).requires_grad_(),
+               rv = v.to(at::kDouble).requires_grad_(), rs = sinks.to(at::kDouble).requires_grad_();
+    at::Tensor ref = naive_attention(rq, rk, rv, window, rs, scale);
+    ref.backward(dout.to(at::kDouble));
+    // 1e-4 as the sinks test above: PyTorch 2's CPU GEMMs; a wrong width, scale or sink errs by 1e-2.
+    CHECK(worst(out, ref, 1e-4) <= 1.0);
+    CHECK(worst(fq.grad(), rq.grad(), 1e-4) <= 1.0);
+    CHECK(worst(fk.grad(), rk.grad(), 1e-4) <= 1.0);
+    CHECK(worst(fv.grad(), rv.grad(), 1e-4) <= 1.0);
+    CHECK(worst(fs.grad(), rs.grad(), 1e-4) <= 1.0);
+  }
+}
+
+TEST_CASE("flash attention with dv != d keeps q, k, v, the output and the log-sum-exp at their own widths",
+          "[attention]") {
+  const int64_t b = 2, heads = 4, kv = 2, s = 48, d = 24, dv = 16;
+  torch::manual_seed(8);
+  at::Tensor q = torch::randn({b, heads, s, d}).requires_grad_();
+  at::Tensor k = torch::randn({b, kv, s, d}).requires_grad_();
+  at::Tensor v = torch::randn({b, kv, s, dv}).requires_grad_();
+  at::Tensor out = flash_attention(q, k, v, 16);
+  const std::vector<at::Tensor> saved = flash_attention_saved(out);
+  REQUIRE(saved.size() == 5);
+  CHECK(saved[0].data_ptr() == q.data_ptr());
+  CHECK(saved[1].sizes() == at::IntArrayRef{b, kv, s, d});
+  CHECK(saved[2].sizes() == at::IntArrayRef{b, kv, s, dv});
+  CHECK(saved[2].data_ptr() == v.data_ptr());
+  CHECK(saved[3].data_ptr() == out.data_ptr());
+  CHECK(saved[3].sizes() == at::IntArrayRef{b, s, heads * dv});
+  CHECK(saved[4].sizes() == at::IntArrayRef{b, heads, s});
+  int64_t bytes = 0;
+  for (const auto& t : saved) bytes += t.numel() * int64_t(t.element_size());
+  CHECK(bytes == 4 * (q.numel() + k.numel() + v.numel() + out.numel() + b * heads * s));
 }
 
 TEST_CASE("flash attention matches naive attention, one block covers the sequence", "[attention]") {
@@ -289,6 +382,12 @@ TEST_CASE("flash attention rejects mismatched shapes", "[attention]") {
   CHECK_THROWS(flash_attention(q, torch::randn({1, 2, 8, 4}), torch::randn({1, 2, 8, 4})));  // 3 % 2 != 0
   CHECK_THROWS(flash_attention(q, torch::randn({1, 3, 9, 4}), torch::randn({1, 3, 9, 4})));  // lengths differ
   CHECK_THROWS(flash_attention(q, q, q, 0));
+  // v may be narrower or wider than q and k, but not of another length, batch or head count.
+  CHECK_NOTHROW(flash_attention(q, torch::randn({1, 3, 8, 4}), torch::randn({1, 3, 8, 6})));
+  CHECK_THROWS(flash_attention(q, torch::randn({1, 3, 8, 4}), torch::randn({1, 3, 9, 6})));
+  CHECK_THROWS(flash_attention(q, torch::randn({1, 3, 8, 4}), torch::randn({1, 1, 8, 6})));
+  CHECK_THROWS(flash_attention(q, torch::randn({1, 3, 8, 5}), torch::randn({1, 3, 8, 4})));  // k's d is not q's
+  CHECK_THROWS(flash_attention(q, q, q, 64, 0.0, 0, {}, -0.5));  // the scale: 0 (1 / sqrt(d)) or positive
 }
 
 }  // namespace
@@ -313,6 +412,39 @@ TEST_CASE("flash attention's dropout: backward is the gradient of the dropped fo
   CHECK(!at::allclose(plain, dropped));  // the masks are applied
   torch::manual_seed(99);
   CHECK(at::equal(dropped, flash_attention(q, k, v, block, 0.3)));  // and replay from the same state
+  const double eps = 1e-2;
+  for (int which = 0; which < 3; ++which) {
+    at::Tensor x = which == 0 ? q : which == 1 ? k : v;
+    const at::Tensor grad = which == 0 ? qg.grad() : which == 1 ? kg.grad() : vg.grad();
+    for (int64_t i : {0L, 7L, 23L, 41L}) {
+      at::Tensor flat = x.view({-1});
+      const float keep = flat[i].item<float>();
+      flat[i] = keep + eps;
+      const double up = (which == 0 ? f(x, k, v) : which == 1 ? f(q, x, v) : f(q, k, x)).item<double>();
+      flat[i] = keep - eps;
+      const double down = (which == 0 ? f(x, k, v) : which == 1 ? f(q, x, v) : f(q, k, x)).item<double>();
+      flat[i] = keep;
+      const double numeric = (up - down) / (2 * eps), analytic = grad.view({-1})[i].item<double>();
+      INFO("tensor " << which << " element " << i << ": numeric " << numeric << ", autograd " << analytic);
+      CHECK(std::abs(numeric - analytic) <= 2e-3 + 1e-2 * std::abs(analytic));
+    }
+  }
+}
+
+TEST_CASE("flash attention's dropout with dv != d and an explicit scale: backward is the dropped forward's gradient",
+          "[attention]") {
+  const int64_t b = 1, heads = 4, kv = 2, s = 12, d = 6, dv = 4, block = 5;
+  const double scale = 0.7;
+  torch::manual_seed(4);
+  at::Tensor q = torch::randn({b, heads, s, d}), k = torch::randn({b, kv, s, d}), v = torch::randn({b, kv, s, dv});
+  at::Tensor w = torch::randn({b, s, heads * dv});
+  auto f = [&](const at::Tensor& qq, const at::Tensor& kk, const at::Tensor& vv) {
+    torch::manual_seed(99);
+    return (flash_attention(qq, kk, vv, block, 0.3, 0, {}, scale) * w).sum();
+  };
+  at::Tensor qg = q.clone().requires_grad_(), kg = k.clone().requires_grad_(), vg = v.clone().requires_grad_();
+  f(qg, kg, vg).backward();
+  CHECK(vg.grad().sizes() == v.sizes());
   const double eps = 1e-2;
   for (int which = 0; which < 3; ++which) {
     at::Tensor x = which == 0 ? q : which == 1 ? k : v;

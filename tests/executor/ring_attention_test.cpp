@@ -1,11 +1,13 @@
 // The context-parallel ring (executor/src/ring_attention.h) over real Gloo groups of 2 and 4
 // members (threads of this process on 127.0.0.1, one c10d::HashStore, as comm_test.cpp): each
 // member's output and its q, k, v gradients must equal its rows of flash_attention's on the whole
-// sequence, with grouped-query K/V and several query blocks per chunk; and the saved tensors must
+// sequence, with grouped-query K/V and several query blocks per chunk, and with a value head width
+// other than the query/key one and an explicit softmax scale; and the saved tensors must
 // be flash attention's (this rank's q, k, v, out and the fp32 log-sum-exp), nothing received.
 #include <exception>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 // LibTorch first: its glog defines CHECK, which must give way to Catch's.
@@ -37,7 +39,7 @@ struct Result {
 // Every member runs the ring on its chunks of the same q, k, v and output gradient.
 std::vector<Result> run_ring(int members, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const at::Tensor& dout, int64_t block, int64_t window, const at::Tensor& sinks = {},
-                             const dplan::executor::AttentionDropout& dropout = {}) {
+                             const dplan::executor::AttentionDropout& dropout = {}, double scale = 0) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   GroupOptions options;
   options.gloo_address = "127.0.0.1";
@@ -58,7 +60,7 @@ std::vector<Result> run_ring(int members, const at::Tensor& q, const at::Tensor&
         at::Tensor vl = cp_chunks(v, 2, members, rank).detach().requires_grad_(true);
         at::Tensor sl = sinks.defined() ? sinks.detach().clone().requires_grad_(true) : at::Tensor();
         Result& res = results[rank];
-        res.out = ring_attention(ql, kl, vl, g, &clock, window, sl, dropout, block);
+        res.out = ring_attention(ql, kl, vl, g, &clock, window, sl, dropout, block, scale);
         res.saved = ring_attention_saved(res.out);
         res.out.backward(cp_chunks(dout, 1, members, rank));
         res.dq = ql.grad();
@@ -141,6 +143,41 @@ TEST_CASE("ring attention with attention sinks and a window equals flash attenti
     dsinks += got[r].dsinks;
   }
   check_close(dsinks, sinks.grad(), "dsinks");
+}
+
+// DeepSeek's multi-head latent attention: V (and the context) of head width dv != d, K and V
+// travelling the ring together all the same, and the scores scaled by other than 1 / sqrt(d).
+TEST_CASE("ring attention with dv != d and an explicit scale equals flash attention on the whole sequence",
+          "[executor][cp]") {
+  const int64_t b = 2, heads = 4, kv_heads = 2, d = 12, dv = 8, block = 3;
+  for (auto [members, window, scale, with_sinks] : std::vector<std::tuple<int, int, double, bool>>{
+           {2, 0, 0.23, false}, {4, 0, 0.0, false}, {4, 6, 0.23, false}, {2, 6, 0.23, true}}) {
+    INFO("cp " << members << " window " << window << " scale " << scale << " sinks " << with_sinks);
+    at::manual_seed(members * 10 + window + 300);
+    const int64_t s = 8 * members;
+    at::Tensor q = at::randn({b, heads, s, d}).requires_grad_(true);
+    at::Tensor k = at::randn({b, kv_heads, s, d}).requires_grad_(true);
+    at::Tensor v = at::randn({b, kv_heads, s, dv}).requires_grad_(true);
+    at::Tensor sinks = with_sinks ? at::randn({heads}).requires_grad_(true) : at::Tensor();
+    at::Tensor dout = at::randn({b, s, heads * dv});
+    at::Tensor want = flash_attention(q, k, v, block, 0.0, window, sinks, scale);
+    want.backward(dout);
+    const std::vector<Result> got = run_ring(members, q, k, v, dout, block, window, sinks, {}, scale);
+    at::Tensor dsinks = at::zeros({heads});
+    for (int r = 0; r < members; ++r) {
+      INFO("member " << r);
+      check_close(got[r].out, cp_chunks(want.detach(), 1, members, r), "output");
+      check_close(got[r].dq, cp_chunks(q.grad(), 2, members, r), "dq");
+      check_close(got[r].dk, cp_chunks(k.grad(), 2, members, r), "dk");
+      check_close(got[r].dv, cp_chunks(v.grad(), 2, members, r), "dv");
+      REQUIRE(got[r].saved.size() == (with_sinks ? 6u : 5u));
+      CHECK(got[r].saved[1].sizes() == at::IntArrayRef({b, kv_heads, s / members, d}));
+      CHECK(got[r].saved[2].sizes() == at::IntArrayRef({b, kv_heads, s / members, dv}));
+      CHECK(got[r].saved[3].data_ptr() == got[r].out.data_ptr());
+      if (with_sinks) dsinks += got[r].dsinks;
+    }
+    if (with_sinks) check_close(dsinks, sinks.grad(), "dsinks");
+  }
 }
 
 TEST_CASE("ring attention with attention dropout: masks replay from the seed, backward is the dropped forward's gradient",

@@ -50,7 +50,8 @@ SEQ, BATCH = 32, 4
 # sequence (Mistral's on every layer, Qwen2's from max_window_layers on, gpt-oss's on its even
 # layers); Llama 3.1's and YaRN's scaled rotary; Nemotron's squared ReLU, LayerNorm1P and partial
 # rotary; GPT-NeoX's fused per-head QKV, partial rotary and parallel residual; gpt-oss's sinks,
-# biased router and experts (stacked, gate and up interleaved) and a clamped SwiGLU that clamps.
+# biased router and experts (stacked, gate and up interleaved) and a clamped SwiGLU that clamps;
+# DeepSeek-V2's and V3's latent attention and grouped routing.
 COMMON = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
           "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 64,
           "rms_norm_eps": 1e-5, "rope_theta": 50000.0, "tie_word_embeddings": False, "attention_dropout": 0.0}
@@ -97,6 +98,27 @@ CONFIGS = {
                     swiglu_limit=0.7, output_router_logits=False,
                     rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
                                   "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}),
+    # DeepSeek-V3: multi-head latent attention (q and kv latents, decoupled interleaved rotary key,
+    # v_head_dim 12 against q/k's 16) under YaRN with DeepSeek's mscale (the softmax scale moves), a
+    # dense first layer, then sigmoid routing of 2 of 8 experts from the best 2 of 4 groups, a
+    # random correction bias, renormalised and scaled by 2.5, beside a shared expert. transformers
+    # adds no balance loss for DeepSeek (aux_loss_alpha 0 on both sides) and builds no multi-token
+    # prediction module (num_mtp_layers 0, which the executor refuses).
+    "deepseek_v3": dict(COMMON, model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"],
+                        num_key_value_heads=4, moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=1,
+                        num_experts_per_tok=2, n_group=4, topk_group=2, norm_topk_prob=True,
+                        routed_scaling_factor=2.5, first_k_dense_replace=1, q_lora_rank=24, kv_lora_rank=16,
+                        qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12, rope_interleave=True,
+                        aux_loss_alpha=0.0, num_mtp_layers=0,
+                        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                                      "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.8}),
+    # DeepSeek-V2: a plain q projection (no q latent), softmax routing limited to the best 2 of 4
+    # groups by their best expert, scaled by 1.5, two shared experts.
+    "deepseek_v2": dict(COMMON, model_type="deepseek_v2", architectures=["DeepseekV2ForCausalLM"],
+                        num_key_value_heads=4, moe_intermediate_size=16, n_routed_experts=8, n_shared_experts=2,
+                        num_experts_per_tok=2, topk_method="group_limited_greedy", n_group=4, topk_group=2,
+                        routed_scaling_factor=1.5, first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=16,
+                        qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12, aux_loss_alpha=0.0),
     "gpt2": {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_layer": 2, "n_head": 4,
              "n_inner": 256, "vocab_size": 256, "n_positions": 64, "activation_function": "gelu_new",
              "attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "layer_norm_epsilon": 1e-5,
@@ -132,6 +154,9 @@ def hf_model(family, folder):
                 p.uniform_(0.5, 1.5)  # norm scales away from 1, so a missed one shows
             else:
                 p.normal_(0.0, 0.05)
+        for name, b in model.named_buffers():  # DeepSeek-V3's router correction bias: no gradient moves it
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.05)
     model.save_pretrained(folder)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32)
     # DPLAN_HF_PERTURB=NAME moves that parameter by 1e-3 on transformers' side only: the check must fail.

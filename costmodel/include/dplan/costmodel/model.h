@@ -60,7 +60,11 @@ struct ModelSpec {
   int dense_ffn_hidden_size = 0;      // 0 when there are no dense layers
   int shared_expert_ffn_size = 0;     // 0: no shared expert
   bool shared_expert_gate = false;    // qwen2_moe: sigmoid gate h x 1 on the shared expert
-  bool router_bias = false;           // E router biases (gpt_oss; DeepSeek-V3's correction bias)
+  // E router biases: gpt_oss's, added to the logits and trained; DeepSeek-V3's
+  // e_score_correction_bias (a sigmoid router's: moe_router_score below), added to the scores for
+  // choosing the experts only and not trained by gradient (transformers keeps it as a buffer;
+  // Megatron moves it by --moe-router-bias-update-rate outside the gradient).
+  bool router_bias = false;
   // The load-balancing loss's coefficient: router_aux_loss_coef where the config trains with it
   // (output_router_logits: transformers adds it to the loss only then), else 0; DeepSeek's
   // aux_loss_alpha. Plans written before this key ran with Switch Transformer's 0.01.
@@ -68,6 +72,23 @@ struct ModelSpec {
   // The top-k routing weights renormalised to sum 1 (Mixtral always; Qwen-MoE's norm_topk_prob,
   // false by default in transformers), else the softmax probabilities as they are.
   bool moe_norm_topk_prob = true;
+  // DeepSeek's routing (transformers 5.23 DeepseekV2TopkRouter, DeepseekV3TopkRouter; DeepSeek-V3,
+  // arXiv 2412.19437, Sec. 2.1.2): the scores are a softmax over the experts (every other family,
+  // DeepSeek-V2) or each expert's sigmoid (V3). With moe_groups > 0 the experts form that many
+  // equal groups and a token picks its k experts from its moe_group_topk best groups only, a group
+  // scored by its best expert under softmax (V2's group_limited_greedy) or by the sum of its two
+  // best under sigmoid (V3's noaux_tc, correction bias included). The chosen experts' weights
+  // (renormalised where moe_norm_topk_prob) are multiplied by moe_routed_scaling.
+  enum class RouterScore { softmax, sigmoid };
+  RouterScore moe_router_score = RouterScore::softmax;
+  int moe_groups = 0;                 // 0: no group limit
+  int moe_group_topk = 0;
+  double moe_routed_scaling = 1.0;
+  // DeepSeek's rotary pairs (x0, x1), (x2, x3), ... of each head's rotated dims (transformers'
+  // rope_interleave, V3's default; V2 always), where every other family pairs dim i with i + d/2.
+  // The two give the same attention once the rotated rows of the projections are permuted (evens
+  // first, then odds): the executor rotates halves and its checkpoint loader permutes those rows.
+  bool rope_interleave = false;
   // gpt-oss's clamped SwiGLU in its experts (transformers GptOssExperts._apply_gate):
   // (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit), when
   // swiglu_limit > 0 (its swiglu_limit, 7, and swiglu_alpha, 1.702); 0: the plain SwiGLU.
@@ -125,7 +146,8 @@ struct ModelSpec {
   bool window_binds(double seq_len) const { return num_sliding_layers() > 0 && sliding_window < seq_len; }
   // The keys a query of `layer` sees back to its own (sliding_window on a windowed layer), 0: all.
   int attention_window(int layer) const;
-  int rotary_width() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
+  // The rotated dims of each query and key head: MLA's decoupled rotary part, else rotary_dim or all.
+  int rotary_width() const { return is_mla() ? qk_rope_head_dim : rotary_dim > 0 ? rotary_dim : head_dim; }
   // Share of the layers that are MoE layers (the rest have a dense MLP).
   double moe_layer_fraction() const { return double(num_moe_layers()) / num_layers; }
   bool operator==(const ModelSpec&) const = default;

@@ -29,4 +29,9 @@ const std::vector<std::string>& rotary_scalings();
 // missing or out of range in model.rope_scaling_params.
 RotaryFrequencies rotary_frequencies(const ModelSpec& model);
 
+// The attention's softmax scale: 1 / sqrt(head_dim) (the query/key width; MLA's nope + rope dims),
+// times DeepSeek's yarn_get_mscale(factor, mscale_all_dim)^2 where its scaled rotary gives
+// mscale_all_dim (transformers 5.23 yarn_apply_mscale, in DeepseekV2/V3Attention only).
+double softmax_scale(const ModelSpec& model);
+
 }  // namespace dplan::costmodel

@@ -183,6 +183,11 @@ Routing route(const costmodel::ModelSpec& model, const MoeWeights& w, const at::
     }
     r.experts = std::get<1>(choice.topk(k, -1));
     r.weights = scores.gather(1, r.experts);  // the gradient reaches the router through these
+    // The correction bias takes part with a zero derivative: its gradient arrives, zero, as every
+    // parameter's must (ZeRO-3 frees a layer's parameters once all its gradients are in), and AdamW
+    // leaves it as it is (zero moments, no decay): trained by no gradient, as transformers' buffer.
+    if (sigmoid && w.router_bias.defined())
+      r.weights = r.weights + w.router_bias.index_select(0, r.experts.flatten()).view_as(r.experts).to(at::kFloat) * 0.0;
   }
   // MixtralSparseMoeBlock: routing_weights /= sum; Qwen-MoE's and DeepSeek-V3's only with
   // norm_topk_prob (V3 adds 1e-20 to the sum of its sigmoid scores).

@@ -1,7 +1,9 @@
 // The families beyond Llama, GPT-2 and Mixtral (issue 35): Nemotron (squared ReLU, LayerNorm,
 // partial rotary), GPT-NeoX (fused per-head QKV, partial rotary, parallel residual), gpt-oss
 // (attention sinks, sliding windows on alternate layers, YaRN, biased router and experts, clamped
-// SwiGLU) and Qwen2-MoE (a dense layer among MoE ones, a gated shared expert) train under split layouts (tp and sequence parallel, pp, dp with ZeRO, context parallel,
+// SwiGLU), Qwen2-MoE (a dense layer among MoE ones, a gated shared expert) and DeepSeek-V2 and V3
+// (multi-head latent attention, grouped softmax or sigmoid routing with the correction bias, shared
+// experts) train under split layouts (tp and sequence parallel, pp, dp with ZeRO, context parallel,
 // ep and etp, the standard attention path with selective recompute) step for step as their own
 // one-process run; and their memory is the plan's (weights, gradients, optimizer within 1 %,
 // activations within 15 %). Against transformers' own implementations: tests/reference/.
@@ -16,10 +18,11 @@ std::string tiny(const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("families: Nemotron, GPT-NeoX, gpt-oss and Qwen2-MoE under split layouts match their one-process runs",
+TEST_CASE("families: Nemotron, GPT-NeoX, gpt-oss, Qwen2-MoE and DeepSeek-V2 and V3 under split layouts match their one-process runs",
           "[executor][families]") {
   const std::string nemotron = tiny("nemotron-tiny"), neox = tiny("gpt-neox-tiny"), oss = tiny("gpt-oss-tiny"),
-                    qwen2_moe = tiny("qwen2-moe-tiny");
+                    qwen2_moe = tiny("qwen2-moe-tiny"), deepseek_v3 = tiny("deepseek-v3-tiny"),
+                    deepseek_v2 = tiny("deepseek-v2-tiny");
   const std::vector<PlanCase> cases = {
       {nemotron, {2, 2, 1, "1f1b", true}, {"--zero", "1"}},
       {nemotron, with_cp({1, 1, 1}, 2), {}},
@@ -32,6 +35,14 @@ TEST_CASE("families: Nemotron, GPT-NeoX, gpt-oss and Qwen2-MoE under split layou
       {oss, {1, 2, 1}, {"--zero", "1"}},
       {qwen2_moe, {2, 1, 2, "1f1b", true}, {"--ep", "2", "--etp", "1"}},  // the gated shared expert over tp
       {qwen2_moe, {1, 2, 2}, {"--ep", "2", "--etp", "1", "--zero", "3"}},  // the dense layer alone on stage 0
+      // Latent attention: the down projections whole on each tp rank (partial gradients under sp),
+      // the up projections by heads; v narrower than q and k in flash, the ring and the eager path.
+      {deepseek_v3, {2, 1, 2, "1f1b", true}, {"--ep", "2", "--etp", "2"}},
+      {deepseek_v3, with_cp({1, 1, 2}, 2), {"--ep", "2", "--etp", "1"}},
+      {deepseek_v3, {2, 1, 1, "1f1b", false, 1, "selective"}, {"--attention", "standard"}},
+      {deepseek_v3, {1, 2, 2, "1f1b", false, 1, "full"}, {"--ep", "2", "--etp", "1", "--zero", "3"}},
+      {deepseek_v2, {2, 2, 1}, {"--zero", "1"}},  // no q latent: q projected from the hidden state over tp
+      {deepseek_v2, {1, 1, 4}, {"--ep", "4", "--etp", "1", "--zero", "2"}},
   };
   TempDir dir;
   for (const PlanCase& c : cases) {
@@ -41,7 +52,7 @@ TEST_CASE("families: Nemotron, GPT-NeoX, gpt-oss and Qwen2-MoE under split layou
   }
 }
 
-TEST_CASE("memory: Nemotron, GPT-NeoX, gpt-oss and Qwen2-MoE within 1 % of the plan (weights, gradients, optimizer), "
+TEST_CASE("memory: Nemotron, GPT-NeoX, gpt-oss, Qwen2-MoE and DeepSeek within 1 % of the plan (weights, gradients, optimizer), "
           "activations within 15 %", "[executor][memory]") {
   check_memory_cases({
       {tiny("nemotron-tiny"), {2, 1, 1, "1f1b", true}, {}},
@@ -49,6 +60,9 @@ TEST_CASE("memory: Nemotron, GPT-NeoX, gpt-oss and Qwen2-MoE within 1 % of the p
       {tiny("gpt-oss-tiny"), {1, 1, 2}, {"--ep", "2", "--etp", "1"}},
       {tiny("gpt-oss-tiny"), with_cp({1, 1, 1}, 2), {}},
       {tiny("qwen2-moe-tiny"), {1, 1, 2}, {"--ep", "2", "--etp", "1"}},
+      {tiny("deepseek-v3-tiny"), {2, 1, 2, "1f1b", true}, {"--ep", "2", "--etp", "1"}},
+      {tiny("deepseek-v3-tiny"), with_cp({1, 1, 1}, 2), {}},
+      {tiny("deepseek-v2-tiny"), {1, 1, 1}, {}},
   });
 }
 

@@ -53,9 +53,11 @@ std::string refused(const std::string& plan, const std::string& checkpoint, cons
 TEST_CASE("init from a checkpoint of the run's own initial weights in Hugging Face's names gives the seeded run's losses",
           "[executor][init-from]") {
   // Each family's mapping back and forth: Nemotron's scale minus one, GPT-NeoX's per-head QKV,
-  // gpt-oss's stacked and interleaved experts, Qwen2-MoE's dense layer and shared expert.
+  // gpt-oss's stacked and interleaved experts, Qwen2-MoE's dense layer and shared expert, DeepSeek's
+  // latent attention with its interleaved rotary rows.
   std::vector<std::string> models = {kLlamaTiny, std::string(DPLAN_PROFILES_DIR) + "/models/gpt-tiny.json"};
-  for (const char* tiny : {"nemotron-tiny", "gpt-neox-tiny", "gpt-oss-tiny", "qwen2-moe-tiny"})
+  for (const char* tiny : {"nemotron-tiny", "gpt-neox-tiny", "gpt-oss-tiny", "qwen2-moe-tiny", "deepseek-v3-tiny",
+                           "deepseek-v2-tiny"})
     models.push_back(std::string(DPLAN_VALIDATION_DIR) + "/executor/" + tiny + "/config.json");
   for (const std::string& model : models) {
     INFO(model);

@@ -2,7 +2,7 @@
 # Measured memory against the plan's prediction, per pipeline stage, on the layouts of the
 # executor's memory tests (ZeRO 0-3, recompute none / selective / full, pp 1 and 2, sp, standard
 # and flash attention, gpt-tiny and a Llama-style model; Nemotron, GPT-NeoX, gpt-oss with ep and
-# cp, Qwen2-MoE with ep). Each layout is planned with `dplan estimate`, trained for a few steps
+# cp, Qwen2-MoE with ep, DeepSeek-V3 and V2). Each layout is planned with `dplan estimate`, trained for a few steps
 # with `dplan run` (fp32 on CPU), and read back with `dplan compare --json`. Prints one row per
 # stage: weights + gradients + optimizer states and activations (the two bounds the test checks:
 # 1 % and 15 %), and buffers. See bench/README.md.
@@ -45,6 +45,9 @@ layouts=(
     "gpt-oss dp2 ep2|$data/gpt-oss-tiny/config.json|--tp 1 --pp 1 --dp 2 --ep 2 --etp 1"
     "gpt-oss cp2|$data/gpt-oss-tiny/config.json|--tp 1 --pp 1 --dp 1 --cp 2"
     "qwen2-moe dp2 ep2|$data/qwen2-moe-tiny/config.json|--tp 1 --pp 1 --dp 2 --ep 2 --etp 1"
+    "deepseek-v3 tp2 dp2 sp ep2|$data/deepseek-v3-tiny/config.json|--tp 2 --pp 1 --dp 2 --sp --ep 2 --etp 1"
+    "deepseek-v3 cp2|$data/deepseek-v3-tiny/config.json|--tp 1 --pp 1 --dp 1 --cp 2"
+    "deepseek-v2|$data/deepseek-v2-tiny/config.json|--tp 1 --pp 1 --dp 1"
 )
 
 printf '%-38s %5s  %12s %12s %7s  %12s %12s %7s  %10s %10s\n' layout stage "W+G+O pred" "W+G+O meas" "err %" \

@@ -510,8 +510,7 @@ at::Tensor GptStage::rotate(const at::Tensor& t) const {
 }
 
 // Flash attention: [b, s, heads * dv] out of q [b, heads, s, d], k [b, kv_heads, s, d] and v
-// [b, kv_heads, s, dv];
-// window > 0: a sliding window; sinks: attention sinks (attention.h).
+// [b, kv_heads, s, dv]; window > 0: a sliding window; sinks: attention sinks (attention.h).
 at::Tensor GptStage::flash_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
                                 const at::Tensor& sinks) const {
   // SDPA has no sinks: ours on every device.

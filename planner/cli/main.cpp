@@ -368,10 +368,20 @@ std::optional<Planned> plan_best(const Options& o, const ProfileStore& store) {
   pl.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (pl.result.ranked.empty()) {
     std::string reasons;
-    for (const auto& [why, n] : pl.result.rejected) reasons += "; " + std::to_string(n) + " " + why;
+    bool memory = false;  // some layout was turned down for memory, not only by the engine's rules
+    for (const auto& [why, n] : pl.result.rejected) {
+      reasons += "; " + std::to_string(n) + " " + why;
+      memory = memory || why.find("'s rules refuse it") == std::string::npos;
+    }
     if (!pl.result.near_misses.empty()) reasons += "; " + closest_call(pl.result.near_misses[0], 0, in, o.headroom);
-    std::cerr << "dplan: error: none of the " << pl.result.evaluated << " layouts of " << in.model.name << " on "
-              << o.gpus << " x " << in.cluster.gpu.name << " fits in memory with " << std::lround(100 * o.headroom)
+    const std::string layouts = "none of the " + std::to_string(pl.result.evaluated) + " layouts of " + in.model.name +
+                                " on " + std::to_string(o.gpus) + " x " + in.cluster.gpu.name;
+    if (!memory) {  // they fit, and the engine runs none of them: its reason and the way out say it all
+      std::cerr << "dplan: error: " << layouts << " can be run by " << to_string(in.training.engine.engine) << reasons
+                << "\n";
+      return std::nullopt;
+    }
+    std::cerr << "dplan: error: " << layouts << " fits in memory with " << std::lround(100 * o.headroom)
               << " % headroom" << reasons << "; add GPUs, pick a GPU with more memory or lower --headroom\n";
     return std::nullopt;
   }

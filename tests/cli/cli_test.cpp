@@ -101,6 +101,20 @@ TEST_CASE("A --model path that does not exist is an error naming the path", "[cl
   CHECK_THAT(line, Contains("no such file"));
 }
 
+TEST_CASE("A model whose every fitting layout the engine refuses is one line with the engine's reason and the way out",
+          "[cli][error]") {
+  // Megatron's export has no multi-head latent attention flags: dplan's own executor runs it.
+  const std::string model = std::string(DPLAN_VALIDATION_DIR) + "/executor/deepseek-v3-tiny/config.json";
+  Result r = run_dplan({"--model", model, "--cluster", "local-cpu", "--gpus", "8"});
+  CHECK(r.status != 0);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK_THAT(r.err, Contains("can be run by megatron"));
+  CHECK_THAT(r.err, Contains("multi-head latent attention"));
+  CHECK_THAT(r.err, Contains("--engine torchrun"));
+  CHECK_THAT(r.err, !Contains("fits in memory"));
+  CHECK(run_dplan({"--model", model, "--cluster", "local-cpu", "--gpus", "8", "--engine", "torchrun"}).status == 0);
+}
+
 TEST_CASE("A config.json of an unsupported model type is an error listing the supported types", "[cli][error]") {
   TempDir dir;
   std::string path = edited_preset(dir, "bert", "llama-3-8b", [](json& c) { c["model_type"] = "bert"; });

@@ -54,29 +54,24 @@ struct ReduceFromTp : torch::autograd::Function<ReduceFromTp> {
   static variable_list backward(AutogradContext*, variable_list grad) { return {grad[0], at::Tensor(), at::Tensor()}; }
 };
 
-struct ScatterToSp : torch::autograd::Function<ScatterToSp> {
+// Along the sequence dim: all-gather or reduce-scatter forward, the other backward.
+template <bool kGatherForward>
+struct SequenceExchange : torch::autograd::Function<SequenceExchange<kGatherForward>> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Group* g, PhaseClock* clock, int64_t dim) {
     remember(ctx, *g, *clock);
     ctx->saved_data["dim"] = dim;
-    return scattered(x, *g, *clock, dim);
+    return kGatherForward ? gathered(x, *g, *clock, dim) : scattered(x, *g, *clock, dim);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    return {gathered(grad[0], group_of(ctx), clock_of(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor(),
-            at::Tensor()};
-  }
-};
-
-struct GatherFromSp : torch::autograd::Function<GatherFromSp> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Group* g, PhaseClock* clock, int64_t dim) {
-    remember(ctx, *g, *clock);
-    ctx->saved_data["dim"] = dim;
-    return gathered(x, *g, *clock, dim);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    return {scattered(grad[0], group_of(ctx), clock_of(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(),
+    Group& g = group_of(ctx);
+    PhaseClock& clock = clock_of(ctx);
+    const int64_t dim = ctx->saved_data["dim"].toInt();
+    return {kGatherForward ? scattered(grad[0], g, clock, dim) : gathered(grad[0], g, clock, dim), at::Tensor(),
             at::Tensor(), at::Tensor()};
   }
 };
+using ScatterToSp = SequenceExchange<false>;
+using GatherFromSp = SequenceExchange<true>;
 
 // Sequence parallel into column-parallel linears sharing one input (QKV; fc1 and gate; the LM
 // head), as Megatron's LinearWithGradAccumulationAndAsyncCommunication does with

@@ -11,6 +11,7 @@
 //    output and an fp32 log-sum-exp: no s x s tensor;
 //  - q, k, v as strided views into a fused QKV projection (as gpt.cpp makes them) send the right
 //    gradients into it, and the [b, s, heads * d] context feeds at::linear.
+#include <functional>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -390,6 +391,29 @@ TEST_CASE("flash attention rejects mismatched shapes", "[attention]") {
   CHECK_THROWS(flash_attention(q, q, q, 64, 0.0, 0, {}, -0.5));  // the scale: 0 (1 / sqrt(d)) or positive
 }
 
+// f's autograd gradients {dq, dk, dv} at a few elements of q, k and v against central differences
+// (f redraws the same dropout masks at every call).
+void check_central_differences(const std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>& f,
+                               const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const std::vector<at::Tensor>& grads) {
+  const double eps = 1e-2;
+  for (int which = 0; which < 3; ++which) {
+    at::Tensor x = which == 0 ? q : which == 1 ? k : v;
+    for (int64_t i : {0L, 7L, 23L, 41L}) {
+      at::Tensor flat = x.view({-1});
+      const float keep = flat[i].item<float>();
+      flat[i] = keep + eps;
+      const double up = (which == 0 ? f(x, k, v) : which == 1 ? f(q, x, v) : f(q, k, x)).item<double>();
+      flat[i] = keep - eps;
+      const double down = (which == 0 ? f(x, k, v) : which == 1 ? f(q, x, v) : f(q, k, x)).item<double>();
+      flat[i] = keep;
+      const double numeric = (up - down) / (2 * eps), analytic = grads[which].view({-1})[i].item<double>();
+      INFO("tensor " << which << " element " << i << ": numeric " << numeric << ", autograd " << analytic);
+      CHECK(std::abs(numeric - analytic) <= 2e-3 + 1e-2 * std::abs(analytic));
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("flash attention's dropout: backward is the gradient of the dropped forward, and the masks replay",
@@ -412,23 +436,7 @@ TEST_CASE("flash attention's dropout: backward is the gradient of the dropped fo
   CHECK(!at::allclose(plain, dropped));  // the masks are applied
   torch::manual_seed(99);
   CHECK(at::equal(dropped, flash_attention(q, k, v, block, 0.3)));  // and replay from the same state
-  const double eps = 1e-2;
-  for (int which = 0; which < 3; ++which) {
-    at::Tensor x = which == 0 ? q : which == 1 ? k : v;
-    const at::Tensor grad = which == 0 ? qg.grad() : which == 1 ? kg.grad() : vg.grad();
-    for (int64_t i : {0L, 7L, 23L, 41L}) {
-      at::Tensor flat = x.view({-1});
-      const float keep = flat[i].item<float>();
-      flat[i] = keep + eps;
-      const double up = (which == 0 ? f(x, k, v) : which == 1 ? f(q, x, v) : f(q, k, x)).item<double>();
-      flat[i] = keep - eps;
-      const double down = (which == 0 ? f(x, k, v) : which == 1 ? f(q, x, v) : f(q, k, x)).item<double>();
-      flat[i] = keep;
-      const double numeric = (up - down) / (2 * eps), analytic = grad.view({-1})[i].item<double>();
-      INFO("tensor " << which << " element " << i << ": numeric " << numeric << ", autograd " << analytic);
-      CHECK(std::abs(numeric - analytic) <= 2e-3 + 1e-2 * std::abs(analytic));
-    }
-  }
+  check_central_differences(f, q, k, v, {qg.grad(), kg.grad(), vg.grad()});
 }
 
 TEST_CASE("flash attention's dropout with dv != d and an explicit scale: backward is the dropped forward's gradient",
@@ -445,21 +453,5 @@ TEST_CASE("flash attention's dropout with dv != d and an explicit scale: backwar
   at::Tensor qg = q.clone().requires_grad_(), kg = k.clone().requires_grad_(), vg = v.clone().requires_grad_();
   f(qg, kg, vg).backward();
   CHECK(vg.grad().sizes() == v.sizes());
-  const double eps = 1e-2;
-  for (int which = 0; which < 3; ++which) {
-    at::Tensor x = which == 0 ? q : which == 1 ? k : v;
-    const at::Tensor grad = which == 0 ? qg.grad() : which == 1 ? kg.grad() : vg.grad();
-    for (int64_t i : {0L, 7L, 23L, 41L}) {
-      at::Tensor flat = x.view({-1});
-      const float keep = flat[i].item<float>();
-      flat[i] = keep + eps;
-      const double up = (which == 0 ? f(x, k, v) : which == 1 ? f(q, x, v) : f(q, k, x)).item<double>();
-      flat[i] = keep - eps;
-      const double down = (which == 0 ? f(x, k, v) : which == 1 ? f(q, x, v) : f(q, k, x)).item<double>();
-      flat[i] = keep;
-      const double numeric = (up - down) / (2 * eps), analytic = grad.view({-1})[i].item<double>();
-      INFO("tensor " << which << " element " << i << ": numeric " << numeric << ", autograd " << analytic);
-      CHECK(std::abs(numeric - analytic) <= 2e-3 + 1e-2 * std::abs(analytic));
-    }
-  }
+  check_central_differences(f, q, k, v, {qg.grad(), kg.grad(), vg.grad()});
 }

@@ -120,39 +120,16 @@ TEST_CASE("ring attention over 2 and 4 members equals flash attention on the who
   }
 }
 
-TEST_CASE("ring attention with attention sinks and a window equals flash attention's, sinks' gradient summed over cp",
-          "[executor][cp]") {
-  const int members = 2, window = 6;
-  const int64_t b = 2, heads = 4, kv_heads = 2, s = 8 * members, d = 8;
-  at::manual_seed(77);
-  at::Tensor q = at::randn({b, heads, s, d}).requires_grad_(true);
-  at::Tensor k = at::randn({b, kv_heads, s, d}).requires_grad_(true);
-  at::Tensor v = at::randn({b, kv_heads, s, d}).requires_grad_(true);
-  at::Tensor sinks = at::randn({heads}).requires_grad_(true);
-  at::Tensor dout = at::randn({b, s, heads * d});
-  at::Tensor want = flash_attention(q, k, v, 3, 0.0, window, sinks);
-  want.backward(dout);
-  const std::vector<Result> got = run_ring(members, q, k, v, dout, 3, window, sinks);
-  at::Tensor dsinks = at::zeros({heads});
-  for (int r = 0; r < members; ++r) {
-    INFO("member " << r);
-    check_close(got[r].out, cp_chunks(want.detach(), 1, members, r), "output");
-    check_close(got[r].dq, cp_chunks(q.grad(), 2, members, r), "dq");
-    check_close(got[r].dk, cp_chunks(k.grad(), 2, members, r), "dk");
-    REQUIRE(got[r].saved.size() == 6);  // and the sinks
-    dsinks += got[r].dsinks;
-  }
-  check_close(dsinks, sinks.grad(), "dsinks");
-}
-
 // DeepSeek's multi-head latent attention: V (and the context) of head width dv != d, K and V
 // travelling the ring together all the same, and the scores scaled by other than 1 / sqrt(d).
-TEST_CASE("ring attention with dv != d and an explicit scale equals flash attention on the whole sequence",
+// And gpt-oss's attention sinks with a window (dv == d), their gradient summed over cp.
+TEST_CASE("ring attention with sinks, windows, dv != d and an explicit scale equals flash attention on the whole sequence",
           "[executor][cp]") {
-  const int64_t b = 2, heads = 4, kv_heads = 2, d = 12, dv = 8, block = 3;
-  for (auto [members, window, scale, with_sinks] : std::vector<std::tuple<int, int, double, bool>>{
-           {2, 0, 0.23, false}, {4, 0, 0.0, false}, {4, 6, 0.23, false}, {2, 6, 0.23, true}}) {
-    INFO("cp " << members << " window " << window << " scale " << scale << " sinks " << with_sinks);
+  const int64_t b = 2, heads = 4, kv_heads = 2, d = 12, block = 3;
+  for (auto [members, window, scale, with_sinks, dv] : std::vector<std::tuple<int, int, double, bool, int64_t>>{
+           {2, 0, 0.23, false, 8}, {4, 0, 0.0, false, 8}, {4, 6, 0.23, false, 8}, {2, 6, 0.23, true, 8},
+           {2, 6, 0.0, true, d}}) {
+    INFO("cp " << members << " window " << window << " scale " << scale << " sinks " << with_sinks << " dv " << dv);
     at::manual_seed(members * 10 + window + 300);
     const int64_t s = 8 * members;
     at::Tensor q = at::randn({b, heads, s, d}).requires_grad_(true);

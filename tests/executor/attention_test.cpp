@@ -154,32 +154,6 @@ TEST_CASE("flash attention matches naive attention under a sliding window", "[at
   SECTION("window as long as the sequence") { check_against_naive({2, 4, 4, 64, 16, 16, 64}); }
 }
 
-TEST_CASE("flash attention with attention sinks matches the naive softmax with a sink column", "[attention]") {
-  const int64_t b = 2, heads = 4, kv = 2, s = 50, d = 8;
-  torch::manual_seed(99);
-  at::Tensor q = torch::randn({b, heads, s, d}), k = torch::randn({b, kv, s, d}), v = torch::randn({b, kv, s, d});
-  at::Tensor sinks = torch::randn({heads}) * 2, dout = torch::randn({b, s, heads * d});
-  for (int64_t window : {0, 9}) {
-    CAPTURE(window);
-    at::Tensor fq = q.clone().requires_grad_(), fk = k.clone().requires_grad_(), fv = v.clone().requires_grad_(),
-               fs = sinks.clone().requires_grad_();
-    at::Tensor out = flash_attention(fq, fk, fv, 16, 0.0, window, fs);
-    CHECK(flash_attention_saved(out).size() == 6);  // q, k, v, out, lse and the sinks
-    out.backward(dout);
-    at::Tensor rq = q.to(at::kDouble).requires_grad_(), rk = k.to(at::kDouble).requires_grad_(),
-               rv = v.to(at::kDouble).requires_grad_(), rs = sinks.to(at::kDouble).requires_grad_();
-    at::Tensor ref = naive_attention(rq, rk, rv, window, rs);
-    ref.backward(dout.to(at::kDouble));
-    // 1e-4: PyTorch 2's CPU GEMMs round differently from call to call (fp32_tolerance); a wrong
-    // sink term errs by 1e-2 and more.
-    CHECK(worst(out, ref, 1e-4) <= 1.0);
-    CHECK(worst(fq.grad(), rq.grad(), 1e-4) <= 1.0);
-    CHECK(worst(fk.grad(), rk.grad(), 1e-4) <= 1.0);
-    CHECK(worst(fv.grad(), rv.grad(), 1e-4) <= 1.0);
-    CHECK(worst(fs.grad(), rs.grad(), 1e-4) <= 1.0);
-  }
-}
-
 // DeepSeek's multi-head latent attention: q, k of head width d, v (and the context) of dv != d.
 TEST_CASE("flash attention with a value head width other than the query/key one matches naive attention",
           "[attention]") {
@@ -215,24 +189,28 @@ TEST_CASE("flash attention with an explicit softmax scale matches naive attentio
   }
 }
 
-TEST_CASE("flash attention with sinks, dv != d and an explicit scale matches the naive softmax with a sink column",
+// gpt-oss's attention sinks (dv == d), and with DeepSeek's widths and scale.
+TEST_CASE("flash attention with attention sinks matches the naive softmax with a sink column, dv != d and scaled too",
           "[attention]") {
-  const int64_t b = 2, heads = 4, kv = 2, s = 50, d = 24, dv = 16;
-  torch::manual_seed(98);
-  at::Tensor q = torch::randn({b, heads, s, d}), k = torch::randn({b, kv, s, d}), v = torch::randn({b, kv, s, dv});
-  at::Tensor sinks = torch::randn({heads}) * 2, dout = torch::randn({b, s, heads * dv});
-  for (auto [window, scale] : std::vector<std::pair<int64_t, double>>{{0, 0.0}, {9, 0.0}, {9, 0.13}}) {
-    CAPTURE(window, scale);
+  const int64_t b = 2, heads = 4, kv = 2, s = 50, d = 24;
+  for (auto [window, scale, dv] : std::vector<std::tuple<int64_t, double, int64_t>>{
+           {0, 0.0, d}, {9, 0.0, d}, {0, 0.0, 16}, {9, 0.0, 16}, {9, 0.13, 16}}) {
+    CAPTURE(window, scale, dv);
+    torch::manual_seed(98);
+    at::Tensor q = torch::randn({b, heads, s, d}), k = torch::randn({b, kv, s, d}), v = torch::randn({b, kv, s, dv});
+    at::Tensor sinks = torch::randn({heads}) * 2, dout = torch::randn({b, s, heads * dv});
     at::Tensor fq = q.clone().requires_grad_(), fk = k.clone().requires_grad_(), fv = v.clone().requires_grad_(),
                fs = sinks.clone().requires_grad_();
     at::Tensor out = flash_attention(fq, fk, fv, 16, 0.0, window, fs, scale);
     REQUIRE(out.sizes() == at::IntArrayRef{b, s, heads * dv});
+    CHECK(flash_attention_saved(out).size() == 6);  // q, k, v, out, lse and the sinks
     out.backward(dout);
     at::Tensor rq = q.to(at::kDouble).requires_grad_(), rk = k.to(at::kDouble).requires_grad_(),
                rv = v.to(at::kDouble).requires_grad_(), rs = sinks.to(at::kDouble).requires_grad_();
     at::Tensor ref = naive_attention(rq, rk, rv, window, rs, scale);
     ref.backward(dout.to(at::kDouble));
-    // 1e-4 as the sinks test above: PyTorch 2's CPU GEMMs; a wrong width, scale or sink errs by 1e-2.
+    // 1e-4: PyTorch 2's CPU GEMMs round differently from call to call (fp32_tolerance); a wrong
+    // width, scale or sink term errs by 1e-2 and more.
     CHECK(worst(out, ref, 1e-4) <= 1.0);
     CHECK(worst(fq.grad(), rq.grad(), 1e-4) <= 1.0);
     CHECK(worst(fk.grad(), rk.grad(), 1e-4) <= 1.0);

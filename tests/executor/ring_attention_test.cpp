@@ -85,39 +85,56 @@ void check_close(const at::Tensor& got, const at::Tensor& want, const std::strin
   CHECK(at::allclose(got, want, 1e-5, 1e-6));
 }
 
+// One ring of `members` against one-process flash attention on the whole sequence: every member's
+// output and dq, dk, dv (and the sinks' gradient summed over cp) within 1e-5, and what each saves:
+// flash attention's set for its tokens, K/V at kv-head width, V at its own width.
+struct RingCase {
+  int members, window, heads, kv_heads, block;
+  int64_t d, dv;
+  double scale;
+  bool with_sinks;
+  uint64_t seed;
+};
+void check_ring(const RingCase& c) {
+  INFO("cp " << c.members << " window " << c.window << " heads " << c.heads << " kv_heads " << c.kv_heads << " block "
+             << c.block << " d " << c.d << " dv " << c.dv << " scale " << c.scale << " sinks " << c.with_sinks);
+  at::manual_seed(c.seed);
+  const int64_t b = 2, s = 8 * c.members;  // chunks of 4 tokens: several query blocks of 3
+  at::Tensor q = at::randn({b, c.heads, s, c.d}).requires_grad_(true);
+  at::Tensor k = at::randn({b, c.kv_heads, s, c.d}).requires_grad_(true);
+  at::Tensor v = at::randn({b, c.kv_heads, s, c.dv}).requires_grad_(true);
+  at::Tensor sinks = c.with_sinks ? at::randn({c.heads}).requires_grad_(true) : at::Tensor();
+  at::Tensor dout = at::randn({b, s, c.heads * c.dv});
+  at::Tensor want = flash_attention(q, k, v, c.block, 0.0, c.window, sinks, c.scale);
+  want.backward(dout);
+  const std::vector<Result> got = run_ring(c.members, q, k, v, dout, c.block, c.window, sinks, {}, c.scale);
+  at::Tensor dsinks = at::zeros({c.heads});
+  for (int r = 0; r < c.members; ++r) {
+    INFO("member " << r);
+    check_close(got[r].out, cp_chunks(want.detach(), 1, c.members, r), "output");
+    check_close(got[r].dq, cp_chunks(q.grad(), 2, c.members, r), "dq");
+    check_close(got[r].dk, cp_chunks(k.grad(), 2, c.members, r), "dk");
+    check_close(got[r].dv, cp_chunks(v.grad(), 2, c.members, r), "dv");
+    REQUIRE(got[r].saved.size() == (c.with_sinks ? 6u : 5u));
+    CHECK(got[r].saved[1].sizes() == at::IntArrayRef({b, c.kv_heads, s / c.members, c.d}));
+    CHECK(got[r].saved[2].sizes() == at::IntArrayRef({b, c.kv_heads, s / c.members, c.dv}));
+    CHECK(got[r].saved[3].data_ptr() == got[r].out.data_ptr());
+    CHECK(got[r].saved[4].scalar_type() == at::kFloat);
+    CHECK(got[r].ring_comm_s > 0);
+    if (c.with_sinks) dsinks += got[r].dsinks;
+  }
+  if (c.with_sinks) check_close(dsinks, sinks.grad(), "dsinks");
+}
+
 }  // namespace
 
 TEST_CASE("ring attention over 2 and 4 members equals flash attention on the whole sequence", "[executor][cp]") {
   // Sliding windows of 3 (inside a 4-token chunk), 6 (across one chunk boundary) and 9 (past a
   // whole chunk): key chunks wholly beyond it are skipped, partial ones masked by true position.
-  for (auto [members, window] : std::vector<std::pair<int, int>>{{2, 0}, {4, 0}, {2, 3}, {4, 6}, {4, 9}}) {
-    for (auto [heads, kv_heads, block] : std::vector<std::tuple<int, int, int>>{{4, 4, 64}, {4, 2, 3}}) {
-      INFO("cp " << members << " window " << window << " heads " << heads << " kv_heads " << kv_heads << " block "
-                 << block);
-      at::manual_seed(members * 10 + kv_heads + 100 * window);
-      const int64_t b = 2, s = 8 * members, d = 8;  // chunks of 4 tokens: several query blocks of 3
-      at::Tensor q = at::randn({b, heads, s, d}).requires_grad_(true);
-      at::Tensor k = at::randn({b, kv_heads, s, d}).requires_grad_(true);
-      at::Tensor v = at::randn({b, kv_heads, s, d}).requires_grad_(true);
-      at::Tensor dout = at::randn({b, s, heads * d});
-      at::Tensor want = flash_attention(q, k, v, block, 0.0, window);
-      want.backward(dout);
-      const std::vector<Result> got = run_ring(members, q, k, v, dout, block, window);
-      for (int r = 0; r < members; ++r) {
-        INFO("member " << r);
-        check_close(got[r].out, cp_chunks(want.detach(), 1, members, r), "output");
-        check_close(got[r].dq, cp_chunks(q.grad(), 2, members, r), "dq");
-        check_close(got[r].dk, cp_chunks(k.grad(), 2, members, r), "dk");
-        check_close(got[r].dv, cp_chunks(v.grad(), 2, members, r), "dv");
-        // Saved: flash attention's set for this rank's tokens, K/V at kv-head width.
-        REQUIRE(got[r].saved.size() == 5);
-        CHECK(got[r].saved[1].sizes() == at::IntArrayRef({b, kv_heads, s / members, d}));
-        CHECK(got[r].saved[3].data_ptr() == got[r].out.data_ptr());
-        CHECK(got[r].saved[4].scalar_type() == at::kFloat);
-        CHECK(got[r].ring_comm_s > 0);
-      }
-    }
-  }
+  for (auto [members, window] : std::vector<std::pair<int, int>>{{2, 0}, {4, 0}, {2, 3}, {4, 6}, {4, 9}})
+    for (auto [heads, kv_heads, block] : std::vector<std::tuple<int, int, int>>{{4, 4, 64}, {4, 2, 3}})
+      check_ring({members, window, heads, kv_heads, block, 8, 8, 0.0, false,
+                  static_cast<uint64_t>(members * 10 + kv_heads + 100 * window)});
 }
 
 // DeepSeek's multi-head latent attention: V (and the context) of head width dv != d, K and V
@@ -125,36 +142,10 @@ TEST_CASE("ring attention over 2 and 4 members equals flash attention on the who
 // And gpt-oss's attention sinks with a window (dv == d), their gradient summed over cp.
 TEST_CASE("ring attention with sinks, windows, dv != d and an explicit scale equals flash attention on the whole sequence",
           "[executor][cp]") {
-  const int64_t b = 2, heads = 4, kv_heads = 2, d = 12, block = 3;
   for (auto [members, window, scale, with_sinks, dv] : std::vector<std::tuple<int, int, double, bool, int64_t>>{
            {2, 0, 0.23, false, 8}, {4, 0, 0.0, false, 8}, {4, 6, 0.23, false, 8}, {2, 6, 0.23, true, 8},
-           {2, 6, 0.0, true, d}}) {
-    INFO("cp " << members << " window " << window << " scale " << scale << " sinks " << with_sinks << " dv " << dv);
-    at::manual_seed(members * 10 + window + 300);
-    const int64_t s = 8 * members;
-    at::Tensor q = at::randn({b, heads, s, d}).requires_grad_(true);
-    at::Tensor k = at::randn({b, kv_heads, s, d}).requires_grad_(true);
-    at::Tensor v = at::randn({b, kv_heads, s, dv}).requires_grad_(true);
-    at::Tensor sinks = with_sinks ? at::randn({heads}).requires_grad_(true) : at::Tensor();
-    at::Tensor dout = at::randn({b, s, heads * dv});
-    at::Tensor want = flash_attention(q, k, v, block, 0.0, window, sinks, scale);
-    want.backward(dout);
-    const std::vector<Result> got = run_ring(members, q, k, v, dout, block, window, sinks, {}, scale);
-    at::Tensor dsinks = at::zeros({heads});
-    for (int r = 0; r < members; ++r) {
-      INFO("member " << r);
-      check_close(got[r].out, cp_chunks(want.detach(), 1, members, r), "output");
-      check_close(got[r].dq, cp_chunks(q.grad(), 2, members, r), "dq");
-      check_close(got[r].dk, cp_chunks(k.grad(), 2, members, r), "dk");
-      check_close(got[r].dv, cp_chunks(v.grad(), 2, members, r), "dv");
-      REQUIRE(got[r].saved.size() == (with_sinks ? 6u : 5u));
-      CHECK(got[r].saved[1].sizes() == at::IntArrayRef({b, kv_heads, s / members, d}));
-      CHECK(got[r].saved[2].sizes() == at::IntArrayRef({b, kv_heads, s / members, dv}));
-      CHECK(got[r].saved[3].data_ptr() == got[r].out.data_ptr());
-      if (with_sinks) dsinks += got[r].dsinks;
-    }
-    if (with_sinks) check_close(dsinks, sinks.grad(), "dsinks");
-  }
+           {2, 6, 0.0, true, 12}})
+    check_ring({members, window, 4, 2, 3, 12, dv, scale, with_sinks, static_cast<uint64_t>(members * 10 + window + 300)});
 }
 
 TEST_CASE("ring attention with attention dropout: masks replay from the seed, backward is the dropped forward's gradient",

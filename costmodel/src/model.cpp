@@ -182,10 +182,10 @@ void read_deepseek_v3(ObjectReader& r, ModelSpec& m) {
   // scaled by routed_scaling_factor (1).
   const bool v3 = m.family == "deepseek_v3";
   const std::string method = r.has("topk_method") ? r.string("topk_method") : v3 ? "noaux_tc" : "greedy";
-  m.router_bias = v3 || method == "noaux_tc";
-  m.moe_router_score = v3 ? ModelSpec::RouterScore::sigmoid : ModelSpec::RouterScore::softmax;
   if (!v3 && method != "greedy" && method != "group_limited_greedy")
     throw InputError(r.where("topk_method") + ": '" + method + "' is not DeepSeek-V2's; valid: greedy, group_limited_greedy");
+  m.router_bias = v3;
+  m.moe_router_score = v3 ? ModelSpec::RouterScore::sigmoid : ModelSpec::RouterScore::softmax;
   if (v3 || method == "group_limited_greedy") {
     m.moe_groups = r.has("n_group") ? static_cast<int>(r.int_in("n_group", 1, m.num_experts)) : v3 ? 8 : 1;
     m.moe_group_topk = r.has("topk_group") ? static_cast<int>(r.int_in("topk_group", 1, m.moe_groups))

@@ -106,8 +106,7 @@ RotaryFrequencies rotary_frequencies(const ModelSpec& m) {
 
 double softmax_scale(const ModelSpec& m) {
   double scale = 1.0 / std::sqrt(double(m.head_dim));
-  const bool deepseek = m.family == "deepseek_v2" || m.family == "deepseek_v3";
-  if (deepseek && !m.rope_scaling.empty()) {
+  if (m.is_mla() && !m.rope_scaling.empty()) {  // DeepSeek's attention, the one that applies it
     const double all_dim = param(m, "mscale_all_dim", 0);
     if (all_dim != 0) {
       const double mscale = get_mscale(param(m, "factor", kRequired), all_dim);

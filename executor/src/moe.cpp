@@ -187,7 +187,7 @@ Routing route(const costmodel::ModelSpec& model, const MoeWeights& w, const at::
     // parameter's must (ZeRO-3 frees a layer's parameters once all its gradients are in), and AdamW
     // leaves it as it is (zero moments, no decay): trained by no gradient, as transformers' buffer.
     if (sigmoid && w.router_bias.defined())
-      r.weights = r.weights + w.router_bias.index_select(0, r.experts.flatten()).view_as(r.experts).to(at::kFloat) * 0.0;
+      r.weights = r.weights + w.router_bias.sum().to(at::kFloat) * 0.0;
   }
   // MixtralSparseMoeBlock: routing_weights /= sum; Qwen-MoE's and DeepSeek-V3's only with
   // norm_topk_prob (V3 adds 1e-20 to the sum of its sigmoid scores).

@@ -268,7 +268,8 @@ CoreTimes attention_core_times(const ModelSpec& m, const GpuSpec& gpu, const Lay
 // derivation); the core is the layer-weighted mean of the windowed and the full one.
 CoreTimes mean_attention_core_times(const ModelSpec& m, const GpuSpec& gpu, const LayerShape& s, int seq_len) {
   CoreTimes core = attention_core_times(m, gpu, s, s.seq_kv);
-  if (m.window_binds(seq_len)) {
+  // Eager attention computes every score and masks those outside the window (unfused_attention_bytes).
+  if (s.flash && m.window_binds(seq_len)) {
     const double share = sliding_share(m);
     const CoreTimes windowed = attention_core_times(m, gpu, s, windowed_keys(m, seq_len));
     core.forward_s = (1 - share) * core.forward_s + share * windowed.forward_s;
@@ -554,8 +555,108 @@ LayerTimes layer_times(const ModelSpec& m, const GpuSpec& gpu, const TrainingSpe
       break;
     case Recompute::none: break;
   }
-  LayerFlops fl = layer_forward_flops(m, s.tokens, s.seq_kv);
-  x.forward_flops = (fl.total() - fl.attention * (1 - s.causal_fraction)) / s.tp;
+  return x;
+}
+
+namespace {
+constexpr std::array<const char*, kNumFlopParts> kFlopPartNames = {"qkv",     "attention", "out_proj", "mlp",
+                                                                   "experts", "router",    "head",     "mtp_proj"};
+
+// One layer's forward on one rank per micro-batch, by part (rank_step_flops): the GEMM shapes
+// qkv_projection_times, attention_core_times, mlp_times and dense_mlp_times price.
+FlopsByPart rank_layer_forward_flops(const ModelSpec& m, const LayerShape& s, const ParallelConfig& p, int layer) {
+  FlopsByPart x{};
+  auto part = [&x](FlopPart f) -> double& { return x[static_cast<int>(f)]; };
+  const double T = s.tokens, h = s.hidden, sp = s.sp_split;
+  const double v_head = double(m.attn_out_dim()) / m.num_heads;
+  if (m.is_mla()) {
+    const double rq = m.q_lora_rank, rkv = m.kv_lora_rank, rope = m.qk_rope_head_dim, nope = m.head_dim - rope;
+    part(FlopPart::qkv) = (rq > 0 ? 2 * (T / sp) * h * rq + 2 * T * rq * s.q_width : 2 * T * h * s.q_width) +
+                          2 * (T / sp) * h * (rkv + rope) + 2 * T * rkv * s.heads * (nope + v_head);
+  } else {
+    part(FlopPart::qkv) = 2 * T * h * (s.q_width + 2 * s.kv_width);
+  }
+  const int window = m.attention_window(layer);
+  const double keys = s.flash && window > 0 && window < s.seq_kv ? windowed_keys(m, s.seq_kv) : s.seq_kv;
+  part(FlopPart::attention) = 2 * T * keys * s.causal_fraction * s.heads * (s.head_dim + v_head);
+  part(FlopPart::out_proj) = 2 * T * s.heads * v_head * h;
+  if (m.is_moe() && !m.is_dense_layer(layer)) {
+    part(FlopPart::experts) = moe_expert_tokens(m, s, p) * mlp_flops(m, 1, m.ffn_hidden_size / double(p.expert_tp()));
+    part(FlopPart::router) = 2 * moe_tokens_in(s) * h * m.num_experts;
+    part(FlopPart::mlp) = mlp_flops(m, T, m.shared_expert_ffn_size / s.tp);
+    if (m.shared_expert_ffn_size > 0 && m.shared_expert_gate) part(FlopPart::mlp) += 2 * (T / sp) * h;  // its [1, h] gate
+  } else {
+    part(FlopPart::mlp) = mlp_flops(m, T, (m.is_moe() ? m.dense_ffn_hidden_size : m.ffn_hidden_size) / s.tp);
+  }
+  return x;
+}
+
+// What recompute replays of that layer (recompute_flops' shares, applied to this layer's parts).
+FlopsByPart rank_layer_recompute_flops(const ModelSpec& m, const TrainingSpec& t, const ParallelConfig& p,
+                                       const FlopsByPart& f, int layer) {
+  FlopsByPart share{};
+  auto set = [&share](FlopPart part, double x) { share[static_cast<int>(part)] = x; };
+  switch (p.recompute) {
+    case Recompute::none: return {};
+    case Recompute::full: share.fill(1); break;
+    case Recompute::selective:
+      if (t.engine.selective == SelectiveRecompute::op_policy) {
+        const OpPolicyShares op = op_policy_recompute_shares(m);
+        set(FlopPart::qkv, op.qkv);
+        set(FlopPart::out_proj, op.out_proj);
+        set(FlopPart::mlp, op.mlp);
+        set(FlopPart::experts, op.mlp);
+      } else {
+        const MegatronRecomputeShares mr = megatron_recompute_shares(m, t.recompute_modules);
+        const bool moe_layer = m.is_moe() && !m.is_dense_layer(layer);
+        set(FlopPart::attention, mr.attention);
+        set(FlopPart::qkv, mr.qkv);
+        set(FlopPart::experts, mr.routed_mlp);
+        set(FlopPart::router, mr.routed_mlp);
+        set(FlopPart::mlp, moe_layer ? mr.shared_mlp : mr.dense_mlp);
+      }
+      break;
+  }
+  share[static_cast<int>(FlopPart::head)] = 0;
+  FlopsByPart x{};
+  for (int i = 0; i < kNumFlopParts; ++i) x[i] = share[i] * f[i];
+  return x;
+}
+}  // namespace
+
+const char* to_string(FlopPart part) { return kFlopPartNames.at(static_cast<size_t>(part)); }
+
+std::optional<FlopPart> flop_part_from_string(std::string_view name) {
+  for (int i = 0; i < kNumFlopParts; ++i)
+    if (name == kFlopPartNames[i]) return static_cast<FlopPart>(i);
+  return std::nullopt;
+}
+
+RankStepFlops rank_step_flops(const ModelSpec& m, const TrainingSpec& t, const ParallelConfig& p,
+                              const std::vector<int>& layers, bool lm_head) {
+  const LayerShape s = layer_shape(m, t, p);
+  const double micro_batches = num_microbatches(t, p);
+  RankStepFlops x;
+  std::vector<int> all = layers;
+  if (lm_head)
+    for (int k = 0; k < m.mtp_layers; ++k) all.push_back(m.num_layers + k);  // the MTP modules' layers
+  for (int layer : all) {
+    const FlopsByPart f = rank_layer_forward_flops(m, s, p, layer);
+    const FlopsByPart r = rank_layer_recompute_flops(m, t, p, f, layer);
+    for (int i = 0; i < kNumFlopParts; ++i) {
+      x.forward[i] += micro_batches * f[i];
+      x.recompute[i] += micro_batches * r[i];
+    }
+  }
+  // The LM head over this rank's tokens (gathered under sequence parallel) and its vocabulary slice
+  // (edge_times).
+  // The MTP modules' eh_proj, column-parallel h x 2h over all T tokens, and a head each.
+  if (lm_head) {
+    x.forward[static_cast<int>(FlopPart::head)] =
+        (1 + m.mtp_layers) * micro_batches * 2 * s.tokens * s.hidden * (padded_vocab(m, t, p.tp) / double(p.tp));
+    x.forward[static_cast<int>(FlopPart::mtp_proj)] =
+        m.mtp_layers * micro_batches * 2 * s.tokens * 2 * s.hidden * s.hidden / s.tp;
+  }
   return x;
 }
 

@@ -56,8 +56,10 @@ std::optional<std::string> executor_refusal(const ModelSpec& model, const Traini
   if (training.cross_entropy_fusion || training.embedding_wgrad_deferral)
     return executor_does_not_run("Megatron's fused cross-entropy or deferred embedding weight gradients "
                                  "(drop --cross-entropy-fusion and --defer-embedding-wgrad)");
-  // Its GPT (executor/src/gpt.h) has no multi-token prediction modules.
-  if (model.mtp_layers > 0) return executor_does_not_run("multi-token prediction (--mtp-layers 0 drops it)");
+  // Its multi-token prediction modules (executor/src/gpt.h) embed their tokens on the last stage,
+  // which holds no learned positions.
+  if (model.mtp_layers > 0 && model.position == PositionKind::learned)
+    return executor_does_not_run("multi-token prediction with learned positions (--mtp-layers 0 drops it)");
   // Its selective recompute reruns the attention core (Megatron's default module, core_attn).
   if (p.recompute == Recompute::selective && !training.recompute_modules.is_default())
     return "Megatron's recompute modules are not run (the executor's selective recompute reruns the attention core); "

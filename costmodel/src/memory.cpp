@@ -97,10 +97,21 @@ double outside_allocator_bytes(const GpuSpec& gpu, const ParallelConfig& p) {
 
 namespace {
 
-// stage_params into `out`, with the layer assignment and one layer's parameters given
-// (estimate_memory has them, and reuses `out` from layout to layout).
+// The layers of [first, first + n) with a dense MLP (all of a dense model's; an MoE model's
+// ModelSpec::dense_layers).
+int dense_layers_in(const ModelSpec& m, int first, int n) {
+  if (!m.is_moe()) return n;
+  auto at = [&](int layer) { return std::lower_bound(m.dense_layers.begin(), m.dense_layers.end(), layer); };
+  return static_cast<int>(at(first + n) - at(first));
+}
+
+// stage_params into `out`, with the layer assignment given (estimate_memory has it, and reuses
+// `out` from layout to layout). Each stage holds its own layers: an MoE model's dense layers
+// (DeepSeek's first k, Qwen's mlp_only_layers) where they are, not the mean layer everywhere.
 void stage_params_of(const ModelSpec& m, const ParallelConfig& p, int vocab_size, const ChunkAssignment& chunks,
-                     const GpuLayerParams& layer, std::vector<StageParams>& out) {
+                     std::vector<StageParams>& out) {
+  const GpuLayerParams dense_layer = gpu_layer_params(m, p, LayerKind::dense);
+  const GpuLayerParams moe_layer = m.is_moe() ? gpu_layer_params(m, p, LayerKind::moe) : dense_layer;
   const double h = m.hidden_size, vocab = vocab_size;
   const double final_norm = m.norm == NormKind::layernorm ? 2 * h : h;
   const double positions = m.position == PositionKind::learned ? double(m.max_seq_len) * h : 0;
@@ -108,17 +119,22 @@ void stage_params_of(const ModelSpec& m, const ParallelConfig& p, int vocab_size
   out.reserve(p.pp);
   for (int stage = 0; stage < p.pp; ++stage) {
     const bool first = holds_embedding(chunks[stage]), last = holds_loss(chunks[stage]);
-    int layers = 0;
-    for (const ModelChunk& chunk : chunks[stage]) layers += chunk.num_layers;
+    int layers = 0, dense = 0;
+    for (const ModelChunk& chunk : chunks[stage]) {
+      layers += chunk.num_layers;
+      dense += dense_layers_in(m, chunk.first_layer, chunk.num_layers);
+    }
+    const double moe = layers - dense;
+    auto sum = [&](double GpuLayerParams::*field) { return dense * dense_layer.*field + moe * moe_layer.*field; };
     // Layers, plus the vocabulary-parallel embedding (and learned positions, replicated over tp)
     // on the first stage, the final norm and LM head on the last. A tied head on a separate last
     // stage keeps its own copy of the embedding (Megatron's shared word embeddings).
     StageParams s;
     s.num_layers = layers;
-    s.dense = layers * layer.dense;
-    s.dense_tp_replicated = layers * layer.dense_replicated;
-    s.expert = layers * layer.expert;
-    s.expert_etp_replicated = layers * layer.expert_replicated;
+    s.dense = sum(&GpuLayerParams::dense);
+    s.dense_tp_replicated = sum(&GpuLayerParams::dense_replicated);
+    s.expert = sum(&GpuLayerParams::expert);
+    s.expert_etp_replicated = sum(&GpuLayerParams::expert_replicated);
     if (first) {
       s.dense += vocab * h / p.tp + positions;
       s.dense_tp_replicated += positions;
@@ -153,7 +169,7 @@ void stage_params_of(const ModelSpec& m, const ParallelConfig& p, int vocab_size
 
 std::vector<StageParams> stage_params(const ModelSpec& m, const ParallelConfig& p, int vocab_size) {
   std::vector<StageParams> out;
-  stage_params_of(m, p, vocab_size, *shared_chunks(m.num_layers, p), gpu_layer_params(m, p), out);
+  stage_params_of(m, p, vocab_size, *shared_chunks(m.num_layers, p), out);
   return out;
 }
 
@@ -239,7 +255,7 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ClusterSpec& c, const T
   const double tokens = double(t.seq_len) / p.cp * p.micro_batch;  // per micro-batch on one GPU
   const GpuLayerParams layer = gpu_layer_params(m, p);
   thread_local std::vector<StageParams> params;  // reused from layout to layout
-  stage_params_of(m, p, static_cast<int>(vocab), chunks, layer, params);
+  stage_params_of(m, p, static_cast<int>(vocab), chunks, params);
   const LayerActivations full_layer = activations_per_layer(m, t, p);
   const double stored_per_layer = stored_activation_bytes_per_layer(m, t, p);
   const BytesPerParam bpp = bytes_per_param(t);

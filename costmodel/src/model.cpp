@@ -737,6 +737,7 @@ json to_json(const ModelSpec& m) {
   if (!m.rope_scaling.empty()) j["rope_scaling"] = m.rope_scaling;
   if (!m.rope_scaling_params.empty()) j["rope_scaling_params"] = m.rope_scaling_params;
   if (m.moe_aux_loss_coef != old_plan.moe_aux_loss_coef) j["moe_aux_loss_coef"] = m.moe_aux_loss_coef;
+  if (m.mtp_layers > 0) j["mtp_loss_scale"] = m.mtp_loss_scale;
   if (!m.moe_norm_topk_prob) j["moe_norm_topk_prob"] = false;
   if (m.moe_router_score == ModelSpec::RouterScore::sigmoid) j["moe_router_score"] = "sigmoid";
   count("moe_groups", m.moe_groups);
@@ -815,6 +816,7 @@ ModelSpec model_from_json(const json& j, const std::string& file, const std::str
   m.rotary_dim = count("rotary_dim", kMaxWidth);
   m.parallel_residual = flag("parallel_residual");
   m.mtp_layers = count("mtp_layers", kMaxLayers);
+  if (r.has("mtp_loss_scale")) m.mtp_loss_scale = r.number_in("mtp_loss_scale", 0.0, 1e3);
   if (r.has("norm_eps")) m.norm_eps = r.number_in("norm_eps", 1e-12, 1.0);
   if (r.has("rope_theta")) m.rope_theta = r.number_in("rope_theta", 1.0, 1e12);
   if (r.has("rope_scaling")) m.rope_scaling = r.string("rope_scaling");

@@ -64,6 +64,14 @@ json to_json(const RunRecord& run) {
     memory[std::to_string(rank)] = row;
   }
   const StepTimeStats& t = run.step_time;
+  auto parts = [](const FlopsByPart& f) {
+    json row = json::object();
+    for (int i = 0; i < kNumFlopParts; ++i) row[to_string(static_cast<FlopPart>(i))] = f[i];
+    return row;
+  };
+  json flops = json::object();
+  for (const auto& [rank, f] : run.flops_by_rank)
+    flops[std::to_string(rank)] = {{"forward", parts(f.forward)}, {"recompute", parts(f.recompute)}};
   json out{
       {"format_version", run.format_version},
       {"generator", "dplan"},
@@ -87,6 +95,7 @@ json to_json(const RunRecord& run) {
       {"stage_of_rank", run.stage_of_rank},
       {"replicas", {{"identical", run.replicas_identical}, {"weights_hash_by_rank", run.weights_hash_by_rank}}}};
   if (!run.startup_s.empty()) out["startup_s"] = run.startup_s;
+  if (!run.flops_by_rank.empty()) out["flops"] = flops;
   if (run.checkpoints) {
     const RunCheckpoints& c = *run.checkpoints;
     json saves = json::array();
@@ -222,6 +231,27 @@ std::map<int, std::map<std::string, long long>> read_memory(ObjectReader& r, con
   return out;
 }
 
+// Written since the executor counts its FLOPs; older files lack it. Every rank, each with
+// "forward" and "recompute", each every FlopPart's non-negative count per step.
+std::map<int, RankStepFlops> read_flops(ObjectReader& r, size_t ranks) {
+  std::map<int, RankStepFlops> out;
+  ObjectReader flops = r.object("flops");
+  for (size_t rank = 0; rank < ranks; ++rank) {
+    const std::string key = std::to_string(rank);
+    if (!flops.has(key)) throw InputError(r.file() + ": /flops: missing key \"" + key + "\" (rank " + key + ")");
+    ObjectReader row = flops.object(key);
+    RankStepFlops& f = out[static_cast<int>(rank)];
+    for (auto [name, into] : {std::pair{"forward", &f.forward}, std::pair{"recompute", &f.recompute}}) {
+      ObjectReader by_part = row.object(name);
+      for (int i = 0; i < kNumFlopParts; ++i) (*into)[i] = by_part.non_negative_number(to_string(static_cast<FlopPart>(i)));
+      by_part.finish();
+    }
+    row.finish();
+  }
+  flops.finish();
+  return out;
+}
+
 std::vector<std::string> read_weight_hashes(ObjectReader& r, size_t ranks, bool& identical) {
   ObjectReader replicas = r.object("replicas");
   identical = replicas.boolean("identical");
@@ -323,6 +353,7 @@ RunRecord run_record_from_json(const json& j, const std::string& file) {
   run.weights_hash_by_rank = read_weight_hashes(r, run.stage_of_rank.size(), run.replicas_identical);
   if (r.has("checkpoints")) run.checkpoints = read_checkpoints(r, run.stage_of_rank.size());
   if (r.has("startup_s")) run.startup_s = read_startup(r);
+  if (r.has("flops")) run.flops_by_rank = read_flops(r, run.stage_of_rank.size());
   r.finish();
   return run;
 }

@@ -14,12 +14,14 @@
 #include "dplan/costmodel/executor_support.h"
 #include "dplan/costmodel/rotary.h"
 #include "fused_ops.h"
+#include "phase_clock.h"
 #include "recompute.h"
 #include "ring_attention.h"
 #include "tp_ops.h"
 
 namespace dplan::executor {
 namespace {
+using costmodel::FlopPart;
 using costmodel::MlpKind;
 using costmodel::NormKind;
 using costmodel::PositionKind;
@@ -51,6 +53,9 @@ void require_divides(int64_t parts, int64_t n, const std::string& what) {
 // The shapes the layout must divide; std::invalid_argument names the one that does not.
 void check_divisible_shapes(const costmodel::ModelSpec& model, int seq_len, const ParallelContext& ctx) {
   const int tp = ctx.tp.size();
+  if (model.mtp_layers >= seq_len)
+    throw std::invalid_argument("seq_len " + std::to_string(seq_len) + " leaves no target to the last of " +
+                                std::to_string(model.mtp_layers) + " MTP modules (each predicts one token further)");
   require_divides(tp, model.num_heads, "num_heads");
   require_divides(tp, model.num_kv_heads, "num_kv_heads");
   require_divides(tp, model.ffn_hidden_size, "ffn_hidden_size");
@@ -75,6 +80,10 @@ at::Tensor window_mask(int64_t s, int64_t window, at::Device device) {
   return (j <= i).logical_and_(i - j < window);
 }
 }  // namespace
+
+void ParallelContext::count_flops(FlopPart part, double n) {
+  (clock.within(Phase::recompute) ? flops.recompute : flops.forward)[static_cast<int>(part)] += n;
+}
 
 // The constructor's parts, one per part of the model built (the embedding, each block's attention
 // and MLP, the head): each parameter drawn whole and cut to this rank's tp (or etp) slice, appended
@@ -119,6 +128,58 @@ class GptStage::Builder {
   }
 
   void block(int layer) {
+    s_.blocks_.push_back(make_block(layer));
+    ++s_.num_units_;
+  }
+
+  void head() {
+    s_.final_norm_w_ = replicated("final_norm.weight", H_, 1.0);
+    if (ln_) s_.final_norm_b_ = replicated("final_norm.bias", H_, 0.0);
+    if (model_.tied_embeddings) {
+      s_.head_w_ = s_.stage_.embedding ? s_.wte_ : word_embedding();
+    } else {
+      at::Tensor full = at::zeros({s_.padded_vocab_, H_}, at::kFloat);
+      full.narrow(0, 0, model_.vocab_size).copy_(draw(seed_, "lm_head.weight", {model_.vocab_size, H_}, kInitStd));
+      s_.head_w_ = add("lm_head.weight", shard(full, 0, tp_, r_), true, false, false, vocab_slice_);
+    }
+    // The MTP modules, in the head's unit: their layers numbered after the model's (as Hugging
+    // Face's checkpoints number them), and the word embedding for their input where the stage has
+    // none (a copy of the first stage's, its gradient summed with it as a tied head's is).
+    if (model_.mtp_layers > 0 && !s_.stage_.embedding)
+      s_.wte_ = model_.tied_embeddings ? s_.head_w_ : word_embedding();
+    for (int k = 0; k < model_.mtp_layers; ++k) {
+      const int layer = model_.num_layers + k;
+      const std::string p = "layers." + std::to_string(layer) + ".mtp.";
+      MtpModule m;
+      m.enorm_w = replicated(p + "enorm.weight", H_, 1.0);
+      if (ln_) m.enorm_b = replicated(p + "enorm.bias", H_, 0.0);
+      m.hnorm_w = replicated(p + "hnorm.weight", H_, 1.0);
+      if (ln_) m.hnorm_b = replicated(p + "hnorm.bias", H_, 0.0);
+      m.eh_proj_w = split(p + "eh_proj.weight", {H_, 2 * H_}, kInitStd, 0, true);
+      m.block = make_block(layer);
+      m.final_norm_w = replicated(p + "final_norm.weight", H_, 1.0);
+      if (ln_) m.final_norm_b = replicated(p + "final_norm.bias", H_, 0.0);
+      s_.mtp_.push_back(std::move(m));
+    }
+    s_.head_unit_ = s_.num_units_++;
+    s_.chunk_of_unit_.push_back(static_cast<int>(s_.stage_.chunks.size()) - 1);
+  }
+
+  void rotary_tables() {
+    const int cp = std::max(1, ctx_.cp.size());
+    // The model's frequencies over its rotary dims, scaled as its config says (costmodel/rotary.h).
+    const costmodel::RotaryFrequencies freq = costmodel::rotary_frequencies(model_);
+    at::Tensor inv = at::tensor(freq.inv_freq, at::kDouble);
+    // [s, rotary dims / 2] at this cp rank's tokens' true positions (the whole sequence when cp is 1).
+    at::Tensor angles = at::outer(cp_chunks(at::arange(s_.seq_len_, at::kDouble), 0, cp, ctx_.cp.rank()), inv);
+    s_.rope_cos_ = (angles.cos() * freq.attention_scale).to(ctx_.device, ctx_.dtype);
+    s_.rope_sin_ = (angles.sin() * freq.attention_scale).to(ctx_.device, ctx_.dtype);
+  }
+
+ private:
+  // One transformer layer's parameters, drawn under its global index (layer < num_layers: the
+  // model's; from num_layers on: the MTP modules').
+  Block make_block(int layer) {
     const std::string p = "layers." + std::to_string(layer) + ".";
     Block b;
     b.norm1_w = replicated(p + "norm1.weight", H_, 1.0);
@@ -143,36 +204,9 @@ class GptStage::Builder {
     // A window as long as the sequence hides nothing: such a layer runs full causal attention.
     const int window = model_.attention_window(layer);
     if (window > 0 && window < s_.seq_len_) b.window = window;
-    s_.blocks_.push_back(b);
-    ++s_.num_units_;
+    return b;
   }
 
-  void head() {
-    s_.final_norm_w_ = replicated("final_norm.weight", H_, 1.0);
-    if (ln_) s_.final_norm_b_ = replicated("final_norm.bias", H_, 0.0);
-    if (model_.tied_embeddings) {
-      s_.head_w_ = s_.stage_.embedding ? s_.wte_ : word_embedding();
-    } else {
-      at::Tensor full = at::zeros({s_.padded_vocab_, H_}, at::kFloat);
-      full.narrow(0, 0, model_.vocab_size).copy_(draw(seed_, "lm_head.weight", {model_.vocab_size, H_}, kInitStd));
-      s_.head_w_ = add("lm_head.weight", shard(full, 0, tp_, r_), true, false, false, vocab_slice_);
-    }
-    s_.head_unit_ = s_.num_units_++;
-    s_.chunk_of_unit_.push_back(static_cast<int>(s_.stage_.chunks.size()) - 1);
-  }
-
-  void rotary_tables() {
-    const int cp = std::max(1, ctx_.cp.size());
-    // The model's frequencies over its rotary dims, scaled as its config says (costmodel/rotary.h).
-    const costmodel::RotaryFrequencies freq = costmodel::rotary_frequencies(model_);
-    at::Tensor inv = at::tensor(freq.inv_freq, at::kDouble);
-    // [s, rotary dims / 2] at this cp rank's tokens' true positions (the whole sequence when cp is 1).
-    at::Tensor angles = at::outer(cp_chunks(at::arange(s_.seq_len_, at::kDouble), 0, cp, ctx_.cp.rank()), inv);
-    s_.rope_cos_ = (angles.cos() * freq.attention_scale).to(ctx_.device, ctx_.dtype);
-    s_.rope_sin_ = (angles.sin() * freq.attention_scale).to(ctx_.device, ctx_.dtype);
-  }
-
- private:
   // replicated: the same on every tp rank (its grad is partial under SP, summed by GradSync).
   // `slice`: the part of the global tensor `local` is (default: all of it).
   at::Tensor add(const std::string& name, const at::Tensor& local, bool decay, bool replicated, bool tied = false,
@@ -196,7 +230,9 @@ class GptStage::Builder {
   at::Tensor word_embedding() {
     at::Tensor full = at::zeros({s_.padded_vocab_, H_}, at::kFloat);
     full.narrow(0, 0, model_.vocab_size).copy_(draw(seed_, "wte", {model_.vocab_size, H_}, kInitStd));
-    return add("wte", shard(full, 0, tp_, r_), true, false, model_.tied_embeddings && ctx_.num_stages > 1, vocab_slice_);
+    // Held by the first and the last stage where the head is tied to it or MTP modules embed with it.
+    const bool shared = (model_.tied_embeddings || model_.mtp_layers > 0) && ctx_.num_stages > 1;
+    return add("wte", shard(full, 0, tp_, r_), true, false, shared, vocab_slice_);
   }
 
   void attention(Block& b, const std::string& p) {
@@ -327,14 +363,13 @@ class GptStage::Builder {
   const GlobalSlice vocab_slice_;
 };
 
-GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, int seq_len, ParallelContext& ctx,
-                   uint64_t seed)
-    : model_(model), stage_(stage), seq_len_(seq_len), ctx_(ctx), seed_(seed) {
+GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, int seq_len, int64_t padded_vocab,
+                   ParallelContext& ctx, uint64_t seed)
+    : model_(model), stage_(stage), seq_len_(seq_len), ctx_(ctx), seed_(seed), padded_vocab_(padded_vocab) {
   check_divisible_shapes(model, seq_len, ctx);
-  // Megatron pads the vocabulary to a multiple of 128*tp; here only to a multiple of tp, and the
-  // padding is masked out of the loss, so the model is the same function whatever tp is.
-  const int tp = ctx.tp.size();
-  padded_vocab_ = (model.vocab_size + tp - 1) / tp * tp;
+  if (padded_vocab_ < model.vocab_size || padded_vocab_ % ctx.tp.size() != 0)
+    throw std::invalid_argument("a padded vocabulary of " + std::to_string(padded_vocab_) + " rows for " +
+                                std::to_string(model.vocab_size) + " tokens over tp = " + std::to_string(ctx.tp.size()));
   if (stage.chunks.empty()) throw std::logic_error("a pipeline stage without model chunks");
   Builder build(*this);
   if (stage.embedding) build.embedding();
@@ -342,6 +377,18 @@ GptStage::GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, in
   if (stage.lm_head) build.head();
   if (model.position == PositionKind::rotary) build.rotary_tables();
   softmax_scale_ = costmodel::softmax_scale(model);
+  at::Tensor positions = cp_chunks(at::arange(seq_len, at::kLong), 0, std::max(1, ctx.cp.size()), ctx.cp.rank());
+  query_positions_.assign(positions.data_ptr<int64_t>(), positions.data_ptr<int64_t>() + positions.numel());
+}
+
+double GptStage::causal_pairs(int64_t window) const {
+  double pairs = 0;
+  for (int64_t p : query_positions_) pairs += window > 0 ? std::min(p + 1, window) : p + 1;
+  return pairs;
+}
+
+void GptStage::count_attention(const at::Tensor& q, const at::Tensor& v, double pairs) const {
+  ctx_.count_flops(FlopPart::attention, 2.0 * double(q.size(0) * q.size(1)) * pairs * double(q.size(3) + v.size(3)));
 }
 
 std::vector<int64_t> GptStage::activation_shape(int64_t micro_batch) const {
@@ -379,12 +426,16 @@ bool GptStage::sequence_parallel() const { return ctx_.sequence_parallel && ctx_
 // Into a tensor-parallel region: column-parallel linears of one input, which comes
 // sequence-sharded under SP (gathered for the matmuls, saved as the shard) and else through f.
 std::vector<at::Tensor> GptStage::column_parallel(const at::Tensor& x_in, const std::vector<at::Tensor>& weights,
-                                                  const std::vector<at::Tensor>& biases) const {
-  if (sequence_parallel()) return sp_column_linears(x_in, weights, biases, ctx_.tp, ctx_.clock, 1);
-  at::Tensor x = copy_to_tp(x_in, ctx_.tp, ctx_.clock);
+                                                  const std::vector<at::Tensor>& biases, FlopPart part) const {
   std::vector<at::Tensor> out;
-  for (size_t i = 0; i < weights.size(); ++i)
-    out.push_back(i < biases.size() && biases[i].defined() ? at::linear(x, weights[i], biases[i]) : at::linear(x, weights[i]));
+  if (sequence_parallel()) {
+    out = sp_column_linears(x_in, weights, biases, ctx_.tp, ctx_.clock, 1);
+  } else {
+    at::Tensor x = copy_to_tp(x_in, ctx_.tp, ctx_.clock);
+    for (size_t i = 0; i < weights.size(); ++i)
+      out.push_back(i < biases.size() && biases[i].defined() ? at::linear(x, weights[i], biases[i]) : at::linear(x, weights[i]));
+  }
+  for (size_t i = 0; i < weights.size(); ++i) ctx_.count_linear(part, out[i], weights[i]);
   return out;
 }
 
@@ -401,7 +452,9 @@ at::Tensor GptStage::leave_tp(const at::Tensor& partial, const at::Tensor& bias)
 // A row-parallel linear, out of the tensor-parallel region (leave_tp). On one tensor-parallel rank
 // there is nothing to add up, and the bias goes into the GEMM (at::linear's addmm) rather than a
 // pass of its own over the output, as torch.nn.Linear does it.
-at::Tensor GptStage::row_parallel(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias) const {
+at::Tensor GptStage::row_parallel(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias,
+                                  FlopPart part) const {
+  ctx_.count_flops(part, 2.0 * double(h.numel()) * double(weight.size(0)));
   if (ctx_.tp.size() > 1 || !bias.defined()) return leave_tp(at::linear(h, weight), bias);
   at::Tensor out = at::linear(h, weight, bias);
   return model_.hidden_dropout > 0 ? at::dropout(out, model_.hidden_dropout, true) : out;
@@ -410,7 +463,7 @@ at::Tensor GptStage::row_parallel(const at::Tensor& h, const at::Tensor& weight,
 at::Tensor GptStage::attention(const Block& blk, const at::Tensor& x_in) const {
   if (model_.is_mla()) return latent_attention(blk, x_in);
   Group& tp = ctx_.tp;
-  at::Tensor qkv = column_parallel(x_in, {blk.qkv_w}, {blk.qkv_b})[0];
+  at::Tensor qkv = column_parallel(x_in, {blk.qkv_w}, {blk.qkv_b}, FlopPart::qkv)[0];
   const int64_t b = qkv.size(0), s = qkv.size(1), d = model_.head_dim;
   const int64_t heads = model_.num_heads / tp.size(), kv_heads = model_.num_kv_heads / tp.size();
   auto split = qkv.split_with_sizes({heads * d, kv_heads * d, kv_heads * d}, -1);
@@ -425,7 +478,7 @@ at::Tensor GptStage::attention(const Block& blk, const at::Tensor& x_in) const {
     q = rotate(q);
     k = rotate(k);
   }
-  return row_parallel(attend(blk, q, k, v), blk.proj_w, blk.proj_b);
+  return row_parallel(attend(blk, q, k, v), blk.proj_w, blk.proj_b, FlopPart::out_proj);
 }
 
 // The latents' RMSNorm epsilon: DeepseekV3RMSNorm's default, with which transformers builds
@@ -441,18 +494,21 @@ at::Tensor GptStage::latent_attention(const Block& blk, const at::Tensor& x_in) 
   Group& tp = ctx_.tp;
   const int64_t rope = model_.qk_rope_head_dim, nope = model_.head_dim - rope, rkv = model_.kv_lora_rank;
   const int64_t heads = model_.num_heads / tp.size(), dv = model_.attn_out_dim() / model_.num_heads;
-  auto linear = [](const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-    return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
+  auto linear = [this](const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+    at::Tensor y = bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
+    ctx_.count_linear(FlopPart::qkv, y, weight);
+    return y;
   };
   at::Tensor q;
   if (w.q_a_w.defined()) {
     at::Tensor q_latent = rms_norm(linear(x_in, w.q_a_w, w.q_a_b), w.q_a_norm_w, kLatentNormEps);
-    q = column_parallel(q_latent, {w.q_b_w}, {})[0];
+    q = column_parallel(q_latent, {w.q_b_w}, {}, FlopPart::qkv)[0];
   } else {
-    q = column_parallel(x_in, {w.q_b_w}, {})[0];
+    q = column_parallel(x_in, {w.q_b_w}, {}, FlopPart::qkv)[0];
   }
   at::Tensor kv_a = linear(x_in, w.kv_a_w, w.kv_a_b);
-  at::Tensor kv = column_parallel(rms_norm(kv_a.narrow(-1, 0, rkv), w.kv_a_norm_w, kLatentNormEps), {w.kv_b_w}, {})[0];
+  at::Tensor kv = column_parallel(rms_norm(kv_a.narrow(-1, 0, rkv), w.kv_a_norm_w, kLatentNormEps), {w.kv_b_w}, {},
+                                  FlopPart::qkv)[0];
   at::Tensor k_rope = kv_a.narrow(-1, rkv, rope);
   k_rope = sequence_parallel() ? gather_from_sp(k_rope, tp, ctx_.clock, 1) : copy_to_tp(k_rope, tp, ctx_.clock);
   const int64_t b = q.size(0), s = q.size(1);
@@ -462,40 +518,43 @@ at::Tensor GptStage::latent_attention(const Block& blk, const at::Tensor& x_in) 
   auto kv_parts = kv.view({b, s, heads, nope + dv}).transpose(1, 2).split_with_sizes({nope, dv}, -1);
   k_rope = rotate(k_rope.view({b, 1, s, rope}));
   at::Tensor k = at::cat({kv_parts[0], k_rope.expand({b, heads, s, rope})}, -1);
-  return row_parallel(attend(blk, q, k, kv_parts[1]), blk.proj_w, blk.proj_b);
+  return row_parallel(attend(blk, q, k, kv_parts[1]), blk.proj_w, blk.proj_b, FlopPart::out_proj);
 }
 
 // The attention core of this rank's heads: q [b, heads, s, d], k [b, kv_heads, s, d] and v
 // [b, kv_heads, s, dv] to the context [b, s, heads * dv].
-at::Tensor GptStage::attend(const Block& blk, at::Tensor q, at::Tensor k, at::Tensor v) const {
+// Selective recompute replays the core in backward whichever kernel runs it, keeping q, k and v as
+// Megatron-Core's checkpointed core attention does (recompute_modules core_attn, Transformer
+// Engine's fused and context-parallel attention included): the eager path's s x s tensors, the
+// blockwise kernels' output and log-sum-exp are not kept (the cost model's
+// megatron_recompute_shares and megatron_recompute_dropped_bytes).
+at::Tensor GptStage::attend(const Block& blk, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const {
+  if (ctx_.recompute != costmodel::Recompute::selective) return attention_kernel(blk, q, k, v);
+  return recompute([this, &blk](const std::vector<at::Tensor>& in) { return attention_kernel(blk, in[0], in[1], in[2]); },
+                   {q, k, v}, &ctx_.clock);
+}
+
+at::Tensor GptStage::attention_kernel(const Block& blk, at::Tensor q, at::Tensor k, at::Tensor v) const {
   const int64_t b = q.size(0), s = q.size(2), heads = q.size(1), kv_heads = k.size(1), dv = v.size(3);
   if (ctx_.cp.size() > 1) {
     // Context parallel: the ring, blockwise like flash attention whatever --attention says
     // (Megatron-Core runs context parallel only through Transformer Engine's fused attention; the
-    // cost model prices it so, activations.cpp); nothing quadratic is stored, so selective
-    // recompute has nothing to drop.
+    // cost model prices it so, activations.cpp).
     // Attention dropout's masks from one seed drawn here, from the generator recompute restores.
     AttentionDropout dropout;
     if (model_.attention_dropout > 0)
       dropout = {model_.attention_dropout,
                  static_cast<uint64_t>(at::empty({1}, q.options().dtype(at::kLong)).random_().item<int64_t>())};
+    count_attention(q, v, causal_pairs(blk.window));
     return ring_attention(q, k, v, ctx_.cp, &ctx_.clock, blk.window, blk.sinks, dropout, 64, softmax_scale_);
   }
-  if (ctx_.attention == costmodel::Attention::flash) {
-    // Nothing quadratic is stored, so selective recompute has nothing to drop (Megatron's practice
-    // with flash attention); grouped K/V stay at kv-head width.
-    return flash_core(q, k, v, blk.window, blk.sinks);
-  }
+  // Flash attention: grouped K/V stay at kv-head width.
+  if (ctx_.attention == costmodel::Attention::flash) return flash_core(q, k, v, blk.window, blk.sinks);
   if (kv_heads < heads) {  // grouped-query attention: each key/value head serves heads/kv_heads queries
     k = k.repeat_interleave(heads / kv_heads, 1);
     v = v.repeat_interleave(heads / kv_heads, 1);
   }
-  at::Tensor ctx = ctx_.recompute == costmodel::Recompute::selective
-                       ? recompute([this, &blk](const std::vector<at::Tensor>& in) {
-                           return attention_core(in[0], in[1], in[2], blk.window, blk.sinks);
-                         }, {q, k, v}, &ctx_.clock)
-                       : attention_core(q, k, v, blk.window, blk.sinks);
-  return ctx.transpose(1, 2).reshape({b, s, heads * dv});
+  return attention_core(q, k, v, blk.window, blk.sinks).transpose(1, 2).reshape({b, s, heads * dv});
 }
 
 // Rotary embedding of q or k [b, heads, s, d] at this rank's positions, rotate-half convention
@@ -513,6 +572,7 @@ at::Tensor GptStage::rotate(const at::Tensor& t) const {
 // [b, kv_heads, s, dv]; window > 0: a sliding window; sinks: attention sinks (attention.h).
 at::Tensor GptStage::flash_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
                                 const at::Tensor& sinks) const {
+  count_attention(q, v, causal_pairs(window));
   // SDPA has no sinks: ours on every device.
   if (sinks.defined()) return flash_attention(q, k, v, 64, model_.attention_dropout, window, sinks, softmax_scale_);
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
@@ -554,6 +614,7 @@ at::Tensor GptStage::flash_core(const at::Tensor& q, const at::Tensor& k, const 
 at::Tensor GptStage::attention_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     int64_t window, const at::Tensor& sinks) const {
   const int64_t s = q.size(2);
+  count_attention(q, v, double(s) * double(s));  // every score, masked after
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * softmax_scale_;
   at::Tensor hidden = window > 0 ? window_mask(s, window, q.device()).logical_not()
                                  : at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu(1);
@@ -578,7 +639,9 @@ at::Tensor GptStage::mlp(const Block& blk, const at::Tensor& x_in) const {
   at::Tensor shared = dense_mlp(blk.shared, x_in);
   if (blk.shared_gate_w.defined()) {
     // The gate's input is this rank's tokens (the sequence-parallel shard, or all of them).
-    shared = shared * at::sigmoid(at::linear(x_in, blk.shared_gate_w));
+    at::Tensor gate = at::linear(x_in, blk.shared_gate_w);
+    ctx_.count_linear(FlopPart::mlp, gate, blk.shared_gate_w);
+    shared = shared * at::sigmoid(gate);
   }
   return y + shared;
 }
@@ -586,10 +649,10 @@ at::Tensor GptStage::mlp(const Block& blk, const at::Tensor& x_in) const {
 at::Tensor GptStage::dense_mlp(const DenseMlp& w, const at::Tensor& x_in) const {
   at::Tensor h;
   if (model_.mlp == MlpKind::swiglu) {
-    auto up_gate = column_parallel(x_in, {w.fc1_w, w.gate_w}, {w.fc1_b, w.gate_b});
+    auto up_gate = column_parallel(x_in, {w.fc1_w, w.gate_w}, {w.fc1_b, w.gate_b}, FlopPart::mlp);
     h = swiglu(up_gate[1], up_gate[0]);  // Shazeer 2020: down(silu(gate x) * up x); saves gate and up only
   } else {
-    at::Tensor up = column_parallel(x_in, {w.fc1_w}, {w.fc1_b})[0];
+    at::Tensor up = column_parallel(x_in, {w.fc1_w}, {w.fc1_b}, FlopPart::mlp)[0];
     if (model_.activation == "relu2") {
       h = at::relu(up).square();  // squared ReLU (So et al. 2021, Primer): Nemotron's relu2
     } else if (model_.activation == "relu") {
@@ -599,20 +662,67 @@ at::Tensor GptStage::dense_mlp(const DenseMlp& w, const at::Tensor& x_in) const 
       h = at::gelu(up, *costmodel::gelu_approximation(model_.activation));
     }
   }
-  return row_parallel(h, w.fc2_w, w.fc2_b);
+  return row_parallel(h, w.fc2_w, w.fc2_b, FlopPart::mlp);
 }
 
-at::Tensor GptStage::head_loss(const at::Tensor& x_in, const at::Tensor& targets, double loss_scale) {
+at::Tensor GptStage::token_losses(const at::Tensor& normed, const at::Tensor& targets, bool keep_logits) {
   Group& tp = ctx_.tp;
-  at::Tensor logits = column_parallel(norm(x_in, final_norm_w_, final_norm_b_), {head_w_}, {})[0];  // [b, s, V/tp]
+  at::Tensor logits = column_parallel(normed, {head_w_}, {}, FlopPart::head)[0];  // [b, s, V/tp]
   const int64_t local = head_w_.size(0);
-  if (keep_logits_) {
+  if (keep_logits) {
     const int64_t real = std::clamp<int64_t>(model_.vocab_size - int64_t(tp.rank()) * local, 0, local);
     kept_logits_.push_back(logits.detach().narrow(-1, 0, real).to(at::kFloat).clone());
   }
-  at::Tensor per_token = vocab_parallel_cross_entropy(logits.reshape({-1, local}), targets.to(ctx_.device).reshape({-1}),
-                                                      int64_t(tp.rank()) * local, model_.vocab_size, tp, ctx_.clock);
-  return per_token.sum() * loss_scale;
+  return vocab_parallel_cross_entropy(logits.reshape({-1, local}), targets.to(ctx_.device).reshape({-1}),
+                                      int64_t(tp.rank()) * local, model_.vocab_size, tp, ctx_.clock);
+}
+
+at::Tensor GptStage::head_loss(const at::Tensor& x_in, const at::Tensor& targets, double loss_scale) {
+  return token_losses(norm(x_in, final_norm_w_, final_norm_b_), targets, keep_logits_).sum() * loss_scale;
+}
+
+// DeepSeek-V3's multi-token prediction (arXiv 2412.19437, Sec. 2.2, eq. 21-25; Megatron-Core's
+// MultiTokenPredictionBlock): module k (1..D) takes the previous module's output h (for k = 1 the
+// main model's last layer's, before its final norm), projects [enorm(embed(t_{i+k})); hnorm(h_i)]
+// (Megatron's order) back to h wide, runs its layer and predicts t_{i+k+1} through its final norm
+// and the shared head. Its loss is the mean over the positions that have such a target (each
+// sequence's last k have none: their loss is masked, and as attention is causal nothing they hold
+// reaches the others), and mtp_loss_scale / D times the modules' sum joins the objective.
+at::Tensor GptStage::mtp_loss(const at::Tensor& x_in, const at::Tensor& targets, double loss_scale) {
+  if (mtp_.empty()) return {};
+  const int64_t b = targets.size(0), s = targets.size(1);
+  const int cp = ctx_.cp.size(), cp_rank = ctx_.cp.rank();
+  Group& tp = ctx_.tp;
+  at::Tensor h = x_in, total;
+  for (size_t i = 0; i < mtp_.size(); ++i) {
+    const MtpModule& m = mtp_[i];
+    const int64_t k = static_cast<int64_t>(i) + 1;
+    // Position j's input token is t_{j+k} = targets[j + k - 1], its target t_{j+k+1} = targets[j + k];
+    // past the sequence's end token 0 stands in and the target is masked.
+    at::Tensor ids = at::zeros_like(targets), next = at::zeros_like(targets);
+    ids.narrow(1, 0, s - k + 1).copy_(targets.narrow(1, k - 1, s - k + 1));
+    next.narrow(1, 0, s - k).copy_(targets.narrow(1, k, s - k));
+    at::Tensor valid = at::zeros({b, s}, at::kFloat);
+    valid.narrow(1, 0, s - k).fill_(1.0);
+    at::Tensor e = norm(embed(cp_chunks(ids, 1, cp, cp_rank)), m.enorm_w, m.enorm_b);
+    at::Tensor both = at::cat({e, norm(h, m.hnorm_w, m.hnorm_b)}, -1);
+    // eh_proj column-parallel, its output gathered over tp (and split along the sequence again under SP).
+    h = gather_from_tp(column_parallel(both, {m.eh_proj_w}, {}, FlopPart::mtp_proj)[0], tp, ctx_.clock, -1);
+    if (sequence_parallel()) h = split_to_sp(h, tp, ctx_.clock, 1);
+    h = run_layer(m.block, h);
+    at::Tensor per_token = token_losses(norm(h, m.final_norm_w, m.final_norm_b), cp_chunks(next, 1, cp, cp_rank), false);
+    at::Tensor mask = cp_chunks(valid, 1, cp, cp_rank).reshape({-1}).to(per_token.device(), per_token.scalar_type());
+    // The mean over the global batch's positions with a target: loss_scale is 1 / (its tokens).
+    at::Tensor loss = (per_token * mask).sum() * (loss_scale * double(s) / double(s - k));
+    total = total.defined() ? total + loss : loss;
+  }
+  return total * (model_.mtp_loss_scale / double(mtp_.size()));
+}
+
+at::Tensor GptStage::run_layer(const Block& blk, const at::Tensor& x) const {
+  if (ctx_.recompute == costmodel::Recompute::full)
+    return recompute([this, &blk](const std::vector<at::Tensor>& in) { return layer(blk, in[0]); }, {x}, &ctx_.clock);
+  return layer(blk, x);
 }
 
 at::Tensor GptStage::layer(const Block& blk, const at::Tensor& x_in) const {
@@ -641,16 +751,19 @@ at::Tensor GptStage::forward(int chunk, const at::Tensor& input, const at::Tenso
   if (has_embedding(chunk)) x = segment({0}, [&] { return embed(x); });
   for (int i = chunk_first_block_[chunk]; i < chunk_first_block_[chunk + 1]; ++i) {
     const Block& blk = blocks_[i];
-    x = segment({unit++}, [&] {
-      if (ctx_.recompute == costmodel::Recompute::full)
-        return recompute([this, &blk](const std::vector<at::Tensor>& in) { return layer(blk, in[0]); }, {x}, &ctx_.clock);
-      return layer(blk, x);
-    });
+    x = segment({unit++}, [&] { return run_layer(blk, x); });
   }
   if (!has_head(chunk)) return x;
   std::vector<int> head{head_unit_};
-  if (model_.tied_embeddings && stage_.embedding) head.push_back(0);  // the head is the embedding's matrix
-  return segment(head, [&] { return head_loss(x, local_targets, loss_scale); });
+  // The head is the embedding's matrix, or the MTP modules embed with it.
+  if ((model_.tied_embeddings || !mtp_.empty()) && stage_.embedding) head.push_back(0);
+  return segment(head, [&] {
+    at::Tensor loss = head_loss(x, local_targets, loss_scale);
+    // The MTP losses enter the gradient, not the loss reported (Megatron reports lm loss and
+    // mtp loss apart): MTPLossAutoScaler's way, as the MoE balance loss's.
+    if (!mtp_.empty()) loss = attach_loss(loss, mtp_loss(x, targets, loss_scale));
+    return loss;
+  });
 }
 
 }  // namespace dplan::executor

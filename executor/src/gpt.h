@@ -18,6 +18,7 @@
 #include <ATen/ATen.h>
 
 #include "comm.h"
+#include "dplan/costmodel/compute.h"
 #include "dplan/costmodel/model.h"
 #include "moe.h"
 #include "dplan/costmodel/training.h"
@@ -27,6 +28,15 @@ namespace dplan::executor {
 
 class MemoryMeter;
 class PhaseClock;
+
+// The matrix-multiply FLOPs this rank ran, by part (costmodel::FlopPart, what rank_step_flops
+// predicts), summed over the run: each from its operands' shapes where it runs (a linear layer's
+// 2 x rows x out x in, the attention core's 2 x (d + dv) per query-key pair it attends: every pair
+// of the s x s scores for eager attention, the causal pairs in the window for the blockwise
+// kernels); forward, and apart what recompute replays (run inside the clock's recompute phase).
+struct FlopCounts {
+  costmodel::FlopsByPart forward{}, recompute{};
+};
 
 // What every piece of one rank's model runs in: its process groups and layout choices, and where
 // it reports time (the phase clock) and communication buffers (the memory meter).
@@ -53,6 +63,13 @@ struct ParallelContext {
   costmodel::Attention attention = costmodel::Attention::flash;
   at::Device device = at::kCPU;
   at::ScalarType dtype = at::kFloat;  // parameters and activations (bf16: mixed precision)
+  FlopCounts flops;
+  // Adds `flops` of `part` to the forward's count, or to recompute's while a recompute replays.
+  void count_flops(costmodel::FlopPart part, double flops);
+  // A linear layer's: 2 x out.numel() x weight's input width.
+  void count_linear(costmodel::FlopPart part, const at::Tensor& out, const at::Tensor& weight) {
+    count_flops(part, 2.0 * double(out.numel()) * double(weight.size(1)));
+  }
 };
 
 // What one pipeline rank holds: its model chunks, each a run of consecutive layers, in the order
@@ -95,8 +112,11 @@ class UnitHooks {
 
 class GptStage {
  public:
-  GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, int seq_len, ParallelContext& ctx,
-           uint64_t seed);
+  // `padded_vocab`: the embedding's and the head's rows, a multiple of tp (the plan's padding,
+  // costmodel::padded_vocab); the rows past the vocabulary stay zero and out of the loss, so the
+  // model is the same function whatever the padding.
+  GptStage(const costmodel::ModelSpec& model, const StageSpec& stage, int seq_len, int64_t padded_vocab,
+           ParallelContext& ctx, uint64_t seed);
 
   // Runs model chunk `chunk` of this rank. The embedding's chunk takes token ids [b, s] (int64; the
   // whole sequence: each cp rank keeps its two chunks, as it does of the head's targets), the
@@ -127,6 +147,7 @@ class GptStage {
   }
   const std::vector<at::Tensor>& kept_logits() const { return kept_logits_; }
   const MoeCounts& moe_counts() const { return moe_counts_; }
+  const FlopCounts& flop_counts() const { return ctx_.flops; }
 
  private:
   // A dense MLP, split over tp: fc1 (the up projection) and, gated, its gate; fc2 the down one.
@@ -151,26 +172,49 @@ class GptStage {
     at::Tensor shared_gate_w;  // and Qwen2-MoE's sigmoid gate on it [1, h]
     int64_t window = 0;  // a sliding window shorter than the sequence (attention.h), 0: none
   };
+  // DeepSeek-V3's multi-token prediction module (ModelSpec::mtp_layers; arXiv 2412.19437, Sec. 2.2;
+  // Megatron-Core's MultiTokenPredictionLayer), on the last stage: the norms of its two inputs (the
+  // next token's embedding, the previous module's output), eh_proj [h, 2h] (column-parallel, its
+  // output gathered over tp), a layer numbered after the model's, and its final norm before the
+  // shared head.
+  struct MtpModule {
+    at::Tensor enorm_w, enorm_b, hnorm_w, hnorm_b, eh_proj_w, final_norm_w, final_norm_b;
+    Block block;
+  };
   at::Tensor& add(const std::string& name, at::Tensor full, int64_t split_dim, bool decay, bool replicated);
   at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const;
   bool sequence_parallel() const;
   std::vector<at::Tensor> column_parallel(const at::Tensor& x, const std::vector<at::Tensor>& weights,
-                                          const std::vector<at::Tensor>& biases) const;
+                                          const std::vector<at::Tensor>& biases, costmodel::FlopPart part) const;
   at::Tensor leave_tp(const at::Tensor& partial, const at::Tensor& bias) const;
-  at::Tensor row_parallel(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias) const;
+  at::Tensor row_parallel(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias,
+                          costmodel::FlopPart part) const;
+  // Counts the attention core's FLOPs: b x heads x its query-key pairs x 2 (d + dv) (FlopCounts).
+  void count_attention(const at::Tensor& q, const at::Tensor& v, double pairs) const;
+  // The causal query-key pairs this rank's queries attend (their true positions: the cp chunks),
+  // within `window` keys where it is > 0.
+  double causal_pairs(int64_t window) const;
   at::Tensor attention(const Block& blk, const at::Tensor& x) const;
   at::Tensor latent_attention(const Block& blk, const at::Tensor& x) const;
-  at::Tensor attend(const Block& blk, at::Tensor q, at::Tensor k, at::Tensor v) const;
+  at::Tensor attend(const Block& blk, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;
+  at::Tensor attention_kernel(const Block& blk, at::Tensor q, at::Tensor k, at::Tensor v) const;
   at::Tensor attention_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
                             const at::Tensor& sinks) const;
   at::Tensor flash_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
                         const at::Tensor& sinks) const;
   at::Tensor rotate(const at::Tensor& t) const;
   at::Tensor layer(const Block& blk, const at::Tensor& x) const;
+  // layer(), under full recompute replayed in backward.
+  at::Tensor run_layer(const Block& blk, const at::Tensor& x) const;
   at::Tensor mlp(const Block& blk, const at::Tensor& x) const;
   at::Tensor dense_mlp(const DenseMlp& w, const at::Tensor& x) const;
   at::Tensor embed(const at::Tensor& tokens);
   at::Tensor head_loss(const at::Tensor& x, const at::Tensor& targets, double loss_scale);
+  // The per-token loss [N] of the shared head on normed hidden states and their targets (global ids).
+  at::Tensor token_losses(const at::Tensor& normed, const at::Tensor& targets, bool keep_logits);
+  // The MTP modules' weighted losses for the main model's last hidden states and the whole
+  // sequences' targets (the head's chunk of forward); undefined without MTP modules.
+  at::Tensor mtp_loss(const at::Tensor& x, const at::Tensor& targets, double loss_scale);
   class Builder;  // the constructor's parts (gpt.cpp)
 
   costmodel::ModelSpec model_;
@@ -187,8 +231,10 @@ class GptStage {
   int head_unit_ = -1;
   UnitHooks* hooks_ = nullptr;
   std::vector<Block> blocks_;
+  std::vector<MtpModule> mtp_;
   at::Tensor wte_, wpe_, final_norm_w_, final_norm_b_, head_w_;
   at::Tensor rope_cos_, rope_sin_;
+  std::vector<int64_t> query_positions_;  // of this rank's tokens in the sequence (its cp chunks)
   double softmax_scale_ = 0;  // costmodel::softmax_scale
   mutable MoeCounts moe_counts_;
   bool keep_logits_ = false;

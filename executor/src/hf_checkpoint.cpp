@@ -109,8 +109,17 @@ std::vector<HfParameter> llama_like(const ModelSpec& m, const std::string& prefi
     if (m.norm == NormKind::layernorm) one(name + ".bias", hf + ".bias", {H});
   };
   one("wte", prefix + "embed_tokens.weight", {V, H});
-  for (int i = 0; i < m.num_layers; ++i) {
+  // The MTP modules (ModelSpec::mtp_layers) follow the layers, as DeepSeek-V3's checkpoints number
+  // them: each a layer's tensors and its enorm, hnorm, eh_proj and shared_head.norm (its
+  // embed_tokens and shared_head.head, copies of the model's, are left: leftover).
+  for (int i = 0; i < m.num_layers + m.mtp_layers; ++i) {
     const std::string d = "layers." + std::to_string(i) + ".", h = prefix + "layers." + std::to_string(i) + ".";
+    if (i >= m.num_layers) {
+      norm(d + "mtp.enorm", h + "enorm");
+      norm(d + "mtp.hnorm", h + "hnorm");
+      one(d + "mtp.eh_proj.weight", h + "eh_proj.weight", {H, 2 * H});
+      norm(d + "mtp.final_norm", h + "shared_head.norm");
+    }
     norm(d + "norm1", h + "input_layernorm");
     const std::string a = h + "self_attn.";
     if (m.is_mla()) {
@@ -240,7 +249,14 @@ bool leftover(const ModelSpec& m, const std::string& name) {
   };
   const bool masks = (m.family == "gpt2" && (ends(".attn.bias") || ends(".attn.masked_bias"))) ||
                      (m.family == "gpt_neox" && (ends(".attention.bias") || ends(".attention.masked_bias")));
-  return ends(".rotary_emb.inv_freq") || masks ||
+  // An MTP module's own copies of the embedding and the head (DeepSeek-V3's model.layers.61.embed_tokens,
+  // .shared_head.head): the executor shares the model's.
+  bool mtp_copy = false;
+  for (int k = 0; k < m.mtp_layers; ++k) {
+    const std::string layer = "layers." + std::to_string(m.num_layers + k) + ".";
+    mtp_copy = mtp_copy || ends(layer + "embed_tokens.weight") || ends(layer + "shared_head.head.weight");
+  }
+  return ends(".rotary_emb.inv_freq") || masks || mtp_copy ||
          (m.tied_embeddings && name == (m.family == "gpt_neox" ? "embed_out.weight" : "lm_head.weight"));
 }
 

@@ -101,8 +101,6 @@ struct EtpRows : torch::autograd::Function<EtpRows> {
   }
 };
 
-// Megatron's MoEAuxLossAutoScaler: forward passes `out` through; backward also starts the
-// auxiliary loss's backward (with gradient 1: `aux` is already scaled like the token loss).
 struct AttachAuxLoss : torch::autograd::Function<AttachAuxLoss> {
   static at::Tensor forward(AutogradContext*, const at::Tensor& out, const at::Tensor&) {
     return out.view_as(out);
@@ -153,7 +151,7 @@ at::Tensor load_balancing_loss(const at::Tensor& probs, const at::Tensor& top_e,
 struct Routing {
   at::Tensor experts, weights, probs;
 };
-Routing route(const costmodel::ModelSpec& model, const MoeWeights& w, const at::Tensor& tokens) {
+Routing route(const costmodel::ModelSpec& model, const MoeWeights& w, const at::Tensor& tokens, ParallelContext& ctx) {
   using Score = costmodel::ModelSpec::RouterScore;
   const int64_t E = model.num_experts, k = model.experts_per_token;
   const bool sigmoid = model.moe_router_score == Score::sigmoid;
@@ -161,6 +159,7 @@ Routing route(const costmodel::ModelSpec& model, const MoeWeights& w, const at::
   // only the choice below.
   at::Tensor logits = w.router_bias.defined() && !sigmoid ? at::linear(tokens, w.router, w.router_bias)
                                                           : at::linear(tokens, w.router);
+  ctx.count_linear(costmodel::FlopPart::router, logits, w.router);
   at::Tensor scores = sigmoid ? logits.to(at::kFloat).sigmoid() : at::softmax(logits.to(at::kFloat), -1);  // [N, E]
   Routing r;
   if (!sigmoid && model.moe_groups == 0) {
@@ -248,16 +247,22 @@ at::Tensor biased(const at::Tensor& x, const at::Tensor& w, const std::vector<at
 // Each local expert's output for its rows of `grouped` (the received rows ordered by expert, rows[l]
 // of them expert l's): the partial sum over this etp rank's slice of ffn_hidden_size.
 std::vector<at::Tensor> expert_outputs(const costmodel::ModelSpec& model, const MoeWeights& w, const at::Tensor& grouped,
-                                       const std::vector<int64_t>& rows, int etp) {
+                                       const std::vector<int64_t>& rows, ParallelContext& ctx) {
+  const int etp = ctx.etp.size();
+  auto count = [&ctx](const at::Tensor& out, const at::Tensor& weight) {
+    ctx.count_linear(costmodel::FlopPart::experts, out, weight);
+    return out;
+  };
   std::vector<at::Tensor> outs;
   int64_t first = 0;
   for (size_t l = 0; l < rows.size(); ++l) {
     at::Tensor in = grouped.narrow(0, first, rows[l]);
     first += rows[l];
     // Shazeer 2020: down(silu(gate x) * up x), the dense MLP's SwiGLU (fused_ops.h); gpt-oss's clamped one.
-    at::Tensor h = swiglu(biased(in, w.gate[l], w.gate_b, l), biased(in, w.up[l], w.up_b, l), model.swiglu_limit,
+    at::Tensor h = swiglu(count(biased(in, w.gate[l], w.gate_b, l), w.gate[l]),
+                          count(biased(in, w.up[l], w.up_b, l), w.up[l]), model.swiglu_limit,
                           model.swiglu_limit > 0 ? model.swiglu_alpha : 1.0);
-    at::Tensor out = at::linear(h, w.down[l]);
+    at::Tensor out = count(at::linear(h, w.down[l]), w.down[l]);
     if (!w.down_b.empty()) out = out + (etp > 1 ? ShareOfSum::apply(w.down_b[l], etp) : w.down_b[l]);
     outs.push_back(out);
   }
@@ -275,7 +280,7 @@ at::Tensor moe_mlp(const costmodel::ModelSpec& model, const MoeWeights& w, const
   const int64_t b = x.size(0), s = x.size(1);
   at::Tensor tokens = x.reshape({b * s, H});
 
-  const Routing r = route(model, w, tokens);
+  const Routing r = route(model, w, tokens, ctx);
   const at::Tensor& top_p = r.weights;
   const at::Tensor& top_e = r.experts;
   at::Tensor aux;
@@ -312,7 +317,7 @@ at::Tensor moe_mlp(const costmodel::ModelSpec& model, const MoeWeights& w, const
   at::Tensor by_expert = std::get<1>(at::sort(expert_of, /*stable=*/true, 0, false));
   std::vector<int64_t> rows = to_vector(at::bincount(expert_of, {}, d.local));
   at::Tensor grouped = received.index_select(0, by_expert);
-  std::vector<at::Tensor> outs = expert_outputs(model, w, grouped, rows, etp.size());
+  std::vector<at::Tensor> outs = expert_outputs(model, w, grouped, rows, ctx);
   at::Tensor out = at::cat(outs, 0).index_select(0, at::argsort(by_expert));  // back to arrival order
   if (etp_split) out = EtpRows::apply(out, &etp, &ctx.clock, etp_rows, false);
   at::Tensor back = d.n_ep > 1 ? AllToAll::apply(out, &ep, &ctx.clock, d.recv, d.send) : out;
@@ -322,10 +327,12 @@ at::Tensor moe_mlp(const costmodel::ModelSpec& model, const MoeWeights& w, const
   // saves the permuted tokens; an index_add would save its weighted source besides).
   at::Tensor by_token = back.index_select(0, at::argsort(d.order)).view({b * s, k, H});
   at::Tensor y = (by_token * top_p.to(back.scalar_type()).unsqueeze(-1)).sum(1).view({b, s, H});
-  if (aux.defined()) y = AttachAuxLoss::apply(y, aux);
+  if (aux.defined()) y = attach_loss(y, aux);
   if (split_tokens) y = tp_shares_summed(y, tp, ctx.clock);
   if (model.hidden_dropout > 0) y = at::dropout(y, model.hidden_dropout, true);
   return y;
 }
+
+at::Tensor attach_loss(const at::Tensor& out, const at::Tensor& loss) { return AttachAuxLoss::apply(out, loss); }
 
 }  // namespace dplan::executor

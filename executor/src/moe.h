@@ -59,6 +59,11 @@ struct MoeCounts {
   int64_t routed = 0, processed = 0;
 };
 
+// `out` unchanged forward; backward also starts `loss`'s backward with gradient 1 (a scalar already
+// scaled like the token loss): an auxiliary loss in the gradient and out of the value reported
+// (Megatron's MoEAuxLossAutoScaler and MTPLossAutoScaler: the balance loss, the MTP modules').
+at::Tensor attach_loss(const at::Tensor& out, const at::Tensor& loss);
+
 // x: what the MLP gets ([b, s/tp, h] under sequence parallel, else [b, s, h]); returns the same
 // shape. aux_scale: what multiplies the sum over this micro-batch's sequences of the load-balancing
 // loss (the token loss's loss_scale times seq_len, so the gradient is coef x its global-batch mean).

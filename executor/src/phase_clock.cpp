@@ -32,6 +32,11 @@ std::array<double, kNumPhases> PhaseClock::end_step() {
   return out;
 }
 
+bool PhaseClock::within(Phase p) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::find(stack_.begin(), stack_.end(), p) != stack_.end();
+}
+
 void PhaseClock::push(Phase p) {
   if (sync_) sync_();
   std::lock_guard<std::mutex> lock(mutex_);

@@ -37,6 +37,8 @@ class PhaseClock {
   std::array<double, kNumPhases> end_step();  // seconds per phase; "overhead" is the remainder
   void push(Phase p);
   void pop();
+  // Whether `p` is open, innermost or around it (what runs inside a recompute is recompute's).
+  bool within(Phase p);
 
  private:
   void charge(Clock::time_point now);

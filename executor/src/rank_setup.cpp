@@ -25,7 +25,9 @@ ContextGroups context_groups(const ExecPlan& plan, int rank) {
     g.edp = mesh.group(Dim::edp, rank);
   }
   const int stage = mesh.coordinates(rank).pp;
-  if (plan.model.tied_embeddings && p.pp > 1 && (stage == 0 || stage == p.pp - 1))
+  // The first and the last stage both hold the word embedding where the head is tied to it or
+  // the MTP modules embed with it (gpt.cpp word_embedding).
+  if ((plan.model.tied_embeddings || plan.model.mtp_layers > 0) && p.pp > 1 && (stage == 0 || stage == p.pp - 1))
     g.embedding = mesh.embedding_group(rank);
   return g;
 }
@@ -74,7 +76,8 @@ ParallelContext build_parallel_context(const ExecPlan& plan, int rank, at::Devic
 
 GptStage build_model(const ExecPlan& plan, ParallelContext& ctx, uint64_t seed, int rank) {
   torch::manual_seed(seed + 7919 * rank);  // dropout streams differ by rank
-  return GptStage(plan.model, plan.stages[ctx.stage], plan.training.seq_len, ctx, seed);
+  return GptStage(plan.model, plan.stages[ctx.stage], plan.training.seq_len,
+                  costmodel::padded_vocab(plan.model, plan.training, ctx.tp.size()), ctx, seed);
 }
 
 std::unique_ptr<torch::optim::AdamW> build_optimizer(GradSync& grads, double lr, bool offload) {

@@ -97,8 +97,17 @@ json rank_report(int rank, int stage_index, const std::vector<StepRecord>& steps
     // CUDA: the host is not metered; what the host tensors hold is a lower bound of its peak.
     memory["host_peak"] = peaks.host_peak_bytes >= 0 ? peaks.host_peak_bytes : moments + master + gradients;
   }
+  // The FLOPs counted over the run, per step: every step runs the same matrix multiplies (a rank's
+  // routed experts apart, whose count follows its tokens' choices).
+  auto per_step = [&steps](const costmodel::FlopsByPart& total) {
+    std::vector<double> out(total.begin(), total.end());
+    for (double& x : out) x /= std::max<size_t>(1, steps.size());
+    return out;
+  };
+  const FlopCounts& flops = stage.flop_counts();
   return {{"rank", rank},
           {"stage", stage_index},
+          {"flops", {{"forward", per_step(flops.forward)}, {"recompute", per_step(flops.recompute)}}},
           {"step_times_s", step_times},
           {"losses", losses},
           {"grad_norms", grad_norms},
@@ -158,6 +167,11 @@ json assemble_run(const ExecPlan& plan, int world_size, int num_steps, int warmu
     row["stage"] = r["stage"];
     run.phases_by_rank_s.push_back(row);
     run.memory_bytes[r["rank"].get<int>()] = r["memory"].get<std::map<std::string, long long>>();
+    costmodel::RankStepFlops& flops = run.flops_by_rank[r["rank"].get<int>()];
+    for (int i = 0; i < costmodel::kNumFlopParts; ++i) {
+      flops.forward[i] = r["flops"]["forward"][i].get<double>();
+      flops.recompute[i] = r["flops"]["recompute"][i].get<double>();
+    }
     run.weights_hash_by_rank.push_back(r["weights_hash"].get<std::string>());
     run.stage_of_rank.push_back(r["stage"].get<int>());
   }

@@ -1,5 +1,6 @@
 #include "tp_ops.h"
 
+#include <algorithm>
 #include <limits>
 
 #include <torch/torch.h>
@@ -73,6 +74,26 @@ struct SequenceExchange : torch::autograd::Function<SequenceExchange<kGatherForw
 using ScatterToSp = SequenceExchange<false>;
 using GatherFromSp = SequenceExchange<true>;
 
+// A tensor every rank holds the same gradient of: all-gathered along `dim` or split to this
+// rank's part forward, the other backward.
+at::Tensor own_part(const at::Tensor& x, Group& g, int64_t dim) {
+  return g.size() == 1 ? x : x.chunk(g.size(), dim)[g.rank()].contiguous();
+}
+template <bool kGatherForward>
+struct ReplicatedExchange : torch::autograd::Function<ReplicatedExchange<kGatherForward>> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Group* g, PhaseClock* clock, int64_t dim) {
+    remember(ctx, *g, *clock);
+    ctx->saved_data["dim"] = dim;
+    return kGatherForward ? gathered(x.contiguous(), *g, *clock, dim) : own_part(x, *g, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    Group& g = group_of(ctx);
+    const int64_t dim = ctx->saved_data["dim"].toInt();
+    return {kGatherForward ? own_part(grad[0], g, dim) : gathered(grad[0].contiguous(), g, clock_of(ctx), dim),
+            at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 // Sequence parallel into column-parallel linears sharing one input (QKV; fc1 and gate; the LM
 // head), as Megatron's LinearWithGradAccumulationAndAsyncCommunication does with
 // sequence_parallel: the sequence-sharded input is all-gathered for the matmuls, only the shard is
@@ -135,9 +156,10 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     // backward does not need it, so one fp32 [tokens, V/tp] tensor becomes the saved softmax (a
     // 16-bit input is converted first, and that copy is transient).
     at::Tensor logits = logits_in.scalar_type() == at::kFloat ? logits_in.detach() : logits_in.to(at::kFloat);
-    if (vocab_start + local > vocab_size)  // padding columns never win and carry no probability
-      logits.narrow(1, vocab_size - vocab_start, vocab_start + local - vocab_size)
-          .fill_(-std::numeric_limits<float>::infinity());
+    // Padding columns never win and carry no probability; a rank may hold nothing but padding (the
+    // plan's vocab_pad_multiple x tp rows, more than a tiny vocabulary fills).
+    const int64_t real = std::clamp<int64_t>(vocab_size - vocab_start, 0, local);
+    if (real < local) logits.narrow(1, real, local - real).fill_(-std::numeric_limits<float>::infinity());
     ctx->saved_data["dtype"] = static_cast<int64_t>(logits_in.scalar_type());
     if (g->size() == 1) {
       // The whole vocabulary here: ATen's log-softmax, one fused pass over each row (max, sum of
@@ -199,6 +221,12 @@ at::Tensor scatter_to_sp(const at::Tensor& x, Group& tp, PhaseClock& clock, int6
 }
 at::Tensor gather_from_sp(const at::Tensor& x, Group& tp, PhaseClock& clock, int64_t dim) {
   return tp.size() == 1 ? x : GatherFromSp::apply(x, &tp, &clock, dim);
+}
+at::Tensor gather_from_tp(const at::Tensor& x, Group& tp, PhaseClock& clock, int64_t dim) {
+  return tp.size() == 1 ? x : ReplicatedExchange<true>::apply(x, &tp, &clock, dim);
+}
+at::Tensor split_to_sp(const at::Tensor& x, Group& tp, PhaseClock& clock, int64_t dim) {
+  return tp.size() == 1 ? x : ReplicatedExchange<false>::apply(x, &tp, &clock, dim);
 }
 std::vector<at::Tensor> sp_column_linears(const at::Tensor& x, const std::vector<at::Tensor>& weights,
                                           const std::vector<at::Tensor>& biases, Group& tp, PhaseClock& clock,

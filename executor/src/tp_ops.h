@@ -6,6 +6,10 @@
 //   reduce_from_tp   g: forward all-reduce,        backward identity
 //   scatter_to_sp    forward reduce-scatter(seq),  backward all-gather(seq)
 //   gather_from_sp   forward all-gather(seq),      backward reduce-scatter(seq)
+//   gather_from_tp   forward all-gather(dim),      backward this rank's part (a column-parallel
+//                    output made whole on every rank: Megatron's gather_from_tensor_model_parallel_region)
+//   split_to_sp      forward this rank's part(seq), backward all-gather(seq) (a replicated tensor
+//                    into sequence parallel: Megatron's scatter_to_sequence_parallel_region)
 //   sp_column_linears  g (all-gather(seq)) fused with the column-parallel linears that follow it
 #pragma once
 
@@ -22,6 +26,8 @@ at::Tensor copy_to_tp(const at::Tensor& x, Group& tp, PhaseClock& clock);
 at::Tensor reduce_from_tp(const at::Tensor& x, Group& tp, PhaseClock& clock);
 at::Tensor scatter_to_sp(const at::Tensor& x, Group& tp, PhaseClock& clock, int64_t dim);
 at::Tensor gather_from_sp(const at::Tensor& x, Group& tp, PhaseClock& clock, int64_t dim);
+at::Tensor gather_from_tp(const at::Tensor& x, Group& tp, PhaseClock& clock, int64_t dim);
+at::Tensor split_to_sp(const at::Tensor& x, Group& tp, PhaseClock& clock, int64_t dim);
 
 // Under sequence parallel: the column-parallel linears y_i = x_full W_i^T + b_i of one
 // sequence-sharded input x (all-gathered along `dim` for them), saving only the shard and

@@ -193,6 +193,25 @@ std::string report(const Comparison& c, const CompareArgs& args) {
   if (!c.memory.empty())
     o << "* predicted peak = total - reserve (" << fixed(c.memory.front().predicted_reserve_bytes / unit.bytes, 1)
       << " " << unit.name << "): the reserve is framework overhead the executor's allocator does not see\n";
+  if (!c.flops.empty()) {
+    // Summed over the ranks: a rank's routed experts follow its tokens' choices, the sum does not.
+    o << "\nmatrix-multiply FLOPs per step, all " << c.flops.size() << " ranks (GFLOP; --json: per rank)\n"
+      << row("part", "predicted", "counted", "error %");
+    for (auto which : {&planner::RankFlopsComparison::forward, &planner::RankFlopsComparison::recompute}) {
+      const bool recomputed = which == &planner::RankFlopsComparison::recompute;
+      for (size_t i = 0; i < (c.flops.front().*which).size(); ++i) {
+        ComparedValue sum;
+        for (const auto& f : c.flops) {
+          sum.predicted += (f.*which)[i].value.predicted;
+          sum.measured += (f.*which)[i].value.measured;
+        }
+        if (sum.predicted == 0 && sum.measured == 0) continue;
+        const std::string& part = (c.flops.front().*which)[i].name;
+        o << row(recomputed ? part + " (recomputed)" : part, fixed(sum.predicted / 1e9, 4), fixed(sum.measured / 1e9, 4),
+                 percent(sum));
+      }
+    }
+  }
   o << "\n" << summary(c);
   return o.str();
 }

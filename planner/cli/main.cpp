@@ -68,6 +68,7 @@ struct Options {
   bool bf16_adam_moments = false;
   std::string recompute_modules;    // Megatron's --recompute-modules; empty: its default (core_attn)
   std::optional<int> mtp_layers;    // the model's multi-token prediction modules, overridden
+  std::optional<double> mtp_loss_scale;  // their losses' weight (ModelSpec::mtp_loss_scale)
   bool cross_entropy_fusion = false;              // Megatron's --cross-entropy-loss-fusion
   std::optional<int> embedding_wgrad_deferral;    // Megatron's --wgrad-deferral-limit (0: all)
   bool no_grad_accumulation_fusion = false;
@@ -108,6 +109,7 @@ Inputs load_inputs(const Options& o, const ProfileStore& store) {
   in.model = store.load_model(o.model);
   in.cluster = store.load_cluster(o.cluster);
   if (o.mtp_layers) in.model.mtp_layers = *o.mtp_layers;
+  if (o.mtp_loss_scale) in.model.mtp_loss_scale = *o.mtp_loss_scale;
   in.training.precision = precision_from_string(o.precision);
   in.training.attention = attention_from_string(o.attention);
   in.training.fp32_grads = o.fp32_grads;
@@ -687,6 +689,10 @@ CLI::Option* add_common(CLI::App& app, Options& o) {
   app.add_option("--mtp-layers", o.mtp_layers,
                  "multi-token prediction modules to train (default: the model's, DeepSeek-V3's 1; 0 drops them)")
       ->check(integer_in(0, 16, "a module count from 0 to 16"));
+  app.add_option("--mtp-loss-scale", o.mtp_loss_scale,
+                 "the MTP losses' weight: lambda / D times their sum joins the objective (Megatron's "
+                 "--mtp-loss-scaling-factor; default 0.1)")
+      ->check(CLI::Range(0.0, 1e3));
   app.add_option("--recompute-modules", o.recompute_modules,
                  "what selective recompute reruns, Megatron's --recompute-modules as a list: core_attn (default), "
                  "moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts");

@@ -153,6 +153,25 @@ Comparison compare_plan_and_run(const costmodel::Plan& plan, const std::string& 
     if (predicted_host > 0 || ran_offloaded) s.components.push_back({"host", {predicted_host, measured_host}, true, {}});
     c.memory.push_back(std::move(s));
   }
+
+  // FLOPs per rank: re-derived from the plan's model, layout and stage (rank_step_flops).
+  for (const auto& [rank, counted] : run.flops_by_rank) {
+    RankFlopsComparison f;
+    f.rank = rank;
+    f.stage = run.stage_of_rank.at(rank);
+    const costmodel::PlanStage& stage = plan.stages.at(f.stage);
+    std::vector<int> layers;
+    for (const costmodel::PlanChunk& chunk : stage.chunks)
+      for (int i = 0; i < chunk.num_layers; ++i) layers.push_back(chunk.first_layer + i);
+    const costmodel::RankStepFlops predicted =
+        costmodel::rank_step_flops(plan.model, plan.training, plan.parallel, layers, stage.lm_head);
+    for (int i = 0; i < costmodel::kNumFlopParts; ++i) {
+      const std::string part = costmodel::to_string(static_cast<costmodel::FlopPart>(i));
+      f.forward.push_back({part, {predicted.forward[i], counted.forward[i]}, true, {}});
+      f.recompute.push_back({part, {predicted.recompute[i], counted.recompute[i]}, true, {}});
+    }
+    c.flops.push_back(std::move(f));
+  }
   return c;
 }
 
@@ -244,12 +263,20 @@ json to_json(const Comparison& c) {
     for (const auto& m : s.components) stage[m.name] = value_json(m.value);
     memory.push_back(stage);
   }
+  json flops = json::array();
+  for (const auto& f : c.flops) {
+    json row = {{"rank", f.rank}, {"stage", f.stage}, {"forward", json::object()}, {"recompute", json::object()}};
+    for (const auto& x : f.forward) row["forward"][x.name] = value_json(x.value);
+    for (const auto& x : f.recompute) row["recompute"][x.name] = value_json(x.value);
+    flops.push_back(row);
+  }
   json out = {{"format", to_string(c.format)},
               {"measured_by", c.measured_by},
               {"step_time_s", value_json(c.step_time_s)},
               {"tokens_per_s", value_json(c.tokens_per_s)},
               {"phases", phases},
               {"memory", memory}};
+  if (!c.flops.empty()) out["flops"] = flops;
   if (c.tflops_per_gpu) out["tflops_per_gpu"] = value_json(*c.tflops_per_gpu);
   if (c.mfu) out["mfu"] = value_json(*c.mfu);
   if (c.peak_memory_bytes) {

@@ -36,6 +36,7 @@ constexpr const char* add_qkv_bias = "--add-qkv-bias";
 constexpr const char* vocab_size = "--vocab-size";
 constexpr const char* make_vocab_size_divisible_by = "--make-vocab-size-divisible-by";
 constexpr const char* mtp_num_layers = "--mtp-num-layers";  // _add_network_size_args (core_v0.15.0)
+constexpr const char* mtp_loss_scaling_factor = "--mtp-loss-scaling-factor";  // likewise
 constexpr const char* rotary_percent = "--rotary-percent";
 // Sliding windows: TransformerConfig.window_size (left, right) through arguments.py's tuple_type,
 // and window_attn_skip_freq, a pattern with 1 for a windowed layer
@@ -135,7 +136,10 @@ void model_arguments(Args& a, const ModelSpec& m, const TrainingSpec& t) {
   }
   add(a, flag::vocab_size, num(m.vocab_size));
   add(a, flag::make_vocab_size_divisible_by, num(t.vocab_pad_multiple));
-  if (m.mtp_layers > 0) add(a, flag::mtp_num_layers, num(m.mtp_layers));
+  if (m.mtp_layers > 0) {
+    add(a, flag::mtp_num_layers, num(m.mtp_layers));
+    add(a, flag::mtp_loss_scaling_factor, number(m.mtp_loss_scale));
+  }
   // Partial rotary (Nemotron, GPT-NeoX): the share of each head's dims that rotates.
   if (m.rotary_dim > 0) add(a, flag::rotary_percent, number(double(m.rotary_dim) / m.head_dim));
   // A window of w keys, the query's own included (transformers' sliding_window), is w - 1 keys to

@@ -601,11 +601,16 @@ TEST_CASE("examples/run_all.sh fails when a dplan command fails", "[cli][example
 }
 
 TEST_CASE("dplan --runnable refuses a model the executor cannot train, with the executor's own reason", "[cli][error]") {
-  // DeepSeek-V3's latent attention: a model the executor does not build; --runnable says so before searching.
+  // A rotary scaling the executor does not compute (transformers' dynamic NTK): --runnable says so
+  // before searching.
   TempDir dir;
-  std::string line = require_one_error_line(run_dplan({"--model", "deepseek-v3", "--cluster", "local-cpu", "--gpus",
-                                                       "2", "--global-batch", "8", "--precision", "fp32", "--runnable"}));
-  CHECK_THAT(line, Contains("multi-head latent attention"));
+  const std::string dynamic = dir.write("llama-dynamic.json", R"({"model_type": "llama", "hidden_size": 64,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+      "vocab_size": 256, "max_position_embeddings": 128, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}})");
+  std::string line = require_one_error_line(run_dplan({"--model", dynamic, "--cluster", "local-cpu", "--gpus", "2",
+                                                       "--global-batch", "8", "--precision", "fp32", "--runnable"}));
+  CHECK_THAT(line, Contains("dynamic rotary scaling"));
+  CHECK_THAT(line, Contains("the executor's rotary embedding"));
   // A model with attention dropout plans the same with --runnable as without: the executor runs
   // every layout of it, context parallel's ring included.
   const std::string model = dir.write("gpt-dropout.json", R"({"model_type": "gpt2", "n_embd": 64, "n_layer": 2,

@@ -192,6 +192,32 @@ TEST_CASE("run.json: the start-up block reads strictly and round-trips and older
   CHECK_THAT(error_of([&] { run_record_from_json(bad, "run.json"); }), Catch::StartsWith("run.json: /startup_s: "));
 }
 
+TEST_CASE("run.json: the FLOP counts read strictly, every rank and part, round-trip, and older files read without them",
+          "[formats]") {
+  json j = read_json_file(kData + "/compare/run.json");
+  CHECK(run_record_from_json(j, "run.json").flops_by_rank.empty());  // written before the executor counted them
+  json parts = json::object();
+  for (int i = 0; i < kNumFlopParts; ++i) parts[to_string(static_cast<FlopPart>(i))] = 1e6 * (i + 1);
+  for (int rank = 0; rank < 8; ++rank) j["flops"][std::to_string(rank)] = {{"forward", parts}, {"recompute", parts}};
+  const RunRecord run = run_record_from_json(j, "run.json");
+  REQUIRE(run.flops_by_rank.size() == 8);
+  CHECK(run.flops_by_rank.at(7).forward[static_cast<int>(FlopPart::head)] == 7e6);
+  CHECK(to_json(run) == j);
+  CHECK(run_record_from_json(to_json(run), "run.json") == run);
+  json bad = j;
+  bad["flops"].erase("5");
+  CHECK(error_of([&] { run_record_from_json(bad, "run.json"); }) == "run.json: /flops: missing key \"5\" (rank 5)");
+  bad = j;
+  bad["flops"]["2"]["forward"].erase("router");
+  CHECK(error_of([&] { run_record_from_json(bad, "run.json"); }) == "run.json: /flops/2/forward: missing key \"router\"");
+  bad = j;
+  bad["flops"]["2"]["recompute"]["qkv"] = -1;
+  CHECK_THAT(error_of([&] { run_record_from_json(bad, "run.json"); }), Catch::StartsWith("run.json: /flops/2/recompute/qkv: "));
+  bad = j;
+  bad["flops"]["2"]["forward"]["mlp_up"] = 1;
+  CHECK_THAT(error_of([&] { run_record_from_json(bad, "run.json"); }), Catch::StartsWith("run.json: /flops/2/forward"));
+}
+
 TEST_CASE("run.json: a newer format, a missing key and a wrong type are one line naming file and pointer", "[formats]") {
   const json good = read_json_file(kData + "/compare/run.json");
   json j = good;

@@ -768,3 +768,97 @@ TEST_CASE("flash attention runs at the fused kernel's efficiency, lower on short
   CHECK(split * 8 > 1.03 * whole);
   CHECK(split * 8 < 1.2 * whole);
 }
+
+namespace {
+// rank_step_flops summed over every rank of the layout: each stage's tp x cp x dp ranks, the
+// layers split evenly over pp, the head on the last stage.
+RankStepFlops all_ranks_flops(const ModelSpec& m, const TrainingSpec& t, const ParallelConfig& p) {
+  RankStepFlops sum;
+  const int per_stage = m.num_layers / p.pp;
+  for (int stage = 0; stage < p.pp; ++stage) {
+    std::vector<int> layers;
+    for (int i = 0; i < per_stage; ++i) layers.push_back(stage * per_stage + i);
+    const RankStepFlops r = rank_step_flops(m, t, p, layers, stage == p.pp - 1);
+    for (int i = 0; i < kNumFlopParts; ++i) {
+      sum.forward[i] += double(p.tp) * p.cp * p.dp * r.forward[i];
+      sum.recompute[i] += double(p.tp) * p.cp * p.dp * r.recompute[i];
+    }
+  }
+  return sum;
+}
+double part_of(const FlopsByPart& f, FlopPart part) { return f[static_cast<int>(part)]; }
+double all_parts(const FlopsByPart& f) {
+  double sum = 0;
+  for (double x : f) sum += x;
+  return sum;
+}
+}  // namespace
+
+TEST_CASE("rank FLOPs: over every rank, the model's FLOPs at the layout's splits; each part named once", "[compute]") {
+  for (int i = 0; i < kNumFlopParts; ++i)
+    CHECK(flop_part_from_string(to_string(static_cast<FlopPart>(i))) == static_cast<FlopPart>(i));
+  CHECK_FALSE(flop_part_from_string("mlp_up"));
+
+  SECTION("dense, flash: the causal half of the attention core, the rest as model_flops_per_step; full recompute "
+          "replays every layer's forward") {
+    const ModelSpec m = store().load_model("llama-3-8b");
+    const TrainingSpec t{.seq_len = 8192, .global_batch = 16, .vocab_pad_multiple = 1};
+    const ParallelConfig p{.tp = 2, .pp = 2, .dp = 2, .cp = 2, .micro_batch = 1, .recompute = Recompute::full};
+    const RankStepFlops f = all_ranks_flops(m, t, p);
+    const double tokens = double(t.global_batch) * t.seq_len;
+    const LayerFlops layer = layer_forward_flops(m, tokens, t.seq_len);
+    CHECK_THAT(part_of(f.forward, FlopPart::attention), WithinRel(0.5 * m.num_layers * layer.attention, 1e-12));
+    CHECK_THAT(all_parts(f.forward) + 0.5 * m.num_layers * layer.attention,
+               WithinRel(model_flops_per_step(m, t) / 3, 1e-12));
+    CHECK_THAT(part_of(f.forward, FlopPart::head), WithinRel(head_forward_flops(m, tokens, m.vocab_size), 1e-12));
+    CHECK_THAT(all_parts(f.recompute), WithinRel(all_parts(f.forward) - part_of(f.forward, FlopPart::head), 1e-12));
+  }
+
+  SECTION("eager attention computes every score, windowed or not; Megatron's selective replays the core") {
+    ModelSpec m = store().load_model("mistral-7b");
+    m.sliding_window = 1024;
+    m.sliding_layers.clear();
+    for (int l = 0; l < m.num_layers; ++l) m.sliding_layers.push_back(l);
+    const ParallelConfig p{.tp = 2, .micro_batch = 1, .recompute = Recompute::selective};
+    const double tokens = 4.0 * 4096;
+    TrainingSpec t{.seq_len = 4096, .global_batch = 4, .attention = Attention::standard, .vocab_pad_multiple = 1};
+    const RankStepFlops eager = all_ranks_flops(m, t, p);
+    const double full_scores = m.num_layers * 2 * tokens * t.seq_len * (m.q_dim() + m.attn_out_dim());
+    CHECK_THAT(part_of(eager.forward, FlopPart::attention), WithinRel(full_scores, 1e-12));
+    CHECK_THAT(all_parts(eager.recompute), WithinRel(part_of(eager.forward, FlopPart::attention), 1e-12));
+    t.attention = Attention::flash;
+    const RankStepFlops flash = all_ranks_flops(m, t, p);
+    // The window's keys, causal: s*w - w^2/2 a head, 2 (d + dv) FLOPs each.
+    const double w = m.sliding_window, s = t.seq_len;
+    CHECK_THAT(part_of(flash.forward, FlopPart::attention),
+               WithinRel(m.num_layers * 4.0 * (s * w - w * w / 2) * m.num_heads * 2 * 2 * m.head_dim, 1e-12));
+    CHECK_THAT(all_parts(flash.recompute), WithinRel(part_of(flash.forward, FlopPart::attention), 1e-12));
+  }
+
+  SECTION("MoE: every routed copy through its expert once, etp or not; the router once per token") {
+    const ModelSpec m = store().load_model("mixtral-8x7b");
+    const TrainingSpec t{.seq_len = 4096, .global_batch = 8, .vocab_pad_multiple = 1};
+    const double tokens = 8.0 * 4096, h = m.hidden_size;
+    for (const ParallelConfig& p : {ParallelConfig{.tp = 2, .dp = 4, .ep = 4, .etp = 1, .sequence_parallel = true},
+                                    ParallelConfig{.tp = 2, .dp = 2, .ep = 2, .etp = 2}}) {
+      const RankStepFlops f = all_ranks_flops(m, t, p);
+      CHECK_THAT(part_of(f.forward, FlopPart::experts),
+                 WithinRel(m.num_layers * tokens * m.experts_per_token * 6 * h * m.ffn_hidden_size, 1e-12));
+      CHECK_THAT(part_of(f.forward, FlopPart::router), WithinRel(m.num_layers * 2 * tokens * h * m.num_experts, 1e-12));
+      CHECK(part_of(f.forward, FlopPart::mlp) == 0);  // no shared expert, no dense layer
+    }
+  }
+
+  SECTION("MLA: the down projections run on every tp rank, on all its tokens without sequence parallel") {
+    const ModelSpec m = store().load_model("deepseek-v3");
+    const TrainingSpec t{.seq_len = 4096, .global_batch = 4, .vocab_pad_multiple = 1};
+    const double tokens = 4.0 * 4096, h = m.hidden_size;
+    const double down = 2 * tokens * h * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim);
+    const double model_qkv = m.num_layers * layer_forward_flops(m, tokens, t.seq_len).qkv;
+    ParallelConfig p{.tp = 4, .pp = 1, .dp = 1, .ep = 4, .etp = 1};
+    CHECK_THAT(part_of(all_ranks_flops(m, t, p).forward, FlopPart::qkv),
+               WithinRel(model_qkv + 3 * m.num_layers * down, 1e-12));
+    p.sequence_parallel = true;
+    CHECK_THAT(part_of(all_ranks_flops(m, t, p).forward, FlopPart::qkv), WithinRel(model_qkv, 1e-12));
+  }
+}

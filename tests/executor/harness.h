@@ -110,25 +110,34 @@ inline void require_parity(const json& run, const std::vector<double>& reference
   CHECK(run.at("replicas").at("identical").get<bool>());
 }
 
-// The single-process reference of a model, computed once per test binary run, over `steps` steps.
-inline const std::vector<double>& reference(const std::string& model, int global_batch, int steps = kSteps) {
+// The single-process reference of a model, computed once per test binary run, over `steps` steps;
+// `model_flags`: `dplan estimate` flags that change the model (--mtp-layers 2), not the layout.
+inline const std::vector<double>& reference(const std::string& model, int global_batch, int steps = kSteps,
+                                            const std::vector<std::string>& model_flags = {}) {
   static std::map<std::string, std::vector<double>> cache;
   std::string key = model + "/" + std::to_string(global_batch) + "/" + std::to_string(steps);
+  for (const std::string& f : model_flags) key += "/" + f;
   if (!cache.count(key)) {
     static TempDir dir;
     Layout single;
     single.mbs = 2;  // micro-batching only reorders sums: the parity runs use mbs 1
-    cache[key] = losses(run_plan(write_plan(dir, model, single, global_batch), {}, steps));
+    cache[key] = losses(run_plan(write_plan(dir, model, single, global_batch, model_flags), {}, steps));
   }
   return cache[key];
 }
+
+inline void check_flops(const std::string& plan, const std::string& what);  // below
 
 inline void check_layouts(const std::string& model, const std::vector<Layout>& layouts) {
   const std::vector<double>& ref = reference(model, 8);
   // The loss must move, or parity would prove little.
   CHECK(ref.back() < ref.front());
   TempDir dir;
-  for (const Layout& l : layouts) require_parity(run_plan(write_plan(dir, model, l, 8)), ref, l.describe());
+  for (const Layout& l : layouts) {
+    const std::string plan = write_plan(dir, model, l, 8);
+    require_parity(run_plan(plan), ref, l.describe());
+    check_flops(plan, model + " " + l.describe());
+  }
 }
 
 inline std::vector<Layout> issue_layouts(const std::string& schedule) {
@@ -163,6 +172,50 @@ inline void check_memory(const std::string& plan, int stages) {
   }
 }
 
+// dplan compare's FLOPs (run.json "flops") of `plan` with the run.json run_plan wrote beside it:
+// each rank's counted matrix-multiply FLOPs per step against costmodel::rank_step_flops, forward
+// and recomputed, every part on every rank to 1e-9, but for two parts compared summed over the
+// ranks: the routed experts (a rank's own follow its tokens' choices; the sum, to 1e-9) and the
+// attention core (the prediction takes blockwise causal attention at s^2/2 pairs a sequence, the
+// executor counts the s(s+1)/2 it attends: within 1/s).
+inline void check_flops(const std::string& plan, const std::string& what) {
+  INFO("FLOPs of " << what);
+  Result r = run_program(DPLAN_BINARY, {"compare", plan, fs::path(plan).replace_extension(".run.json").string(), "--json"});
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  const json cmp = json::parse(r.out);
+  REQUIRE(cmp.contains("flops"));
+  const double seq_len = json::parse(read_file(plan)).at("training").at("seq_len").get<double>();
+  std::map<std::string, std::pair<double, double>> summed;  // "forward/part" -> (predicted, counted)
+  double largest = 0;
+  for (const auto& rank : cmp.at("flops")) {
+    for (const char* pass : {"forward", "recompute"}) {
+      for (const auto& [part, v] : rank.at(pass).items()) {
+        const double predicted = v.at("predicted").get<double>(), counted = v.at("measured").get<double>();
+        auto& sum = summed[std::string(pass) + "/" + part];
+        sum.first += predicted;
+        sum.second += counted;
+        if (part == "experts" || part == "attention") continue;
+        INFO("rank " << rank.at("rank") << " " << pass << " " << part << ": predicted " << predicted << ", counted " << counted);
+        CHECK(std::abs(counted - predicted) <= 1e-9 * std::max(1.0, predicted));
+        if (predicted > 0) largest = std::max(largest, std::abs(counted - predicted) / predicted);
+      }
+    }
+  }
+  REQUIRE(summed.at("forward/qkv").second > 0);  // it counted
+  REQUIRE(summed.at("forward/head").second > 0);
+  double attention_gap = 0;
+  for (const auto& [key, sum] : summed) {
+    const auto [predicted, counted] = sum;
+    INFO(key << " over the ranks: predicted " << predicted << ", counted " << counted);
+    const bool attention = key.find("/attention") != std::string::npos;
+    CHECK(std::abs(counted - predicted) <= (attention ? 1 / seq_len : 1e-9) * std::max(1.0, predicted));
+    if (attention && predicted > 0) attention_gap = std::max(attention_gap, std::abs(counted - predicted) / predicted);
+  }
+  std::printf("flops: %s: every part but attention within %.1e of the plan (experts summed), attention %.2e (1/s = %.2e)\n",
+              what.c_str(), largest, attention_gap, 1 / seq_len);
+}
+
 // A layout of a model with extra `dplan estimate` flags (--zero 1, --attention standard, ...).
 struct PlanCase {
   std::string model;
@@ -183,6 +236,7 @@ inline void check_memory_cases(const std::vector<PlanCase>& cases) {
     run_plan(plan, {}, 3);
     INFO(c.describe());
     check_memory(plan, c.layout.pp);
+    check_flops(plan, c.describe());
   }
 }
 

@@ -54,27 +54,37 @@ TEST_CASE("init from a checkpoint of the run's own initial weights in Hugging Fa
           "[executor][init-from]") {
   // Each family's mapping back and forth: Nemotron's scale minus one, GPT-NeoX's per-head QKV,
   // gpt-oss's stacked and interleaved experts, Qwen2-MoE's dense layer and shared expert, DeepSeek's
-  // latent attention with its interleaved rotary rows.
-  std::vector<std::string> models = {kLlamaTiny, std::string(DPLAN_PROFILES_DIR) + "/models/gpt-tiny.json"};
+  // latent attention with its interleaved rotary rows, and DeepSeek-V3's MTP module numbered after
+  // the layers (with the copies of the embedding and the head DeepSeek's checkpoints hold, left).
+  std::vector<std::pair<std::string, std::vector<std::string>>> models = {
+      {kLlamaTiny, {}}, {std::string(DPLAN_PROFILES_DIR) + "/models/gpt-tiny.json", {}}};
   for (const char* tiny : {"nemotron-tiny", "gpt-neox-tiny", "gpt-oss-tiny", "qwen2-moe-tiny", "deepseek-v3-tiny",
                            "deepseek-v2-tiny"})
-    models.push_back(std::string(DPLAN_VALIDATION_DIR) + "/executor/" + tiny + "/config.json");
-  for (const std::string& model : models) {
+    models.push_back({std::string(DPLAN_VALIDATION_DIR) + "/executor/" + tiny + "/config.json", {}});
+  models.push_back({models[6].first, {"--mtp-layers", "1"}});
+  for (const auto& [model, flags] : models) {
     INFO(model);
     TempDir dir;
-    const std::string plan = write_plan(dir, model, Layout{}, 8);
+    const std::string plan = write_plan(dir, model, Layout{}, 8, flags);
     const std::string reference = (dir.path() / "reference.safetensors").string();
     const json seeded = run_plan(plan, {"--save-reference", reference}, 3);
     const costmodel::ModelSpec spec = costmodel::read_plan(plan).model;
     const std::string prefix = spec.family == "gpt2" ? "transformer." : spec.family == "gpt_neox" ? "gpt_neox." : "model.";
-    const std::string ckpt = write_checkpoint(dir, "model.safetensors", as_hf_checkpoint(reference, spec, prefix));
+    NamedTensors hf = as_hf_checkpoint(reference, spec, prefix);
+    if (spec.mtp_layers > 0) {
+      const std::map<std::string, at::Tensor> by_name(hf.begin(), hf.end());
+      const std::string mtp = prefix + "layers." + std::to_string(spec.num_layers) + ".";
+      hf.emplace_back(mtp + "embed_tokens.weight", by_name.at(prefix + "embed_tokens.weight"));
+      hf.emplace_back(mtp + "shared_head.head.weight", by_name.at("lm_head.weight"));
+    }
+    const std::string ckpt = write_checkpoint(dir, "model.safetensors", hf);
 
     // The same weights, so the same run: one rank exactly, tp 2 x pp 2 within the parity tolerance.
     const json one = run_plan_to(plan, (dir.path() / "one.run.json").string(), 3, {"--init-from", ckpt});
     CHECK(losses(one) == losses(seeded));
     Layout split;
     split.tp = split.pp = 2;
-    require_parity(run_plan(write_plan(dir, model, split, 8), {"--init-from", dir.path().string()}, 3), losses(seeded),
+    require_parity(run_plan(write_plan(dir, model, split, 8, flags), {"--init-from", dir.path().string()}, 3), losses(seeded),
                    spec.family + " --init-from at " + split.describe());
   }
 }

@@ -101,6 +101,7 @@ TEST_CASE("random plans: layouts drawn from the planner's enumeration run and ma
       INFO(r.err);
       REQUIRE(r.status == 0);
       require_parity(run_plan(plan, {}, kPlanSteps), reference_losses, "dplan" + command);
+      check_flops(plan, "dplan" + command);  // the FLOPs it ran are the ones the cost model counts
       ++ran;
     }
   }

@@ -353,10 +353,15 @@ TEST_CASE("accelerate rules: no pipeline or experts / DeepSpeed without tp / cp 
 
 TEST_CASE("torchrun and slurm rules: dplan-worker's own support", "[export][rules]") {
   const Plan good = plan_of("gpt-tiny", {.seq_len = 128, .global_batch = 8}, {.tp = 2, .dp = 2}, "local-cpu");
-  const Plan mla = plan_of("deepseek-v3", {.seq_len = 4096, .global_batch = 1024}, {.dp = 1024, .ep = 8});
+  // DeepSeek-V3 with its MTP module runs; MTP modules beside learned positions do not.
+  const Plan v3 = plan_of("deepseek-v3", {.seq_len = 4096, .global_batch = 1024}, {.dp = 1024, .ep = 8});
+  REQUIRE(v3.model.mtp_layers > 0);
+  Plan learned = good;
+  learned.model.mtp_layers = 1;
   for (Engine e : {Engine::torchrun, Engine::slurm}) {
     CHECK(failures(good, e).empty());
-    require_rule(e, good, mla, "dplan-worker: the executor does not run");
+    CHECK(failures(v3, e).empty());
+    require_rule(e, good, learned, "dplan-worker: the executor does not run multi-token prediction with learned positions");
   }
 }
 
@@ -453,14 +458,19 @@ TEST_CASE("megatron export: tp x pp x vpp with ZeRO-1 and full recompute in core
   for (const Engine other : {Engine::torchtitan, Engine::deepspeed, Engine::accelerate})
     CHECK_FALSE(matching(loss, other, "--cross-entropy-fusion").empty());
   CHECK_FALSE(matching(loss, Engine::torchrun, "fused cross-entropy").empty());
-  // Multi-token prediction: Megatron's --mtp-num-layers; the other engines cannot train it.
+  // Multi-token prediction: Megatron's --mtp-num-layers and --mtp-loss-scaling-factor; dplan-worker
+  // trains it too, the other engines cannot.
   CHECK(a.count("--mtp-num-layers") == 0);
+  CHECK(a.count("--mtp-loss-scaling-factor") == 0);
   Plan mtp = plan;
   mtp.model.mtp_layers = 2;
-  CHECK(megatron_args(exported(mtp, Engine::megatron)).at("--mtp-num-layers") == "2");
+  mtp.model.mtp_loss_scale = 0.3;
+  const auto mtp_args = megatron_args(exported(mtp, Engine::megatron));
+  CHECK(mtp_args.at("--mtp-num-layers") == "2");
+  CHECK(mtp_args.at("--mtp-loss-scaling-factor") == "0.3");
   for (const Engine other : {Engine::torchtitan, Engine::deepspeed, Engine::accelerate})
     CHECK_FALSE(matching(mtp, other, "--mtp-layers 0").empty());
-  CHECK_FALSE(matching(mtp, Engine::torchrun, "multi-token prediction").empty());
+  CHECK(matching(mtp, Engine::torchrun, "multi-token prediction").empty());
   const std::string& args_text = file(e, "megatron.args").content;
   CHECK(args_text.rfind("# dplan export --to megatron of plan.json", 0) == 0);
   CHECK_THAT(args_text, Contains("core_v0.15.0"));

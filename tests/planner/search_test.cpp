@@ -315,16 +315,17 @@ TEST_CASE("the executor's search space holds only layouts dplan run executes, an
   // Attention dropout runs in the blockwise kernel and in context parallel's ring.
   CHECK_FALSE(executor_refusal(dropout, t, ParallelConfig{}));
   CHECK_FALSE(executor_refusal(dropout, t, ParallelConfig{.dp = 8, .cp = 2}));
-  // DeepSeek-V3's multi-token prediction modules are refused; without them, its latent attention
-  // and routing run. A Mixtral-style mixture of experts runs, expert parallel included, and so do
-  // gpt-oss and Nemotron.
+  // DeepSeek-V3 runs, its multi-token prediction module, latent attention and routing included;
+  // MTP modules beside learned positions are refused. A Mixtral-style mixture of experts runs,
+  // expert parallel included, and so do gpt-oss and Nemotron.
   ModelSpec moe = store().load_model("deepseek-v3");
   REQUIRE(moe.mtp_layers > 0);
-  REQUIRE(executor_refusal(moe, t, ParallelConfig{}));
-  CHECK_THROWS_WITH(SearchSpace::runnable_by_executor(16, moe, t), *executor_refusal(moe, t, ParallelConfig{}));
-  CHECK_THAT(*executor_refusal(moe, t, ParallelConfig{}), Catch::Contains("multi-token prediction"));
-  moe.mtp_layers = 0;
   CHECK_FALSE(executor_refusal(moe, t, ParallelConfig{.dp = 8, .ep = 8}));
+  ModelSpec learned = store().load_model("gpt-tiny");
+  learned.mtp_layers = 1;
+  REQUIRE(executor_refusal(learned, t, ParallelConfig{}));
+  CHECK_THROWS_WITH(SearchSpace::runnable_by_executor(16, learned, t), *executor_refusal(learned, t, ParallelConfig{}));
+  CHECK_THAT(*executor_refusal(learned, t, ParallelConfig{}), Catch::Contains("multi-token prediction with learned positions"));
   CHECK_FALSE(executor_refusal(store().load_model("gpt-oss-120b"), t, ParallelConfig{.dp = 8, .ep = 8}));
   CHECK_FALSE(executor_refusal(store().load_model("nemotron-4-340b"), t, ParallelConfig{}));
   ModelSpec mixtral = store().load_model("mixtral-8x7b");

@@ -13,7 +13,9 @@ Checked: step 1's loss within 1e-5 relative and its logits within 1e-5 of the la
 forward), step 1's gradient norm and every checkpoint tensor's gradient within 1e-4 relative (the
 backward: the one-rank run writes them under the checkpoint's names, dplan run --save-reference
 with --init-from; tensors transformers holds fused in memory by their joint norm), and every
-step's loss within 1e-4 (training). Prints one JSON line per family.
+step's loss within 1e-4 (training). Prints one JSON line per family. DeepSeek-V3's multi-token
+prediction, which transformers does not build, is made of transformers' own layers and the paper's
+equations (deepseek_v3_mtp: hf_mtp_model, mtp_forward); its gradients reach every tensor compared.
 With --layout FLAGS, dplan's run uses that layout instead (e.g. "--tp 2"), compared the same way.
 DPLAN_HF_PERTURB=NAME moves one of transformers' parameters by 1e-3 (the check then fails).
 
@@ -103,7 +105,7 @@ CONFIGS = {
     # dense first layer, then sigmoid routing of 2 of 8 experts from the best 2 of 4 groups, a
     # random correction bias, renormalised and scaled by 2.5, beside a shared expert. transformers
     # adds no balance loss for DeepSeek (aux_loss_alpha 0 on both sides) and builds no multi-token
-    # prediction module (num_mtp_layers 0, which the executor refuses).
+    # prediction module (num_mtp_layers 0 here; deepseek_v3_mtp below has two).
     "deepseek_v3": dict(COMMON, model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"],
                         num_key_value_heads=4, moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=1,
                         num_experts_per_tok=2, n_group=4, topk_group=2, norm_topk_prob=True,
@@ -112,6 +114,9 @@ CONFIGS = {
                         aux_loss_alpha=0.0, num_mtp_layers=0,
                         rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
                                       "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.8}),
+    # DeepSeek-V3 with two chained multi-token prediction modules (num_nextn_predict_layers), which
+    # transformers does not build: hf_mtp_model makes them of its own parts (mtp_forward).
+    "deepseek_v3_mtp": None,  # filled in below, from deepseek_v3's
     # DeepSeek-V2: a plain q projection (no q latent), softmax routing limited to the best 2 of 4
     # groups by their best expert, scaled by 1.5, two shared experts.
     "deepseek_v2": dict(COMMON, model_type="deepseek_v2", architectures=["DeepseekV2ForCausalLM"],
@@ -124,6 +129,10 @@ CONFIGS = {
              "attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "layer_norm_epsilon": 1e-5,
              "tie_word_embeddings": True},
 }
+
+
+CONFIGS["deepseek_v3_mtp"] = dict(CONFIGS["deepseek_v3"], num_mtp_layers=2)  # saved as num_nextn_predict_layers
+MTP_LOSS_SCALE = 0.1  # dplan's default --mtp-loss-scale (Megatron's --mtp-loss-scaling-factor)
 
 
 def fail(message):
@@ -167,22 +176,131 @@ def hf_model(family, folder):
     return model
 
 
+def hf_mtp_model(family, folder):
+    """DeepSeek-V3 with D multi-token prediction modules (arXiv 2412.19437, Sec. 2.2), of transformers'
+    own parts: its model saved with L + D layers, module k's layer being transformers'
+    DeepseekV3DecoderLayer number L + k - 1 (where DeepSeek's checkpoints put it), with each module's
+    enorm, hnorm, eh_proj and shared_head.norm drawn beside them into the same file; config.json
+    then says L layers and D modules, as dplan reads it. Returns (the model, the modules' tensors by
+    checkpoint name, L, D). Runs with SDPA's causal attention (mtp_forward calls the layers itself)."""
+    import safetensors.torch
+    cfg = CONFIGS[family]
+    layers, modules = cfg["num_hidden_layers"], cfg["num_mtp_layers"]
+    whole = dict(cfg, num_hidden_layers=layers + modules, num_mtp_layers=0)
+    saved = os.path.join(folder, "with-mtp-layers")
+    os.makedirs(saved, exist_ok=True)
+    with open(os.path.join(saved, "config.json"), "w") as f:
+        json.dump(whole, f, indent=1)
+    config = transformers.AutoConfig.from_pretrained(saved)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and "norm" in name and name.endswith("weight"):
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, 0.05)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.05)
+    model.save_pretrained(saved)
+    model = transformers.AutoModelForCausalLM.from_pretrained(saved, attn_implementation="sdpa", dtype=torch.float32)
+    h = cfg["hidden_size"]
+    extras = {}
+    for k in range(modules):
+        p = f"model.layers.{layers + k}."
+        for norm in ("enorm", "hnorm", "shared_head.norm"):
+            extras[p + norm + ".weight"] = torch.empty(h).uniform_(0.5, 1.5)
+        extras[p + "eh_proj.weight"] = torch.empty(h, 2 * h).normal_(0.0, 0.05)
+    tensors = safetensors.torch.load_file(os.path.join(saved, "model.safetensors"))
+    tensors.update(extras)
+    safetensors.torch.save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(saved, "config.json")) as f:
+        written = json.load(f)
+    written.update(num_hidden_layers=layers, num_nextn_predict_layers=modules)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(written, f, indent=1)
+    extras = {n: torch.nn.Parameter(t) for n, t in extras.items()}
+    perturbed = os.environ.get("DPLAN_HF_PERTURB")
+    if perturbed:
+        with torch.no_grad():
+            dict(model.named_parameters(), **extras)[perturbed].add_(1e-3)
+    return model, extras, layers, modules
+
+
+class WithMtp:
+    """The model and the MTP modules' own tensors as one set of named parameters (checkpoint names)."""
+
+    def __init__(self, model, extras):
+        self.model, self.extras = model, extras
+
+    def named_parameters(self):
+        yield from self.model.named_parameters()
+        yield from self.extras.items()
+
+    def parameters(self):
+        return [p for _, p in self.named_parameters()]
+
+
+def mtp_forward(model, extras, layers, modules, eps, tokens):
+    """(the objective, the token loss, its logits): the main model's L layers by hand, then module k
+    (1..D): h = eh_proj [RMSNorm(embedding of token i + k); RMSNorm(h)] (Megatron-Core's order), its
+    layer, its norm and the shared head predicting token i + k + 1, its loss the mean over the
+    positions that have that token; the objective adds MTP_LOSS_SCALE / D times their sum."""
+    inputs = tokens[:, :-1]
+    s = inputs.size(1)
+    m = model.model
+    position = torch.arange(s).unsqueeze(0)
+
+    def rms(x, weight):
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+    def layer(i, x):
+        out = m.layers[i](x, attention_mask=None, position_ids=position, position_embeddings=rotary)
+        return out[0] if isinstance(out, tuple) else out
+
+    x = m.embed_tokens(inputs)
+    rotary = m.rotary_emb(x, position)
+    for i in range(layers):
+        x = layer(i, x)
+    logits = model.lm_head(m.norm(x))
+    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), tokens[:, 1:].reshape(-1))
+    h, mtp = x, 0.0
+    for k in range(1, modules + 1):
+        p = f"model.layers.{layers + k - 1}."
+        ids = torch.zeros_like(inputs)
+        ids[:, : s - k + 1] = tokens[:, k:]
+        e = rms(m.embed_tokens(ids), extras[p + "enorm.weight"])
+        h = F.linear(torch.cat([e, rms(h, extras[p + "hnorm.weight"])], -1), extras[p + "eh_proj.weight"])
+        h = layer(layers + k - 1, h)
+        out = model.lm_head(rms(h, extras[p + "shared_head.norm.weight"]))[:, : s - k]
+        mtp = mtp + F.cross_entropy(out.reshape(-1, out.size(-1)).float(), tokens[:, k + 1 :].reshape(-1))
+    return loss + MTP_LOSS_SCALE / modules * mtp, loss, logits
+
+
 def decays(name, p):
     """The executor's weight-decay rule by what a tensor is: matrices and embeddings decay, norms,
     biases and sinks do not (gpt-oss stacks its experts' biases into matrices, which still do not)."""
     return p.dim() >= 2 and not name.endswith("bias")
 
 
-def hf_train(model, batches, opt, max_norm):
+def token_loss(model, tokens):
+    """(the objective, the token loss, the logits) of transformers' own forward."""
+    logits = model(input_ids=tokens[:, :-1]).logits
+    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), tokens[:, 1:].reshape(-1))
+    return loss, loss, logits
+
+
+def hf_train(model, batches, opt, max_norm, forward=token_loss):
     """(losses, gradient norms, step 1's logits, step 1's gradients by name) of the steps, as the
-    executor trains them."""
+    executor trains them; `forward(model, tokens)` gives the objective, the token loss reported and
+    the logits."""
     optimizer = adamw(model, opt, decays)
     losses, norms, logits1, grads1 = [], [], None, None
     for tokens in batches:
         optimizer.zero_grad(set_to_none=True)
-        logits = model(input_ids=tokens[:, :-1]).logits
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), tokens[:, 1:].reshape(-1))
-        loss.backward()
+        objective, loss, logits = forward(model, tokens)
+        objective.backward()
         if logits1 is None:
             logits1 = logits.detach().float().clone()
             grads1 = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -225,7 +343,16 @@ def main():
     work = os.path.join(a.workdir, a.family + a.layout.replace(" ", "").replace("-", "_"))
     os.makedirs(work, exist_ok=True)
     torch.set_num_threads(1)
-    model = hf_model(a.family, os.path.join(work, "hf"))
+    forward = token_loss
+    if CONFIGS[a.family].get("num_mtp_layers"):
+        base, extras, layers, modules = hf_mtp_model(a.family, os.path.join(work, "hf"))
+        model = WithMtp(base, extras)
+        eps = CONFIGS[a.family]["rms_norm_eps"]
+
+        def forward(m, tokens):
+            return mtp_forward(base, extras, layers, modules, eps, tokens)
+    else:
+        model = hf_model(a.family, os.path.join(work, "hf"))
 
     layout = a.layout.split()
     world = 1  # tp x pp x dp x cp (ep and etp fold into those ranks)
@@ -259,7 +386,7 @@ def main():
     tensors, metadata = read_safetensors(ref)  # the batches and the optimizer's settings, as dplan ran them
     opt = json.loads(metadata["dplan"])["optimizer"]
     batches = [tensors[f"tokens.step{k}"] for k in range(a.steps)]
-    hf_losses, hf_norms, hf_logits, hf_grads = hf_train(model, batches, opt, 1.0)
+    hf_losses, hf_norms, hf_logits, hf_grads = hf_train(model, batches, opt, 1.0, forward)
     # Step 1's logits and per-tensor gradients, from the one-rank run's reference file.
     dplan_logits = tensors["logits.step0"]
     logits_rel = float((dplan_logits - hf_logits).abs().max() / hf_logits.abs().max())

@@ -4,6 +4,11 @@
 // work (norms, activations, dropout, softmax, residuals, loss, optimizer) at achieved HBM bandwidth.
 #pragma once
 
+#include <array>
+#include <optional>
+#include <string_view>
+#include <vector>
+
 #include "dplan/costmodel/hardware.h"
 #include "dplan/costmodel/model.h"
 #include "dplan/costmodel/training.h"
@@ -58,6 +63,35 @@ double recompute_flops(const ModelSpec& model, const TrainingSpec& training, con
 // Forward FLOPs of the LM head (2ThV).
 double head_forward_flops(const ModelSpec& model, double tokens, double vocab);
 
+// The parts of a step's matrix-multiply FLOPs that one rank runs: what the executor counts
+// (run.json "flops", docs/run-json.md) and rank_step_flops predicts. mlp is a dense layer's MLP and
+// an MoE layer's shared experts (with Qwen2-MoE's gate); experts the routed experts; router the
+// MoE router; head the LM head (and the MTP modules' heads); mtp_proj the MTP modules' eh_proj. The
+// attention core counts the query-key pairs it attends. An MTP module's layer counts as a layer.
+enum class FlopPart { qkv, attention, out_proj, mlp, experts, router, head, mtp_proj };
+inline constexpr int kNumFlopParts = 8;
+using FlopsByPart = std::array<double, kNumFlopParts>;
+const char* to_string(FlopPart part);
+std::optional<FlopPart> flop_part_from_string(std::string_view name);
+
+// One rank's matrix-multiply FLOPs per optimizer step: the forward of every micro-batch, and what
+// recompute replays before backward (backward's GEMMs, 2x each forward one, are not listed). At
+// the per-rank shapes layer_times prices (tensor, sequence, context and expert parallel splits;
+// MLA's down projections and the router replicated over tp on the tokens each rank holds), for
+// the model's `layers` this rank holds (global indices: each its own MLP kind and window) and the
+// LM head where `lm_head`, with the MTP modules beside it (ModelSpec::mtp_layers: each a layer
+// numbered after the model's, its eh_proj and the head again). Routed experts at balanced routing (the mean over the ranks: a rank's
+// own count follows its tokens' choices); the attention core at the causal half of
+// layer_forward_flops' full s^2 for blockwise kernels (exact causal attention attends s(s+1)/2
+// pairs, 1/s more), every score for eager attention, windowed layers at their window only where
+// the kernel is blockwise (eager attention computes every score and masks).
+struct RankStepFlops {
+  FlopsByPart forward{}, recompute{};
+  bool operator==(const RankStepFlops&) const = default;
+};
+RankStepFlops rank_step_flops(const ModelSpec& model, const TrainingSpec& training, const ParallelConfig& parallel,
+                              const std::vector<int>& layers, bool lm_head);
+
 // Model FLOPs of one optimizer step (forward + backward = 3x forward, no recompute): the MFU
 // numerator (Chowdhery et al. 2022, App. B; Narayanan et al. 2021 Eq. 3 without the recompute pass).
 double model_flops_per_step(const ModelSpec& model, const TrainingSpec& training);  // MTP modules included
@@ -104,7 +138,6 @@ struct LayerTimes {
   double gemm_backward_s = 0;      // and inside backward_s
   double mlp_forward_s = 0;        // the MLP's GEMMs (experts, router, shared experts) inside gemm_forward_s
   double mlp_backward_s = 0;       // and inside gemm_backward_s
-  double forward_flops = 0;        // executed on this GPU
 };
 LayerTimes layer_times(const ModelSpec& model, const GpuSpec& gpu, const TrainingSpec& training,
                        const ParallelConfig& parallel);

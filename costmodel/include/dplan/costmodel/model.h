@@ -120,6 +120,10 @@ struct ModelSpec {
   // projection and a final norm, sharing the embedding and the LM head. Not in num_params (the model
   // cards count the main model); mtp_params counts them.
   int mtp_layers = 0;
+  // The MTP losses' weight in the objective, lambda / D times the sum of the modules' mean token
+  // losses (DeepSeek-V3, arXiv 2412.19437, eq. 25: lambda 0.3, then 0.1); Megatron-LM's
+  // --mtp-loss-scaling-factor, default 0.1.
+  double mtp_loss_scale = 0.1;
   // Numerics that change the function, not the cost: the norms' epsilon (rms_norm_eps,
   // layer_norm_eps, layer_norm_epsilon, norm_eps) and the rotary base (rope_theta, or
   // rope_parameters' in transformers 5); rope_scaling names a scaled rotary (linear, llama3, yarn,

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "dplan/costmodel/compute.h"
 #include "dplan/costmodel/phases.h"
 #include "dplan/costmodel/training.h"
 
@@ -79,6 +80,9 @@ struct RunRecord {
   std::map<std::string, double> phases_s;  // phase -> seconds, averaged over ranks (measured_phases)
   json phases_by_rank_s;                   // [{"rank", "stage", phase: seconds, ...}, ...]
   std::map<int, std::map<std::string, long long>> memory_bytes;  // rank -> component -> bytes
+  // rank -> its matrix-multiply FLOPs per step by part (compute.h FlopPart), forward and recomputed,
+  // as the executor counted them (the mean over the run's steps); empty in older files.
+  std::map<int, RankStepFlops> flops_by_rank;
   std::string memory_source;
   std::vector<int> stage_of_rank;
   bool replicas_identical = true;

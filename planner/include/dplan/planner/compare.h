@@ -43,6 +43,14 @@ struct StageMemoryComparison {
   double predicted_reserve_bytes = 0;         // left out of the predicted peak (see compare.cpp)
 };
 
+// One rank's matrix-multiply FLOPs per step by part (costmodel::FlopPart names): what
+// costmodel::rank_step_flops predicts for its stage's layers against what the executor counted
+// (run.json "flops").
+struct RankFlopsComparison {
+  int rank = 0, stage = 0;
+  std::vector<NamedComparison> forward, recompute;  // every part, in FlopPart order
+};
+
 struct Comparison {
   int tp = 1, pp = 1, dp = 1, cp = 1;         // the layout both files share
   int ep = 1, vpp = 1;                        // the plan's expert parallel and model chunks per rank
@@ -51,6 +59,7 @@ struct Comparison {
   ComparedValue tokens_per_s;
   std::vector<NamedComparison> phases;        // seconds, in the order of costmodel/phases.h
   std::vector<StageMemoryComparison> memory;  // one per pipeline stage, in stage order; empty for engine logs
+  std::vector<RankFlopsComparison> flops;     // one per rank; empty where the measurement counts none
   // What was read: LogFormat::run for a run.json, else the engine log's format and description.
   LogFormat format = LogFormat::run;
   std::string measured_by = "dplan run (run.json)";
@@ -86,7 +95,8 @@ Comparison compare_files(const std::string& plan_path, const std::string& run_pa
 
 // {"format": "run"|"megatron"|..., "measured_by": text, "step_time_s": {"predicted", "measured",
 //  "rel_error"}, "tokens_per_s": {...}, "phases": {name: {...}}, "memory": [{"stage": i,
-//  component: {...}}, ...]}, plus "tflops_per_gpu", "mfu", "peak_memory_bytes" (with "stage")
+//  component: {...}}, ...], "flops": [{"rank", "stage", "forward": {part: {...}}, "recompute": {...}}, ...]
+//  where the run counted them}, plus "tflops_per_gpu", "mfu", "peak_memory_bytes" (with "stage")
 // where an engine log states them; rel_error is null where the measured value is 0, measured and
 // rel_error are null where it was not measured.
 json to_json(const Comparison& comparison);

@@ -70,6 +70,7 @@ struct Options {
   std::optional<int> mtp_layers;    // the model's multi-token prediction modules, overridden
   std::optional<double> mtp_loss_scale;  // their losses' weight (ModelSpec::mtp_loss_scale)
   bool cross_entropy_fusion = false;              // Megatron's --cross-entropy-loss-fusion
+  std::optional<int> vocab_pad_multiple;          // Megatron's --make-vocab-size-divisible-by
   std::optional<int> embedding_wgrad_deferral;    // Megatron's --wgrad-deferral-limit (0: all)
   bool no_grad_accumulation_fusion = false;
   bool json = false;
@@ -80,6 +81,9 @@ struct Options {
   bool runnable = false;            // search only layouts dplan run executes
   bool force = false;               // -o may replace a file dplan did not write
   double headroom = kDefaultHeadroomFraction;  // of HBM a plan leaves free (--headroom)
+  // The search only: the dimensions the user fixed (--tp 4,8 ...), recompute's by name.
+  LayoutConstraints fixed;
+  std::vector<std::string> fixed_recompute;
   // estimate only
   int tp = 1, pp = 1, cp = 1, ep = 1, vpp = 1, mbs = 1, zero = 0;
   int etp = 0;                      // 0: same as tp (Megatron's default)
@@ -116,6 +120,7 @@ Inputs load_inputs(const Options& o, const ProfileStore& store) {
   in.training.grad_reduce_in_bf16 = o.grad_reduce_in_bf16;
   in.training.bf16_adam_moments = o.bf16_adam_moments;
   in.training.cross_entropy_fusion = o.cross_entropy_fusion;
+  if (o.vocab_pad_multiple) in.training.vocab_pad_multiple = *o.vocab_pad_multiple;
   in.training.embedding_wgrad_deferral = o.embedding_wgrad_deferral;
   if (!o.recompute_modules.empty()) in.training.recompute_modules = recompute_modules_from_string(o.recompute_modules);
   in.training.gradient_accumulation_fusion = !o.no_grad_accumulation_fusion;
@@ -324,6 +329,8 @@ struct Planned {
   MemoryEstimate mem;
   TimeBreakdown time;
   double search_s = 0;
+  std::string constraints;         // the user's, as LayoutConstraints::describe says them ("": none)
+  long unconstrained_layouts = 0;  // the space without them
 };
 
 std::optional<Planned> plan_best(const Options& o, const ProfileStore& store) {
@@ -356,8 +363,21 @@ std::optional<Planned> plan_best(const Options& o, const ProfileStore& store) {
     if (o.runnable)
       if (auto why = executor_refusal(in.model, in.training, asked)) throw InputError(*why);
   }
+  space.constraints = o.fixed;
+  for (const std::string& r : o.fixed_recompute) space.constraints.recompute.push_back(recompute_from_string(r));
   auto start = std::chrono::steady_clock::now();
   std::vector<ParallelConfig> layouts = enumerate_layouts(in.model, in.training, space);
+  if (!space.constraints.empty()) {
+    SearchSpace free = space;
+    free.constraints = {};
+    const std::vector<ParallelConfig> all = enumerate_layouts(in.model, in.training, free);
+    pl.constraints = space.constraints.describe();
+    pl.unconstrained_layouts = static_cast<long>(all.size());
+    if (layouts.empty())
+      throw InputError("no layout of " + std::to_string(o.gpus) + " GPUs for " + in.model.name + " has " +
+                       space.constraints.describe() + "; of its " + std::to_string(all.size()) + " layouts " +
+                       space.constraints.values_taken(all));
+  }
   if (layouts.empty())
     throw InputError("no parallel layout of " + std::to_string(o.gpus) + " GPUs divides global batch " +
                      std::to_string(in.training.global_batch) + " of " + in.model.name +
@@ -438,6 +458,9 @@ int run_plan(const Options& o, const ProfileStore& store) {
     }
     out["search"] = {{"evaluated", result.evaluated}, {"feasible", result.feasible}, {"rejected", result.rejected},
                      {"near_misses", near}, {"ranked", ranked}, {"seconds", search_s}, {"rank_by", o.rank_by}};
+    if (!planned->constraints.empty())
+      out["search"]["constraints"] = {{"fixed", planned->constraints},
+                                      {"unconstrained_layouts", planned->unconstrained_layouts}};
     out.update(to_json(checkpoint_report(in.model, in.cluster, in.training, best, time, o.failures, o.tokens), false));
     std::cout << out.dump(2) << "\n";
     write_plan(o, in, best, mem, time);
@@ -449,6 +472,9 @@ int run_plan(const Options& o, const ProfileStore& store) {
   std::cout << "why: " << (o.rank_by == "goodput" ? "shortest time to train with failures" : "fastest") << " of "
             << result.feasible << " layouts that fit, of " << result.evaluated
             << " evaluated in " << std::fixed << std::setprecision(2) << search_s << " s\n";
+  if (!planned->constraints.empty())
+    std::cout << "     constrained to " << planned->constraints << ": " << result.evaluated << " of the "
+              << planned->unconstrained_layouts << " layouts without the constraints\n";
   for (const auto& [why, n] : result.rejected) std::cout << "     " << n << " rejected: " << why << "\n";
   if (!result.near_misses.empty())
     std::cout << "     " << closest_call(result.near_misses[0], result.ranked[0].evaluation.step_time_s, in, o.headroom) << "\n";
@@ -680,6 +706,9 @@ CLI::Option* add_common(CLI::App& app, Options& o) {
       ->excludes(fp32_grads);
   app.add_flag("--bf16-adam-moments", o.bf16_adam_moments,
                "keep AdamW's moments in bf16 (Megatron's precision-aware optimizer; DeepSeek-V3's recipe)");
+  app.add_option("--vocab-pad-multiple", o.vocab_pad_multiple,
+                 "pad the vocabulary to a multiple of N x tp rows (Megatron's --make-vocab-size-divisible-by; default 128)")
+      ->check(integer_in(1, 1 << 16, "a positive integer up to 65536"));
   app.add_flag("--cross-entropy-fusion", o.cross_entropy_fusion,
                "Megatron's fused cross-entropy (--cross-entropy-loss-fusion): one more fp32 logits tensor in the loss");
   app.add_option("--defer-embedding-wgrad", o.embedding_wgrad_deferral,
@@ -759,6 +788,25 @@ void add_search_options(CLI::App& app, Options& o, Commands& c) {
   app.add_flag("--runnable", o.runnable,
                "refuse up front a model dplan run cannot train, and search only what it executes (today every "
                "layout, except context parallel with attention dropout; kept for scripts)");
+  // The dimensions the search may fix (LayoutConstraints): one size or a comma-separated list each.
+  auto sizes = [&](const char* flag, std::vector<int>& into, const std::string& what, int max) {
+    app.add_option(flag, into, "search only layouts with these " + what + " (e.g. 4,8)")
+        ->delimiter(',')
+        ->check(integer_in(1, max, "a positive integer up to " + std::to_string(max)));
+  };
+  sizes("--tp", o.fixed.tp, "tensor parallel sizes", kMaxGpus);
+  sizes("--pp", o.fixed.pp, "pipeline parallel sizes", kMaxGpus);
+  sizes("--dp", o.fixed.dp, "data parallel sizes", kMaxGpus);
+  sizes("--cp", o.fixed.cp, "context parallel sizes", kMaxGpus);
+  sizes("--ep", o.fixed.ep, "expert parallel sizes", kMaxGpus);
+  sizes("--vpp", o.fixed.vpp, "virtual pipeline stages per rank (1: no model chunks)", kMaxVirtualStages);
+  sizes("--mbs", o.fixed.mbs, "micro-batch sizes", kMaxGlobalBatch);
+  app.add_option("--zero", o.fixed.zero, "search only layouts with these ZeRO stages (0..3; the distributed optimizer counts as 1)")
+      ->delimiter(',')
+      ->check(integer_in(0, 3, "a ZeRO stage: 0, 1, 2 or 3"));
+  app.add_option("--recompute", o.fixed_recompute, "search only layouts with these recompute settings: none, selective, full")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"none", "selective", "full"}));
   app.add_option("--rank-by", o.rank_by,
                  "rank layouts by step-time (default) or goodput (time to train with failures and checkpoints)")
       ->check(CLI::IsMember({"step-time", "goodput"}));

@@ -100,6 +100,53 @@ namespace {
 
 bool ok(LayoutRule rule) { return rule == LayoutRule::ok; }
 
+// Whether a constraint's list lets `value` through (an empty list fixes nothing).
+template <class T>
+bool allows(const std::vector<T>& list, T value) {
+  return list.empty() || std::find(list.begin(), list.end(), value) != list.end();
+}
+
+// The ZeRO stage a layout counts as for --zero: the distributed optimizer shards as ZeRO-1 does.
+int zero_of(const ParallelConfig& p) { return p.distributed_optimizer ? 1 : p.zero_stage; }
+
+// The dimensions LayoutConstraints fixes, in the order the report names them: each a name, its
+// list as ints, and how a layout's value reads.
+struct ConstrainedDimension {
+  const char* name;
+  std::vector<int> LayoutConstraints::*list;  // null for recompute
+  int (*of)(const ParallelConfig&);
+};
+const std::array<ConstrainedDimension, 9> kConstrained = {{
+    {"tp", &LayoutConstraints::tp, [](const ParallelConfig& p) { return p.tp; }},
+    {"pp", &LayoutConstraints::pp, [](const ParallelConfig& p) { return p.pp; }},
+    {"dp", &LayoutConstraints::dp, [](const ParallelConfig& p) { return p.dp; }},
+    {"cp", &LayoutConstraints::cp, [](const ParallelConfig& p) { return p.cp; }},
+    {"ep", &LayoutConstraints::ep, [](const ParallelConfig& p) { return p.ep; }},
+    {"vpp", &LayoutConstraints::vpp, [](const ParallelConfig& p) { return p.vpp; }},
+    {"zero", &LayoutConstraints::zero, zero_of},
+    {"mbs", &LayoutConstraints::mbs, [](const ParallelConfig& p) { return p.micro_batch; }},
+    {"recompute", nullptr, [](const ParallelConfig& p) { return static_cast<int>(p.recompute); }},
+}};
+
+std::vector<int> list_of(const LayoutConstraints& c, const ConstrainedDimension& d) {
+  if (d.list) return c.*d.list;
+  std::vector<int> out;
+  for (Recompute r : c.recompute) out.push_back(static_cast<int>(r));
+  return out;
+}
+
+std::string value_text(const ConstrainedDimension& d, int v) {
+  return d.list ? std::to_string(v) : std::string(to_string(static_cast<Recompute>(v)));
+}
+
+std::string join_values(const ConstrainedDimension& d, std::vector<int> values, const char* separator) {
+  std::sort(values.begin(), values.end());
+  values.erase(std::unique(values.begin(), values.end()), values.end());
+  std::string out;
+  for (int v : values) out += (out.empty() ? "" : separator) + value_text(d, v);
+  return out;
+}
+
 // MoE parallel folding (training.h): every ep dividing the experts, with the expert tensor
 // parallel size Megatron defaults to (etp = tp) and the one the folding paper recommends
 // (etp = 1, Liu et al. 2025, arXiv 2504.14960), where ep*etp divides tp*cp*dp. Each as (ep, etp).
@@ -111,6 +158,7 @@ std::vector<std::pair<int, int>> expert_choices(const ModelSpec& m, const Search
   }
   for (p.ep = 1; p.ep <= (space.allow_expert_parallel ? m.num_experts : 1); ++p.ep)
     for (int etp : p.tp == 1 ? std::vector<int>{1} : std::vector<int>{p.tp, 1}) {
+      if (!allows(space.constraints.ep, p.ep)) continue;
       p.etp = etp;
       if (ok(check_expert_parallel(m, p))) eps.push_back({p.ep, etp});
     }
@@ -122,12 +170,14 @@ std::vector<std::pair<int, int>> expert_choices(const ModelSpec& m, const Search
 std::vector<ParallelConfig> schedule_choices(const ModelSpec& m, const TrainingSpec& t, const SearchSpace& space,
                                              ParallelConfig p) {
   std::vector<ParallelConfig> schedules;
+  const std::vector<int>& vpps = space.constraints.vpp;
   p.schedule = Schedule::one_f_one_b, p.vpp = 1;
-  if (auto split = megatron_split(m.num_layers, p); split && ok(check_pipeline_parallel(m, *split)))
+  if (auto split = megatron_split(m.num_layers, p); allows(vpps, 1) && split && ok(check_pipeline_parallel(m, *split)))
     schedules.push_back(*split);
   p.schedule = Schedule::interleaved;
-  for (p.vpp = 2; p.vpp <= space.max_vpp; ++p.vpp)
-    if (auto split = megatron_split(m.num_layers, p);
+  const int max_vpp = vpps.empty() ? space.max_vpp : *std::max_element(vpps.begin(), vpps.end());
+  for (p.vpp = 2; p.vpp <= max_vpp; ++p.vpp)
+    if (auto split = megatron_split(m.num_layers, p); allows(vpps, p.vpp) &&
         split && ok(check_pipeline_parallel(m, *split)) && ok(check_schedule(m, t, *split)))
       schedules.push_back(*split);
   return schedules;
@@ -166,6 +216,7 @@ void add_layouts(std::vector<ParallelConfig>& out, const ModelSpec& m, const Tra
             q.overlap_ep_comm = true;
             if (!ok(check_moe_comm(m, t, q))) q.overlap_ep_comm = false;
           }
+          if (!allows(space.constraints.zero, zero_of(q)) || !allows(space.constraints.recompute, q.recompute)) continue;
           if (out.size() == kMaxLayouts)
             throw InputError("the search space holds more than " + std::to_string(kMaxLayouts) + " layouts for " +
                              std::to_string(space.gpus) +
@@ -185,17 +236,25 @@ void add_layouts(std::vector<ParallelConfig>& out, const ModelSpec& m, const Tra
 std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const TrainingSpec& t, const SearchSpace& space) {
   std::vector<ParallelConfig> out;
   const int n = space.gpus;
+  const LayoutConstraints& fixed = space.constraints;
+  // cp: powers of 2 up to max_cp, or the sizes the user fixed; the micro-batches likewise.
+  std::vector<int> cps = fixed.cp;
+  if (cps.empty())
+    for (int cp = 1; cp <= space.max_cp; cp *= 2) cps.push_back(cp);
+  const std::vector<int>& micro_batches = fixed.mbs.empty() ? space.micro_batches : fixed.mbs;
   ParallelConfig p;
   for (p.tp = 1; p.tp <= n; ++p.tp) {  // tp, cp, pp and dp: divisors of n, their product n
-    if (n % p.tp || !ok(check_tensor_parallel(m, p.tp))) continue;
-    for (p.cp = 1; p.cp <= space.max_cp && p.tp * p.cp <= n; p.cp *= 2) {
-      if ((n / p.tp) % p.cp || !ok(check_context_parallel(t, p.cp))) continue;
+    if (n % p.tp || !allows(fixed.tp, p.tp) || !ok(check_tensor_parallel(m, p.tp))) continue;
+    for (int cp : cps) {
+      p.cp = cp;
+      if (p.tp * p.cp > n || (n / p.tp) % p.cp || !ok(check_context_parallel(t, p.cp))) continue;
       for (p.pp = 1; p.tp * p.cp * p.pp <= n; ++p.pp) {
         // The layers' split is checked per schedule, with the split megatron_split gives it.
-        if ((n / (p.tp * p.cp)) % p.pp) continue;
+        if ((n / (p.tp * p.cp)) % p.pp || !allows(fixed.pp, p.pp)) continue;
         p.dp = n / (p.tp * p.cp * p.pp);
+        if (!allows(fixed.dp, p.dp)) continue;
         const std::vector<std::pair<int, int>> eps = expert_choices(m, space, p);
-        for (int mbs : space.micro_batches) {
+        for (int mbs : micro_batches) {
           if (!ok(check_batch(t, mbs, p.dp))) continue;
           p.micro_batch = mbs;
           const std::vector<ParallelConfig> schedules = schedule_choices(m, t, space, p);
@@ -204,6 +263,38 @@ std::vector<ParallelConfig> enumerate_layouts(const ModelSpec& m, const Training
         }
       }
     }
+  }
+  return out;
+}
+
+bool LayoutConstraints::empty() const {
+  for (const ConstrainedDimension& d : kConstrained)
+    if (!list_of(*this, d).empty()) return false;
+  return true;
+}
+
+bool LayoutConstraints::admits(const ParallelConfig& p) const {
+  for (const ConstrainedDimension& d : kConstrained)
+    if (!allows(list_of(*this, d), d.of(p))) return false;
+  return true;
+}
+
+std::string LayoutConstraints::describe() const {
+  std::string out;
+  for (const ConstrainedDimension& d : kConstrained)
+    if (const std::vector<int> list = list_of(*this, d); !list.empty())
+      out += (out.empty() ? "" : " · ") + std::string(d.name) + " " + join_values(d, list, ",");
+  return out;
+}
+
+std::string LayoutConstraints::values_taken(const std::vector<ParallelConfig>& layouts) const {
+  std::string out;
+  for (const ConstrainedDimension& d : kConstrained) {
+    if (list_of(*this, d).empty()) continue;
+    std::vector<int> values;
+    for (const ParallelConfig& p : layouts) values.push_back(d.of(p));
+    out += (out.empty() ? "" : "; ") + std::string(d.name) + " takes " +
+           (values.empty() ? std::string("no value") : join_values(d, values, ", "));
   }
   return out;
 }

@@ -600,6 +600,32 @@ TEST_CASE("examples/run_all.sh fails when a dplan command fails", "[cli][example
   CHECK_THAT(r.out, !Contains("run_all: all examples ran"));
 }
 
+TEST_CASE("the search takes constraints: --tp and the others fix a dimension, a list allowed, and the report says "
+          "how they narrowed it", "[cli]") {
+  const Result r = run_dplan({"--model", "70B", "--gpus", "64", "--tp", "8"});
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.out, Contains("layout  tp 8 "));
+  CHECK_THAT(r.out, Contains("constrained to tp 8: "));
+  const Result j = run_dplan({"--model", "70B", "--gpus", "64", "--tp", "4,8", "--zero", "1", "--recompute",
+                              "none,selective", "--json"});
+  INFO(j.err);
+  REQUIRE(j.status == 0);
+  const json out = json::parse(j.out);
+  CHECK(out.at("search").at("constraints").at("fixed") == "tp 4,8 · zero 1 · recompute none,selective");
+  CHECK(out.at("search").at("constraints").at("unconstrained_layouts").get<long>() > out.at("search").at("evaluated").get<long>());
+  const json& p = out.at("parallel");
+  CHECK((p.at("tp") == 4 || p.at("tp") == 8));
+  CHECK((p.value("zero_stage", 0) == 1 || p.value("distributed_optimizer", false)));
+  CHECK(p.value("recompute", std::string("none")) != "full");
+  // None takes it: one line naming the constraint and the values the space has.
+  const std::string line = require_one_error_line(run_dplan({"--model", "70B", "--gpus", "64", "--tp", "3"}));
+  CHECK_THAT(line, Contains("has tp 3"));
+  CHECK_THAT(line, Contains("tp takes 1, 2, 4, 8"));
+  CHECK_THAT(require_one_error_line(run_dplan({"--model", "70B", "--gpus", "64", "--recompute", "some"})),
+             Contains("--recompute"));
+}
+
 TEST_CASE("dplan --runnable refuses a model the executor cannot train, with the executor's own reason", "[cli][error]") {
   // A rotary scaling the executor does not compute (transformers' dynamic NTK): --runnable says so
   // before searching.

@@ -62,9 +62,7 @@ TEST_CASE("parity: context parallel alone, with tp (and sp), with pp and ZeRO-3,
   for (const Case& c : cases) {
     const std::vector<double>& ref = reference(c.model, 8, kFeatureSteps);
     CHECK(ref.back() < ref.front());  // the loss moves, or parity would prove little
-    std::string what = c.model + " " + c.layout.describe();
-    for (const std::string& f : c.flags) what += " " + f;
-    require_parity(run_plan(write_plan(dir, c.model, c.layout, 8, c.flags), {}, kFeatureSteps), ref, what);
+    check_parity_case(dir, c, ref);
   }
 }
 

@@ -48,9 +48,7 @@ TEST_CASE("families: Nemotron, GPT-NeoX, gpt-oss, Qwen2-MoE and DeepSeek-V2 and 
   for (const PlanCase& c : cases) {
     const std::vector<double>& ref = reference(c.model, 8, kFeatureSteps);
     CHECK(ref.back() < ref.front());  // the loss moves, or parity would prove little
-    const std::string plan = write_plan(dir, c.model, c.layout, 8, c.flags);
-    require_parity(run_plan(plan, {}, kFeatureSteps), ref, c.describe());
-    check_flops(plan, c.describe());
+    check_parity_case(dir, c, ref);
   }
 }
 
@@ -98,11 +96,7 @@ TEST_CASE("families: DeepSeek-V3's multi-token prediction trains under split lay
       {v3, {2, 2, 1, "1f1b", false, 1, "selective"}, with_mtp({"--attention", "standard"})},
   };
   TempDir dir;
-  for (const PlanCase& c : cases) {
-    const std::string plan = write_plan(dir, c.model, c.layout, 8, c.flags);
-    require_parity(run_plan(plan, {}, kFeatureSteps), ref, c.describe());
-    check_flops(plan, c.describe());
-  }
+  for (const PlanCase& c : cases) check_parity_case(dir, c, ref);
 }
 
 TEST_CASE("memory: DeepSeek-V3's MTP modules within 1 % of the plan (weights, gradients, optimizer), activations "

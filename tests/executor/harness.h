@@ -228,6 +228,14 @@ struct PlanCase {
   }
 };
 
+// `c` planned (global batch 8) and trained kFeatureSteps steps, step for step as `ref`, and the
+// FLOPs it ran the cost model's (check_flops).
+inline void check_parity_case(const TempDir& dir, const PlanCase& c, const std::vector<double>& ref) {
+  const std::string plan = write_plan(dir, c.model, c.layout, 8, c.flags);
+  require_parity(run_plan(plan, {}, kFeatureSteps), ref, c.describe());
+  check_flops(plan, c.describe());
+}
+
 // Each case planned (global batch 8), trained 3 steps, and its memory checked (check_memory).
 inline void check_memory_cases(const std::vector<PlanCase>& cases) {
   TempDir dir;

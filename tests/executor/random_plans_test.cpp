@@ -57,7 +57,8 @@ TEST_CASE("random plans: layouts drawn from the planner's enumeration run and ma
   const planner::ProfileStore store(DPLAN_PROFILES_DIR);
   std::vector<std::string> models = {"gpt-tiny", kLlamaTiny};
   for (const char* tiny :
-       {"mixtral-tiny", "qwen3-tiny", "nemotron-tiny", "gpt-neox-tiny", "gpt-oss-tiny", "qwen2-moe-tiny", "deepseek-v3-tiny"})
+       {"mixtral-tiny", "qwen3-tiny", "nemotron-tiny", "gpt-neox-tiny", "gpt-oss-tiny", "qwen2-moe-tiny", "deepseek-v3-tiny",
+        "deepseek-v3-mtp-tiny"})
     models.push_back(std::string(DPLAN_VALIDATION_DIR) + "/executor/" + tiny + "/config.json");
   const int per_model = 3;  // layouts drawn per model, over 1..8 ranks
   std::mt19937_64 rng(kSeed);

@@ -272,6 +272,52 @@ TEST_CASE("the enumeration yields exactly the layouts the layout rules accept, e
   CHECK(enumerated.size() > 50);
 }
 
+TEST_CASE("constraints keep exactly the layouts that take the fixed values, cp and micro-batches beyond the defaults "
+          "included", "[search][law]") {
+  const ModelSpec m = store().load_model("mixtral-8x7b");
+  const TrainingSpec t{.seq_len = 4096, .global_batch = 48};
+  const std::vector<ParallelConfig> all = enumerate_layouts(m, t, SearchSpace{.gpus = 16});
+  auto constrained = [&](LayoutConstraints c) {
+    SearchSpace s{.gpus = 16};
+    s.constraints = std::move(c);
+    return enumerate_layouts(m, t, s);
+  };
+  auto same = [](const std::vector<ParallelConfig>& a, const std::vector<ParallelConfig>& b) {
+    std::set<std::string> x, y;
+    for (const auto& p : a) x.insert(to_json(p).dump());
+    for (const auto& p : b) y.insert(to_json(p).dump());
+    return x == y && x.size() == a.size();
+  };
+  // Within the default space: the unconstrained layouts the constraints admit, no more, no less.
+  for (const LayoutConstraints& c : {LayoutConstraints{.tp = {2, 4}}, LayoutConstraints{.pp = {2}, .vpp = {1}},
+                                     LayoutConstraints{.dp = {8}, .ep = {8}}, LayoutConstraints{.zero = {1}},
+                                     LayoutConstraints{.recompute = {Recompute::full}},
+                                     LayoutConstraints{.tp = {2}, .cp = {2}, .vpp = {2}, .zero = {0, 3}, .mbs = {2}}}) {
+    INFO(c.describe());
+    std::vector<ParallelConfig> filtered;
+    std::copy_if(all.begin(), all.end(), std::back_inserter(filtered), [&](const ParallelConfig& p) { return c.admits(p); });
+    const std::vector<ParallelConfig> got = constrained(c);
+    CHECK(!got.empty());
+    CHECK(got.size() < all.size());
+    CHECK(same(got, filtered));
+  }
+  // The distributed optimizer counts as ZeRO-1; vpp 1 is a schedule without model chunks.
+  for (const ParallelConfig& p : constrained({.zero = {1}})) CHECK((p.zero_stage == 1 || p.distributed_optimizer));
+  for (const ParallelConfig& p : constrained({.vpp = {1}})) CHECK(p.schedule != Schedule::interleaved);
+  // Sizes the default space does not try: cp 3 (not a power of 2, 48 divides by 3 on 12 GPUs) and mbs 3.
+  SearchSpace twelve{.gpus = 12};
+  twelve.constraints = {.cp = {3}, .mbs = {3}};
+  const ModelSpec llama = store().load_model("llama-3-8b");
+  const std::vector<ParallelConfig> odd = enumerate_layouts(llama, {.seq_len = 8190, .global_batch = 48}, twelve);
+  REQUIRE(!odd.empty());
+  for (const ParallelConfig& p : odd) CHECK((p.cp == 3 && p.micro_batch == 3));
+  // What it says: the values fixed, and the values a space takes of them.
+  const LayoutConstraints c{.tp = {8, 4}, .zero = {1}, .recompute = {Recompute::selective, Recompute::none}};
+  CHECK(c.describe() == "tp 4,8 · zero 1 · recompute none,selective");
+  CHECK(LayoutConstraints{}.empty());
+  CHECK(LayoutConstraints{.tp = {3}}.values_taken(all) == "tp takes 1, 2, 4, 8");  // 8 kv heads
+}
+
 TEST_CASE("an empty search space is an input error", "[search]") {
   CHECK_THROWS_AS(search({}, [](const ParallelConfig&) { return Evaluation{}; }, 3), InputError);
 }

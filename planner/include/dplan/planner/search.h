@@ -39,6 +39,21 @@ struct Evaluation {
 };
 using CostFunction = std::function<Evaluation(const costmodel::ParallelConfig&)>;
 
+// What the user fixed of the search (dplan --tp 4,8 --zero 1 ...): each non-empty list holds the
+// only values that dimension takes; an empty one leaves it free. `zero` lists ZeRO stages, the
+// distributed optimizer counting as stage 1 (its sharding is ZeRO-1's); `vpp` 1 is a schedule
+// without model chunks.
+struct LayoutConstraints {
+  std::vector<int> tp, pp, dp, cp, ep, vpp, zero, mbs;
+  std::vector<costmodel::Recompute> recompute;
+  bool empty() const;
+  bool admits(const costmodel::ParallelConfig& p) const;  // every dimension it fixes
+  // The dimensions it fixes and their values, "tp 4,8 · zero 1"; "" when empty.
+  std::string describe() const;
+  // For each dimension it fixes, the values `layouts` take of it: "tp takes 1, 2, 4, 8".
+  std::string values_taken(const std::vector<costmodel::ParallelConfig>& layouts) const;
+};
+
 struct SearchSpace {
   int gpus = 0;
   int max_cp = 16;                             // context parallel sizes tried: powers of 2 up to this
@@ -54,6 +69,7 @@ struct SearchSpace {
   // pp 1 or interleaved, no full recompute, 16-bit); the other layouts keep the defaults.
   costmodel::MoeDispatcher moe_dispatcher = costmodel::MoeDispatcher::alltoall;
   bool overlap_ep_comm = false;
+  LayoutConstraints constraints;  // the user's (enumerate_layouts keeps only the layouts it admits)
 
   // Only what `dplan run` executes (costmodel::executor_refusal, the one definition): each
   // dimension the executor refuses for this model is closed (today only context parallel, for a

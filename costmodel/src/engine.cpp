@@ -5,6 +5,7 @@
 #include <iterator>
 
 #include "dplan/costmodel/errors.h"
+#include "dplan/costmodel/json_io.h"
 
 namespace dplan::costmodel {
 namespace {
@@ -188,8 +189,12 @@ const EngineMechanics& engine_mechanics_from_label(std::string_view label) {
   const std::optional<Engine> engine = engine_from_string(name);
   if (!engine) {
     std::string valid;
-    for (const char* n : kNames) valid += (valid.empty() ? "" : ", ") + std::string(n);
-    throw InputError("unknown engine \"" + std::string(name) + "\"; valid: " + valid +
+    std::vector<std::string> names;
+    for (const char* n : kNames) {
+      valid += (valid.empty() ? "" : ", ") + std::string(n);
+      names.emplace_back(n);
+    }
+    throw InputError("unknown engine \"" + std::string(name) + "\"" + did_you_mean(std::string(name), names) + "; valid: " + valid +
                      " (NAME@VERSION for an older version's mechanics)");
   }
   return engine_mechanics(*engine, at == std::string_view::npos ? std::string_view{} : label.substr(at + 1));

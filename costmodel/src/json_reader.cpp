@@ -1,6 +1,7 @@
 #include "dplan/costmodel/json_io.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cfloat>
 #include <climits>
@@ -128,8 +129,6 @@ bool ObjectReader::has_key(const std::string& key) {
   return object_.find(key) != object_.end();
 }
 
-namespace {
-// Levenshtein distance, for pointing at the misspelling of a missing key.
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> row(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
@@ -144,7 +143,27 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   }
   return row[b.size()];
 }
-}  // namespace
+
+std::string did_you_mean(const std::string& given, const std::vector<std::string>& choices) {
+  auto lower = [](std::string s) {
+    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+  };
+  const std::string g = lower(given);
+  // Nearest first; among as near, the one sharing the longest start with it (--tpp: --tp, not --top).
+  auto shared_start = [&](const std::string& c) {
+    const std::string l = lower(c);
+    return static_cast<size_t>(std::mismatch(g.begin(), g.end(), l.begin(), l.end()).first - g.begin());
+  };
+  const std::string* best = nullptr;
+  size_t best_d = 0;
+  for (const std::string& c : choices) {
+    const size_t d = edit_distance(g, lower(c));
+    if (d > 2 || 3 * d >= std::max(g.size(), c.size())) continue;
+    if (!best || d < best_d || (d == best_d && shared_start(c) > shared_start(*best))) best = &c, best_d = d;
+  }
+  return best ? " (did you mean " + *best + "?)" : "";
+}
 
 const json& ObjectReader::at(const std::string& key) {
   known_.insert(key);

@@ -945,6 +945,24 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
+  } catch (const CLI::ExtrasError&) {
+    // The arguments left over, in the order given (CLI11's message lists them last first), with
+    // the nearest option of the command they were given to.
+    CLI::App* command = &app;
+    for (CLI::App* sub : app.get_subcommands()) command = sub;
+    std::vector<std::string> options;
+    for (const CLI::Option* opt : command->get_options())
+      for (const std::string& name : opt->get_lnames()) options.push_back("--" + name);
+    std::string extras, hint;
+    for (const std::string& arg : command->remaining()) {
+      extras += (extras.empty() ? "" : " ") + arg;
+      if (hint.empty() && arg.rfind("--", 0) == 0) hint = did_you_mean(arg.substr(0, arg.find('=')), options);
+    }
+    std::cerr << "dplan: error: " << error_line("unexpected argument" + std::string(extras.find(' ') == std::string::npos ? "" : "s") +
+                                                 ": " + extras + hint + "; dplan " +
+                                                 (command == &app ? "" : command->get_name() + " ") + "--help lists the options")
+              << "\n";
+    return 2;
   } catch (const CLI::ParseError& e) {
     std::cerr << "dplan: error: " << error_line(e.what()) << "\n";
     return 2;

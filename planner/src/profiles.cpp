@@ -70,7 +70,10 @@ ModelSpec ProfileStore::load_model(const std::string& spec) const {
     }
   std::vector<std::string> shorthands;
   for (const auto& [s, p] : model_shorthands()) shorthands.push_back(s == "1t" ? "1T" : lower(s).substr(0, s.size() - 1) + "B");
-  throw InputError("unknown model \"" + quote_for_message(spec) + "\"; choose a preset (" + join_choices(model_names()) +
+  std::vector<std::string> known = model_names();
+  known.insert(known.end(), shorthands.begin(), shorthands.end());
+  throw InputError("unknown model \"" + quote_for_message(spec) + "\"" + did_you_mean(spec, known) + "; choose a preset (" +
+                   join_choices(model_names()) +
                    "), a size (" + join_choices(shorthands) + ") or a path to a config.json");
 }
 
@@ -80,7 +83,8 @@ std::string ProfileStore::gpu_path(const std::string& spec) const {
   // content is one error line.
   for (const auto& name : gpu_names())
     if (name == spec) return root_ + "/gpus/" + name + ".json";
-  throw InputError("unknown GPU \"" + quote_for_message(spec) + "\"; choose " + join_choices(gpu_names()) +
+  throw InputError("unknown GPU \"" + quote_for_message(spec) + "\"" + did_you_mean(spec, gpu_names()) + "; choose " +
+                   join_choices(gpu_names()) +
                    " or a path to a GPU JSON file");
 }
 
@@ -93,7 +97,8 @@ std::string ProfileStore::cluster_path(const std::string& spec) const {
   if (looks_like_path(spec)) return spec;
   for (const auto& name : cluster_names())
     if (lower(name) == lower(spec)) return root_ + "/clusters/" + name + ".json";
-  throw InputError("unknown cluster \"" + quote_for_message(spec) + "\"; choose " + join_choices(cluster_names()) +
+  throw InputError("unknown cluster \"" + quote_for_message(spec) + "\"" + did_you_mean(spec, cluster_names()) +
+                   "; choose " + join_choices(cluster_names()) +
                    " or a path to a cluster JSON file");
 }
 

@@ -78,6 +78,24 @@ TEST_CASE("An unknown model is an error that lists the presets and the size shor
   CHECK_THAT(line, Contains("config.json"));
 }
 
+TEST_CASE("a misspelt model, cluster, GPU, engine or flag is one line with the nearest choice, extras in the order given",
+          "[cli][error]") {
+  auto line = [](const std::vector<std::string>& args) { return require_one_error_line(run_dplan(args)); };
+  CHECK_THAT(line({"--model", "llama-3-8", "--gpus", "8"}), Contains("unknown model \"llama-3-8\" (did you mean llama-3-8b?)"));
+  CHECK_THAT(line({"--model", "70b", "--gpus", "8", "--cluster", "dgx-h10"}),
+             Contains("unknown cluster \"dgx-h10\" (did you mean dgx-h100?)"));
+  CHECK_THAT(line({"--model", "70b", "--gpus", "8", "--engine", "megatrom"}),
+             Contains("unknown engine \"megatrom\" (did you mean megatron?)"));
+  CHECK_THAT(line({"--model", "70b", "--gpus", "8", "--tpp", "8"}),
+             Contains("unexpected arguments: --tpp 8 (did you mean --tp?); dplan --help lists the options"));
+  CHECK_THAT(line({"estimate", "--model", "70b", "--gpus", "8", "--mbz", "2"}),
+             Contains("unexpected arguments: --mbz 2 (did you mean --mbs?); dplan estimate --help lists the options"));
+  // Nothing near: no guess.
+  const std::string far = line({"--model", "qqqqqqqq", "--gpus", "8"});
+  CHECK_THAT(far, !Contains("did you mean"));
+  CHECK_THAT(line({"--model", "70b", "--gpus", "8", "--zzz"}), Contains("unexpected argument: --zzz; dplan --help"));
+}
+
 TEST_CASE("An unknown cluster is an error that lists the clusters", "[cli][error]") {
   std::string line = require_one_error_line(run_dplan({"--model", "70B", "--gpus", "64", "--cluster", "dgx-h900"}));
   CHECK_THAT(line, Contains("unknown cluster \"dgx-h900\""));

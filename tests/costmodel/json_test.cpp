@@ -104,3 +104,15 @@ TEST_CASE("atomic writes replace a file whole and leave no temporary behind", "[
   CHECK(std::distance(fs::directory_iterator(dir), fs::directory_iterator()) == 1);
   CHECK_THROWS_AS(write_file_atomically((dir / "no/such/folder/x.json").string(), "x"), InputError);
 }
+
+TEST_CASE("did you mean: the nearest choice within two edits, the longest shared start among as near, none past that",
+          "[json]") {
+  CHECK(dplan::edit_distance("megatrom", "megatron") == 1);
+  CHECK(dplan::edit_distance("", "abc") == 3);
+  CHECK(dplan::did_you_mean("megatrom", {"torchtitan", "megatron"}) == " (did you mean megatron?)");
+  CHECK(dplan::did_you_mean("DGX-H10", {"dgx-h100", "dgx-b200"}) == " (did you mean dgx-h100?)");  // case aside
+  CHECK(dplan::did_you_mean("--tpp", {"--top", "--tp"}) == " (did you mean --tp?)");
+  CHECK(dplan::did_you_mean("qqqqqqqq", {"gpt-tiny", "llama-3-8b"}).empty());
+  CHECK(dplan::did_you_mean("ab", {"cd"}).empty());  // two edits of two characters is no misspelling
+  CHECK(dplan::did_you_mean("x", {}).empty());
+}

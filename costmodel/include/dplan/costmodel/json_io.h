@@ -130,4 +130,10 @@ inline constexpr size_t kMaxErrorLineChars = 1000;
 // "a, b or c"
 std::string join_choices(const std::vector<std::string>& choices);
 
+// Levenshtein distance between two strings.
+size_t edit_distance(const std::string& a, const std::string& b);
+// " (did you mean b?)" for the choice nearest `given` (case aside) when it is a likely misspelling
+// of it (at most 2 edits, and fewer than a third of the longer one's characters); "" otherwise.
+std::string did_you_mean(const std::string& given, const std::vector<std::string>& choices);
+
 }  // namespace dplan

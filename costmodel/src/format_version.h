@@ -11,8 +11,12 @@ namespace dplan::costmodel {
 // The object's format_version, when it is one this dplan reads (`oldest` to `supported`); else
 // throws InputError: for a newer one "<file>: /format_version: format 2 is newer than this dplan
 // reads (format 1); use a newer dplan", for an older one "<file>: /format_version: expected 1
-// (this dplan reads format 1), got 0".
-inline int check_format_version(ObjectReader& r, int supported, int oldest = -1) {
+// (this dplan reads format 1), got 0". `kind` says what the file should be, for one without the
+// key at all ("<file>: not a plan.json, which dplan -o writes (it has no \"format_version\")": a
+// config.json or another program's JSON passed in its place).
+inline int check_format_version(ObjectReader& r, int supported, int oldest = -1, const std::string& kind = "") {
+  if (!kind.empty() && !r.has_key("format_version"))
+    throw InputError(r.file() + ": not " + kind + " (it has no \"format_version\")");
   if (oldest < 0) oldest = supported;
   const long long version = r.positive_int("format_version");
   if (version > supported)

@@ -147,7 +147,7 @@ json to_json(const Plan& plan) {
 
 Plan plan_from_json(const json& j, const std::string& file) {
   ObjectReader r(j, file);
-  check_format_version(r, kPlanFormatVersion);
+  check_format_version(r, kPlanFormatVersion, -1, "a plan.json, which dplan -o and dplan estimate -o write");
   r.string("generator");
   Plan plan;
   // The layout first: what every reader needs (and what tells a plan from a run.json).

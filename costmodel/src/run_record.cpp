@@ -334,7 +334,8 @@ std::map<std::string, double> read_startup(ObjectReader& r) {
 RunRecord run_record_from_json(const json& j, const std::string& file) {
   ObjectReader r(j, file);
   RunRecord run;
-  run.format_version = check_format_version(r, kRunFormatVersion, kOldestRunFormatVersion);
+  run.format_version =
+      check_format_version(r, kRunFormatVersion, kOldestRunFormatVersion, "a run.json, which dplan run -o writes");
   r.string("generator");
   // The layout first: what compare needs first (and what tells a run.json from a plan).
   run.layout = read_layout(r);

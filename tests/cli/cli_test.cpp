@@ -96,6 +96,17 @@ TEST_CASE("a misspelt model, cluster, GPU, engine or flag is one line with the n
   CHECK_THAT(line({"--model", "70b", "--gpus", "8", "--zzz"}), Contains("unexpected argument: --zzz; dplan --help"));
 }
 
+TEST_CASE("a config.json where a plan.json belongs is one line saying what the file should be", "[cli][error]") {
+  TempDir dir;
+  const std::string config = dir.write("config.json", R"({"model_type": "llama", "hidden_size": 64})");
+  for (const char* command : {"explain", "export"}) {
+    std::vector<std::string> args = {command, config};
+    if (std::string(command) == "export") args.insert(args.end(), {"--to", "megatron", "-o", (dir.path() / "out").string()});
+    CHECK(require_one_error_line(run_dplan(args)) ==
+          "dplan: error: " + config + ": not a plan.json, which dplan -o and dplan estimate -o write (it has no \"format_version\")");
+  }
+}
+
 TEST_CASE("An unknown cluster is an error that lists the clusters", "[cli][error]") {
   std::string line = require_one_error_line(run_dplan({"--model", "70B", "--gpus", "64", "--cluster", "dgx-h900"}));
   CHECK_THAT(line, Contains("unknown cluster \"dgx-h900\""));

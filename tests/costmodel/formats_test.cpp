@@ -85,6 +85,11 @@ TEST_CASE("plan.json: a newer format, a missing key and a wrong type are one lin
   j["format_version"] = 2;
   CHECK(error_of([&] { plan_from_json(j, "plan.json"); }) ==
         "plan.json: /format_version: format 2 is newer than this dplan reads (format 1); use a newer dplan, or write the file again with this one");
+  // Another file in a plan's place (a config.json, say): what it should be, not a missing key.
+  CHECK(error_of([&] { plan_from_json(json::parse(R"({"model_type": "llama", "hidden_size": 64})"), "config.json"); }) ==
+        "config.json: not a plan.json, which dplan -o and dplan estimate -o write (it has no \"format_version\")");
+  CHECK(error_of([&] { run_record_from_json(json::parse(R"({"model_type": "llama"})"), "config.json"); }) ==
+        "config.json: not a run.json, which dplan run -o writes (it has no \"format_version\")");
   j = good;
   j["parallel"]["tp"] = "x";
   CHECK(error_of([&] { plan_from_json(j, "plan.json"); }) == "plan.json: /parallel/tp: expected an integer from 1 to 1048576, got \"x\"");

@@ -649,8 +649,7 @@ RankStepFlops rank_step_flops(const ModelSpec& m, const TrainingSpec& t, const P
     }
   }
   // The LM head over this rank's tokens (gathered under sequence parallel) and its vocabulary slice
-  // (edge_times).
-  // The MTP modules' eh_proj, column-parallel h x 2h over all T tokens, and a head each.
+  // (edge_times), once more for each MTP module, and the modules' eh_proj (column-parallel, h x 2h).
   if (lm_head) {
     x.forward[static_cast<int>(FlopPart::head)] =
         (1 + m.mtp_layers) * micro_batches * 2 * s.tokens * s.hidden * (padded_vocab(m, t, p.tp) / double(p.tp));

@@ -230,9 +230,8 @@ class GptStage::Builder {
   at::Tensor word_embedding() {
     at::Tensor full = at::zeros({s_.padded_vocab_, H_}, at::kFloat);
     full.narrow(0, 0, model_.vocab_size).copy_(draw(seed_, "wte", {model_.vocab_size, H_}, kInitStd));
-    // Held by the first and the last stage where the head is tied to it or MTP modules embed with it.
-    const bool shared = (model_.tied_embeddings || model_.mtp_layers > 0) && ctx_.num_stages > 1;
-    return add("wte", shard(full, 0, tp_, r_), true, false, shared, vocab_slice_);
+    return add("wte", shard(full, 0, tp_, r_), true, false, last_stage_uses_embedding(model_) && ctx_.num_stages > 1,
+               vocab_slice_);
   }
 
   void attention(Block& b, const std::string& p) {
@@ -756,7 +755,7 @@ at::Tensor GptStage::forward(int chunk, const at::Tensor& input, const at::Tenso
   if (!has_head(chunk)) return x;
   std::vector<int> head{head_unit_};
   // The head is the embedding's matrix, or the MTP modules embed with it.
-  if ((model_.tied_embeddings || !mtp_.empty()) && stage_.embedding) head.push_back(0);
+  if (last_stage_uses_embedding(model_) && stage_.embedding) head.push_back(0);
   return segment(head, [&] {
     at::Tensor loss = head_loss(x, local_targets, loss_scale);
     // The MTP losses enter the gradient, not the loss reported (Megatron reports lm loss and

@@ -38,6 +38,13 @@ struct FlopCounts {
   costmodel::FlopsByPart forward{}, recompute{};
 };
 
+// Whether the last stage uses the word embedding too: its head is tied to it, or its MTP modules
+// embed their tokens with it. With pp > 1 the first and the last stage then each hold a copy,
+// their gradients summed over the embedding group (rank_setup.cpp).
+inline bool last_stage_uses_embedding(const costmodel::ModelSpec& model) {
+  return model.tied_embeddings || model.mtp_layers > 0;
+}
+
 // What every piece of one rank's model runs in: its process groups and layout choices, and where
 // it reports time (the phase clock) and communication buffers (the memory meter).
 struct ParallelContext {

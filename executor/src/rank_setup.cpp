@@ -25,9 +25,7 @@ ContextGroups context_groups(const ExecPlan& plan, int rank) {
     g.edp = mesh.group(Dim::edp, rank);
   }
   const int stage = mesh.coordinates(rank).pp;
-  // The first and the last stage both hold the word embedding where the head is tied to it or
-  // the MTP modules embed with it (gpt.cpp word_embedding).
-  if ((plan.model.tied_embeddings || plan.model.mtp_layers > 0) && p.pp > 1 && (stage == 0 || stage == p.pp - 1))
+  if (last_stage_uses_embedding(plan.model) && p.pp > 1 && (stage == 0 || stage == p.pp - 1))
     g.embedding = mesh.embedding_group(rank);
   return g;
 }

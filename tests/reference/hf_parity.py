@@ -149,14 +149,11 @@ def run(cmd, log):
         fail(f"{' '.join(cmd)} exited {done.returncode}:\n{tail}")
 
 
-def hf_model(family, folder):
-    """The family's model from its tiny config, every parameter drawn from a fixed seed, saved."""
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(CONFIGS[family], f, indent=1)
+def drawn_model(folder, attention):
+    """transformers' model of folder/config.json, every parameter drawn from a fixed seed."""
     config = transformers.AutoConfig.from_pretrained(folder)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention, dtype=torch.float32)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1 and ("norm" in name or "ln_" in name) and name.endswith("weight"):
@@ -166,6 +163,15 @@ def hf_model(family, folder):
         for name, b in model.named_buffers():  # DeepSeek-V3's router correction bias: no gradient moves it
             if name.endswith("e_score_correction_bias"):
                 b.normal_(0.0, 0.05)
+    return model
+
+
+def hf_model(family, folder):
+    """The family's model from its tiny config, every parameter drawn from a fixed seed, saved."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(CONFIGS[family], f, indent=1)
+    model = drawn_model(folder, "eager")
     model.save_pretrained(folder)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32)
     # DPLAN_HF_PERTURB=NAME moves that parameter by 1e-3 on transformers' side only: the check must fail.
@@ -191,18 +197,7 @@ def hf_mtp_model(family, folder):
     os.makedirs(saved, exist_ok=True)
     with open(os.path.join(saved, "config.json"), "w") as f:
         json.dump(whole, f, indent=1)
-    config = transformers.AutoConfig.from_pretrained(saved)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1 and "norm" in name and name.endswith("weight"):
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, 0.05)
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.normal_(0.0, 0.05)
+    model = drawn_model(saved, "sdpa")
     model.save_pretrained(saved)
     model = transformers.AutoModelForCausalLM.from_pretrained(saved, attn_implementation="sdpa", dtype=torch.float32)
     h = cfg["hidden_size"]
